@@ -1,0 +1,106 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/core/algorithm.hpp — run DML_HOST_DEVICE functors over index ranges in a space, via Thrust.
+// Sits on core/space.hpp; every fused element-wise kernel of nn/ and optim/ goes through here.
+#pragma once
+
+#include <cstdint>
+
+#include "dml/core/config.hpp"
+#include "dml/core/space.hpp"
+
+#include <thrust/execution_policy.h>
+#include <thrust/for_each.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/transform_reduce.h>
+#include <thrust/functional.h>
+#if defined(_OPENMP)
+#  include <omp.h>
+#  include <thrust/system/omp/execution_policy.h>
+#endif
+#include <thrust/system/cpp/execution_policy.h>
+#if DML_HAS_CUDA
+#  include <thrust/system/cuda/execution_policy.h>
+#endif
+
+namespace dml {
+
+namespace detail {
+inline int& thread_budget_slot() {
+  thread_local int n = 0;
+  return n;
+}
+// Below this many elements a parallel region costs more than it saves.
+inline constexpr std::int64_t parallel_grain = 1 << 15;
+}  // namespace detail
+
+// Host threads the calling thread (one rank) may use for kernels and GEMMs. Ranks that are
+// threads of one process each get their share, so the process never oversubscribes its cores.
+inline int thread_budget() {
+  int n = detail::thread_budget_slot();
+#if defined(_OPENMP)
+  if (n == 0) n = omp_get_max_threads();
+#endif
+  return n > 0 ? n : 1;
+}
+inline void set_thread_budget(int n) {
+  detail::thread_budget_slot() = n < 1 ? 1 : n;
+#if defined(_OPENMP)
+  omp_set_num_threads(n < 1 ? 1 : n);  // per-thread ICV: also what oneDNN's OpenMP runtime reads
+#endif
+}
+
+#if DML_HAS_CUDA
+namespace detail {
+inline cudaStream_t& current_stream_slot() {
+  thread_local cudaStream_t s = nullptr;
+  return s;
+}
+}  // namespace detail
+// The stream this thread's CUDA kernels are issued on (default: the legacy stream).
+inline cudaStream_t current_stream() { return detail::current_stream_slot(); }
+inline void set_current_stream(cudaStream_t s) { detail::current_stream_slot() = s; }
+#endif
+
+// f(i) for every i in [0, n), in any order, possibly concurrently.
+template <execution_space Space, class F>
+void for_each_index(std::int64_t n, F f) {
+  if (n <= 0) return;
+  thrust::counting_iterator<std::int64_t> first(0);
+  if constexpr (std::same_as<Space, host>) {
+#if defined(_OPENMP)
+    if (n >= detail::parallel_grain && thread_budget() > 1) {
+      thrust::for_each(thrust::omp::par, first, first + n, f);
+      return;
+    }
+#endif
+    thrust::for_each(thrust::cpp::par, first, first + n, f);
+  } else {
+#if DML_HAS_CUDA
+    thrust::for_each(thrust::cuda::par.on(current_stream()), first, first + n, f);
+#else
+    static_assert(sizeof(F) == 0, "dml: the cuda space needs a translation unit compiled by nvcc");
+#endif
+  }
+}
+
+// reduce(op, init, f(0), ..., f(n-1)); op must be associative and commutative.
+template <execution_space Space, class T, class F, class Op = thrust::plus<T>>
+T transform_reduce_index(std::int64_t n, F f, T init, Op op = {}) {
+  if (n <= 0) return init;
+  thrust::counting_iterator<std::int64_t> first(0);
+  if constexpr (std::same_as<Space, host>) {
+#if defined(_OPENMP)
+    if (n >= detail::parallel_grain && thread_budget() > 1)
+      return thrust::transform_reduce(thrust::omp::par, first, first + n, f, init, op);
+#endif
+    return thrust::transform_reduce(thrust::cpp::par, first, first + n, f, init, op);
+  } else {
+#if DML_HAS_CUDA
+    return thrust::transform_reduce(thrust::cuda::par.on(current_stream()), first, first + n, f, init, op);
+#else
+    static_assert(sizeof(F) == 0, "dml: the cuda space needs a translation unit compiled by nvcc");
+#endif
+  }
+}
+
+}  // namespace dml

@@ -1,0 +1,115 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/core/buffer.hpp — buffer<T, Space>: an owning, aligned, uninitialised array in one space.
+// Sits on core/space.hpp; tensors, flat parameter storage and workspaces are buffers.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <new>
+#include <span>
+#include <utility>
+
+#include "dml/core/error.hpp"
+#include "dml/core/space.hpp"
+
+namespace dml {
+
+// 64 bytes: one cache line and one AVX-512 register; also cudaMalloc's minimum guarantee.
+inline constexpr std::size_t buffer_alignment = 64;
+
+namespace detail {
+template <class Space>
+struct allocator;
+
+template <>
+struct allocator<host> {
+  static void* allocate(std::size_t bytes) {
+    return ::operator new(bytes, std::align_val_t{buffer_alignment});
+  }
+  static void deallocate(void* p) noexcept { ::operator delete(p, std::align_val_t{buffer_alignment}); }
+  static void copy(void* dst, const void* src, std::size_t bytes) {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+};
+
+#if DML_HAS_CUDA
+template <>
+struct allocator<cuda> {
+  static void* allocate(std::size_t bytes) {
+    void* p = nullptr;
+    DML_CHECK_CUDA(cudaMalloc(&p, bytes));
+    return p;
+  }
+  static void deallocate(void* p) noexcept { cudaFree(p); }
+  static void copy(void* dst, const void* src, std::size_t bytes) {
+    if (bytes) DML_CHECK_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  }
+};
+#endif
+}  // namespace detail
+
+template <class T, execution_space Space = host>
+class buffer {
+ public:
+  using value_type = T;
+  using space = Space;
+
+  buffer() = default;
+  explicit buffer(std::size_t n) { resize(n); }
+  buffer(const buffer& o) : buffer(o.size_) { detail::allocator<Space>::copy(data_, o.data_, bytes()); }
+  buffer(buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  buffer& operator=(buffer o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    return *this;
+  }
+  ~buffer() { release(); }
+
+  // Contents are not kept: a buffer is storage, not a vector.
+  void resize(std::size_t n) {
+    if (n == size_) return;
+    release();
+    if (n) data_ = static_cast<T*>(detail::allocator<Space>::allocate(n * sizeof(T)));
+    size_ = n;
+  }
+
+  T* data() noexcept { return data_; }
+  const T* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  std::size_t bytes() const noexcept { return size_ * sizeof(T); }
+  bool empty() const noexcept { return size_ == 0; }
+  std::span<T> span() noexcept { return {data_, size_}; }
+  std::span<const T> span() const noexcept { return {data_, size_}; }
+
+  T& operator[](std::size_t i) noexcept
+    requires std::same_as<Space, host>
+  {
+    return data_[i];
+  }
+  const T& operator[](std::size_t i) const noexcept
+    requires std::same_as<Space, host>
+  {
+    return data_[i];
+  }
+
+ private:
+  void release() noexcept {
+    if (data_) detail::allocator<Space>::deallocate(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// Copies between spaces (host<->host, host<->cuda, cuda<->cuda); sizes in elements.
+template <class T>
+void copy_n(const T* src, std::size_t n, T* dst) {
+#if DML_HAS_CUDA
+  detail::allocator<cuda>::copy(dst, src, n * sizeof(T));
+#else
+  detail::allocator<host>::copy(dst, src, n * sizeof(T));
+#endif
+}
+
+}  // namespace dml

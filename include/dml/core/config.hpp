@@ -1,0 +1,23 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/core/config.hpp — version, host/device annotation macros and error-check macros.
+// The bottom of the stack: every other dml header includes this one. See DESIGN.md §3.
+#pragma once
+
+#define DML_VERSION_MAJOR 0
+#define DML_VERSION_MINOR 1
+#define DML_VERSION_PATCH 0
+
+#if defined(__CUDACC__)
+#  define DML_HOST_DEVICE __host__ __device__ __forceinline__
+#  define DML_DEVICE __device__ __forceinline__
+#  define DML_HAS_CUDA 1
+#else
+#  define DML_HOST_DEVICE inline
+#  define DML_DEVICE inline
+#  define DML_HAS_CUDA 0
+#endif
+
+// Pull Thrust's host back ends without CUB's CUDA headers when g++ compiles.
+#if !defined(__CUDACC__) && !defined(THRUST_DEVICE_SYSTEM)
+#  define THRUST_DEVICE_SYSTEM THRUST_DEVICE_SYSTEM_CPP
+#endif
