@@ -103,4 +103,19 @@ T transform_reduce_index(std::int64_t n, F f, T init, Op op = {}) {
   }
 }
 
+namespace detail {
+template <class T>
+struct fill_value {
+  T* p;
+  T value;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const { p[i] = value; }
+};
+}  // namespace detail
+
+// p[0..n) = value in the given space.
+template <execution_space Space, class T>
+void fill_n(T* p, std::int64_t n, T value) {
+  for_each_index<Space>(n, detail::fill_value<T>{p, value});
+}
+
 }  // namespace dml

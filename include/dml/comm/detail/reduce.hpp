@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/comm/detail/reduce.hpp — element-wise reduction kernels shared by the host communicators.
+// Sits on comm/communicator.hpp; comm::local reduces peers' slices with it, comm::mpi's bf16/fp16 ops too.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "dml/comm/communicator.hpp"
+
+namespace dml::comm::detail {
+
+// bf16/fp16 accumulate in float and round once at the end; int32 in int64 so that a sum of
+// many ranks does not overflow before it wraps back to the stored type.
+template <class T> struct accumulator { using type = T; };
+template <> struct accumulator<bf16> { using type = float; };
+template <> struct accumulator<fp16> { using type = float; };
+template <> struct accumulator<std::int32_t> { using type = std::int64_t; };
+template <class T> using acc_t = typename accumulator<T>::type;
+
+struct sum_fn {
+  template <class A> A operator()(A a, A b) const { return a + b; }
+};
+struct prod_fn {
+  template <class A> A operator()(A a, A b) const { return a * b; }
+};
+struct max_fn {
+  template <class A> A operator()(A a, A b) const { return a < b ? b : a; }
+};
+struct min_fn {
+  template <class A> A operator()(A a, A b) const { return b < a ? b : a; }
+};
+
+// f(op_fn) with the functor for op; avg reduces as sum and divides afterwards.
+template <class F>
+decltype(auto) with_op(reduce_op op, F&& f) {
+  switch (op) {
+    case reduce_op::max: return f(max_fn{});
+    case reduce_op::min: return f(min_fn{});
+    case reduce_op::prod: return f(prod_fn{});
+    case reduce_op::sum:
+    case reduce_op::avg: break;
+  }
+  return f(sum_fn{});
+}
+
+// Elements per chunk: a chunk of every source plus the accumulator stays in L1/L2, so each
+// source line is read from memory once and each destination line written once.
+inline constexpr std::size_t reduce_chunk = 4096;
+
+// dst[d][i] = op over p of src[p][i] (then / divisor for avg) for i < count, every d.
+// A destination may alias a source: a chunk is fully read before any of it is written.
+template <reducible T, class Op>
+void reduce_into(const T* const* src, int nsrc, T* const* dst, int ndst, std::size_t count, Op op,
+                 int divisor) {
+  using A = acc_t<T>;
+  A acc[reduce_chunk];
+  for (std::size_t base = 0; base < count; base += reduce_chunk) {
+    const std::size_t m = std::min(reduce_chunk, count - base);
+    const T* s0 = src[0] + base;
+#pragma omp simd
+    for (std::size_t i = 0; i < m; ++i) acc[i] = A(s0[i]);
+    for (int p = 1; p < nsrc; ++p) {
+      const T* s = src[p] + base;
+#pragma omp simd
+      for (std::size_t i = 0; i < m; ++i) acc[i] = op(acc[i], A(s[i]));
+    }
+    if (divisor > 1) {
+      const A d = A(divisor);
+#pragma omp simd
+      for (std::size_t i = 0; i < m; ++i) acc[i] = acc[i] / d;
+    }
+    for (int q = 0; q < ndst; ++q) {
+      T* o = dst[q] + base;
+#pragma omp simd
+      for (std::size_t i = 0; i < m; ++i) o[i] = T(acc[i]);
+    }
+  }
+}
+
+template <reducible T>
+void reduce_into(const T* const* src, int nsrc, T* const* dst, int ndst, std::size_t count,
+                 reduce_op op) {
+  const int divisor = op == reduce_op::avg ? nsrc : 1;
+  with_op(op, [&](auto f) { reduce_into(src, nsrc, dst, ndst, count, f, divisor); });
+}
+
+// inout[i] = op(in[i], inout[i]): the two-operand form MPI user ops need.
+template <reducible T>
+void reduce_pair(const T* in, T* inout, std::size_t count, reduce_op op) {
+  const T* src[2] = {in, inout};
+  T* dst[1] = {inout};
+  with_op(op, [&](auto f) { reduce_into(src, 2, dst, 1, count, f, 1); });
+}
+
+}  // namespace dml::comm::detail

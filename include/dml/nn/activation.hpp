@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/nn/activation.hpp — element-wise activations (relu, gelu in PyTorch's tanh form).
+// Sits on core/algorithm.hpp; the arithmetic is DML_HOST_DEVICE functors shared by host and CUDA.
+#pragma once
+
+#include <cmath>
+
+#include "dml/core/algorithm.hpp"
+#include "dml/nn/layer.hpp"
+
+namespace dml::nn {
+
+namespace kernels {
+struct relu_forward {
+  const float* x;
+  float* y;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const { y[i] = x[i] > 0.f ? x[i] : 0.f; }
+};
+// Uses the output: y > 0 exactly where x > 0.
+struct relu_backward {
+  const float* y;
+  const float* dy;
+  float* dx;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const { dx[i] = y[i] > 0.f ? dy[i] : 0.f; }
+};
+
+// gelu(x) = x/2 · (1 + tanh(√(2/π)·(x + 0.044715·x³)))  (PyTorch approximate="tanh")
+struct gelu_tanh {
+  static constexpr float k0 = 0.7978845608028654f;  // √(2/π)
+  static constexpr float k1 = 0.044715f;
+  DML_HOST_DEVICE static float value(float x) {
+    const float t = tanhf(k0 * (x + k1 * x * x * x));
+    return 0.5f * x * (1.f + t);
+  }
+  DML_HOST_DEVICE static float derivative(float x) {
+    const float u = k0 * (x + k1 * x * x * x);
+    const float t = tanhf(u);
+    const float du = k0 * (1.f + 3.f * k1 * x * x);
+    return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du;
+  }
+};
+struct gelu_forward {
+  const float* x;
+  float* y;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const { y[i] = gelu_tanh::value(x[i]); }
+};
+struct gelu_backward {
+  const float* x;
+  const float* dy;
+  float* dx;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const { dx[i] = dy[i] * gelu_tanh::derivative(x[i]); }
+};
+}  // namespace kernels
+
+// Activations keep the shape and have no parameters.
+struct elementwise_base {
+  static constexpr std::int64_t static_in = dynamic;
+  static constexpr std::int64_t static_out = dynamic;
+  static constexpr bool preserves_width = true;
+  std::vector<param_spec> parameters() const { return {}; }
+  dml::shape output_shape(dml::shape x) const { return x; }
+};
+
+struct relu : elementwise_base {
+  static constexpr const char* kind = "relu";
+  template <execution_space S>
+  void forward(const context&, layer_params, tensor_view<const float, S> x, tensor_view<float, S> y) const {
+    for_each_index<S>(x.numel(), kernels::relu_forward{x.data, y.data});
+  }
+  template <execution_space S>
+  void backward(const context&, layer_params, tensor_view<const float, S>, tensor_view<const float, S> y,
+                tensor_view<const float, S> dy, tensor_view<float, S> dx) const {
+    if (dx.data) for_each_index<S>(y.numel(), kernels::relu_backward{y.data, dy.data, dx.data});
+  }
+};
+
+struct gelu : elementwise_base {
+  static constexpr const char* kind = "gelu";
+  template <execution_space S>
+  void forward(const context&, layer_params, tensor_view<const float, S> x, tensor_view<float, S> y) const {
+    for_each_index<S>(x.numel(), kernels::gelu_forward{x.data, y.data});
+  }
+  template <execution_space S>
+  void backward(const context&, layer_params, tensor_view<const float, S> x, tensor_view<const float, S>,
+                tensor_view<const float, S> dy, tensor_view<float, S> dx) const {
+    if (dx.data) for_each_index<S>(x.numel(), kernels::gelu_backward{x.data, dy.data, dx.data});
+  }
+};
+
+}  // namespace dml::nn

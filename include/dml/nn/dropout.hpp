@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/nn/dropout.hpp — inverted dropout whose mask comes from a counter-based RNG.
+// Sits on core/rng.hpp; the mask depends on (seed, step, layer, element) only, so backward recomputes it
+// and any rank or thread count draws the same mask.
+#pragma once
+
+#include "dml/core/algorithm.hpp"
+#include "dml/core/rng.hpp"
+#include "dml/nn/layer.hpp"
+
+namespace dml::nn {
+
+namespace kernels {
+struct dropout_apply {
+  rng_stream rng;
+  float keep;  // probability of keeping an element
+  const float* in;
+  float* out;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    out[i] = rng.uniform(static_cast<std::uint64_t>(i)) < keep ? in[i] / keep : 0.f;
+  }
+};
+}  // namespace kernels
+
+struct dropout {
+  static constexpr std::int64_t static_in = dynamic;
+  static constexpr std::int64_t static_out = dynamic;
+  static constexpr bool preserves_width = true;
+  static constexpr const char* kind = "dropout";
+
+  float p = 0.5f;
+
+  explicit dropout(float probability = 0.5f) : p(probability) {
+    if (!(p >= 0.f && p < 1.f)) fail<invalid_argument>("dml::nn::dropout: expected 0 <= p < 1, found ", p);
+  }
+  std::vector<param_spec> parameters() const { return {}; }
+  dml::shape output_shape(dml::shape x) const { return x; }
+
+  // One stream per (step, layer): masks differ across steps and layers, never across ranks.
+  static rng_stream stream(const context& c) { return {c.seed, (c.step << 16) ^ c.layer}; }
+
+  template <execution_space S>
+  void forward(const context& c, layer_params, tensor_view<const float, S> x, tensor_view<float, S> y) const {
+    const float keep = c.training ? 1.f - p : 1.f;
+    for_each_index<S>(x.numel(), kernels::dropout_apply{stream(c), keep, x.data, y.data});
+  }
+  template <execution_space S>
+  void backward(const context& c, layer_params, tensor_view<const float, S>, tensor_view<const float, S>,
+                tensor_view<const float, S> dy, tensor_view<float, S> dx) const {
+    const float keep = c.training ? 1.f - p : 1.f;
+    if (dx.data) for_each_index<S>(dy.numel(), kernels::dropout_apply{stream(c), keep, dy.data, dx.data});
+  }
+};
+
+}  // namespace dml::nn

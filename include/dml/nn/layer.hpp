@@ -1,0 +1,108 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/nn/layer.hpp — what a layer is: parameter specs, shape rule, forward and backward on views.
+// Sits on core/; every file in nn/ models this concept. See DESIGN.md §1 and §2.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dml/core/tensor.hpp"
+
+namespace dml::nn {
+
+// A width that is only known at run time.
+inline constexpr std::int64_t dynamic = -1;
+
+// How a parameter starts; the numbers follow PyTorch's defaults for each layer type.
+enum class init_kind : std::uint8_t { zeros, ones, uniform, normal };
+
+struct param_spec {
+  std::string name;  // PyTorch's name within the layer: "weight", "bias"
+  dml::shape shape;
+  init_kind init = init_kind::zeros;
+  float a = 0.f, b = 0.f;  // uniform(a, b) or normal(mean a, std b)
+};
+
+// What every layer call sees besides its tensors.
+struct context {
+  bool training = true;
+  std::uint64_t seed = 0;    // dropout masks depend on (seed, step, layer, element) only
+  std::uint64_t step = 0;
+  std::uint64_t layer = 0;   // index of the layer in its sequential
+  bool accumulate = false;   // add parameter gradients to what is there (micro-batches)
+  const float* ones = nullptr;   // at least rows() ones in the layer's space, for bias gradients
+  float* workspace = nullptr;    // scratch of the size the layer's workspace_size(x) asked for
+};
+
+// A layer's parameters and their gradients: pointers into the flat buffers, in spec order.
+struct layer_params {
+  float* const* w = nullptr;
+  float* const* g = nullptr;
+};
+
+template <class L>
+concept has_shape_rule = requires(const L& l, dml::shape s) {
+  { l.output_shape(s) } -> std::same_as<dml::shape>;
+};
+template <class L>
+concept has_parameters = requires(const L& l) {
+  { l.parameters() } -> std::same_as<std::vector<param_spec>>;
+};
+template <class L>
+concept has_host_forward = requires(const L& l, const context& c, layer_params p, tensor_view<const float> x,
+                                    tensor_view<float> y) { l.template forward<host>(c, p, x, y); };
+template <class L>
+concept has_host_backward = requires(const L& l, const context& c, layer_params p, tensor_view<const float> x,
+                                     tensor_view<const float> y, tensor_view<const float> dy,
+                                     tensor_view<float> dx) { l.template backward<host>(c, p, x, y, dy, dx); };
+template <class L>
+concept has_static_widths = requires {
+  { L::static_in } -> std::convertible_to<std::int64_t>;
+  { L::static_out } -> std::convertible_to<std::int64_t>;
+  { L::kind } -> std::convertible_to<const char*>;
+};
+
+template <class L>
+concept has_workspace = requires(const L& l, dml::shape s) {
+  { l.workspace_size(s) } -> std::convertible_to<std::int64_t>;
+};
+// Floats of scratch a layer's backward needs for input shape x (0 unless it says otherwise).
+template <class L>
+std::int64_t workspace_size(const L& l, const dml::shape& x) {
+  if constexpr (has_workspace<L>) return l.workspace_size(x);
+  else return 0;
+}
+
+// A layer: a shape rule, named parameters, and forward/backward in any execution space.
+// backward writes dx (skipped when dx.data is null) and writes or accumulates parameter gradients.
+template <class L>
+concept layer = std::copy_constructible<L> && has_shape_rule<L> && has_parameters<L> && has_host_forward<L> &&
+                has_host_backward<L> && has_static_widths<L>;
+
+template <class L>
+consteval bool diagnose_layer() {
+  static_assert(has_static_widths<L>,
+                "dml::nn::layer needs `static constexpr std::int64_t static_in, static_out` (or nn::dynamic) "
+                "and `static constexpr const char* kind`");
+  static_assert(has_shape_rule<L>, "dml::nn::layer needs `dml::shape output_shape(dml::shape) const`");
+  static_assert(has_parameters<L>, "dml::nn::layer needs `std::vector<param_spec> parameters() const`");
+  static_assert(has_host_forward<L>,
+                "dml::nn::layer needs `template <execution_space S> void forward(const context&, layer_params, "
+                "tensor_view<const float, S> x, tensor_view<float, S> y) const`");
+  static_assert(has_host_backward<L>,
+                "dml::nn::layer needs `template <execution_space S> void backward(const context&, layer_params, "
+                "tensor_view<const float, S> x, y, dy, tensor_view<float, S> dx) const`");
+  return true;
+}
+
+namespace detail {
+inline void expect_cols(const char* kind, std::int64_t expected, const dml::shape& x) {
+  if (x.rank == 0 || x.cols() != expected)
+    fail<shape_error>("dml::nn::", kind, ": expected input with last dimension ", expected, ", found shape ", x);
+}
+}  // namespace detail
+
+}  // namespace dml::nn

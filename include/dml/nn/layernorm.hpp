@@ -1,0 +1,131 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/nn/layernorm.hpp — layer normalisation over the last dimension with affine weight and bias.
+// Sits on core/algorithm.hpp; statistics are recomputed in backward, so the layer keeps no state.
+#pragma once
+
+#include <cmath>
+
+#include "dml/core/algorithm.hpp"
+#include "dml/nn/layer.hpp"
+
+namespace dml::nn {
+
+namespace kernels {
+struct row_stats {
+  float mean, rstd;
+};
+DML_HOST_DEVICE row_stats layernorm_stats(const float* x, std::int64_t n, float eps) {
+  float sum = 0.f;
+  for (std::int64_t j = 0; j < n; ++j) sum += x[j];
+  const float mean = sum / static_cast<float>(n);
+  float var = 0.f;
+  for (std::int64_t j = 0; j < n; ++j) var += (x[j] - mean) * (x[j] - mean);
+  return {mean, 1.f / sqrtf(var / static_cast<float>(n) + eps)};  // biased variance, as PyTorch
+}
+
+struct layernorm_forward {
+  const float *x, *w, *b;
+  float* y;
+  std::int64_t n;
+  float eps;
+  DML_HOST_DEVICE void operator()(std::int64_t row) const {
+    const float* xr = x + row * n;
+    float* yr = y + row * n;
+    const row_stats s = layernorm_stats(xr, n, eps);
+    for (std::int64_t j = 0; j < n; ++j) yr[j] = (xr[j] - s.mean) * s.rstd * w[j] + b[j];
+  }
+};
+
+// dx = rstd · (dy·w − mean(dy·w) − x̂ · mean(dy·w·x̂))
+struct layernorm_backward_input {
+  const float *x, *w, *dy;
+  float* dx;
+  std::int64_t n;
+  float eps;
+  DML_HOST_DEVICE void operator()(std::int64_t row) const {
+    const float* xr = x + row * n;
+    const float* dyr = dy + row * n;
+    float* dxr = dx + row * n;
+    const row_stats s = layernorm_stats(xr, n, eps);
+    float sum_g = 0.f, sum_gx = 0.f;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const float g = dyr[j] * w[j];
+      sum_g += g;
+      sum_gx += g * (xr[j] - s.mean) * s.rstd;
+    }
+    const float inv_n = 1.f / static_cast<float>(n);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const float xhat = (xr[j] - s.mean) * s.rstd;
+      dxr[j] = s.rstd * (dyr[j] * w[j] - sum_g * inv_n - xhat * sum_gx * inv_n);
+    }
+  }
+};
+
+struct layernorm_row_stats {
+  const float* x;
+  row_stats* stats;
+  std::int64_t n;
+  float eps;
+  DML_HOST_DEVICE void operator()(std::int64_t row) const { stats[row] = layernorm_stats(x + row * n, n, eps); }
+};
+
+// dw[j] = Σ_rows dy·x̂, db[j] = Σ_rows dy; one column per call, so writers never collide.
+struct layernorm_backward_params {
+  const float *x, *dy;
+  const row_stats* stats;
+  float *dw, *db;
+  std::int64_t rows, n;
+  bool accumulate;
+  DML_HOST_DEVICE void operator()(std::int64_t j) const {
+    float gw = 0.f, gb = 0.f;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float d = dy[r * n + j];
+      gw += d * (x[r * n + j] - stats[r].mean) * stats[r].rstd;
+      gb += d;
+    }
+    dw[j] = accumulate ? dw[j] + gw : gw;
+    db[j] = accumulate ? db[j] + gb : gb;
+  }
+};
+}  // namespace kernels
+
+struct layernorm {
+  static constexpr std::int64_t static_in = dynamic;
+  static constexpr std::int64_t static_out = dynamic;
+  static constexpr bool preserves_width = true;
+  static constexpr const char* kind = "layernorm";
+
+  std::int64_t features = 0;
+  float eps = 1e-5f;
+
+  explicit layernorm(std::int64_t n, float epsilon = 1e-5f) : features(n), eps(epsilon) {
+    if (n <= 0) fail<invalid_argument>("dml::nn::layernorm: features must be positive, found ", n);
+  }
+
+  std::vector<param_spec> parameters() const {
+    return {{"weight", {features}, init_kind::ones}, {"bias", {features}, init_kind::zeros}};
+  }
+  dml::shape output_shape(dml::shape x) const {
+    detail::expect_cols(kind, features, x);
+    return x;
+  }
+  // Floats of scratch backward needs: a mean and a 1/σ per row.
+  std::int64_t workspace_size(dml::shape x) const { return 2 * x.rows(); }
+
+  template <execution_space S>
+  void forward(const context&, layer_params p, tensor_view<const float, S> x, tensor_view<float, S> y) const {
+    for_each_index<S>(x.rows(), kernels::layernorm_forward{x.data, p.w[0], p.w[1], y.data, features, eps});
+  }
+  template <execution_space S>
+  void backward(const context& c, layer_params p, tensor_view<const float, S> x, tensor_view<const float, S>,
+                tensor_view<const float, S> dy, tensor_view<float, S> dx) const {
+    auto* stats = reinterpret_cast<kernels::row_stats*>(c.workspace);
+    for_each_index<S>(x.rows(), kernels::layernorm_row_stats{x.data, stats, features, eps});
+    for_each_index<S>(features, kernels::layernorm_backward_params{x.data, dy.data, stats, p.g[0], p.g[1], x.rows(),
+                                                                   features, c.accumulate});
+    if (dx.data)
+      for_each_index<S>(x.rows(), kernels::layernorm_backward_input{x.data, p.w[0], dy.data, dx.data, features, eps});
+  }
+};
+
+}  // namespace dml::nn

@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/optim/adagrad.hpp — Adagrad with learning-rate decay and L2 weight decay, as torch.optim.Adagrad.
+// Sits on optim/optimizer.hpp; one fused pass over a flat range.
+#pragma once
+
+#include <cmath>
+
+#include "dml/optim/optimizer.hpp"
+
+namespace dml::optim {
+
+namespace kernels {
+struct adagrad_update {
+  float* w;
+  const float* g;
+  float* sum;
+  float clr, eps, weight_decay, grad_scale;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    float grad = g[i] * grad_scale;
+    if (weight_decay != 0.f) grad = grad + weight_decay * w[i];
+    const float s = sum[i] + grad * grad;
+    sum[i] = s;
+    w[i] = w[i] - clr * (grad / (sqrtf(s) + eps));
+  }
+};
+}  // namespace kernels
+
+struct adagrad {
+  using policy_family = optimizer_family;
+  static constexpr const char* name = "adagrad";
+  static constexpr int state_slots = 1;  // running sum of squared gradients
+  struct options {
+    float lr = 1e-2f;
+    float lr_decay = 0.f;
+    float weight_decay = 0.f;
+    float eps = 1e-10f;
+  };
+  options opt{};
+
+  adagrad() = default;
+  explicit adagrad(options o) : opt(o) {
+    if (opt.lr < 0.f || opt.lr_decay < 0.f || opt.weight_decay < 0.f || opt.eps < 0.f)
+      fail<invalid_argument>("dml::optim::adagrad: lr, lr_decay, weight_decay and eps must be >= 0");
+  }
+  float default_lr() const { return opt.lr; }
+
+  template <execution_space S>
+  void update(const step_args& a) const {
+    const float clr = a.lr / (1.f + static_cast<float>(a.step - 1) * opt.lr_decay);
+    for_each_index<S>(a.n, kernels::adagrad_update{a.w, a.g, a.state[0], clr, opt.eps, opt.weight_decay, a.grad_scale});
+  }
+};
+
+}  // namespace dml::optim

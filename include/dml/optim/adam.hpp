@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/optim/adam.hpp — Adam (L2 decay) and AdamW (decoupled decay), as torch.optim.Adam / AdamW.
+// Sits on optim/optimizer.hpp; the update, the gradient scale and the decay are one fused pass.
+#pragma once
+
+#include <cmath>
+
+#include "dml/optim/optimizer.hpp"
+
+namespace dml::optim {
+
+namespace kernels {
+struct adam_update {
+  float* w;
+  const float* g;
+  float* m;
+  float* v;
+  float beta1, beta2, eps, weight_decay, grad_scale;
+  float step_size;   // lr / (1 − β1^t)
+  float bc2_sqrt;    // √(1 − β2^t)
+  float decay;       // 1 − lr·wd for AdamW, 1 for Adam
+  bool decoupled;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    float grad = g[i] * grad_scale;
+    float p = w[i];
+    if (decoupled) p = p * decay;
+    else if (weight_decay != 0.f) grad = grad + weight_decay * p;
+    const float mi = m[i] * beta1 + (1.f - beta1) * grad;
+    const float vi = v[i] * beta2 + (1.f - beta2) * grad * grad;
+    m[i] = mi;
+    v[i] = vi;
+    w[i] = p - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
+  }
+};
+}  // namespace kernels
+
+namespace detail {
+template <bool Decoupled>
+struct adam_base {
+  using policy_family = optimizer_family;
+  static constexpr int state_slots = 2;  // first and second moments
+  struct options {
+    float lr = 1e-3f;
+    float beta1 = 0.9f;
+    float beta2 = 0.999f;
+    float eps = 1e-8f;
+    float weight_decay = Decoupled ? 1e-2f : 0.f;
+  };
+  options opt{};
+
+  adam_base() = default;
+  explicit adam_base(options o) : opt(o) {
+    if (!(opt.beta1 >= 0.f && opt.beta1 < 1.f && opt.beta2 >= 0.f && opt.beta2 < 1.f))
+      fail<invalid_argument>("dml::optim::adam: betas must lie in [0, 1), found ", opt.beta1, ", ", opt.beta2);
+    if (opt.lr < 0.f || opt.eps < 0.f || opt.weight_decay < 0.f)
+      fail<invalid_argument>("dml::optim::adam: lr, eps and weight_decay must be >= 0, found ", opt.lr, ", ", opt.eps,
+                             ", ", opt.weight_decay);
+  }
+  float default_lr() const { return opt.lr; }
+
+  template <execution_space S>
+  void update(const step_args& a) const {
+    // Bias corrections in double, as PyTorch computes them in Python floats.
+    const double t = static_cast<double>(a.step);
+    const double bc1 = 1.0 - std::pow(static_cast<double>(opt.beta1), t);
+    const double bc2 = 1.0 - std::pow(static_cast<double>(opt.beta2), t);
+    for_each_index<S>(a.n, kernels::adam_update{a.w, a.g, a.state[0], a.state[1], opt.beta1, opt.beta2, opt.eps,
+                                                opt.weight_decay, a.grad_scale, static_cast<float>(a.lr / bc1),
+                                                static_cast<float>(std::sqrt(bc2)), 1.f - a.lr * opt.weight_decay,
+                                                Decoupled});
+  }
+};
+}  // namespace detail
+
+struct adam : detail::adam_base<false> {
+  static constexpr const char* name = "adam";
+  using adam_base::adam_base;
+};
+struct adamw : detail::adam_base<true> {
+  static constexpr const char* name = "adamw";
+  using adam_base::adam_base;
+};
+
+}  // namespace dml::optim

@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/optim/sgd.hpp — SGD with momentum, dampening, Nesterov and L2 weight decay, as torch.optim.SGD.
+// Sits on optim/optimizer.hpp; one fused pass over a flat range.
+#pragma once
+
+#include "dml/optim/optimizer.hpp"
+
+namespace dml::optim {
+
+namespace kernels {
+struct sgd_update {
+  float* w;
+  const float* g;
+  float* buf;  // momentum buffer, unused without momentum
+  float lr, momentum, dampening, weight_decay, grad_scale;
+  bool nesterov, first;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    float d = g[i] * grad_scale;
+    if (weight_decay != 0.f) d = d + weight_decay * w[i];
+    if (momentum != 0.f) {
+      // PyTorch starts the buffer at the first gradient, without dampening.
+      const float b = first ? d : buf[i] * momentum + (1.f - dampening) * d;
+      buf[i] = b;
+      d = nesterov ? d + momentum * b : b;
+    }
+    w[i] = w[i] - lr * d;
+  }
+};
+}  // namespace kernels
+
+struct sgd {
+  using policy_family = optimizer_family;
+  static constexpr const char* name = "sgd";
+  static constexpr int state_slots = 1;
+  struct options {
+    float lr = 0.01f;
+    float momentum = 0.f;
+    float dampening = 0.f;
+    float weight_decay = 0.f;
+    bool nesterov = false;
+  };
+  options opt{};
+
+  sgd() = default;
+  explicit sgd(options o) : opt(o) {
+    if (opt.nesterov && (opt.momentum <= 0.f || opt.dampening != 0.f))
+      fail<invalid_argument>("dml::optim::sgd: Nesterov momentum needs momentum > 0 and dampening 0, found momentum=",
+                             opt.momentum, " dampening=", opt.dampening);
+    if (opt.lr < 0.f || opt.momentum < 0.f || opt.weight_decay < 0.f)
+      fail<invalid_argument>("dml::optim::sgd: lr, momentum and weight_decay must be >= 0, found ", opt.lr, ", ",
+                             opt.momentum, ", ", opt.weight_decay);
+  }
+  float default_lr() const { return opt.lr; }
+
+  template <execution_space S>
+  void update(const step_args& a) const {
+    for_each_index<S>(a.n, kernels::sgd_update{a.w, a.g, a.state[0], a.lr, opt.momentum, opt.dampening,
+                                               opt.weight_decay, a.grad_scale, opt.nesterov, a.step == 1});
+  }
+};
+
+}  // namespace dml::optim
