@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # dml-dependencies.cmake — finds what dml::dml's headers need on the host (oneDNN, OpenMP,
 # nlohmann_json, zlib, Thrust/CUB headers). Included by the build tree and by dml-config.cmake.
-include_guard(GLOBAL)
+include_guard(DIRECTORY)  # imported targets are directory-scoped: a sibling directory needs its own
 include(CMakeFindDependencyMacro)
 
 # In dml's own build a missing dependency is an error at once; inside find_package(dml) it

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # dml-nccl.cmake — provides the imported target NCCL::nccl that dml::nccl links (NCCL ships no
 # CMake config). Included by the build tree and by dml-config.cmake for the nccl component.
-include_guard(GLOBAL)
+include_guard(DIRECTORY)  # imported targets are directory-scoped: a sibling directory needs its own
 
 if(NOT TARGET NCCL::nccl)
   # The CUDA 13 toolkit here keeps NCCL in <cuda>/lib; distributions use lib64 or lib/<triple>.

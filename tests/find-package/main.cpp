@@ -1,9 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // A program that uses dml as a consumer would, through dml::dml only; built by the packaging
 // tests against an installed dml (find-package/) and a source tree (add-subdirectory/).
-#if __has_include(<dml/dml.hpp>)
-#  include <dml/dml.hpp>
-#endif
+#include <dml/dml.hpp>
 #include <dml/core/algorithm.hpp>
 #include <dml/core/tensor.hpp>
 

@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # Builds and runs one consumer project of dml (cmake -P). MODE=find-package installs the current
-# build tree into WORK_DIR/prefix first and builds tests/find-package against that prefix;
+# build tree into PREFIX first and builds tests/find-package against that prefix;
 # MODE=add-subdirectory builds tests/add-subdirectory against the source tree.
-# Inputs: MODE, PREFIX (find-package), DML_SOURCE_DIR, DML_BINARY_DIR, WORK_DIR, GENERATOR, CXX_COMPILER, BUILD_TYPE,
-# HAVE_CUDA (find-package only: also check that the cuda component loads the CUDA toolkit).
+# Inputs: MODE, DML_SOURCE_DIR, DML_BINARY_DIR, WORK_DIR, GENERATOR, CXX_COMPILER, BUILD_TYPE;
+# for find-package also PREFIX, and HAVE_MPI / HAVE_CUDA to check that the mpi and cuda
+# components load their dependencies.
 cmake_minimum_required(VERSION 3.25)
 
 foreach(v MODE DML_SOURCE_DIR DML_BINARY_DIR WORK_DIR GENERATOR CXX_COMPILER)
@@ -58,10 +59,12 @@ if(MODE STREQUAL "find-package")
   if(configure_rc EQUAL 0 OR NOT configure_log MATCHES "no such component")
     message(FATAL_ERROR "${MODE}: find_package(dml COMPONENTS bogus) did not fail as it should:\n${configure_log}")
   endif()
-  # The MPI component brings MPI::MPI_CXX in with it.
-  configure(${src} ${WORK_DIR}/mpi ${common} -DDML_CONSUMER_COMPONENTS=mpi -DDML_CONSUMER_CONFIGURE_ONLY=ON)
-  if(NOT configure_rc EQUAL 0)
-    message(FATAL_ERROR "${MODE}: find_package(dml COMPONENTS mpi) failed:\n${configure_log}")
+  # The mpi component must bring MPI::MPI_CXX in with it.
+  if(HAVE_MPI)
+    configure(${src} ${WORK_DIR}/mpi ${common} -DDML_CONSUMER_COMPONENTS=mpi -DDML_CONSUMER_CONFIGURE_ONLY=ON)
+    if(NOT configure_rc EQUAL 0)
+      message(FATAL_ERROR "${MODE}: find_package(dml COMPONENTS mpi) failed:\n${configure_log}")
+    endif()
   endif()
   # The cuda component must find the CUDA toolkit by itself, in a project without CUDA enabled.
   if(HAVE_CUDA)

@@ -14,13 +14,23 @@ namespace kernels {
 struct row_stats {
   float mean, rstd;
 };
+// Per-element arithmetic shared by the functors below and the CUDA kernels of nn/detail/layernorm.cuh.
+DML_HOST_DEVICE float layernorm_rstd(float squared_deviations, std::int64_t n, float eps) {
+  return 1.f / sqrtf(squared_deviations / static_cast<float>(n) + eps);  // biased variance, as PyTorch
+}
+DML_HOST_DEVICE float layernorm_affine(float x, row_stats s, float w, float b) { return (x - s.mean) * s.rstd * w + b; }
+DML_HOST_DEVICE float layernorm_xhat(float x, row_stats s) { return (x - s.mean) * s.rstd; }
+// dx = rstd · (dy·w − mean(dy·w) − x̂ · mean(dy·w·x̂)), given the two row sums and 1/n.
+DML_HOST_DEVICE float layernorm_dx(float dy, float w, float xhat, float rstd, float sum_g, float sum_gx, float inv_n) {
+  return rstd * (dy * w - sum_g * inv_n - xhat * sum_gx * inv_n);
+}
 DML_HOST_DEVICE row_stats layernorm_stats(const float* x, std::int64_t n, float eps) {
   float sum = 0.f;
   for (std::int64_t j = 0; j < n; ++j) sum += x[j];
   const float mean = sum / static_cast<float>(n);
   float var = 0.f;
   for (std::int64_t j = 0; j < n; ++j) var += (x[j] - mean) * (x[j] - mean);
-  return {mean, 1.f / sqrtf(var / static_cast<float>(n) + eps)};  // biased variance, as PyTorch
+  return {mean, layernorm_rstd(var, n, eps)};
 }
 
 struct layernorm_forward {
@@ -32,7 +42,7 @@ struct layernorm_forward {
     const float* xr = x + row * n;
     float* yr = y + row * n;
     const row_stats s = layernorm_stats(xr, n, eps);
-    for (std::int64_t j = 0; j < n; ++j) yr[j] = (xr[j] - s.mean) * s.rstd * w[j] + b[j];
+    for (std::int64_t j = 0; j < n; ++j) yr[j] = layernorm_affine(xr[j], s, w[j], b[j]);
   }
 };
 
@@ -55,8 +65,7 @@ struct layernorm_backward_input {
     }
     const float inv_n = 1.f / static_cast<float>(n);
     for (std::int64_t j = 0; j < n; ++j) {
-      const float xhat = (xr[j] - s.mean) * s.rstd;
-      dxr[j] = s.rstd * (dyr[j] * w[j] - sum_g * inv_n - xhat * sum_gx * inv_n);
+      dxr[j] = layernorm_dx(dyr[j], w[j], layernorm_xhat(xr[j], s), s.rstd, sum_g, sum_gx, inv_n);
     }
   }
 };
@@ -89,6 +98,14 @@ struct layernorm_backward_params {
 };
 }  // namespace kernels
 
+}  // namespace dml::nn
+
+#if DML_HAS_CUDA
+#  include "dml/nn/detail/layernorm.cuh"
+#endif
+
+namespace dml::nn {
+
 struct layernorm {
   static constexpr std::int64_t static_in = dynamic;
   static constexpr std::int64_t static_out = dynamic;
@@ -114,12 +131,25 @@ struct layernorm {
 
   template <execution_space S>
   void forward(const context&, layer_params p, tensor_view<const float, S> x, tensor_view<float, S> y) const {
+#if DML_HAS_CUDA
+    if constexpr (std::same_as<S, cuda>) {  // one block per row instead of one thread
+      detail::layernorm_forward_cuda(x.data, p.w[0], p.w[1], y.data, x.rows(), features, eps);
+      return;
+    }
+#endif
     for_each_index<S>(x.rows(), kernels::layernorm_forward{x.data, p.w[0], p.w[1], y.data, features, eps});
   }
   template <execution_space S>
   void backward(const context& c, layer_params p, tensor_view<const float, S> x, tensor_view<const float, S>,
                 tensor_view<const float, S> dy, tensor_view<float, S> dx) const {
     auto* stats = reinterpret_cast<kernels::row_stats*>(c.workspace);
+#if DML_HAS_CUDA
+    if constexpr (std::same_as<S, cuda>) {
+      detail::layernorm_backward_cuda(x.data, p.w[0], dy.data, dx.data, stats, p.g[0], p.g[1], x.rows(), features,
+                                      eps, c.accumulate);
+      return;
+    }
+#endif
     for_each_index<S>(x.rows(), kernels::layernorm_row_stats{x.data, stats, features, eps});
     for_each_index<S>(features, kernels::layernorm_backward_params{x.data, dy.data, stats, p.g[0], p.g[1], x.rows(),
                                                                    features, c.accumulate});

@@ -12,6 +12,11 @@
 namespace dml::nn {
 
 namespace kernels {
+// Per-element arithmetic shared by the functor below and the CUDA kernel of nn/detail/softmax_xent.cuh.
+DML_HOST_DEVICE float softmax_xent_loss(float sum_exp, float x_label, float mx) { return logf(sum_exp) - (x_label - mx); }
+DML_HOST_DEVICE float softmax_xent_grad(float x, float mx, float inv_sum, bool is_label, float scale) {
+  return (expf(x - mx) * inv_sum - (is_label ? 1.f : 0.f)) * scale;
+}
 // Per row: loss = logsumexp(x) − x[label]; dx = (softmax(x) − onehot(label)) · scale.
 struct softmax_xent_row {
   const float* x;
@@ -27,11 +32,11 @@ struct softmax_xent_row {
     float sum = 0.f;
     for (std::int64_t j = 0; j < n; ++j) sum += expf(xr[j] - mx);
     const std::int64_t label = labels[r];
-    row_loss[r] = logf(sum) - (xr[label] - mx);
+    row_loss[r] = softmax_xent_loss(sum, xr[label], mx);
     if (dx) {
       const float inv = 1.f / sum;
       float* dr = dx + r * n;
-      for (std::int64_t j = 0; j < n; ++j) dr[j] = (expf(xr[j] - mx) * inv - (j == label ? 1.f : 0.f)) * scale;
+      for (std::int64_t j = 0; j < n; ++j) dr[j] = softmax_xent_grad(xr[j], mx, inv, j == label, scale);
     }
   }
 };
@@ -53,11 +58,21 @@ struct read_float {
 };
 }  // namespace kernels
 
+}  // namespace dml::nn
+
+#if DML_HAS_CUDA
+#  include "dml/nn/detail/softmax_xent.cuh"
+#endif
+
+namespace dml::nn {
+
 // Mean cross-entropy of softmax(logits) against integer labels, as torch.nn.CrossEntropyLoss().
 struct softmax_cross_entropy {
   // Returns the mean loss over rows; writes dlogits = ∂loss/∂logits unless dlogits.data is null.
   // `scale_rows` is the row count the mean divides by (the global batch when ranks share one).
   // row_loss: scratch of logits.rows() floats in the same space.
+  // On CUDA the labels are in device memory and are not checked on the host: a label outside [0, n)
+  // makes its row's loss (and so the mean) NaN instead of raising an error.
   template <execution_space S>
   float forward_backward(tensor_view<const float, S> logits, const std::int32_t* labels, tensor_view<float, S> dlogits,
                          float* row_loss, std::int64_t scale_rows = 0) const {
@@ -71,8 +86,13 @@ struct softmax_cross_entropy {
           fail<invalid_argument>("dml::nn::softmax_cross_entropy: expected labels in [0, ", n, "), found ",
                                  labels[r], " in row ", r);
     const std::int64_t denom = scale_rows > 0 ? scale_rows : rows;
-    for_each_index<S>(rows, kernels::softmax_xent_row{logits.data, labels, dlogits.data, row_loss, n,
-                                                      1.f / static_cast<float>(denom)});
+#if DML_HAS_CUDA
+    if constexpr (std::same_as<S, cuda>)  // one block per row instead of one thread
+      detail::softmax_xent_cuda(logits.data, labels, dlogits.data, row_loss, rows, n, 1.f / static_cast<float>(denom));
+    else
+#endif
+      for_each_index<S>(rows, kernels::softmax_xent_row{logits.data, labels, dlogits.data, row_loss, n,
+                                                        1.f / static_cast<float>(denom)});
     const double total = transform_reduce_index<S>(rows, kernels::read_float{row_loss}, 0.0);
     return static_cast<float>(total / static_cast<double>(denom));
   }

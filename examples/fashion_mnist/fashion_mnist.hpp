@@ -1,0 +1,232 @@
+// SPDX-License-Identifier: Apache-2.0
+// examples/fashion_mnist/fashion_mnist.hpp — MLP training on Fashion-MNIST, one template for host and CUDA.
+// Flags: see usage() below. Prints test_accuracy=0.xxxx after every epoch.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "dml/dml.hpp"
+
+namespace fashion_mnist {
+
+struct options {
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  std::vector<std::int64_t> hidden{256, 256};
+  std::int64_t epochs = 5;
+  std::int64_t steps = 0;  // 0: no limit
+  std::int64_t batch = 128;
+  std::optional<float> lr;
+  std::string optimizer = "adamw";
+  std::string schedule = "cosine";  // constant | cosine (linear warmup, then cosine decay to 0)
+  std::int64_t warmup = 100;
+  std::optional<float> weight_decay;
+  std::uint64_t seed = 1;
+  std::string init, save, log;
+  bool shuffle = true;
+  int threads = 0;  // 0: every core
+};
+
+inline void usage(std::FILE* out) {
+  std::fputs(
+      "usage: fashion_mnist [--data DIR] [--hidden 256,256] [--epochs N] [--steps N] [--batch N] [--lr X]\n"
+      "                     [--optimizer sgd|adam|adamw|adagrad] [--weight-decay X] [--seed N]\n"
+      "                     [--schedule constant|cosine] [--warmup N]\n"
+      "                     [--init FILE.safetensors] [--save FILE.safetensors] [--no-shuffle] [--log FILE.csv]\n"
+      "                     [--threads N]\n",
+      out);
+}
+
+template <class T>
+T parse_number(std::string_view flag, const std::string& text) {
+  try {
+    std::size_t used = 0;
+    T v{};
+    if constexpr (std::is_floating_point_v<T>) v = static_cast<T>(std::stod(text, &used));
+    else v = static_cast<T>(std::stoll(text, &used));
+    if (used == text.size()) return v;
+  } catch (const std::exception&) {
+  }
+  dml::fail<dml::invalid_argument>(flag, ": expected a number, found '", text, "'");
+}
+
+inline options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) dml::fail<dml::invalid_argument>(a, ": expected a value after it, found the end of the line");
+      return argv[++i];
+    };
+    if (a == "--data") o.data = value();
+    else if (a == "--hidden") {
+      o.hidden.clear();
+      const std::string v = value();
+      std::size_t pos = 0;
+      while (pos < v.size()) {
+        const std::size_t comma = std::min(v.find(',', pos), v.size());
+        const auto w = parse_number<std::int64_t>(a, v.substr(pos, comma - pos));
+        if (w <= 0) dml::fail<dml::invalid_argument>(a, ": expected positive widths, found ", w);
+        o.hidden.push_back(w);
+        pos = comma + 1;
+      }
+    } else if (a == "--epochs") o.epochs = parse_number<std::int64_t>(a, value());
+    else if (a == "--steps") o.steps = parse_number<std::int64_t>(a, value());
+    else if (a == "--batch") o.batch = parse_number<std::int64_t>(a, value());
+    else if (a == "--lr") o.lr = parse_number<float>(a, value());
+    else if (a == "--optimizer") o.optimizer = value();
+    else if (a == "--schedule") o.schedule = value();
+    else if (a == "--warmup") o.warmup = parse_number<std::int64_t>(a, value());
+    else if (a == "--weight-decay") o.weight_decay = parse_number<float>(a, value());
+    else if (a == "--seed") o.seed = parse_number<std::uint64_t>(a, value());
+    else if (a == "--init") o.init = value();
+    else if (a == "--save") o.save = value();
+    else if (a == "--log") o.log = value();
+    else if (a == "--no-shuffle") o.shuffle = false;
+    else if (a == "--threads") o.threads = parse_number<int>(a, value());
+    else if (a == "--help" || a == "-h") {
+      usage(stdout);
+      std::exit(0);
+    } else dml::fail<dml::invalid_argument>("unknown flag '", a, "'; see --help");
+  }
+  if (o.schedule != "constant" && o.schedule != "cosine")
+    dml::fail<dml::invalid_argument>("--schedule: expected constant or cosine, found '", o.schedule, "'");
+  if (o.batch <= 0 || o.epochs < 0 || o.steps < 0)
+    dml::fail<dml::invalid_argument>("expected --batch > 0, --epochs >= 0, --steps >= 0; found ", o.batch, ", ",
+                                     o.epochs, ", ", o.steps);
+  return o;
+}
+
+// Optimizer options from the flags; PyTorch's defaults where a flag is absent.
+template <class O>
+O make_optimizer(const options& o) {
+  typename O::options p{};
+  if (o.lr) p.lr = *o.lr;
+  if (o.weight_decay) p.weight_decay = *o.weight_decay;
+  return O{p};
+}
+
+// Copies rows `idx` of the dataset into a contiguous batch in Space.
+template <class Space>
+struct batch_loader {
+  std::vector<float> x_host;
+  std::vector<std::int32_t> y_host;
+  dml::tensor<float, Space> x;
+  dml::buffer<std::int32_t, Space> y;
+
+  void load(const dml::train::dataset& d, std::span<const std::int64_t> idx) {
+    const std::int64_t f = d.features(), n = static_cast<std::int64_t>(idx.size());
+    x_host.resize(static_cast<std::size_t>(n * f));
+    y_host.resize(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::copy_n(d.images.data() + idx[i] * f, f, x_host.data() + i * f);
+      y_host[i] = d.labels[static_cast<std::size_t>(idx[i])];
+    }
+    x.resize({n, f});
+    y.resize(static_cast<std::size_t>(n));
+    dml::copy_n(x_host.data(), x_host.size(), x.data());
+    dml::copy_n(y_host.data(), y_host.size(), y.data());
+  }
+};
+
+template <class Space, class Net>
+double evaluate(Net& net, const dml::train::dataset& test) {
+  batch_loader<Space> loader;
+  std::vector<std::int64_t> idx;
+  std::int64_t correct = 0;
+  const std::int64_t chunk = 1000;
+  for (std::int64_t begin = 0; begin < test.size(); begin += chunk) {
+    idx.clear();
+    for (std::int64_t i = begin; i < std::min(test.size(), begin + chunk); ++i) idx.push_back(i);
+    loader.load(test, idx);
+    auto logits = net.forward(loader.x.cview(), {.training = false});
+    correct += dml::nn::count_correct<Space>(logits, loader.y.data());
+  }
+  return static_cast<double>(correct) / static_cast<double>(test.size());
+}
+
+template <class Space, class O, class Model>
+int train(const options& o, Model model, const dml::train::dataset& train_set, const dml::train::dataset& test_set) {
+  const O opt = make_optimizer<O>(o);
+  auto run = [&]<class... L>(const dml::nn::sequential<L...>& m) {
+    dml::nn::network<Space, L...> net(m, o.seed);
+    if (!o.init.empty()) dml::train::load_weights(net, o.init);
+    dml::optim::state<O, Space> state(net.layout().total);
+    dml::nn::softmax_cross_entropy loss_fn;
+    dml::train::sampler sampler(train_set.size(), o.batch, o.seed, o.shuffle);
+    batch_loader<Space> loader;
+    dml::tensor<float, Space> dlogits;
+    dml::buffer<float, Space> row_loss;
+    std::ofstream log;
+    if (!o.log.empty()) {
+      log.open(o.log);
+      if (!log) dml::fail<dml::io_error>(o.log, ": cannot open for writing");
+      log << "step,epoch,loss,lr\n";
+    }
+    std::printf("model: %zu layers, %lld parameters (%lld floats with padding); optimizer %s lr=%g; batch %lld; "
+                "%d threads; gemm %s\n",
+                sizeof...(L), static_cast<long long>(net.layout().numel), static_cast<long long>(net.layout().total),
+                O::name, static_cast<double>(opt.default_lr()), static_cast<long long>(o.batch), dml::thread_budget(),
+                std::same_as<Space, dml::host> ? dml::host_gemm_impl().c_str() : "cublasLt");
+    std::int64_t step = 0;
+    const std::int64_t per_epoch = sampler.batches_per_epoch();
+    const std::int64_t planned = o.steps > 0 ? std::min(o.steps, per_epoch * o.epochs) : per_epoch * o.epochs;
+    dml::train::progress bar("train", planned, 100);
+    for (std::int64_t epoch = 0; epoch < o.epochs && (o.steps == 0 || step < o.steps); ++epoch) {
+      const auto order = sampler.order(static_cast<std::uint64_t>(epoch));
+      for (std::int64_t b = 0; b < per_epoch && (o.steps == 0 || step < o.steps); ++b) {
+        const auto idx = dml::train::sampler::slice(order, b, o.batch);
+        loader.load(train_set, idx);
+        ++step;
+        const dml::nn::context ctx{.training = true, .seed = o.seed, .step = static_cast<std::uint64_t>(step)};
+        auto logits = net.forward(loader.x.cview(), ctx);
+        dlogits.resize(logits.shape);
+        row_loss.resize(static_cast<std::size_t>(logits.rows()));
+        const float loss = loss_fn.forward_backward<Space>(logits, loader.y.data(), dlogits.view(), row_loss.data());
+        net.backward(dlogits.cview(), ctx);
+        const float lr = o.schedule == "constant"
+                             ? opt.default_lr()
+                             : dml::optim::warmup_cosine{opt.default_lr(), std::min(o.warmup, planned / 10), planned}(step);
+        opt.template update<Space>({.n = net.layout().total, .w = net.params().data(), .g = net.grads().data(),
+                                    .state = state.pointers(), .step = step, .lr = lr});
+        if (log) log << step << ',' << epoch << ',' << loss << ',' << lr << '\n';
+        bar.update(step, loss, static_cast<std::int64_t>(idx.size()));
+      }
+      const double accuracy = evaluate<Space>(net, test_set);
+      std::printf("epoch=%lld steps=%lld seconds=%.1f\ntest_accuracy=%.4f\n", static_cast<long long>(epoch + 1),
+                  static_cast<long long>(step), bar.elapsed(), accuracy);
+      std::fflush(stdout);
+    }
+    if (!o.save.empty()) dml::train::save_weights(net, o.save);
+    return 0;
+  };
+  return run(model);
+}
+
+template <class Space>
+int main(int argc, char** argv) {
+  try {
+    const options o = parse(argc, argv);
+    dml::set_thread_budget(o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    const auto train_set = dml::train::load_mnist(o.data, dml::train::split::train);
+    const auto test_set = dml::train::load_mnist(o.data, dml::train::split::test);
+    return dml::nn::with_mlp(train_set.features(), o.hidden, 10, [&](auto model) {
+      if (o.optimizer == "sgd") return train<Space, dml::optim::sgd>(o, model, train_set, test_set);
+      if (o.optimizer == "adam") return train<Space, dml::optim::adam>(o, model, train_set, test_set);
+      if (o.optimizer == "adamw") return train<Space, dml::optim::adamw>(o, model, train_set, test_set);
+      if (o.optimizer == "adagrad") return train<Space, dml::optim::adagrad>(o, model, train_set, test_set);
+      dml::fail<dml::invalid_argument>("--optimizer: expected sgd, adam, adamw or adagrad, found '", o.optimizer, "'");
+    });
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fashion_mnist: error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace fashion_mnist

@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: Apache-2.0
+// tests/comm/local_test.cpp — comm::local: every operation against a reference, sub-groups, failures.
+// Labelled unit and tsan: runs under ASan/UBSan and ThreadSanitizer too.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dml/comm/local.hpp"
+#include "suite.hpp"
+
+using dml::comm::local;
+using dml::comm::reduce_op;
+
+namespace {
+
+// Runs fn on n local ranks and checks that no rank reported a failure.
+template <class F>
+void on_ranks(int n, F fn) {
+  std::mutex m;
+  std::vector<std::string> failures;
+  local::run(n, [&](local& c) {
+    dml_test::report rep = fn(c);
+    std::lock_guard lk(m);
+    failures.insert(failures.end(), rep.failures.begin(), rep.failures.end());
+  });
+  for (const auto& f : failures) FAIL_CHECK(f);
+  CHECK(failures.empty());
+}
+
+}  // namespace
+
+static_assert(dml::comm::communicator<local>);
+
+TEST_CASE("comm::local: every operation, dtype, size and group size matches the reference") {
+  for (int n = 1; n <= 4; ++n) {
+    CAPTURE(n);
+    on_ranks(n, [](local& c) { return dml_test::run_suite(c, {0, 1, 1001, (1u << 15) + 3}); });
+  }
+}
+
+TEST_CASE("comm::local: ranks count and thread budget") {
+  std::atomic<int> seen{0};
+  local::run(3, [&](local& c) {
+    CHECK(c.size() == 3);
+    CHECK(dml::thread_budget() == std::max(1, int(std::thread::hardware_concurrency()) / 3));
+    seen.fetch_add(1 << (4 * c.rank()));
+  });
+  CHECK(seen.load() == 0x111);
+}
+
+TEST_CASE("comm::local: split into a 2x2 grid, collectives along rows and columns at once") {
+  on_ranks(4, [](local& c) {
+    dml_test::report rep;
+    dml_test::check_grid(c, rep);
+    return rep;
+  });
+  on_ranks(6, [](local& c) {
+    dml_test::report rep;
+    dml_test::check_grid(c, rep);
+    return rep;
+  });
+}
+
+TEST_CASE("comm::local: counts that differ across ranks throw on every rank") {
+  std::atomic<int> thrown{0};
+  local::run(3, [&](local& c) {
+    std::vector<float> x(c.rank() == 1 ? 5 : 4, 1.0f);
+    try {
+      c.all_reduce(std::span<float>(x), reduce_op::sum);
+    } catch (const dml::invalid_argument& e) {
+      CHECK(std::string(e.what()).find("rank 1 has 5") != std::string::npos);
+      thrown.fetch_add(1);
+    }
+    std::vector<float> y(7, 1.0f);  // the group stays usable
+    c.all_reduce(std::span<float>(y), reduce_op::sum);
+    CHECK(y[6] == 3.0f);
+    std::vector<std::size_t> sc(3, 1), rc(3, 1);
+    if (c.rank() == 2) rc[0] = 2;
+    std::vector<float> s(3), r(c.rank() == 2 ? 4 : 3);
+    CHECK_THROWS_AS(c.all_to_allv(std::span<const float>(s), std::span<const std::size_t>(sc),
+                                  std::span<float>(r), std::span<const std::size_t>(rc)),
+                    dml::invalid_argument);
+  });
+  CHECK(thrown.load() == 3);
+}
+
+TEST_CASE("comm::local: a rank that throws fails its peers' collectives and run rethrows") {
+  std::atomic<int> comm_errors{0};
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(local::run(4, [&](local& c) {
+                         std::vector<float> x(100000, 1.0f);
+                         c.all_reduce(std::span<float>(x), reduce_op::sum);
+                         if (c.rank() == 2) throw std::runtime_error("boom");
+                         try {
+                           for (;;) c.all_reduce(std::span<float>(x), reduce_op::sum);
+                         } catch (const dml::comm_error& e) {
+                           CHECK(std::string(e.what()).find("aborted") != std::string::npos);
+                           comm_errors.fetch_add(1);
+                           throw;
+                         }
+                       }, {.timeout = std::chrono::seconds(120)}),
+                       "boom", std::runtime_error);
+  CHECK(comm_errors.load() == 3);
+  // Far below the timeout: the abort wakes the waiters, they do not wait it out.
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
+}
+
+TEST_CASE("comm::local: a pending non-blocking collective fails when a peer throws") {
+  std::atomic<int> comm_errors{0};
+  CHECK_THROWS_AS(local::run(2, [&](local& c) {
+                    if (c.rank() == 1) throw std::logic_error("rank 1 gives up");
+                    std::vector<float> x(1000, 1.0f);
+                    auto q = c.iall_reduce(std::span<float>(x), reduce_op::sum);
+                    try {
+                      q.wait();
+                    } catch (const dml::comm_error&) {
+                      comm_errors.fetch_add(1);
+                    }
+                    std::vector<float> y(10);
+                    CHECK_THROWS_AS(c.recv(std::span<float>(y), 1, 0), dml::comm_error);
+                  }),
+                  std::logic_error);
+  CHECK(comm_errors.load() == 1);
+}
+
+TEST_CASE("comm::local: a wait past the timeout throws naming the operation and the rank") {
+  std::string message;
+  CHECK_THROWS_AS(local::run(2, [&](local& c) {
+                    if (c.rank() == 1) return;  // never joins the broadcast
+                    std::vector<int> x(3);
+                    try {
+                      c.broadcast(std::span<int>(x), 0);
+                    } catch (const dml::comm_error& e) {
+                      message = e.what();
+                      throw;
+                    }
+                  }, {.timeout = std::chrono::milliseconds(200)}),
+                  dml::comm_error);
+  CHECK(message.find("rank 0") != std::string::npos);
+  CHECK(message.find("broadcast") != std::string::npos);
+}
+
+TEST_CASE("comm::local: customisation points forward to the model") {
+  local::run(2, [](local& c) {
+    std::vector<double> x(3, 1.5);
+    dml::comm::all_reduce(c, std::span<double>(x), reduce_op::sum);
+    CHECK(x[2] == 3.0);
+    dml::comm::barrier(c);
+  });
+}
