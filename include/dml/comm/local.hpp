@@ -283,12 +283,15 @@ struct recv_request final : request_state {
 
 }  // namespace detail::local_impl
 
+// Outside the class so that `options opt = {}` works as a default argument inside it.
+struct local_options {
+  // Every wait (barrier, receive) fails with comm_error after this long.
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
 class local {
  public:
-  struct options {
-    // Every wait (barrier, receive) fails with comm_error after this long.
-    std::chrono::milliseconds timeout{std::chrono::seconds(300)};
-  };
+  using options = local_options;
 
   // Starts n ranks as threads, calls fn(local&) on each and joins them. If any fn throws, every
   // other rank's pending or next operation throws comm_error, and run rethrows the first error.

@@ -1,0 +1,406 @@
+// SPDX-License-Identifier: Apache-2.0
+// benchmarks/collectives.cpp — nccl-tests-style bandwidth of dml's communicators, with baselines.
+// `collectives --comm local --ranks 2` or `mpirun -np 2 collectives --comm mpi`; see benchmarks/README.md.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dml/comm/local.hpp"
+#include "dml/comm/mpi.hpp"
+
+namespace {
+
+using dml::comm::collective;
+using dml::comm::reduce_op;
+using clk = std::chrono::steady_clock;
+
+struct config {
+  std::string comm = "local";
+  int ranks = 2;
+  std::vector<collective> ops{collective::all_reduce};
+  std::size_t min_bytes = 4 << 10;
+  std::size_t max_bytes = 256 << 20;
+  int iters = 20;
+  int warmup = 3;
+  int repeats = 3;
+  bool in_place = false;
+  bool json = false;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "collectives: %s\n"
+               "usage: collectives [--comm local|mpi] [--ranks N] "
+               "[--op all_reduce|reduce_scatter|all_gather|broadcast|all_to_all|all]\n"
+               "                   [--min-bytes B] [--max-bytes B] (K/M/G suffixes) [--iters N] [--warmup N]\n"
+               "                   [--repeats N] [--in-place] [--json]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+std::size_t parse_bytes(const std::string& s) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  std::size_t mul = 1;
+  if (*end == 'K' || *end == 'k') mul = 1 << 10, ++end;
+  else if (*end == 'M' || *end == 'm') mul = 1 << 20, ++end;
+  else if (*end == 'G' || *end == 'g') mul = std::size_t(1) << 30, ++end;
+  if (end == s.c_str() || *end || v < 0) usage("expected a byte count like 4K or 64M, found '" + s + "'");
+  return std::size_t(v * mul);
+}
+
+config parse(int argc, char** argv) {
+  config c;
+  const std::vector<collective> all{collective::all_reduce, collective::reduce_scatter, collective::all_gather,
+                                    collective::broadcast, collective::all_to_all};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto next = [&]() -> std::string {
+      if (i + 1 >= argc) usage(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--comm") c.comm = next();
+    else if (a == "--ranks") c.ranks = std::atoi(next().c_str());
+    else if (a == "--op") {
+      const std::string o = next();
+      if (o == "all") c.ops = all;
+      else {
+        auto it = std::find_if(all.begin(), all.end(), [&](collective k) { return dml::comm::name(k) == o; });
+        if (it == all.end()) usage("unknown --op '" + o + "'");
+        c.ops = {*it};
+      }
+    } else if (a == "--min-bytes") c.min_bytes = parse_bytes(next());
+    else if (a == "--max-bytes") c.max_bytes = parse_bytes(next());
+    else if (a == "--iters") c.iters = std::max(1, std::atoi(next().c_str()));
+    else if (a == "--warmup") c.warmup = std::max(0, std::atoi(next().c_str()));
+    else if (a == "--repeats") c.repeats = std::max(1, std::atoi(next().c_str()));
+    else if (a == "--in-place") c.in_place = true;
+    else if (a == "--json") c.json = true;
+    else usage("unknown argument '" + a + "'");
+  }
+  if (c.comm != "local" && c.comm != "mpi") usage("--comm is local or mpi, found '" + c.comm + "'");
+  if (c.ranks < 1) usage("--ranks must be at least 1");
+  if (c.min_bytes < 4) c.min_bytes = 4;
+  return c;
+}
+
+struct result {
+  std::string comm;  // local, mpi, mpi_raw, memcpy
+  std::string op;
+  int ranks;
+  std::size_t bytes, count;
+  double time_us;
+  double algbw, busbw;
+  long wrong;
+};
+
+void print_header(const config& c, const std::string& title) {
+  if (c.json) return;
+  std::printf("#\n# %s\n#\n", title.c_str());
+  std::printf("# %10s %12s %6s %6s %12s %12s %12s %8s\n", "size", "count", "type", "redop", "time(us)",
+              "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+}
+
+void print(const config& c, const result& r) {
+  if (c.json) {
+    std::printf("{\"comm\":\"%s\",\"op\":\"%s\",\"ranks\":%d,\"bytes\":%zu,\"count\":%zu,\"type\":\"float\","
+                "\"redop\":\"sum\",\"in_place\":%s,\"time_us\":%.2f,\"algbw_gbs\":%.3f,\"busbw_gbs\":%.3f,"
+                "\"wrong\":%ld}\n",
+                r.comm.c_str(), r.op.c_str(), r.ranks, r.bytes, r.count, c.in_place ? "true" : "false", r.time_us,
+                r.algbw, r.busbw, r.wrong);
+  } else {
+    std::printf("  %10zu %12zu %6s %6s %12.1f %12.2f %12.2f %8ld\n", r.bytes, r.count, "float",
+                r.op == "all_reduce" || r.op == "reduce_scatter" ? "sum" : "none", r.time_us, r.algbw, r.busbw,
+                r.wrong);
+  }
+  std::fflush(stdout);
+}
+
+std::vector<std::size_t> sizes(const config& c) {
+  std::vector<std::size_t> s;
+  for (std::size_t b = c.min_bytes; b <= c.max_bytes; b *= 2) s.push_back(b);
+  return s;
+}
+
+// ---- memcpy baseline: one thread copies the whole buffer, or two threads a half each.
+double memcpy_gbs(std::size_t bytes, int threads, int iters) {
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  double best = 1e300;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = clk::now();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t)
+      ts.emplace_back([&, t] {
+        const std::size_t lo = bytes * t / threads, hi = bytes * (t + 1) / threads;
+        for (int i = 0; i < iters; ++i) std::memcpy(dst.data() + lo, src.data() + lo, hi - lo);
+      });
+    for (auto& t : ts) t.join();
+    best = std::min(best, std::chrono::duration<double>(clk::now() - t0).count() / iters);
+  }
+  return double(bytes) / best / 1e9;
+}
+
+void memcpy_table(const config& c) {
+  if (!c.json) {
+    std::printf("#\n# baseline: memcpy (GB/s = bytes copied / time)\n#\n# %10s %12s %12s\n", "size", "1 thread",
+                "2 threads");
+  }
+  for (std::size_t b : sizes(c)) {
+    const int iters = int(std::clamp<std::size_t>((std::size_t(1) << 30) / b, 3, 200));
+    const double one = memcpy_gbs(b, 1, iters), two = memcpy_gbs(b, 2, iters);
+    if (c.json) {
+      std::printf("{\"comm\":\"memcpy\",\"op\":\"memcpy\",\"threads\":1,\"bytes\":%zu,\"gbs\":%.3f}\n", b, one);
+      std::printf("{\"comm\":\"memcpy\",\"op\":\"memcpy\",\"threads\":2,\"bytes\":%zu,\"gbs\":%.3f}\n", b, two);
+    } else {
+      std::printf("  %10zu %12.2f %12.2f\n", b, one, two);
+    }
+    std::fflush(stdout);
+  }
+}
+
+// ---- one collective, through any communicator-like object.
+// Buffers follow nccl-tests: `bytes` is the larger side (recv of all_gather, send of reduce_scatter).
+struct buffers {
+  std::vector<float> send, recv;
+};
+
+std::size_t elements(collective op, std::size_t bytes, int n) {
+  std::size_t count = bytes / sizeof(float);
+  if (op == collective::reduce_scatter || op == collective::all_gather || op == collective::all_to_all)
+    count = count / n * n;
+  return count;
+}
+
+buffers make_buffers(collective op, std::size_t count, int n) {
+  buffers b;
+  switch (op) {
+    case collective::reduce_scatter: b.send.resize(count); b.recv.resize(count / n); break;
+    case collective::all_gather: b.send.resize(count / n); b.recv.resize(count); break;
+    default: b.send.resize(count); b.recv.resize(count); break;
+  }
+  return b;
+}
+
+template <class Comm>
+void issue(Comm& c, collective op, buffers& b, bool in_place) {
+  std::span<const float> s(b.send);
+  std::span<float> r(b.recv);
+  switch (op) {
+    case collective::all_reduce:
+      if (in_place) c.all_reduce(std::span<float>(b.send), reduce_op::sum);
+      else c.all_reduce(s, r, reduce_op::sum);
+      break;
+    case collective::reduce_scatter:
+      if (in_place) c.reduce_scatter(std::span<float>(b.send), reduce_op::sum);
+      else c.reduce_scatter(s, r, reduce_op::sum);
+      break;
+    case collective::all_gather:
+      if (in_place) c.all_gather(r);
+      else c.all_gather(s, r);
+      break;
+    case collective::broadcast: c.broadcast(std::span<float>(b.send), 0); break;
+    case collective::all_to_all: c.all_to_all(s, r); break;
+    case collective::reduce: break;
+  }
+}
+
+// Fills inputs with rank-dependent small integers, runs once and counts wrong outputs.
+template <class Comm>
+long verify(Comm& c, collective op, buffers& b, bool in_place) {
+  const int n = c.size(), r = c.rank();
+  const auto v = [](int rank, std::size_t i) { return float(int((i * 7 + rank * 3) % 13)); };
+  for (std::size_t i = 0; i < b.send.size(); ++i) b.send[i] = v(r, i);
+  std::size_t m = b.recv.size() / std::max(n, 1);
+  if (op == collective::all_gather) {
+    m = b.send.size();
+    if (in_place) std::copy(b.send.begin(), b.send.end(), b.recv.begin() + m * r);
+  }
+  issue(c, op, b, in_place);
+  long wrong = 0;
+  switch (op) {
+    case collective::all_reduce: {
+      const auto& out = in_place ? b.send : b.recv;
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        float want = 0;
+        for (int p = 0; p < n; ++p) want += v(p, i);
+        wrong += out[i] != want;
+      }
+      break;
+    }
+    case collective::reduce_scatter: {
+      const std::size_t k = b.send.size() / n;
+      const float* out = in_place ? b.send.data() + k * r : b.recv.data();
+      for (std::size_t i = 0; i < k; ++i) {
+        float want = 0;
+        for (int p = 0; p < n; ++p) want += v(p, k * r + i);
+        wrong += out[i] != want;
+      }
+      break;
+    }
+    case collective::all_gather:
+      for (std::size_t i = 0; i < b.recv.size(); ++i) wrong += b.recv[i] != v(int(i / m), i % m);
+      break;
+    case collective::broadcast:
+      for (std::size_t i = 0; i < b.send.size(); ++i) wrong += b.send[i] != v(0, i);
+      break;
+    case collective::all_to_all:
+      for (std::size_t i = 0; i < b.recv.size(); ++i) wrong += b.recv[i] != v(int(i / m), m * r + i % m);
+      break;
+    case collective::reduce: break;
+  }
+  return wrong;
+}
+
+// Average time of one call on this rank, best of `repeats` runs of `iters` calls.
+template <class Comm>
+double time_us(Comm& c, collective op, buffers& b, const config& cfg, int iters) {
+  for (int i = 0; i < cfg.warmup; ++i) issue(c, op, b, cfg.in_place);
+  double best = 1e300;
+  for (int rep = 0; rep < cfg.repeats; ++rep) {
+    c.barrier();
+    const auto t0 = clk::now();
+    for (int i = 0; i < iters; ++i) issue(c, op, b, cfg.in_place);
+    best = std::min(best, std::chrono::duration<double, std::micro>(clk::now() - t0).count() / iters);
+  }
+  return best;
+}
+
+int iters_for(const config& c, std::size_t bytes) {
+  // Fewer calls for large messages keeps a 256 MiB sweep within a minute on two cores.
+  return int(std::clamp<std::size_t>(std::size_t(c.iters) * (std::size_t(16) << 20) / std::max<std::size_t>(bytes, 1),
+                                     2, std::size_t(c.iters) * 50));
+}
+
+template <class Comm>
+result measure(Comm& c, const std::string& label, collective op, std::size_t bytes, const config& cfg) {
+  const int n = c.size();
+  const std::size_t count = elements(op, bytes, n);
+  buffers b = make_buffers(op, count, n);
+  long wrong = verify(c, op, b, cfg.in_place);
+  double t = time_us(c, op, b, cfg, iters_for(cfg, bytes));
+  // The slowest rank sets the time, as in nccl-tests; wrong counts add up.
+  c.all_reduce(std::span<double>(&t, 1), reduce_op::max);
+  std::int64_t w = wrong;
+  c.all_reduce(std::span<std::int64_t>(&w, 1), reduce_op::sum);
+  const double algbw = double(count * sizeof(float)) / (t * 1e-6) / 1e9;
+  return {label, std::string(dml::comm::name(op)), n, count * sizeof(float), count, t, algbw,
+          algbw * dml::comm::bus_factor(op, n), long(w)};
+}
+
+// The same operations straight on MPI, for the baseline.
+struct raw_mpi {
+  MPI_Comm comm = MPI_COMM_WORLD;
+  int r = 0, n = 1;
+  raw_mpi() {
+    MPI_Comm_rank(comm, &r);
+    MPI_Comm_size(comm, &n);
+  }
+  int rank() const { return r; }
+  int size() const { return n; }
+  void barrier() { MPI_Barrier(comm); }
+  template <class T>
+  static MPI_Datatype type() {
+    if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
+    else if constexpr (std::is_same_v<T, std::int64_t>) return MPI_INT64_T;
+    else return MPI_FLOAT;
+  }
+  template <class T>
+  void all_reduce(std::span<T> x, reduce_op op) {
+    MPI_Allreduce(MPI_IN_PLACE, x.data(), int(x.size()), type<T>(), op == reduce_op::max ? MPI_MAX : MPI_SUM, comm);
+  }
+  void all_reduce(std::span<const float> s, std::span<float> x, reduce_op) {
+    MPI_Allreduce(s.data(), x.data(), int(x.size()), MPI_FLOAT, MPI_SUM, comm);
+  }
+  void reduce_scatter(std::span<float> x, reduce_op) {
+    MPI_Reduce_scatter_block(MPI_IN_PLACE, x.data(), int(x.size() / n), MPI_FLOAT, MPI_SUM, comm);
+    if (r) std::memmove(x.data() + x.size() / n * r, x.data(), x.size() / n * sizeof(float));
+  }
+  void reduce_scatter(std::span<const float> s, std::span<float> x, reduce_op) {
+    MPI_Reduce_scatter_block(s.data(), x.data(), int(x.size()), MPI_FLOAT, MPI_SUM, comm);
+  }
+  void all_gather(std::span<float> x) {
+    MPI_Allgather(MPI_IN_PLACE, 0, MPI_FLOAT, x.data(), int(x.size() / n), MPI_FLOAT, comm);
+  }
+  void all_gather(std::span<const float> s, std::span<float> x) {
+    MPI_Allgather(s.data(), int(s.size()), MPI_FLOAT, x.data(), int(s.size()), MPI_FLOAT, comm);
+  }
+  void broadcast(std::span<float> x, int root) { MPI_Bcast(x.data(), int(x.size()), MPI_FLOAT, root, comm); }
+  void all_to_all(std::span<const float> s, std::span<float> x) {
+    MPI_Alltoall(s.data(), int(s.size() / n), MPI_FLOAT, x.data(), int(x.size() / n), MPI_FLOAT, comm);
+  }
+};
+
+// Ranks other than 0 wait here without spinning while rank 0 measures memcpy, so that Open MPI's
+// polling does not take a core from the baseline.
+void quiet_barrier(MPI_Comm comm) {
+  MPI_Request q;
+  MPI_Ibarrier(comm, &q);
+  int done = 0;
+  while (!done) {
+    MPI_Test(&q, &done, MPI_STATUS_IGNORE);
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+int run_mpi(const config& cfg, int argc, char** argv) {
+  dml::comm::mpi::environment env(&argc, &argv);
+  dml::comm::mpi world(MPI_COMM_WORLD);
+  raw_mpi raw;
+  const bool lead = world.rank() == 0;
+  if (lead) {
+    if (!cfg.json) std::printf("# collectives: comm mpi, %d ranks (processes)%s\n", world.size(), cfg.in_place ? ", in place" : "");
+    memcpy_table(cfg);
+  }
+  quiet_barrier(MPI_COMM_WORLD);
+  for (collective op : cfg.ops) {
+    std::vector<result> base, ours;
+    // Alternate raw and dml size by size, so both see the same machine load.
+    for (std::size_t bytes : sizes(cfg)) {
+      base.push_back(measure(raw, "mpi_raw", op, bytes, cfg));
+      ours.push_back(measure(world, "mpi", op, bytes, cfg));
+    }
+    if (lead) {
+      print_header(cfg, "baseline: raw MPI " + std::string(dml::comm::name(op)) + ", " + std::to_string(world.size()) + " processes");
+      for (auto& r : base) print(cfg, r);
+      print_header(cfg, "dml::comm::mpi " + std::string(dml::comm::name(op)) + ", " + std::to_string(world.size()) + " processes");
+      for (auto& r : ours) print(cfg, r);
+    }
+  }
+  return 0;
+}
+
+int run_local(const config& cfg) {
+  if (!cfg.json) std::printf("# collectives: comm local, %d ranks (threads)%s\n", cfg.ranks, cfg.in_place ? ", in place" : "");
+  memcpy_table(cfg);
+  for (collective op : cfg.ops) {
+    print_header(cfg, "dml::comm::local " + std::string(dml::comm::name(op)) + ", " + std::to_string(cfg.ranks) + " threads");
+    dml::comm::local::run(cfg.ranks, [&](dml::comm::local& c) {
+      for (std::size_t bytes : sizes(cfg)) {
+        const result r = measure(c, "local", op, bytes, cfg);
+        if (c.rank() == 0) print(cfg, r);
+      }
+    });
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const config cfg = parse(argc, argv);
+  try {
+    return cfg.comm == "mpi" ? run_mpi(cfg, argc, argv) : run_local(cfg);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "collectives: %s\n", e.what());
+    return 1;
+  }
+}
