@@ -61,21 +61,27 @@ inline cudaStream_t current_stream() { return detail::current_stream_slot(); }
 inline void set_current_stream(cudaStream_t s) { detail::current_stream_slot() = s; }
 #endif
 
-// f(i) for every i in [0, n), in any order, possibly concurrently.
+// f(i) for every i in [0, n), in any order, possibly concurrently. Calls must be independent: on the
+// host the loop is vectorised (omp simd) as well as split across the rank's threads.
 template <execution_space Space, class F>
 void for_each_index(std::int64_t n, F f) {
   if (n <= 0) return;
-  thrust::counting_iterator<std::int64_t> first(0);
   if constexpr (std::same_as<Space, host>) {
+    // Plain loops rather than Thrust's host back ends: Thrust's loop bodies do not vectorise, and an
+    // element-wise pass is memory-bound only once it does.
 #if defined(_OPENMP)
-    if (n >= detail::parallel_grain && thread_budget() > 1) {
-      thrust::for_each(thrust::omp::par, first, first + n, f);
+    const int threads = thread_budget();
+    if (n >= detail::parallel_grain && threads > 1) {
+#  pragma omp parallel for simd schedule(static) num_threads(threads)
+      for (std::int64_t i = 0; i < n; ++i) f(i);
       return;
     }
 #endif
-    thrust::for_each(thrust::cpp::par, first, first + n, f);
+#pragma omp simd
+    for (std::int64_t i = 0; i < n; ++i) f(i);
   } else {
 #if DML_HAS_CUDA
+    thrust::counting_iterator<std::int64_t> first(0);
     thrust::for_each(thrust::cuda::par.on(current_stream()), first, first + n, f);
 #else
     static_assert(sizeof(F) == 0, "dml: the cuda space needs a translation unit compiled by nvcc");

@@ -6,8 +6,17 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "dml/comm/communicator.hpp"
+
+#if defined(__SSE2__) && !defined(__CUDA_ARCH__)
+#  include <emmintrin.h>
+#  define DML_COMM_STREAM_STORES 1
+#else
+#  define DML_COMM_STREAM_STORES 0
+#endif
 
 namespace dml::comm::detail {
 
@@ -45,6 +54,42 @@ decltype(auto) with_op(reduce_op op, F&& f) {
   return f(sum_fn{});
 }
 
+// Copies with non-temporal stores where the CPU has them: a large result is not read again soon,
+// and streaming it skips the read-for-ownership that a cached store of a cold line costs.
+// The caller issues stream_fence() before other threads may read dst.
+inline void stream_copy(void* dst, const void* src, std::size_t bytes) {
+#if DML_COMM_STREAM_STORES
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  const std::size_t head = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(d) % 16) % 16);
+  std::memcpy(d, s, head);
+  std::size_t i = head;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  for (; i + 16 <= bytes; i += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+  std::memcpy(d + i, s + i, bytes - i);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+inline void stream_fence() {
+#if DML_COMM_STREAM_STORES
+  _mm_sfence();
+#endif
+}
+
+// Above this many bytes written per call, results are streamed past the cache.
+inline constexpr std::size_t stream_threshold = std::size_t(4) << 20;
+
 // Elements per chunk: a chunk of every source plus the accumulator stays in L1/L2, so each
 // source line is read from memory once and each destination line written once.
 inline constexpr std::size_t reduce_chunk = 4096;
@@ -56,6 +101,8 @@ void reduce_into(const T* const* src, int nsrc, T* const* dst, int ndst, std::si
                  int divisor) {
   using A = acc_t<T>;
   A acc[reduce_chunk];
+  T out[std::is_same_v<A, T> ? 1 : reduce_chunk];
+  const bool stream = count * sizeof(T) * ndst >= stream_threshold;
   for (std::size_t base = 0; base < count; base += reduce_chunk) {
     const std::size_t m = std::min(reduce_chunk, count - base);
     const T* s0 = src[0] + base;
@@ -71,12 +118,25 @@ void reduce_into(const T* const* src, int nsrc, T* const* dst, int ndst, std::si
 #pragma omp simd
       for (std::size_t i = 0; i < m; ++i) acc[i] = acc[i] / d;
     }
-    for (int q = 0; q < ndst; ++q) {
-      T* o = dst[q] + base;
+    if (stream) {
+      const T* res = nullptr;
+      if constexpr (std::is_same_v<A, T>) {
+        res = acc;
+      } else {
 #pragma omp simd
-      for (std::size_t i = 0; i < m; ++i) o[i] = T(acc[i]);
+        for (std::size_t i = 0; i < m; ++i) out[i] = T(acc[i]);
+        res = out;
+      }
+      for (int q = 0; q < ndst; ++q) stream_copy(dst[q] + base, res, m * sizeof(T));
+    } else {
+      for (int q = 0; q < ndst; ++q) {
+        T* o = dst[q] + base;
+#pragma omp simd
+        for (std::size_t i = 0; i < m; ++i) o[i] = T(acc[i]);
+      }
     }
   }
+  if (stream) stream_fence();
 }
 
 template <reducible T>
