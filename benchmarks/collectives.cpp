@@ -111,15 +111,15 @@ void print_header(const config& c, const std::string& title) {
 }
 
 void print(const config& c, const result& r) {
+  const char* redop = r.op == "all_reduce" || r.op == "reduce_scatter" ? "sum" : "none";
   if (c.json) {
     std::printf("{\"comm\":\"%s\",\"op\":\"%s\",\"ranks\":%d,\"bytes\":%zu,\"count\":%zu,\"type\":\"float\","
-                "\"redop\":\"sum\",\"in_place\":%s,\"time_us\":%.2f,\"algbw_gbs\":%.3f,\"busbw_gbs\":%.3f,"
+                "\"redop\":\"%s\",\"in_place\":%s,\"time_us\":%.2f,\"algbw_gbs\":%.3f,\"busbw_gbs\":%.3f,"
                 "\"wrong\":%ld}\n",
-                r.comm.c_str(), r.op.c_str(), r.ranks, r.bytes, r.count, c.in_place ? "true" : "false", r.time_us,
+                r.comm.c_str(), r.op.c_str(), r.ranks, r.bytes, r.count, redop, c.in_place ? "true" : "false", r.time_us,
                 r.algbw, r.busbw, r.wrong);
   } else {
-    std::printf("  %10zu %12zu %6s %6s %12.1f %12.2f %12.2f %8ld\n", r.bytes, r.count, "float",
-                r.op == "all_reduce" || r.op == "reduce_scatter" ? "sum" : "none", r.time_us, r.algbw, r.busbw,
+    std::printf("  %10zu %12zu %6s %6s %12.1f %12.2f %12.2f %8ld\n", r.bytes, r.count, "float", redop, r.time_us, r.algbw, r.busbw,
                 r.wrong);
   }
   std::fflush(stdout);
@@ -149,22 +149,30 @@ double memcpy_gbs(std::size_t bytes, int threads, int iters) {
   return double(bytes) / best / 1e9;
 }
 
-void memcpy_table(const config& c) {
-  if (!c.json) {
-    std::printf("#\n# baseline: memcpy (GB/s = bytes copied / time)\n#\n# %10s %12s %12s\n", "size", "1 thread",
-                "2 threads");
-  }
-  for (std::size_t b : sizes(c)) {
-    const int iters = int(std::clamp<std::size_t>((std::size_t(1) << 30) / b, 3, 200));
-    const double one = memcpy_gbs(b, 1, iters), two = memcpy_gbs(b, 2, iters);
+struct memcpy_row {
+  std::size_t bytes;
+  double one, two;
+};
+
+memcpy_row measure_memcpy(std::size_t b) {
+  // about 1 GiB copied per measurement, so that starting the threads is noise
+  const int iters = int(std::clamp<std::size_t>((std::size_t(1) << 30) / b, 3, std::size_t(1) << 18));
+  return {b, memcpy_gbs(b, 1, iters), memcpy_gbs(b, 2, iters)};
+}
+
+void print_memcpy(const config& c, const std::vector<memcpy_row>& rows) {
+  if (!c.json)
+    std::printf("#\n# baseline: memcpy (GB/s = bytes copied / time), measured between the rows below\n#\n"
+                "# %10s %12s %12s\n", "size", "1 thread", "2 threads");
+  for (const auto& r : rows) {
     if (c.json) {
-      std::printf("{\"comm\":\"memcpy\",\"op\":\"memcpy\",\"threads\":1,\"bytes\":%zu,\"gbs\":%.3f}\n", b, one);
-      std::printf("{\"comm\":\"memcpy\",\"op\":\"memcpy\",\"threads\":2,\"bytes\":%zu,\"gbs\":%.3f}\n", b, two);
+      std::printf("{\"comm\":\"memcpy\",\"op\":\"memcpy\",\"threads\":1,\"bytes\":%zu,\"gbs\":%.3f}\n", r.bytes, r.one);
+      std::printf("{\"comm\":\"memcpy\",\"op\":\"memcpy\",\"threads\":2,\"bytes\":%zu,\"gbs\":%.3f}\n", r.bytes, r.two);
     } else {
-      std::printf("  %10zu %12.2f %12.2f\n", b, one, two);
+      std::printf("  %10zu %12.2f %12.2f\n", r.bytes, r.one, r.two);
     }
-    std::fflush(stdout);
   }
+  std::fflush(stdout);
 }
 
 // ---- one collective, through any communicator-like object.
@@ -351,44 +359,57 @@ void quiet_barrier(MPI_Comm comm) {
   }
 }
 
+// Baselines and collectives alternate size by size, so that all of them see the same machine
+// load (the machine may be shared); tables are printed at the end.
 int run_mpi(const config& cfg, int argc, char** argv) {
   dml::comm::mpi::environment env(&argc, &argv);
   dml::comm::mpi world(MPI_COMM_WORLD);
   raw_mpi raw;
   const bool lead = world.rank() == 0;
-  if (lead) {
-    if (!cfg.json) std::printf("# collectives: comm mpi, %d ranks (processes)%s\n", world.size(), cfg.in_place ? ", in place" : "");
-    memcpy_table(cfg);
+  std::vector<memcpy_row> copies;
+  std::vector<std::vector<result>> base(cfg.ops.size()), ours(cfg.ops.size());
+  for (std::size_t bytes : sizes(cfg)) {
+    if (lead) copies.push_back(measure_memcpy(bytes));
+    quiet_barrier(MPI_COMM_WORLD);
+    for (std::size_t k = 0; k < cfg.ops.size(); ++k) {
+      base[k].push_back(measure(raw, "mpi_raw", cfg.ops[k], bytes, cfg));
+      ours[k].push_back(measure(world, "mpi", cfg.ops[k], bytes, cfg));
+    }
   }
-  quiet_barrier(MPI_COMM_WORLD);
-  for (collective op : cfg.ops) {
-    std::vector<result> base, ours;
-    // Alternate raw and dml size by size, so both see the same machine load.
-    for (std::size_t bytes : sizes(cfg)) {
-      base.push_back(measure(raw, "mpi_raw", op, bytes, cfg));
-      ours.push_back(measure(world, "mpi", op, bytes, cfg));
-    }
-    if (lead) {
-      print_header(cfg, "baseline: raw MPI " + std::string(dml::comm::name(op)) + ", " + std::to_string(world.size()) + " processes");
-      for (auto& r : base) print(cfg, r);
-      print_header(cfg, "dml::comm::mpi " + std::string(dml::comm::name(op)) + ", " + std::to_string(world.size()) + " processes");
-      for (auto& r : ours) print(cfg, r);
-    }
+  if (!lead) return 0;
+  if (!cfg.json)
+    std::printf("# collectives: comm mpi, %d ranks (processes)%s\n", world.size(), cfg.in_place ? ", in place" : "");
+  print_memcpy(cfg, copies);
+  for (std::size_t k = 0; k < cfg.ops.size(); ++k) {
+    const std::string op(dml::comm::name(cfg.ops[k])), n = std::to_string(world.size());
+    print_header(cfg, "baseline: raw MPI " + op + ", " + n + " processes");
+    for (auto& r : base[k]) print(cfg, r);
+    print_header(cfg, "dml::comm::mpi " + op + ", " + n + " processes");
+    for (auto& r : ours[k]) print(cfg, r);
   }
   return 0;
 }
 
 int run_local(const config& cfg) {
-  if (!cfg.json) std::printf("# collectives: comm local, %d ranks (threads)%s\n", cfg.ranks, cfg.in_place ? ", in place" : "");
-  memcpy_table(cfg);
-  for (collective op : cfg.ops) {
-    print_header(cfg, "dml::comm::local " + std::string(dml::comm::name(op)) + ", " + std::to_string(cfg.ranks) + " threads");
-    dml::comm::local::run(cfg.ranks, [&](dml::comm::local& c) {
-      for (std::size_t bytes : sizes(cfg)) {
-        const result r = measure(c, "local", op, bytes, cfg);
-        if (c.rank() == 0) print(cfg, r);
+  std::vector<memcpy_row> copies;
+  std::vector<std::vector<result>> ours(cfg.ops.size());
+  dml::comm::local::run(cfg.ranks, [&](dml::comm::local& c) {
+    for (std::size_t bytes : sizes(cfg)) {
+      if (c.rank() == 0) copies.push_back(measure_memcpy(bytes));  // the other ranks sleep meanwhile
+      c.barrier();
+      for (std::size_t k = 0; k < cfg.ops.size(); ++k) {
+        const result r = measure(c, "local", cfg.ops[k], bytes, cfg);
+        if (c.rank() == 0) ours[k].push_back(r);
       }
-    });
+    }
+  });
+  if (!cfg.json)
+    std::printf("# collectives: comm local, %d ranks (threads)%s\n", cfg.ranks, cfg.in_place ? ", in place" : "");
+  print_memcpy(cfg, copies);
+  for (std::size_t k = 0; k < cfg.ops.size(); ++k) {
+    print_header(cfg, "dml::comm::local " + std::string(dml::comm::name(cfg.ops[k])) + ", " +
+                          std::to_string(cfg.ranks) + " threads");
+    for (auto& r : ours[k]) print(cfg, r);
   }
   return 0;
 }
