@@ -48,10 +48,12 @@ struct linear {
     return x.with_cols(out);
   }
 
+  // ep fuses the activation that follows (network does so for linear → relu) into the GEMM's epilogue.
   template <execution_space S>
-  void forward(const context&, layer_params p, tensor_view<const float, S> x, tensor_view<float, S> y) const {
+  void forward(const context&, layer_params p, tensor_view<const float, S> x, tensor_view<float, S> y,
+               epilogue ep = epilogue::none) const {
     gemm<S>({.ta = trans::n, .tb = trans::t, .m = x.rows(), .n = out, .k = in, .a = x.data, .lda = in,
-             .b = p.w[0], .ldb = in, .c = y.data, .ldc = out, .bias = bias ? p.w[1] : nullptr});
+             .b = p.w[0], .ldb = in, .c = y.data, .ldc = out, .bias = bias ? p.w[1] : nullptr, .ep = ep});
   }
 
   template <execution_space S>
@@ -72,5 +74,10 @@ struct linear {
                .b = p.w[0], .ldb = in, .c = dx.data, .ldc = in});
   }
 };
+
+template <class L>
+inline constexpr bool is_linear_v = false;
+template <std::int64_t In, std::int64_t Out>
+inline constexpr bool is_linear_v<linear<In, Out>> = true;
 
 }  // namespace dml::nn

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
+#include <tuple>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -12,6 +14,8 @@
 
 #include "dml/core/algorithm.hpp"
 #include "dml/core/rng.hpp"
+#include "dml/nn/activation.hpp"
+#include "dml/nn/linear.hpp"
 #include "dml/nn/sequential.hpp"
 
 namespace dml::nn {
@@ -124,15 +128,15 @@ class network {
     prepare(x.shape);
     input_ = x;
     run_forward(c, std::make_index_sequence<depth>{});
-    return acts_[depth - 1].view();
+    return output_of(depth - 1);
   }
 
   // Backward from ∂loss/∂output; writes (or with c.accumulate adds) parameter gradients.
   // With want_input_grad the gradient with respect to the input is returned, else an empty view.
   tensor_view<const float, Space> backward(tensor_view<const float, Space> dy, context c = {},
                                            bool want_input_grad = false) {
-    if (!(dy.shape == acts_[depth - 1].shape()))
-      fail<shape_error>("dml::nn::network::backward: expected a gradient of shape ", acts_[depth - 1].shape(),
+    if (!(dy.shape == output_of(depth - 1).shape))
+      fail<shape_error>("dml::nn::network::backward: expected a gradient of shape ", output_of(depth - 1).shape,
                         " (the last forward's output), found ", dy.shape);
     c.ones = ones_.data();
     c.workspace = workspace_.data();
@@ -170,7 +174,7 @@ class network {
         },
         model_.layers);
     acts_.resize(depth);
-    for (std::size_t i = 0; i < depth; ++i) acts_[i].resize(shapes[i]);
+    for (std::size_t i = 0; i < depth; ++i) acts_[i].resize(absorbed_[i] ? dml::shape{0} : shapes[i]);
     for (auto& g : dgrad_) g.resize(static_cast<std::size_t>(widest));
     ones_.resize(static_cast<std::size_t>(rows));
     fill_n<Space>(ones_.data(), rows, 1.f);
@@ -181,14 +185,41 @@ class network {
   layer_params params_of(std::size_t layer) {
     return {w_ptrs_.data() + layout_.first_slot[layer], g_ptrs_.data() + layout_.first_slot[layer]};
   }
-  tensor_view<const float, Space> input_of(std::size_t i) const {
-    return i == 0 ? input_ : tensor_view<const float, Space>(acts_[i - 1].view());
+  // A relu fused into the linear before it shares that layer's output buffer.
+  tensor_view<float, Space> output_of(std::size_t i) {
+    if (absorbed_[i]) return {acts_[i - 1].data(), acts_[i - 1].shape()};
+    return acts_[i].view();
+  }
+  tensor_view<const float, Space> input_of(std::size_t i) {
+    return i == 0 ? input_ : tensor_view<const float, Space>(output_of(i - 1));
+  }
+
+  using layer_types = std::tuple<Layers...>;
+  // linear followed by relu: the GEMM applies the relu in its epilogue and the relu layer's forward is skipped.
+  template <std::size_t I>
+  static constexpr bool fuses_relu() {
+    if constexpr (I + 1 < depth)
+      return is_linear_v<std::tuple_element_t<I, layer_types>> && std::is_same_v<std::tuple_element_t<I + 1, layer_types>, relu>;
+    else
+      return false;
+  }
+  static constexpr std::array<bool, depth> absorbed_ = []<std::size_t... I>(std::index_sequence<I...>) {
+    return std::array<bool, depth>{(I > 0 && fuses_relu<(I > 0 ? I - 1 : 0)>())...};
+  }(std::make_index_sequence<depth>{});
+
+  template <std::size_t I>
+  void forward_layer(context c) {
+    c.layer = I;
+    const auto& l = std::get<I>(model_.layers);
+    if constexpr (fuses_relu<I>())
+      l.template forward<Space>(c, params_of(I), input_of(I), output_of(I), epilogue::relu);
+    else if (!absorbed_[I])
+      l.template forward<Space>(c, params_of(I), input_of(I), output_of(I));
   }
 
   template <std::size_t... I>
   void run_forward(context c, std::index_sequence<I...>) {
-    ((c.layer = I, std::get<I>(model_.layers).template forward<Space>(c, params_of(I), input_of(I), acts_[I].view())),
-     ...);
+    (forward_layer<I>(c), ...);
   }
 
   template <std::size_t... I>
@@ -204,7 +235,7 @@ class network {
     const bool need_dx = I > 0 || want_input_grad_;
     float* dx_data = need_dx ? dgrad_[I % 2].data() : nullptr;
     tensor_view<float, Space> dx{dx_data, x.shape};
-    std::get<I>(model_.layers).template backward<Space>(c, params_of(I), x, acts_[I].view(), current_dy_, dx);
+    std::get<I>(model_.layers).template backward<Space>(c, params_of(I), x, output_of(I), current_dy_, dx);
     current_dy_ = tensor_view<const float, Space>(dx_data, x.shape);
   }
 
