@@ -88,11 +88,17 @@ inline void stream_fence() {
 }
 
 // Above this many bytes written per call, results are streamed past the cache.
-inline constexpr std::size_t stream_threshold = std::size_t(4) << 20;
+#ifndef DML_COMM_STREAM_THRESHOLD
+#  define DML_COMM_STREAM_THRESHOLD (std::size_t(16) << 20)
+#endif
+inline constexpr std::size_t stream_threshold = DML_COMM_STREAM_THRESHOLD;
 
 // Elements per chunk: a chunk of every source plus the accumulator stays in L1/L2, so each
 // source line is read from memory once and each destination line written once.
-inline constexpr std::size_t reduce_chunk = 4096;
+#ifndef DML_COMM_REDUCE_CHUNK
+#  define DML_COMM_REDUCE_CHUNK 4096
+#endif
+inline constexpr std::size_t reduce_chunk = DML_COMM_REDUCE_CHUNK;
 
 // dst[d][i] = op over p of src[p][i] (then / divisor for avg) for i < count, every d.
 // A destination may alias a source: a chunk is fully read before any of it is written.
