@@ -9,7 +9,13 @@
 #include <tuple>
 #include <unordered_map>
 
-#include <oneapi/dnnl/dnnl.hpp>
+// nvcc 13's front end stops with an internal error on dnnl.hpp in C++20 mode (it cannot destroy
+// a std::vector of the C API's unnamed typedef'd structs); CUDA translation units use the C API.
+#if defined(__CUDACC__)
+#  include <oneapi/dnnl/dnnl.h>
+#else
+#  include <oneapi/dnnl/dnnl.hpp>
+#endif
 
 #include "dml/core/error.hpp"
 #include "dml/core/space.hpp"
@@ -42,6 +48,7 @@ struct gemm_args {
 
 namespace detail {
 
+#if !defined(__CUDACC__)
 struct dnnl_host_context {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
@@ -115,6 +122,26 @@ inline void host_gemm(const gemm_args& g) {
   ctx.stream.wait();
 }
 
+#else
+// The same contract through the C API: C = op(A)·op(B) + beta·C by dnnl_sgemm (row-major), then
+// bias and ReLU in one pass over C.
+inline void host_gemm(const gemm_args& g) {
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k > 0) {
+    const dnnl_status_t st = dnnl_sgemm(g.ta == trans::t ? 'T' : 'N', g.tb == trans::t ? 'T' : 'N', g.m, g.n, g.k,
+                                        1.f, g.a, g.lda, g.b, g.ldb, g.beta, g.c, g.ldc);
+    if (st != dnnl_success) fail("dml::gemm: dnnl_sgemm expected dnnl_success, found status ", int(st));
+  }
+  if (g.k > 0 && !g.bias && g.ep == epilogue::none) return;
+  for (std::int64_t i = 0; i < g.m; ++i)
+    for (std::int64_t j = 0; j < g.n; ++j) {
+      float& out = g.c[i * g.ldc + j];
+      float v = g.k > 0 ? out : (g.beta != 0.f ? g.beta * out : 0.f);
+      if (g.bias) v += g.bias[j];
+      out = g.ep == epilogue::relu && v < 0.f ? 0.f : v;
+    }
+}
+#endif
 }  // namespace detail
 
 template <execution_space Space>
@@ -132,10 +159,18 @@ void gemm(const gemm_args& g) {
   }
 }
 
+#if !defined(__CUDACC__)
 // The implementation oneDNN picks for a representative f32 matmul, e.g. "brg:avx512_core".
 inline std::string host_gemm_impl(std::int64_t m = 256, std::int64_t n = 1024, std::int64_t k = 1024) {
   gemm_args g{.m = m, .n = n, .k = k, .lda = k, .ldb = n, .ldc = n};
   return detail::host_matmul_desc(detail::dnnl_host_context::get().engine, g).impl_info_str();
 }
+
+#else
+// nvcc translation units reach oneDNN through dnnl_sgemm, whose kernel choice is not exposed.
+inline std::string host_gemm_impl(std::int64_t = 256, std::int64_t = 1024, std::int64_t = 1024) {
+  return "dnnl_sgemm";
+}
+#endif
 
 }  // namespace dml

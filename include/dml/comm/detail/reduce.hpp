@@ -112,9 +112,17 @@ void reduce_into(const T* const* src, int nsrc, T* const* dst, int ndst, std::si
   for (std::size_t base = 0; base < count; base += reduce_chunk) {
     const std::size_t m = std::min(reduce_chunk, count - base);
     const T* s0 = src[0] + base;
+    int p = 1;
+    if (nsrc >= 2) {  // the first two sources in one pass: two ranks is the common case
+      const T* s1 = src[1] + base;
 #pragma omp simd
-    for (std::size_t i = 0; i < m; ++i) acc[i] = A(s0[i]);
-    for (int p = 1; p < nsrc; ++p) {
+      for (std::size_t i = 0; i < m; ++i) acc[i] = op(A(s0[i]), A(s1[i]));
+      p = 2;
+    } else {
+#pragma omp simd
+      for (std::size_t i = 0; i < m; ++i) acc[i] = A(s0[i]);
+    }
+    for (; p < nsrc; ++p) {
       const T* s = src[p] + base;
 #pragma omp simd
       for (std::size_t i = 0; i < m; ++i) acc[i] = op(acc[i], A(s[i]));
