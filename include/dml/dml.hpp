@@ -3,6 +3,8 @@
 // MPI and NCCL communicators are included on their own (dml/comm/mpi.hpp, dml/comm/nccl.hpp).
 #pragma once
 
+#include "dml/comm/communicator.hpp"
+#include "dml/comm/local.hpp"
 #include "dml/core/algorithm.hpp"
 #include "dml/core/buffer.hpp"
 #include "dml/core/config.hpp"
@@ -28,8 +30,10 @@
 #include "dml/optim/optimizer.hpp"
 #include "dml/optim/schedule.hpp"
 #include "dml/optim/sgd.hpp"
+#include "dml/parallel/policy.hpp"
 #include "dml/train/idx.hpp"
 #include "dml/train/progress.hpp"
 #include "dml/train/safetensors.hpp"
 #include "dml/train/sampler.hpp"
+#include "dml/train/trainer.hpp"
 #include "dml/train/weights.hpp"

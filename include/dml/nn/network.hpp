@@ -32,6 +32,7 @@ struct param_slot {
 struct param_layout {
   // Each parameter starts on a 64-byte boundary, so a bucket or shard boundary never splits a vector lane.
   static constexpr std::int64_t alignment = 16;
+  std::int64_t padding_unit = alignment;  // what each slot was rounded to
   std::vector<param_slot> slots;
   std::vector<std::size_t> first_slot;  // per layer, plus one past the end
   std::int64_t total = 0;               // floats, padding included
@@ -46,18 +47,24 @@ struct param_layout {
   }
 };
 
+// alignment: floats each parameter's start and the total are rounded to (a multiple of 16; sharded
+// trainers pass 16·ranks so every parameter splits into equal, aligned per-rank parts).
 template <class... Layers>
-param_layout make_layout(const sequential<Layers...>& model) {
+param_layout make_layout(const sequential<Layers...>& model, std::int64_t alignment = param_layout::alignment) {
+  if (alignment <= 0 || alignment % param_layout::alignment != 0)
+    fail<invalid_argument>("dml::nn::make_layout: expected an alignment that is a positive multiple of ",
+                           param_layout::alignment, ", found ", alignment);
   param_layout out;
   out.first_slot.assign(sizeof...(Layers) + 1, 0);
   std::int64_t offset = 0;
   for (auto& [layer, spec] : model.parameters()) {
     const std::int64_t n = spec.shape.numel();
     out.slots.push_back({spec.name, spec.shape, layer, offset, spec});
-    offset += (n + param_layout::alignment - 1) / param_layout::alignment * param_layout::alignment;
+    offset += (n + alignment - 1) / alignment * alignment;
     out.numel += n;
   }
   out.total = offset;
+  out.padding_unit = alignment;
   for (std::size_t l = 0, s = 0; l <= sizeof...(Layers); ++l) {
     while (s < out.slots.size() && out.slots[s].layer < l) ++s;
     out.first_slot[l] = s;
@@ -71,17 +78,44 @@ struct init_param {
   init_kind kind;
   float a, b;
   float* w;
-  DML_HOST_DEVICE void operator()(std::int64_t i) const {
-    const auto k = static_cast<std::uint64_t>(i);
+  DML_HOST_DEVICE static float value(const rng_stream& rng, init_kind kind, float a, float b, std::uint64_t k) {
     switch (kind) {
-      case init_kind::zeros: w[i] = 0.f; break;
-      case init_kind::ones: w[i] = 1.f; break;
-      case init_kind::uniform: w[i] = rng.uniform(k, a, b); break;
-      case init_kind::normal: w[i] = rng.normal(k, a, b); break;
+      case init_kind::ones: return 1.f;
+      case init_kind::uniform: return rng.uniform(k, a, b);
+      case init_kind::normal: return rng.normal(k, a, b);
+      case init_kind::zeros: break;
     }
+    return 0.f;
+  }
+  DML_HOST_DEVICE void operator()(std::int64_t i) const { w[i] = value(rng, kind, a, b, static_cast<std::uint64_t>(i)); }
+};
+// Elements [first, first + n) of a parameter, written to out[0, n).
+struct init_param_range {
+  rng_stream rng;
+  init_kind kind;
+  float a, b;
+  float* out;
+  std::int64_t first;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    out[i] = init_param::value(rng, kind, a, b, static_cast<std::uint64_t>(first + i));
   }
 };
 }  // namespace kernels
+
+// Called around each layer by forward and backward: sharded trainers gather parameters and launch
+// gradient reductions here. Layers are numbered as in the sequential.
+struct layer_hooks {
+  virtual ~layer_hooks() = default;
+  virtual void before_forward(std::size_t) {}
+  virtual void before_backward(std::size_t) {}
+  virtual void after_backward(std::size_t) {}
+};
+
+struct network_options {
+  std::int64_t alignment = param_layout::alignment;  // see make_layout
+  bool own_params = true;  // false: the owner points every slot at its storage (ZeRO-3)
+  bool own_grads = true;   // false: the owner points every slot's gradient at its storage (ZeRO-2/3)
+};
 
 template <execution_space Space, class... Layers>
 class network {
@@ -90,15 +124,16 @@ class network {
   using space = Space;
   static constexpr std::size_t depth = sizeof...(Layers);
 
-  explicit network(model_type model, std::uint64_t seed = 0)
-      : model_(std::move(model)), layout_(make_layout(model_)), params_(layout_.total), grads_(layout_.total),
+  explicit network(model_type model, std::uint64_t seed = 0, network_options opt = {})
+      : model_(std::move(model)), layout_(make_layout(model_, opt.alignment)),
+        params_(opt.own_params ? layout_.total : 0), grads_(opt.own_grads ? layout_.total : 0),
         w_ptrs_(layout_.slots.size()), g_ptrs_(layout_.slots.size()) {
     for (std::size_t i = 0; i < layout_.slots.size(); ++i) {
-      w_ptrs_[i] = params_.data() + layout_.slots[i].offset;
-      g_ptrs_[i] = grads_.data() + layout_.slots[i].offset;
+      w_ptrs_[i] = opt.own_params ? params_.data() + layout_.slots[i].offset : nullptr;
+      g_ptrs_[i] = opt.own_grads ? grads_.data() + layout_.slots[i].offset : nullptr;
     }
-    init(seed);
-    zero_grad();
+    if (opt.own_params) init(seed);
+    if (opt.own_grads) zero_grad();
   }
   network(const network&) = delete;
   network& operator=(const network&) = delete;
@@ -122,11 +157,24 @@ class network {
   std::span<const float> grads() const { return grads_.span(); }
   float* param(std::size_t slot) { return w_ptrs_[slot]; }
   float* grad(std::size_t slot) { return g_ptrs_[slot]; }
+  // Where a slot's parameter or gradient lives from now on (storage owned by a sharded trainer).
+  void set_param_pointer(std::size_t slot, float* p) { w_ptrs_[slot] = p; }
+  void set_grad_pointer(std::size_t slot, float* p) { g_ptrs_[slot] = p; }
+
+  // Writes slot s's initial values for elements [begin, end) to out: the values init() gives, for a
+  // trainer that keeps only part of a parameter.
+  void init_range(std::uint64_t seed, std::size_t s, std::int64_t begin, std::int64_t end, float* out) const {
+    const auto& slot = layout_.slots[s];
+    for_each_index<Space>(end - begin, kernels::init_param_range{rng_stream{seed, s}, slot.spec.init, slot.spec.a,
+                                                                 slot.spec.b, out, begin});
+  }
 
   // Runs every layer; the returned view stays valid until the next forward.
-  tensor_view<const float, Space> forward(tensor_view<const float, Space> x, context c = {}) {
+  tensor_view<const float, Space> forward(tensor_view<const float, Space> x, context c = {},
+                                          layer_hooks* hooks = nullptr) {
     prepare(x.shape);
     input_ = x;
+    hooks_ = hooks;
     run_forward(c, std::make_index_sequence<depth>{});
     return output_of(depth - 1);
   }
@@ -134,7 +182,8 @@ class network {
   // Backward from ∂loss/∂output; writes (or with c.accumulate adds) parameter gradients.
   // With want_input_grad the gradient with respect to the input is returned, else an empty view.
   tensor_view<const float, Space> backward(tensor_view<const float, Space> dy, context c = {},
-                                           bool want_input_grad = false) {
+                                           bool want_input_grad = false, layer_hooks* hooks = nullptr) {
+    hooks_ = hooks;
     if (!(dy.shape == output_of(depth - 1).shape))
       fail<shape_error>("dml::nn::network::backward: expected a gradient of shape ", output_of(depth - 1).shape,
                         " (the last forward's output), found ", dy.shape);
@@ -211,6 +260,7 @@ class network {
   void forward_layer(context c) {
     c.layer = I;
     const auto& l = std::get<I>(model_.layers);
+    if (hooks_) hooks_->before_forward(I);
     if constexpr (fuses_relu<I>())
       l.template forward<Space>(c, params_of(I), input_of(I), output_of(I), epilogue::relu);
     else if (!absorbed_[I])
@@ -230,6 +280,7 @@ class network {
   template <std::size_t I>
   void backward_layer(context c) {
     c.layer = I;
+    if (hooks_) hooks_->before_backward(I);
     const auto x = input_of(I);
     // The first layer's input gradient is wasted work unless the caller wants it.
     const bool need_dx = I > 0 || want_input_grad_;
@@ -237,6 +288,7 @@ class network {
     tensor_view<float, Space> dx{dx_data, x.shape};
     std::get<I>(model_.layers).template backward<Space>(c, params_of(I), x, output_of(I), current_dy_, dx);
     current_dy_ = tensor_view<const float, Space>(dx_data, x.shape);
+    if (hooks_) hooks_->after_backward(I);
   }
 
   model_type model_;
@@ -249,6 +301,7 @@ class network {
   dml::shape input_shape_{};
   tensor_view<const float, Space> input_{}, current_dy_{};
   bool want_input_grad_ = false;
+  layer_hooks* hooks_ = nullptr;
 };
 
 }  // namespace dml::nn

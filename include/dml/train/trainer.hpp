@@ -1,0 +1,465 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/train/trainer.hpp — trainer<Policies...>: data parallelism and ZeRO stages 1–3 over any communicator.
+// Sits on nn/, optim/, comm/ and parallel/policy.hpp. The flat buffers of nn::network are cut into
+// buckets (whole layers, in backward order); every bucket splits into one equal part per rank, and a
+// rank's shard is its part of every bucket. See DESIGN.md §1, §2 and §5.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dml/comm/communicator.hpp"
+#include "dml/nn/loss.hpp"
+#include "dml/nn/network.hpp"
+#include "dml/optim/adam.hpp"
+#include "dml/optim/clip.hpp"
+#include "dml/parallel/policy.hpp"
+
+namespace dml {
+
+namespace train {
+
+struct trainer_options {
+  std::uint64_t seed = 0;           // initial weights and dropout masks
+  double bucket_mb = 25.0;          // gradient bucket size in MiB (whole layers; at least one layer each)
+  std::int64_t micro_batches = 1;   // the local batch is split into this many; gradients accumulate
+  float clip_norm = 0.f;            // global-norm clipping; 0 turns it off
+  std::function<float(std::int64_t step)> lr;  // learning rate per step (from 1); empty: the optimizer's lr
+  bool record_events = false;       // keep an event log of backward and communication (tests, tracing)
+};
+
+struct step_result {
+  float loss = 0.f;        // mean over the global batch, the same on every rank
+  double grad_norm = 0.0;  // global gradient norm before clipping (computed when clipping is on)
+};
+
+// Per-rank bytes of model state, computed from the sizes the trainer allocates.
+struct memory_report {
+  std::int64_t numel = 0;        // Ψ: parameters of the model
+  std::int64_t padded = 0;       // parameters including padding to equal, aligned per-rank parts
+  std::int64_t params = 0, grads = 0, optimizer = 0;  // bytes held for the whole run
+  std::int64_t buffers = 0;      // bytes of staging and gather buffers (ZeRO-2/3)
+  std::int64_t total() const { return params + grads + optimizer + buffers; }
+};
+
+// What the event log records, in the order it happened on this rank.
+enum class event_kind { backward_begin, bucket_launch, backward_end, comm_done, step_end };
+struct event {
+  event_kind kind;
+  int bucket = -1;
+};
+
+namespace detail {
+
+struct bucket {
+  std::size_t first_layer = 0, last_layer = 0;  // inclusive range of layers
+  std::size_t first_slot = 0, end_slot = 0;     // slots of those layers
+  std::int64_t lo = 0, hi = 0;                   // flat range
+  std::int64_t part = 0;                         // (hi − lo) / ranks
+  std::int64_t shard_offset = 0;                 // where this bucket's part lives in shard buffers
+};
+
+class engine_base {
+ public:
+  virtual ~engine_base() = default;
+  virtual step_result step(tensor_view<const float> x, const std::int32_t* y, std::int64_t global_batch) = 0;
+  virtual std::int64_t correct(tensor_view<const float> x, const std::int32_t* y) = 0;
+  virtual std::vector<float> full_parameters() = 0;
+  virtual void load_full_parameters(std::span<const float> full) = 0;
+  virtual memory_report memory() const = 0;
+  virtual const nn::param_layout& layout() const = 0;
+  virtual const std::vector<event>& events() const = 0;
+  virtual std::int64_t steps() const = 0;
+  virtual std::span<const bucket> buckets() const = 0;
+};
+
+template <class Comm, class Sharding, class Optimizer, class... Layers>
+class engine final : public engine_base, nn::layer_hooks {
+  static constexpr int stage = Sharding::stage;
+  using net_type = nn::network<host, Layers...>;
+
+ public:
+  engine(Comm& comm, const nn::sequential<Layers...>& model, trainer_options opt, Optimizer optimizer)
+      : comm_(comm), ranks_(comm.size()), rank_(comm.rank()), opt_(std::move(opt)), optimizer_(optimizer),
+        net_(model, opt_.seed,
+             {.alignment = nn::param_layout::alignment * ranks_, .own_params = stage < 3, .own_grads = stage < 2}) {
+    if (opt_.micro_batches < 1)
+      fail<invalid_argument>("dml::trainer: expected micro_batches >= 1, found ", opt_.micro_batches);
+    if (!(opt_.bucket_mb > 0))
+      fail<invalid_argument>("dml::trainer: expected bucket_mb > 0, found ", opt_.bucket_mb);
+    make_buckets();
+    const auto& L = net_.layout();
+    shard_ = L.total / ranks_;
+    if (stage >= 1) shard_grads_.resize(static_cast<std::size_t>(shard_));
+    state_.resize(stage >= 1 ? shard_ : L.total);
+    std::int64_t widest = 0;
+    for (const auto& b : buckets_) widest = std::max(widest, b.hi - b.lo);
+    if (stage >= 2)
+      for (auto& s : staging_) s.resize(static_cast<std::size_t>(widest));
+    if (stage == 3) {
+      shard_params_.resize(static_cast<std::size_t>(shard_));
+      for (auto& g : gathered_) g.resize(static_cast<std::size_t>(widest));
+      init_shard_params();
+    }
+  }
+
+  step_result step(tensor_view<const float> x, const std::int32_t* y, std::int64_t global_batch) override {
+    if (x.shape.rank < 1 || global_batch <= 0)
+      fail<invalid_argument>("dml::trainer::step: expected a batch of rows and global_batch > 0, found shape ",
+                             x.shape, " and global_batch ", global_batch);
+    ++step_;
+    const std::int64_t rows = x.shape[0], per_row = x.numel() / std::max<std::int64_t>(rows, 1);
+    const std::int64_t k = std::min(opt_.micro_batches, std::max<std::int64_t>(rows, 1));
+    float local_loss = 0.f;
+    for (std::int64_t m = 0; m < k; ++m) {
+      const std::int64_t lo = rows * m / k, hi = rows * (m + 1) / k;
+      dml::shape s = x.shape;
+      s[0] = hi - lo;
+      tensor_view<const float> xm(x.data + lo * per_row, s);
+      micro_ = m;
+      last_micro_ = m + 1 == k;
+      current_ = -1;
+      const nn::context ctx{.training = true, .seed = opt_.seed, .step = static_cast<std::uint64_t>(step_),
+                            .accumulate = m > 0 && stage < 2};
+      auto logits = net_.forward(xm, ctx, this);
+      dlogits_.resize(logits.shape);
+      row_loss_.resize(static_cast<std::size_t>(logits.rows()));
+      local_loss += loss_fn_.forward_backward<host>(logits, y + lo, dlogits_.view(), row_loss_.data(), global_batch);
+      log(event_kind::backward_begin);
+      // ZeRO-2/3 reduce every micro-batch into the shard; DDP and ZeRO-1 only on the last.
+      const bool communicate = stage >= 2 || last_micro_;
+      net_.backward(dlogits_.cview(), ctx, false, communicate ? this : nullptr);
+      log(event_kind::backward_end);
+      finish_communication();
+    }
+    std::array<float, 1> loss{local_loss};
+    comm_.all_reduce(std::span<float>(loss), comm::reduce_op::sum);
+    step_result out{.loss = loss[0]};
+    const float scale = clip_scale(out.grad_norm);
+    update(scale);
+    log(event_kind::step_end);
+    return out;
+  }
+
+  std::int64_t correct(tensor_view<const float> x, const std::int32_t* y) override {
+    current_ = -1;
+    auto logits = net_.forward(x, {.training = false}, this);
+    return nn::count_correct<host>(logits, y);
+  }
+
+  std::vector<float> full_parameters() override {
+    const auto& L = net_.layout();
+    std::vector<float> full(static_cast<std::size_t>(L.total));
+    if constexpr (stage == 3) {
+      for (std::size_t b = 0; b < buckets_.size(); ++b) {
+        const auto& bk = buckets_[b];
+        comm_.all_gather(std::span<const float>(shard_params_.data() + bk.shard_offset, bk.part),
+                         std::span<float>(full.data() + bk.lo, bk.hi - bk.lo));
+      }
+    } else {
+      std::copy(net_.params().begin(), net_.params().end(), full.begin());
+    }
+    return full;
+  }
+
+  void load_full_parameters(std::span<const float> full) override {
+    const auto& L = net_.layout();
+    if (static_cast<std::int64_t>(full.size()) != L.total)
+      fail<shape_error>("dml::trainer: expected ", L.total, " parameters (padding included), found ", full.size());
+    if constexpr (stage == 3) {
+      for (const auto& bk : buckets_)
+        std::copy_n(full.data() + bk.lo + rank_ * bk.part, bk.part, shard_params_.data() + bk.shard_offset);
+      resident_ = {-1, -1};
+    } else {
+      std::copy(full.begin(), full.end(), net_.params().begin());
+    }
+  }
+
+  memory_report memory() const override {
+    const auto& L = net_.layout();
+    const std::int64_t f = sizeof(float);
+    memory_report m{.numel = L.numel, .padded = L.total};
+    m.params = (stage == 3 ? shard_ : L.total) * f;
+    m.grads = (stage >= 2 ? shard_ : L.total) * f;
+    m.optimizer = state_.bytes();
+    m.buffers = static_cast<std::int64_t>((staging_[0].size() + staging_[1].size() + gathered_[0].size() +
+                                           gathered_[1].size() + shard_tmp_.size()) * sizeof(float));
+    return m;
+  }
+  const nn::param_layout& layout() const override { return net_.layout(); }
+  const std::vector<event>& events() const override { return events_; }
+  std::int64_t steps() const override { return step_; }
+  std::span<const bucket> buckets() const override { return buckets_; }
+
+ private:
+  // Buckets of whole layers from the last layer backwards, each at least bucket_mb (the last may be
+  // smaller); layers without parameters join the bucket being filled.
+  void make_buckets() {
+    const auto& L = net_.layout();
+    const auto target = static_cast<std::int64_t>(opt_.bucket_mb * 1024.0 * 1024.0 / sizeof(float));
+    layer_bucket_.assign(sizeof...(Layers), -1);
+    std::optional<bucket> open;
+    auto close = [&] {
+      if (open && open->hi > open->lo) {
+        open->part = (open->hi - open->lo) / ranks_;
+        buckets_.push_back(*open);
+      }
+      open.reset();
+    };
+    for (std::size_t l = sizeof...(Layers); l-- > 0;) {
+      const std::size_t s0 = L.first_slot[l], s1 = L.first_slot[l + 1];
+      if (s0 == s1) continue;
+      const std::int64_t lo = L.slots[s0].offset;
+      const std::int64_t hi = s1 < L.slots.size() ? L.slots[s1].offset : L.total;
+      if (!open) open = bucket{.first_layer = l, .last_layer = l, .first_slot = s0, .end_slot = s1, .lo = lo, .hi = hi};
+      else {
+        open->first_layer = l;
+        open->first_slot = s0;
+        open->lo = lo;
+      }
+      if (open->hi - open->lo >= target) close();
+    }
+    close();
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      for (std::size_t l = buckets_[b].first_layer; l <= buckets_[b].last_layer; ++l) layer_bucket_[l] = static_cast<int>(b);
+    // Shard layout follows the flat order, so a shard is the concatenation of its parts by offset.
+    std::vector<std::size_t> by_offset(buckets_.size());
+    for (std::size_t i = 0; i < by_offset.size(); ++i) by_offset[i] = i;
+    std::sort(by_offset.begin(), by_offset.end(), [&](auto a, auto b) { return buckets_[a].lo < buckets_[b].lo; });
+    std::int64_t off = 0;
+    for (auto b : by_offset) {
+      buckets_[b].shard_offset = off;
+      off += buckets_[b].part;
+    }
+  }
+
+  void init_shard_params() {
+    std::vector<float> tmp;
+    const auto& L = net_.layout();
+    for (const auto& bk : buckets_) {
+      tmp.assign(static_cast<std::size_t>(bk.hi - bk.lo), 0.f);
+      for (std::size_t s = bk.first_slot; s < bk.end_slot; ++s)
+        net_.init_range(opt_.seed, s, 0, L.slots[s].shape.numel(), tmp.data() + (L.slots[s].offset - bk.lo));
+      std::copy_n(tmp.data() + rank_ * bk.part, bk.part, shard_params_.data() + bk.shard_offset);
+    }
+  }
+
+  void log(event_kind k, int b = -1) {
+    if (opt_.record_events) events_.push_back({k, b});
+  }
+
+  // ---- hooks: ZeRO-3 gathers parameters around each bucket; every stage launches bucket reductions.
+  void point_params(int b) {
+    const auto& bk = buckets_[static_cast<std::size_t>(b)];
+    float* base = gathered_[static_cast<std::size_t>(b % 2)].data();
+    for (std::size_t s = bk.first_slot; s < bk.end_slot; ++s)
+      net_.set_param_pointer(s, base + (net_.layout().slots[s].offset - bk.lo));
+  }
+  void gather(int b, bool async) {
+    const auto& bk = buckets_[static_cast<std::size_t>(b)];
+    const auto slot = static_cast<std::size_t>(b % 2);
+    auto send = std::span<const float>(shard_params_.data() + bk.shard_offset, bk.part);
+    auto recv = std::span<float>(gathered_[slot].data(), bk.hi - bk.lo);
+    if (async) gather_req_[slot] = comm_.iall_gather(send, recv);
+    else comm_.all_gather(send, recv);
+    resident_[slot] = b;
+  }
+  void ensure_gathered(int b) {
+    const auto slot = static_cast<std::size_t>(b % 2);
+    if (resident_[slot] == b) gather_req_[slot].wait();
+    else gather(b, false);
+    point_params(b);
+  }
+  void prefetch(int b) {
+    if (b < 0 || b >= static_cast<int>(buckets_.size())) return;
+    const auto slot = static_cast<std::size_t>(b % 2);
+    if (resident_[slot] == b) return;
+    gather_req_[slot].wait();
+    gather(b, true);
+  }
+  void before_forward(std::size_t layer) override {
+    if constexpr (stage == 3) {
+      const int b = layer_bucket_[layer];
+      if (b < 0 || b == current_) return;
+      current_ = b;
+      ensure_gathered(b);
+      prefetch(b - 1);  // forward walks buckets from the last index down
+    }
+  }
+  void before_backward(std::size_t layer) override {
+    const int b = layer_bucket_[layer];
+    if (b < 0 || layer != buckets_[static_cast<std::size_t>(b)].last_layer) return;
+    if constexpr (stage == 3) {
+      current_ = b;
+      ensure_gathered(b);
+      prefetch(b + 1);  // backward walks buckets upwards
+    }
+    if constexpr (stage >= 2) {
+      // The staging buffer this bucket takes may still be in flight for bucket b − 2.
+      const auto slot = static_cast<std::size_t>(b % 2);
+      complete(reduce_req_[slot], reduce_bucket_[slot]);
+      const auto& bk = buckets_[static_cast<std::size_t>(b)];
+      fill_n<host>(staging_[slot].data(), bk.hi - bk.lo, 0.f);  // padding must reduce to zero
+      for (std::size_t s = bk.first_slot; s < bk.end_slot; ++s)
+        net_.set_grad_pointer(s, staging_[slot].data() + (net_.layout().slots[s].offset - bk.lo));
+    }
+  }
+  void after_backward(std::size_t layer) override {
+    const int b = layer_bucket_[layer];
+    if (b < 0 || layer != buckets_[static_cast<std::size_t>(b)].first_layer) return;
+    const auto& bk = buckets_[static_cast<std::size_t>(b)];
+    log(event_kind::bucket_launch, b);
+    if constexpr (stage == 0) {
+      pending_.push_back({comm_.iall_reduce(net_.grads().subspan(bk.lo, bk.hi - bk.lo), comm::reduce_op::sum), b});
+    } else if constexpr (stage == 1) {
+      pending_.push_back({comm_.ireduce_scatter(std::span<const float>(net_.grads().data() + bk.lo, bk.hi - bk.lo),
+                                                std::span<float>(shard_grads_.data() + bk.shard_offset, bk.part),
+                                                comm::reduce_op::sum),
+                          b});
+    } else {
+      const auto slot = static_cast<std::size_t>(b % 2);
+      float* out = shard_grads_.data() + bk.shard_offset;
+      if (micro_ > 0) {  // later micro-batches reduce aside and add into the shard when done
+        shard_tmp_.resize(static_cast<std::size_t>(shard_));
+        out = shard_tmp_.data() + bk.shard_offset;
+      }
+      reduce_req_[slot] = comm_.ireduce_scatter(std::span<const float>(staging_[slot].data(), bk.hi - bk.lo),
+                                                std::span<float>(out, bk.part), comm::reduce_op::sum);
+      reduce_bucket_[slot] = b;
+    }
+  }
+  void complete(comm::request& r, int& b) {
+    if (b < 0) return;
+    r.wait();
+    if (micro_ > 0 && stage >= 2) {
+      const auto& bk = buckets_[static_cast<std::size_t>(b)];
+      float* dst = shard_grads_.data() + bk.shard_offset;
+      const float* src = shard_tmp_.data() + bk.shard_offset;
+      for (std::int64_t i = 0; i < bk.part; ++i) dst[i] += src[i];
+    }
+    log(event_kind::comm_done, b);
+    b = -1;
+  }
+  void finish_communication() {
+    for (auto& [r, b] : pending_) complete(r, b);
+    pending_.clear();
+    for (std::size_t s = 0; s < 2; ++s) complete(reduce_req_[s], reduce_bucket_[s]);
+    current_ = -1;
+  }
+
+  // ---- the update
+  float clip_scale(double& norm) {
+    if (opt_.clip_norm <= 0.f) return 1.f;
+    if constexpr (stage == 0) {
+      norm = std::sqrt(optim::squared_norm<host>(net_.grads().data(), net_.layout().total));
+    } else {
+      std::array<double, 1> sq{optim::squared_norm<host>(shard_grads_.data(), shard_)};
+      comm_.all_reduce(std::span<double>(sq), comm::reduce_op::sum);
+      norm = std::sqrt(sq[0]);
+    }
+    return optim::clip_scale(norm, opt_.clip_norm);
+  }
+
+  void update(float grad_scale) {
+    const float lr = opt_.lr ? opt_.lr(step_) : optimizer_.default_lr();
+    if constexpr (stage == 0) {
+      optimizer_.template update<host>({.n = net_.layout().total, .w = net_.params().data(), .g = net_.grads().data(),
+                                        .state = state_.pointers(), .step = step_, .lr = lr, .grad_scale = grad_scale});
+    } else if constexpr (stage == 3) {
+      optimizer_.template update<host>({.n = shard_, .w = shard_params_.data(), .g = shard_grads_.data(),
+                                        .state = state_.pointers(), .step = step_, .lr = lr, .grad_scale = grad_scale});
+      resident_ = {-1, -1};  // gathered copies are stale now
+    } else {
+      for (const auto& bk : buckets_) {
+        std::array<float*, Optimizer::state_slots> st{};
+        for (int s = 0; s < Optimizer::state_slots; ++s) st[s] = state_.pointers()[s] + bk.shard_offset;
+        float* w = net_.params().data() + bk.lo;
+        optimizer_.template update<host>({.n = bk.part, .w = w + rank_ * bk.part, .g = shard_grads_.data() + bk.shard_offset,
+                                          .state = st.data(), .step = step_, .lr = lr, .grad_scale = grad_scale});
+        comm_.all_gather(std::span<float>(w, bk.hi - bk.lo));  // in place: this rank's part is at rank·part
+      }
+    }
+  }
+
+  Comm& comm_;
+  int ranks_, rank_;
+  trainer_options opt_;
+  Optimizer optimizer_;
+  net_type net_;
+  nn::softmax_cross_entropy loss_fn_;
+  std::vector<bucket> buckets_;
+  std::vector<int> layer_bucket_;
+  std::int64_t shard_ = 0, step_ = 0, micro_ = 0;
+  bool last_micro_ = true;
+  buffer<float> shard_grads_, shard_params_, shard_tmp_;
+  buffer<float> staging_[2], gathered_[2];
+  optim::state<Optimizer> state_;
+  std::array<int, 2> resident_{-1, -1};
+  int current_ = -1;
+  comm::request gather_req_[2];
+  comm::request reduce_req_[2];
+  int reduce_bucket_[2] = {-1, -1};
+  struct pending_op {
+    comm::request r;
+    int b;
+  };
+  std::vector<pending_op> pending_;
+  tensor<float> dlogits_;
+  buffer<float> row_loss_;
+  std::vector<event> events_;
+};
+
+}  // namespace detail
+
+}  // namespace train
+
+// trainer<Policies...>: policies in any order, at most one per family; defaults replicate, AdamW, fp32.
+template <class... Policies>
+class trainer {
+  static_assert((detail::has_policy_family<Policies> && ...),
+                "dml::trainer: every template argument must be a policy (a type with a `policy_family`), e.g. "
+                "dml::parallel::zero<2>, dml::optim::adamw, dml::precision::fp32");
+  static_assert(count_policies<sharding_family, Policies...> <= 1, "dml::trainer: give at most one sharding policy");
+  static_assert(count_policies<optimizer_family, Policies...> <= 1, "dml::trainer: give at most one optimizer");
+  static_assert(count_policies<precision_family, Policies...> <= 1, "dml::trainer: give at most one precision policy");
+
+ public:
+  using sharding_policy = find_policy_t<sharding_family, parallel::replicate, Policies...>;
+  using optimizer_policy = find_policy_t<optimizer_family, optim::adamw, Policies...>;
+  using precision_policy = find_policy_t<precision_family, dml::precision::fp32, Policies...>;
+  static_assert(std::is_same_v<precision_policy, dml::precision::fp32>,
+                "dml::trainer: this version trains in fp32 only; bf16 and fp16 mixed precision are not available yet");
+
+  template <comm::communicator C, class... L>
+  trainer(C& comm, const nn::sequential<L...>& model, train::trainer_options options = {}, optimizer_policy opt = {})
+      : engine_(std::make_unique<train::detail::engine<C, sharding_policy, optimizer_policy, L...>>(
+            comm, model, std::move(options), opt)) {}
+
+  // One optimizer step. x and y are this rank's rows of the global batch (the trainer's loss divides by
+  // global_batch, so ranks may hold different row counts). Collective: every rank calls it.
+  train::step_result step(tensor_view<const float> x, const std::int32_t* y, std::int64_t global_batch) {
+    return engine_->step(x, y, global_batch);
+  }
+  // Rows of x whose largest logit is the label (inference; collective under zero<3>).
+  std::int64_t correct(tensor_view<const float> x, const std::int32_t* y) { return engine_->correct(x, y); }
+  // Every parameter in the flat layout (collective under zero<3>); and the reverse.
+  std::vector<float> full_parameters() { return engine_->full_parameters(); }
+  void load_full_parameters(std::span<const float> p) { engine_->load_full_parameters(p); }
+  train::memory_report memory() const { return engine_->memory(); }
+  const nn::param_layout& layout() const { return engine_->layout(); }
+  const std::vector<train::event>& events() const { return engine_->events(); }
+  std::span<const train::detail::bucket> buckets() const { return engine_->buckets(); }
+  std::int64_t steps() const { return engine_->steps(); }
+
+ private:
+  std::unique_ptr<train::detail::engine_base> engine_;
+};
+
+}  // namespace dml
