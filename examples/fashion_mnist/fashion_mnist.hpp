@@ -5,7 +5,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <array>
 #include <fstream>
+#include <numeric>
+#include <variant>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -29,9 +32,14 @@ struct options {
   std::uint64_t seed = 1;
   std::string init, save, log;
   bool shuffle = true;
-  // One thread by default: this model's GEMMs are small enough that a second OpenMP thread costs more in
-  // synchronisation than it gains, and far more when another process shares the cores.
+  // One thread per rank by default: this model's GEMMs are small enough that a second OpenMP thread
+  // costs more in synchronisation than it gains, and far more when another process shares the cores.
   int threads = 1;
+  int ranks = 1;                  // comm::local ranks (threads of this process)
+  std::string comm = "local";     // local | mpi (launch with mpirun; ranks = the MPI world)
+  std::string parallel = "ddp";   // ddp | zero1 | zero2 | zero3
+  std::string precision = "fp32";
+  double bucket_mb = 25.0;
 };
 
 inline void usage(std::FILE* out) {
@@ -40,7 +48,10 @@ inline void usage(std::FILE* out) {
       "                     [--optimizer sgd|adam|adamw|adagrad] [--weight-decay X] [--seed N]\n"
       "                     [--schedule constant|cosine] [--warmup N]\n"
       "                     [--init FILE.safetensors] [--save FILE.safetensors] [--no-shuffle] [--log FILE.csv]\n"
-      "                     [--threads N]\n",
+      "                     [--threads N] [--ranks N] [--comm local|mpi] [--parallel ddp|zero1|zero2|zero3]\n"
+      "                     [--precision fp32] [--bucket-mb X]\n"
+      "--batch is the global batch: with N ranks each takes its slice of every batch, and the run trains the\n"
+      "same model as one rank does. Under mpirun, pass --comm mpi.\n",
       out);
 }
 
@@ -91,6 +102,11 @@ inline options parse(int argc, char** argv) {
     else if (a == "--log") o.log = value();
     else if (a == "--no-shuffle") o.shuffle = false;
     else if (a == "--threads") o.threads = parse_number<int>(a, value());
+    else if (a == "--ranks") o.ranks = parse_number<int>(a, value());
+    else if (a == "--comm") o.comm = value();
+    else if (a == "--parallel") o.parallel = value();
+    else if (a == "--precision") o.precision = value();
+    else if (a == "--bucket-mb") o.bucket_mb = parse_number<double>(a, value());
     else if (a == "--help" || a == "-h") {
       usage(stdout);
       std::exit(0);
@@ -98,19 +114,44 @@ inline options parse(int argc, char** argv) {
   }
   if (o.schedule != "constant" && o.schedule != "cosine")
     dml::fail<dml::invalid_argument>("--schedule: expected constant or cosine, found '", o.schedule, "'");
+  if (o.comm != "local" && o.comm != "mpi")
+    dml::fail<dml::invalid_argument>("--comm: expected local or mpi, found '", o.comm, "'");
+  if (o.parallel != "ddp" && o.parallel != "zero1" && o.parallel != "zero2" && o.parallel != "zero3")
+    dml::fail<dml::invalid_argument>("--parallel: expected ddp, zero1, zero2 or zero3, found '", o.parallel, "'");
+  if (o.precision != "fp32")
+    dml::fail<dml::invalid_argument>("--precision: expected fp32 (bf16 and fp16 are not available yet), found '",
+                                     o.precision, "'");
+  if (o.ranks < 1 || o.bucket_mb <= 0)
+    dml::fail<dml::invalid_argument>("expected --ranks >= 1 and --bucket-mb > 0; found ", o.ranks, ", ", o.bucket_mb);
   if (o.batch <= 0 || o.epochs < 0 || o.steps < 0)
     dml::fail<dml::invalid_argument>("expected --batch > 0, --epochs >= 0, --steps >= 0; found ", o.batch, ", ",
                                      o.epochs, ", ", o.steps);
   return o;
 }
 
-// Optimizer options from the flags; PyTorch's defaults where a flag is absent.
-template <class O>
-O make_optimizer(const options& o) {
-  typename O::options p{};
-  if (o.lr) p.lr = *o.lr;
-  if (o.weight_decay) p.weight_decay = *o.weight_decay;
-  return O{p};
+// The optimizer named by --optimizer, chosen at run time, with PyTorch's defaults where a flag is absent.
+using any_optimizer = dml::optim::any_of<dml::optim::sgd, dml::optim::adam, dml::optim::adamw, dml::optim::adagrad>;
+inline any_optimizer make_optimizer(const options& o) {
+  auto opt = any_optimizer::by_name(o.optimizer);
+  std::visit(
+      [&](auto& chosen) {
+        auto p = chosen.opt;
+        if (o.lr) p.lr = *o.lr;
+        if (o.weight_decay) p.weight_decay = *o.weight_decay;
+        chosen = std::remove_cvref_t<decltype(chosen)>{p};
+      },
+      opt.chosen);
+  return opt;
+}
+
+// The learning rate of step s (from 1) of `planned`.
+inline float learning_rate(const options& o, float base, std::int64_t s, std::int64_t planned) {
+  if (o.schedule == "constant") return base;
+  return dml::optim::warmup_cosine{base, std::min(o.warmup, planned / 10), planned}(s);
+}
+
+inline std::int64_t planned_steps(const options& o, std::int64_t per_epoch) {
+  return o.steps > 0 ? std::min(o.steps, per_epoch * o.epochs) : per_epoch * o.epochs;
 }
 
 // Copies rows `idx` of the dataset into a contiguous batch in Space.
@@ -152,9 +193,11 @@ double evaluate(Net& net, const dml::train::dataset& test) {
   return static_cast<double>(correct) / static_cast<double>(test.size());
 }
 
-template <class Space, class O, class Model>
-int train(const options& o, Model model, const dml::train::dataset& train_set, const dml::train::dataset& test_set) {
-  const O opt = make_optimizer<O>(o);
+// One device, no communicator: the loop the trainer runs, spelled out (the CUDA build uses it).
+template <class Space, class Model>
+int run_single(const options& o, Model model, const dml::train::dataset& train_set, const dml::train::dataset& test_set) {
+  using O = any_optimizer;
+  const O opt = make_optimizer(o);
   auto run = [&]<class... L>(const dml::nn::sequential<L...>& m) {
     dml::nn::network<Space, L...> net(m, o.seed);
     if (!o.init.empty()) dml::train::load_weights(net, o.init);
@@ -173,11 +216,11 @@ int train(const options& o, Model model, const dml::train::dataset& train_set, c
     std::printf("model: %zu layers, %lld parameters (%lld floats with padding); optimizer %s lr=%g; batch %lld; "
                 "%d threads; gemm %s\n",
                 sizeof...(L), static_cast<long long>(net.layout().numel), static_cast<long long>(net.layout().total),
-                O::name, static_cast<double>(opt.default_lr()), static_cast<long long>(o.batch), dml::thread_budget(),
+                opt.chosen_name(), static_cast<double>(opt.default_lr()), static_cast<long long>(o.batch), dml::thread_budget(),
                 std::same_as<Space, dml::host> ? dml::host_gemm_impl().c_str() : "cublasLt");
     std::int64_t step = 0;
     const std::int64_t per_epoch = sampler.batches_per_epoch();
-    const std::int64_t planned = o.steps > 0 ? std::min(o.steps, per_epoch * o.epochs) : per_epoch * o.epochs;
+    const std::int64_t planned = planned_steps(o, per_epoch);
     dml::train::progress bar("train", planned, 100);
     for (std::int64_t epoch = 0; epoch < o.epochs && (o.steps == 0 || step < o.steps); ++epoch) {
       const auto order = sampler.order(static_cast<std::uint64_t>(epoch));
@@ -191,9 +234,7 @@ int train(const options& o, Model model, const dml::train::dataset& train_set, c
         row_loss.resize(static_cast<std::size_t>(logits.rows()));
         const float loss = loss_fn.forward_backward<Space>(logits, loader.y.data(), dlogits.view(), row_loss.data());
         net.backward(dlogits.cview(), ctx);
-        const float lr = o.schedule == "constant"
-                             ? opt.default_lr()
-                             : dml::optim::warmup_cosine{opt.default_lr(), std::min(o.warmup, planned / 10), planned}(step);
+        const float lr = learning_rate(o, opt.default_lr(), step, planned);
         opt.template update<Space>({.n = net.layout().total, .w = net.params().data(), .g = net.grads().data(),
                                     .state = state.pointers(), .step = step, .lr = lr});
         if (log) log << step << ',' << epoch << ',' << loss << ',' << lr << '\n';
@@ -210,21 +251,125 @@ int train(const options& o, Model model, const dml::train::dataset& train_set, c
   return run(model);
 }
 
+// Every rank runs this with its communicator; rank 0 prints and writes files.
+template <class Sharding, class Comm, class Model>
+int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dataset& train_set,
+                const dml::train::dataset& test_set) {
+  const int rank = comm.rank(), ranks = comm.size();
+  const any_optimizer opt = make_optimizer(o);
+  dml::train::sampler sampler(train_set.size(), o.batch, o.seed, o.shuffle);
+  const std::int64_t per_epoch = sampler.batches_per_epoch();
+  const std::int64_t planned = planned_steps(o, per_epoch);
+  dml::train::trainer_options to;
+  to.seed = o.seed;
+  to.bucket_mb = o.bucket_mb;
+  to.lr = [&o, base = opt.default_lr(), planned](std::int64_t s) { return learning_rate(o, base, s, planned); };
+  dml::trainer<Sharding, any_optimizer> trainer(comm, model, to, opt);
+  if (!o.init.empty()) {
+    std::vector<float> full(static_cast<std::size_t>(trainer.layout().total));
+    dml::train::load_weights(trainer.layout(), full, o.init);
+    trainer.load_full_parameters(full);
+  }
+  std::ofstream log;
+  if (rank == 0 && !o.log.empty()) {
+    log.open(o.log);
+    if (!log) dml::fail<dml::io_error>(o.log, ": cannot open for writing");
+    log << "step,epoch,loss,lr\n";
+  }
+  if (rank == 0) {
+    const auto mem = trainer.memory();
+    std::printf("model: %zu layers, %lld parameters; %s on %d %s rank(s), optimizer %s lr=%g, global batch %lld; "
+                "per-rank model state %.2f MiB (params %.2f, grads %.2f, optimizer %.2f, buffers %.2f); gemm %s\n",
+                Model::size, static_cast<long long>(mem.numel), Sharding::name, ranks, o.comm.c_str(), opt.chosen_name(),
+                static_cast<double>(opt.default_lr()), static_cast<long long>(o.batch), mem.total() / 1048576.0,
+                mem.params / 1048576.0, mem.grads / 1048576.0, mem.optimizer / 1048576.0, mem.buffers / 1048576.0,
+                dml::host_gemm_impl().c_str());
+    std::fflush(stdout);
+  }
+  batch_loader<dml::host> loader;
+  dml::train::progress bar("train", planned, 100);
+  std::int64_t step = 0;
+  for (std::int64_t epoch = 0; epoch < o.epochs && step < planned; ++epoch) {
+    const auto order = sampler.order(static_cast<std::uint64_t>(epoch));
+    for (std::int64_t b = 0; b < per_epoch && step < planned; ++b) {
+      const auto idx = dml::train::sampler::slice(order, b, o.batch, rank, ranks);
+      const std::int64_t global = std::min(o.batch, train_set.size() - b * o.batch);
+      loader.load(train_set, idx);
+      const auto r = trainer.step(loader.x.cview(), loader.y.data(), global);
+      ++step;
+      if (rank == 0) {
+        if (log) log << step << ',' << epoch << ',' << r.loss << ',' << to.lr(step) << '\n';
+        bar.update(step, r.loss, global);
+      }
+    }
+    // Every rank scores its slice of each chunk of the test set; the counts are summed.
+    std::array<std::int64_t, 1> correct{0};
+    std::vector<std::int64_t> all(static_cast<std::size_t>(test_set.size()));
+    std::iota(all.begin(), all.end(), std::int64_t{0});
+    const std::int64_t chunk = 1000;
+    for (std::int64_t c = 0; c * chunk < test_set.size(); ++c) {
+      loader.load(test_set, dml::train::sampler::slice(all, c, chunk, rank, ranks));
+      correct[0] += trainer.correct(loader.x.cview(), loader.y.data());
+    }
+    comm.all_reduce(std::span<std::int64_t>(correct), dml::comm::reduce_op::sum);
+    if (rank == 0) {
+      std::printf("epoch=%lld steps=%lld seconds=%.1f\ntest_accuracy=%.4f\n", static_cast<long long>(epoch + 1),
+                  static_cast<long long>(step), bar.elapsed(), double(correct[0]) / double(test_set.size()));
+      std::fflush(stdout);
+    }
+  }
+  if (!o.save.empty()) {
+    const auto full = trainer.full_parameters();  // collective under zero3
+    if (rank == 0) dml::train::save_weights(trainer.layout(), full, o.save);
+  }
+  return 0;
+}
+
+template <class Comm, class Model>
+int run_parallel(const options& o, Comm& comm, Model model, const dml::train::dataset& tr, const dml::train::dataset& te) {
+  if (o.parallel == "zero1") return run_trainer<dml::parallel::zero<1>>(o, comm, model, tr, te);
+  if (o.parallel == "zero2") return run_trainer<dml::parallel::zero<2>>(o, comm, model, tr, te);
+  if (o.parallel == "zero3") return run_trainer<dml::parallel::zero<3>>(o, comm, model, tr, te);
+  return run_trainer<dml::parallel::replicate>(o, comm, model, tr, te);
+}
+
+// Depths 0 to 3 hidden layers: each is its own static model type, compiled for every sharding.
+inline constexpr std::size_t max_hidden = 3;
+
+#if defined(DML_EXAMPLE_WITH_MPI)
+int run_mpi(const options& o, int argc, char** argv, const dml::train::dataset& tr, const dml::train::dataset& te);
+#endif
+
 template <class Space>
 int main(int argc, char** argv) {
   try {
     const options o = parse(argc, argv);
-    if (o.threads <= 0) dml::fail<dml::invalid_argument>("--threads: expected at least 1, found ", o.threads);
-    dml::set_thread_budget(o.threads);
     const auto train_set = dml::train::load_mnist(o.data, dml::train::split::train);
     const auto test_set = dml::train::load_mnist(o.data, dml::train::split::test);
-    return dml::nn::with_mlp(train_set.features(), o.hidden, 10, [&](auto model) {
-      if (o.optimizer == "sgd") return train<Space, dml::optim::sgd>(o, model, train_set, test_set);
-      if (o.optimizer == "adam") return train<Space, dml::optim::adam>(o, model, train_set, test_set);
-      if (o.optimizer == "adamw") return train<Space, dml::optim::adamw>(o, model, train_set, test_set);
-      if (o.optimizer == "adagrad") return train<Space, dml::optim::adagrad>(o, model, train_set, test_set);
-      dml::fail<dml::invalid_argument>("--optimizer: expected sgd, adam, adamw or adagrad, found '", o.optimizer, "'");
-    });
+    if constexpr (!std::same_as<Space, dml::host>) {
+      if (o.ranks != 1 || o.comm != "local" || o.parallel != "ddp")
+        dml::fail<dml::invalid_argument>("the CUDA build trains on one GPU; --ranks, --comm and --parallel are for the host build");
+      dml::set_thread_budget(o.threads);
+      return dml::nn::with_mlp<max_hidden>(train_set.features(), o.hidden, 10,
+                                           [&](auto model) { return run_single<Space>(o, model, train_set, test_set); });
+    } else {
+      if (o.comm == "mpi") {
+#if defined(DML_EXAMPLE_WITH_MPI)
+        return run_mpi(o, argc, argv, train_set, test_set);
+#else
+        dml::fail<dml::invalid_argument>("--comm mpi: this build has no MPI");
+#endif
+      }
+      int status = 0;
+      dml::comm::local::run(o.ranks, [&](dml::comm::local& comm) {
+        dml::set_thread_budget(o.threads);
+        const int s = dml::nn::with_mlp<max_hidden>(train_set.features(), o.hidden, 10, [&](auto model) {
+          return run_parallel(o, comm, model, train_set, test_set);
+        });
+        if (comm.rank() == 0) status = s;
+      });
+      return status;
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fashion_mnist: error: %s\n", e.what());
     return 1;

@@ -26,6 +26,7 @@
 #include "dml/nn/sequential.hpp"
 #include "dml/optim/adagrad.hpp"
 #include "dml/optim/adam.hpp"
+#include "dml/optim/any.hpp"
 #include "dml/optim/clip.hpp"
 #include "dml/optim/optimizer.hpp"
 #include "dml/optim/schedule.hpp"

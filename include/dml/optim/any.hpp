@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/optim/any.hpp — any_of<O...>: one optimizer policy whose alternative is chosen at run time.
+// Sits on optim/optimizer.hpp; programs that take the optimizer from a flag compile the trainer once.
+#pragma once
+
+#include <algorithm>
+#include <string_view>
+#include <variant>
+
+#include "dml/optim/optimizer.hpp"
+
+namespace dml::optim {
+
+template <optimizer... O>
+struct any_of {
+  static_assert(sizeof...(O) > 0, "dml::optim::any_of: give at least one optimizer");
+  using policy_family = optimizer_family;
+  static constexpr const char* name = "any_of";
+  static constexpr int state_slots = std::max({O::state_slots...});  // enough for every alternative
+
+  std::variant<O...> chosen{};
+
+  any_of() = default;
+  template <class X>
+    requires(std::same_as<X, O> || ...)
+  any_of(X x) : chosen(std::move(x)) {}
+
+  // The alternative whose name is `n` ("sgd", "adamw", ...), with its default options.
+  static any_of by_name(std::string_view n) {
+    any_of out;
+    bool found = false;
+    ((n == O::name ? (out.chosen = O{}, found = true) : false) || ...);
+    if (!found) {
+      std::string names;
+      ((names += names.empty() ? O::name : std::string(", ") + O::name), ...);
+      fail<invalid_argument>("dml::optim::any_of: expected one of ", names, ", found '", n, "'");
+    }
+    return out;
+  }
+
+  const char* chosen_name() const {
+    return std::visit([](const auto& o) { return std::remove_cvref_t<decltype(o)>::name; }, chosen);
+  }
+  float default_lr() const {
+    return std::visit([](const auto& o) { return o.default_lr(); }, chosen);
+  }
+  template <execution_space S>
+  void update(const step_args& a) const {
+    std::visit([&](const auto& o) { o.template update<S>(a); }, chosen);
+  }
+};
+
+}  // namespace dml::optim
