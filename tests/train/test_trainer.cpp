@@ -3,88 +3,13 @@
 // with the same global batch; memory follows the ZeRO formulas; bucket reductions overlap backward.
 #include <doctest/doctest.h>
 
-#include <cmath>
 #include <mutex>
-#include <vector>
 
-#include "dml/dml.hpp"
+#include "trainer_fixture.hpp"
 
-using namespace dml;
+using namespace trainer_fixture;
 
 namespace {
-
-constexpr std::int64_t features = 24, classes = 5, samples = 512, global_batch = 32;
-constexpr int steps = 30;
-
-auto make_model() {
-  return nn::sequential{nn::linear{features, 40}, nn::relu{}, nn::layernorm{40}, nn::linear{40, 24}, nn::gelu{},
-                        nn::linear{24, classes}};
-}
-
-struct synthetic {
-  std::vector<float> x;
-  std::vector<std::int32_t> y;
-  synthetic() : x(samples * features), y(samples) {
-    const rng_stream rng{2024, 7};
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = rng.normal(i);
-    // Labels depend on the inputs, so there is something to learn.
-    for (std::int64_t s = 0; s < samples; ++s) {
-      float best = -1e9f;
-      for (std::int64_t c = 0; c < classes; ++c) {
-        const float v = x[s * features + c] + 0.5f * x[s * features + c + classes];
-        if (v > best) {
-          best = v;
-          y[s] = static_cast<std::int32_t>(c);
-        }
-      }
-    }
-  }
-};
-const synthetic& data() {
-  static const synthetic d;
-  return d;
-}
-
-struct run_result {
-  std::vector<float> losses;
-  std::vector<float> params;
-  train::memory_report memory;
-  std::vector<train::event> events;
-};
-
-// Trains `steps` steps on rank r's slices of shuffled global batches; returns rank 0's record.
-template <class... P, class C>
-run_result train_ranks(C& comm, train::trainer_options opt) {
-  const auto& d = data();
-  trainer<P...> t(comm, make_model(), opt);
-  train::sampler sampler(samples, global_batch, 11);
-  run_result out;
-  std::vector<float> xb;
-  std::vector<std::int32_t> yb;
-  for (int s = 0; s < steps; ++s) {
-    const auto epoch = static_cast<std::uint64_t>(s / sampler.batches_per_epoch());
-    const auto order = sampler.order(epoch);
-    const auto idx = train::sampler::slice(order, s % sampler.batches_per_epoch(), global_batch, comm.rank(), comm.size());
-    xb.resize(idx.size() * features);
-    yb.resize(idx.size());
-    for (std::size_t i = 0; i < idx.size(); ++i) {
-      std::copy_n(d.x.data() + idx[i] * features, features, xb.data() + i * features);
-      yb[i] = d.y[static_cast<std::size_t>(idx[i])];
-    }
-    const auto r = t.step(tensor_view<const float>(xb.data(), {static_cast<std::int64_t>(idx.size()), features}),
-                          yb.data(), global_batch);
-    out.losses.push_back(r.loss);
-  }
-  out.params = t.full_parameters();
-  out.memory = t.memory();
-  out.events = t.events();
-  // Strip the per-layout padding: compare parameters slot by slot.
-  std::vector<float> packed;
-  for (const auto& slot : t.layout().slots)
-    packed.insert(packed.end(), out.params.begin() + slot.offset, out.params.begin() + slot.offset + slot.shape.numel());
-  out.params = std::move(packed);
-  return out;
-}
 
 template <class... P>
 run_result train_local(int ranks, train::trainer_options opt) {
@@ -98,27 +23,6 @@ run_result train_local(int ranks, train::trainer_options opt) {
     }
   });
   return r0;
-}
-
-void check_same(const run_result& ref, const run_result& got, double bound) {
-  REQUIRE(ref.losses.size() == got.losses.size());
-  double max_rel = 0, max_w = 0;
-  for (std::size_t i = 0; i < ref.losses.size(); ++i)
-    max_rel = std::max(max_rel, std::abs(double(ref.losses[i]) - got.losses[i]) / std::abs(double(ref.losses[i])));
-  REQUIRE(ref.params.size() == got.params.size());
-  for (std::size_t i = 0; i < ref.params.size(); ++i) max_w = std::max(max_w, double(std::abs(ref.params[i] - got.params[i])));
-  MESSAGE("max_rel_loss_diff=" << max_rel << " max_abs_param_diff=" << max_w);
-  CHECK(max_rel <= bound);
-  CHECK(max_w <= 1e-4);
-}
-
-train::trainer_options options() {
-  train::trainer_options o;
-  o.seed = 5;
-  o.bucket_mb = 100.0 * sizeof(float) / (1024.0 * 1024.0);  // ~100 floats: three buckets
-  o.lr = [](std::int64_t step) { return step <= 5 ? 2e-3f * float(step) : 1e-2f; };
-  o.clip_norm = 1.0f;
-  return o;
 }
 
 }  // namespace

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -21,6 +23,7 @@
 #include "dml/optim/adam.hpp"
 #include "dml/optim/clip.hpp"
 #include "dml/parallel/policy.hpp"
+#include "dml/train/checkpoint.hpp"
 
 namespace dml {
 
@@ -78,6 +81,8 @@ class engine_base {
   virtual const std::vector<event>& events() const = 0;
   virtual std::int64_t steps() const = 0;
   virtual std::span<const bucket> buckets() const = 0;
+  virtual void save_checkpoint(const std::filesystem::path& dir, const std::map<std::string, std::string>& user) = 0;
+  virtual std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) = 0;
 };
 
 template <class Comm, class Sharding, class Optimizer, class... Layers>
@@ -198,7 +203,98 @@ class engine final : public engine_base, nn::layer_hooks {
   std::int64_t steps() const override { return step_; }
   std::span<const bucket> buckets() const override { return buckets_; }
 
+  // Every rank writes the elements of its part of each bucket, params and state alike: 1/N of the
+  // model under every stage, each element once (stage 0 holds everything but writes its part only).
+  void save_checkpoint(const std::filesystem::path& dir, const std::map<std::string, std::string>& user) override {
+    auto info = checkpoint_description();
+    info.user = user;
+    const auto& L = net_.layout();
+    std::vector<std::vector<checkpoint_range>> ranges(static_cast<std::size_t>(ranks_));
+    std::vector<const float*> data;
+    for (int r = 0; r < ranks_; ++r)
+      for (const auto& p : owned_pieces(r))
+        for (int k = -1; k < Optimizer::state_slots; ++k) {
+          ranges[static_cast<std::size_t>(r)].push_back({checkpoint_tensor_name(k, L.slots[p.slot].name), p.begin, p.end});
+          if (r == rank_) data.push_back(held(k, p));
+        }
+    train::detail::write_checkpoint(comm_, dir, std::move(info), ranges, std::span<const float* const>(data));
+  }
+
+  // Reads what this layout holds: whole parameters (stages 0–2) or the rank's pieces (stage 3), whole
+  // state (stage 0) or the rank's pieces (1–3). Everything lands in scratch first, so a failed load
+  // leaves the trainer as it was.
+  std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) override {
+    const auto& L = net_.layout();
+    const auto mine = owned_pieces(rank_);
+    std::vector<checkpoint_range> need;
+    std::vector<float*> dst;
+    for (int k = -1; k < Optimizer::state_slots; ++k) {
+      if ((k < 0 && stage == 3) || (k >= 0 && stage >= 1)) {
+        for (const auto& p : mine) {
+          need.push_back({checkpoint_tensor_name(k, L.slots[p.slot].name), p.begin, p.end});
+          dst.push_back(held(k, p));
+        }
+      } else {
+        float* base = k < 0 ? net_.params().data() : state_.slot(k).data();
+        for (const auto& s : L.slots) {
+          need.push_back({checkpoint_tensor_name(k, s.name), 0, s.shape.numel()});
+          dst.push_back(base + s.offset);
+        }
+      }
+    }
+    std::size_t total = 0;
+    for (const auto& q : need) total += static_cast<std::size_t>(q.end - q.begin);
+    std::vector<float> scratch(total);
+    std::vector<float*> out;
+    for (std::size_t i = 0, at = 0; i < need.size(); at += static_cast<std::size_t>(need[i].end - need[i].begin), ++i)
+      out.push_back(scratch.data() + at);
+    auto info = train::detail::read_checkpoint(comm_, dir, checkpoint_description(), need,
+                                               std::span<float* const>(out));
+    for (std::size_t i = 0; i < need.size(); ++i)
+      if (i < need.size() / 2) std::copy_n(out[i], need[i].end - need[i].begin, dst[i]);
+    step_ = info.step;
+    opt_.seed = info.seed;  // dropout masks follow (seed, step)
+    resident_ = {-1, -1};   // gathered copies are stale now
+    return info.user;
+  }
+
  private:
+  // The elements [begin, end) of a slot that lie in rank r's part of its bucket, at `flat` in the
+  // full buffers and at `shard` in shard buffers.
+  struct owned_piece {
+    std::size_t slot;
+    std::int64_t begin, end, flat, shard;
+  };
+  std::vector<owned_piece> owned_pieces(int r) const {
+    const auto& L = net_.layout();
+    std::vector<owned_piece> out;
+    for (const auto& bk : buckets_) {
+      const std::int64_t p0 = bk.lo + r * bk.part, p1 = p0 + bk.part;
+      for (std::size_t s = bk.first_slot; s < bk.end_slot; ++s) {
+        const std::int64_t o = L.slots[s].offset, b = std::max(o, p0), e = std::min(o + L.slots[s].shape.numel(), p1);
+        if (b < e) out.push_back({s, b - o, e - o, b, bk.shard_offset + (b - p0)});
+      }
+    }
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.flat < b.flat; });
+    return out;
+  }
+  // Where this rank keeps a piece: of the parameters (k < 0) or of state slot k.
+  float* held(int k, const owned_piece& p) {
+    if (k < 0) return stage == 3 ? shard_params_.data() + p.shard : net_.params().data() + p.flat;
+    return state_.slot(k).data() + (stage == 0 ? p.flat : p.shard);
+  }
+  checkpoint_info checkpoint_description() const {
+    checkpoint_info info;
+    info.optimizer = Optimizer::name;
+    info.state_slots = Optimizer::state_slots;
+    info.step = step_;
+    info.seed = opt_.seed;
+    info.world_size = ranks_;
+    info.sharding = Sharding::name;
+    for (const auto& s : net_.layout().slots) info.model.push_back({s.name, s.shape.vec()});
+    return info;
+  }
+
   // Buckets of whole layers from the last layer backwards, each at least bucket_mb (the last may be
   // smaller); layers without parameters join the bucket being filled.
   void make_buckets() {
@@ -457,6 +553,19 @@ class trainer {
   const std::vector<train::event>& events() const { return engine_->events(); }
   std::span<const train::detail::bucket> buckets() const { return engine_->buckets(); }
   std::int64_t steps() const { return engine_->steps(); }
+
+  // Sharded checkpoint of parameters, optimizer state, step and seed (which drive the learning rate
+  // and dropout), with the caller's own position in `user_meta` (epoch, batch, ...). Collective.
+  // Writes dir/step-<step>/ and then points dir/latest at it; see train/checkpoint.hpp.
+  void save_checkpoint(const std::filesystem::path& dir, const std::map<std::string, std::string>& user_meta = {}) {
+    engine_->save_checkpoint(dir, user_meta);
+  }
+  // Loads the checkpoint dir/latest names, whatever group size and sharding wrote it, and returns
+  // its user_meta. Collective; a bad checkpoint throws the same dml::error on every rank and
+  // leaves this trainer unchanged.
+  std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) {
+    return engine_->load_checkpoint(dir);
+  }
 
  private:
   std::unique_ptr<train::detail::engine_base> engine_;

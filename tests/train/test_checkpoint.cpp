@@ -1,0 +1,509 @@
+// SPDX-License-Identifier: Apache-2.0
+// tests/train/test_checkpoint.cpp — sharded checkpoints: exact resume per sharding, re-sharding across group
+// sizes, clear errors for damaged or mismatched checkpoints, and saves that fail without harming the last one.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dml/dml.hpp"
+#include "dml/train/checkpoint.hpp"
+
+using namespace dml;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::int64_t features = 24, classes = 5, samples = 512, global_batch = 32;
+
+auto make_model(std::int64_t hidden = 40) {
+  return nn::sequential{nn::linear{features, hidden}, nn::relu{}, nn::layernorm{hidden}, nn::linear{hidden, 24},
+                        nn::gelu{}, nn::linear{24, classes}};
+}
+// Dropout draws its masks from (seed, step): resuming is exact only if both come back.
+auto make_dropout_model() {
+  return nn::sequential{nn::linear{features, 40}, nn::relu{}, nn::dropout{0.25f}, nn::linear{40, 24}, nn::gelu{},
+                        nn::linear{24, classes}};
+}
+
+struct synthetic {
+  std::vector<float> x;
+  std::vector<std::int32_t> y;
+  synthetic() : x(samples * features), y(samples) {
+    const rng_stream rng{77, 3};
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = rng.normal(i);
+    for (std::int64_t s = 0; s < samples; ++s) {
+      float best = -1e9f;
+      for (std::int64_t c = 0; c < classes; ++c) {
+        const float v = x[s * features + c] - 0.5f * x[s * features + c + classes];
+        if (v > best) {
+          best = v;
+          y[s] = static_cast<std::int32_t>(c);
+        }
+      }
+    }
+  }
+};
+const synthetic& data() {
+  static const synthetic d;
+  return d;
+}
+
+train::trainer_options options(std::uint64_t seed = 5) {
+  train::trainer_options o;
+  o.seed = seed;
+  o.bucket_mb = 100.0 * sizeof(float) / (1024.0 * 1024.0);  // ~100 floats: several buckets
+  o.lr = [](std::int64_t step) { return step <= 4 ? 3e-3f * float(step) : 1e-2f; };
+  o.clip_norm = 1.0f;
+  return o;
+}
+
+// Global steps [first, first + count) of the shuffled sampler, this rank's slice of each batch.
+template <class T, class C>
+std::vector<float> train_steps(T& t, C& comm, std::int64_t first, std::int64_t count) {
+  const auto& d = data();
+  train::sampler sampler(samples, global_batch, 11);
+  std::vector<float> losses, xb;
+  std::vector<std::int32_t> yb;
+  for (std::int64_t s = first; s < first + count; ++s) {
+    const auto order = sampler.order(static_cast<std::uint64_t>(s / sampler.batches_per_epoch()));
+    const auto idx = train::sampler::slice(order, s % sampler.batches_per_epoch(), global_batch, comm.rank(), comm.size());
+    xb.resize(idx.size() * features);
+    yb.resize(idx.size());
+    for (std::size_t i = 0; i < idx.size(); ++i) {
+      std::copy_n(d.x.data() + idx[i] * features, features, xb.data() + i * features);
+      yb[i] = d.y[static_cast<std::size_t>(idx[i])];
+    }
+    losses.push_back(
+        t.step(tensor_view<const float>(xb.data(), {static_cast<std::int64_t>(idx.size()), features}), yb.data(),
+               global_batch)
+            .loss);
+  }
+  return losses;
+}
+
+// Parameters without the per-layout padding, so layouts of different group sizes compare.
+template <class T>
+std::vector<float> packed_parameters(T& t) {
+  const auto full = t.full_parameters();
+  std::vector<float> out;
+  for (const auto& s : t.layout().slots)
+    out.insert(out.end(), full.begin() + s.offset, full.begin() + s.offset + s.shape.numel());
+  return out;
+}
+
+// Runs fn on `ranks` local ranks; returns what rank 0 returned.
+template <class R, class F>
+R on_ranks(int ranks, F fn) {
+  R out{};
+  std::mutex m;
+  comm::local::run(ranks, [&](comm::local& c) {
+    auto r = fn(c);
+    if (c.rank() == 0) {
+      std::lock_guard lk(m);
+      out = std::move(r);
+    }
+  });
+  return out;
+}
+
+struct temp_dir {
+  fs::path path;
+  temp_dir() {
+    static std::atomic<int> counter{0};
+    path = fs::temp_directory_path() /
+           ("dml-checkpoint-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~temp_dir() {
+    std::error_code ignore;
+    fs::remove_all(path, ignore);
+  }
+};
+
+// Every file under dir with its size and contents: a failed load or save must leave this as it was.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    const auto rel = fs::relative(e.path(), dir).string();
+    if (e.is_directory()) {
+      out[rel + "/"] = "";
+      continue;
+    }
+    std::ifstream in(e.path(), std::ios::binary);
+    out[rel] = std::to_string(e.file_size()) + ":" +
+               std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  return out;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void check_equal_bitwise(const std::vector<float>& ref, const std::vector<float>& got) {
+  REQUIRE(ref.size() == got.size());
+  int differ = 0;
+  double max_diff = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    if (std::memcmp(&ref[i], &got[i], sizeof(float)) != 0) ++differ;
+    max_diff = std::max(max_diff, std::abs(double(ref[i]) - got[i]));
+  }
+  MESSAGE("steps_differing=" << differ << " max_abs_loss_diff=" << max_diff);
+  CHECK(differ == 0);
+}
+
+double max_relative(const std::vector<float>& ref, const std::vector<float>& got) {
+  REQUIRE(ref.size() == got.size());
+  double m = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i)
+    m = std::max(m, std::abs(double(ref[i]) - got[i]) / std::max(1e-12, std::abs(double(ref[i]))));
+  return m;
+}
+
+std::vector<float> concat(std::vector<float> a, const std::vector<float>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// A valid checkpoint: `steps` steps of 2-rank zero<2> with AdamW on make_model(hidden).
+template <class Optimizer = optim::adamw>
+void write_checkpoint(const fs::path& dir, std::int64_t hidden = 40, std::int64_t steps = 3) {
+  comm::local::run(2, [&](comm::local& c) {
+    trainer<parallel::zero<2>, Optimizer> t(c, make_model(hidden), options());
+    train_steps(t, c, 0, steps);
+    t.save_checkpoint(dir, {{"batch", std::to_string(steps)}});
+  });
+}
+
+// What each rank saw when loading a damaged checkpoint into a fresh 2-rank zero<3> trainer.
+struct failed_load {
+  std::exception_ptr error[2];
+  bool unchanged[2] = {false, false};
+};
+failed_load try_load(const fs::path& dir) {
+  failed_load out;
+  comm::local::run(2, [&](comm::local& c) {
+    trainer<parallel::zero<3>, optim::adamw> t(c, make_model(), options());
+    const auto before = t.full_parameters();
+    try {
+      t.load_checkpoint(dir);
+    } catch (...) {
+      out.error[c.rank()] = std::current_exception();
+    }
+    out.unchanged[c.rank()] = t.full_parameters() == before && t.steps() == 0;
+  });
+  return out;
+}
+
+// Every rank failed with E, and the message names the problem.
+template <class E>
+void check_failed(const failed_load& f, const std::string& needle) {
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    REQUIRE(f.error[r]);
+    std::string what;
+    bool right_type = false;
+    try {
+      std::rethrow_exception(f.error[r]);
+    } catch (const E& e) {
+      right_type = true;
+      what = e.what();
+    } catch (const std::exception& e) {
+      what = e.what();
+    }
+    MESSAGE("rank " << r << ": " << what);
+    CHECK(right_type);
+    CHECK(what.find(needle) != std::string::npos);
+    CHECK(f.unchanged[r]);
+  }
+}
+
+struct fault_guard {
+  explicit fault_guard(std::function<void(int)> f) { train::detail::checkpoint_write_fault = std::move(f); }
+  ~fault_guard() { train::detail::checkpoint_write_fault = nullptr; }
+};
+
+// 20 steps straight through, against 10 + save + a new trainer (another seed) + load + 10.
+template <class S>
+void check_exact_resume() {
+  temp_dir dir;
+  const auto ref = on_ranks<std::vector<float>>(2, [](comm::local& c) {
+    trainer<S, optim::adamw> t(c, make_dropout_model(), options());
+    return train_steps(t, c, 0, 20);
+  });
+  const auto first = on_ranks<std::vector<float>>(2, [&](comm::local& c) {
+    trainer<S, optim::adamw> t(c, make_dropout_model(), options());
+    auto l = train_steps(t, c, 0, 10);
+    t.save_checkpoint(dir.path, {{"batch", "10"}, {"epoch", "0"}, {"note", "a \"quoted\" / value"}});
+    return l;
+  });
+  const auto second = on_ranks<std::vector<float>>(2, [&](comm::local& c) {
+    trainer<S, optim::adamw> t(c, make_dropout_model(), options(1234));
+    const auto meta = t.load_checkpoint(dir.path);
+    CHECK(meta.size() == 3);
+    CHECK(meta.at("epoch") == "0");
+    CHECK(meta.at("note") == "a \"quoted\" / value");
+    CHECK(t.steps() == 10);
+    return train_steps(t, c, std::stoll(meta.at("batch")), 10);
+  });
+  check_equal_bitwise(ref, concat(first, second));
+  // Without the checkpoint the second half differs: the comparison above can fail.
+  const auto fresh = on_ranks<std::vector<float>>(2, [&](comm::local& c) {
+    trainer<S, optim::adamw> t(c, make_dropout_model(), options());
+    return train_steps(t, c, 10, 10);
+  });
+  CHECK(fresh != second);
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("resume on the same layout reproduces the uninterrupted losses bitwise", S, parallel::replicate,
+                   parallel::zero<1>, parallel::zero<2>, parallel::zero<3>) {
+  check_exact_resume<S>();
+}
+
+TEST_CASE("a checkpoint re-shards: 4-rank zero<3> -> 2-rank replicate -> 1 rank") {
+  temp_dir dir;
+  struct run {
+    std::vector<float> losses, params;
+  };
+  const auto ref = on_ranks<run>(1, [](comm::local& c) {
+    trainer<parallel::replicate, optim::adamw> t(c, make_model(), options());
+    auto l = train_steps(t, c, 0, 20);
+    return run{l, packed_parameters(t)};
+  });
+  const auto a = on_ranks<std::vector<float>>(4, [&](comm::local& c) {
+    trainer<parallel::zero<3>, optim::adamw> t(c, make_model(), options());
+    auto l = train_steps(t, c, 0, 10);
+    t.save_checkpoint(dir.path, {{"batch", "10"}});
+    return l;
+  });
+  const auto index = train::read_checkpoint_index(dir.path);
+  CHECK(index.dir.filename() == "step-00000010");
+  CHECK(index.info.world_size == 4);
+  CHECK(index.info.sharding == "zero3");
+  CHECK(index.info.step == 10);
+  CHECK(index.info.optimizer == "adamw");
+  CHECK(index.files.size() == 4);
+  CHECK(index.info.user.at("batch") == "10");
+  CHECK(fs::is_regular_file(index.dir / "rank-3-of-4.safetensors"));
+
+  const auto b = on_ranks<std::vector<float>>(2, [&](comm::local& c) {
+    trainer<parallel::replicate, optim::adamw> t(c, make_model(), options());
+    const auto meta = t.load_checkpoint(dir.path);
+    auto l = train_steps(t, c, std::stoll(meta.at("batch")), 5);
+    t.save_checkpoint(dir.path, {{"batch", "15"}});
+    return l;
+  });
+  CHECK(read_file(dir.path / "latest") == "step-00000015\n");
+  CHECK(fs::is_regular_file(dir.path / "step-00000010" / "index.json"));  // the older one stays
+  const auto c = on_ranks<run>(1, [&](comm::local& comm) {
+    trainer<parallel::replicate, optim::adamw> t(comm, make_model(), options());
+    const auto meta = t.load_checkpoint(dir.path);
+    CHECK(t.steps() == 15);
+    auto l = train_steps(t, comm, std::stoll(meta.at("batch")), 5);
+    return run{l, packed_parameters(t)};
+  });
+  const auto got = concat(concat(a, b), c.losses);
+  const double rel = max_relative(ref.losses, got);
+  double max_w = 0;
+  REQUIRE(ref.params.size() == c.params.size());
+  for (std::size_t i = 0; i < ref.params.size(); ++i)
+    max_w = std::max(max_w, double(std::abs(ref.params[i] - c.params[i])));
+  MESSAGE("max_rel_loss_diff=" << rel << " max_abs_param_diff=" << max_w);
+  CHECK(rel <= 1e-5);
+  CHECK(max_w <= 1e-4);
+  CHECK(ref.losses.back() < 0.8 * ref.losses.front());  // it learns, so the comparison means something
+}
+
+TEST_CASE("zero<1> saved by 3 ranks loads into 2-rank zero<3> and 1-rank zero<2>: the same state") {
+  temp_dir dir;
+  const auto saved = on_ranks<std::vector<float>>(3, [&](comm::local& c) {
+    trainer<parallel::zero<1>, optim::sgd> t(c, make_model(), options());
+    train_steps(t, c, 0, 4);
+    t.save_checkpoint(dir.path);
+    // What the next steps give with the state as saved.
+    return train_steps(t, c, 4, 3);
+  });
+  const auto z3 = on_ranks<std::vector<float>>(2, [&](comm::local& c) {
+    trainer<parallel::zero<3>, optim::sgd> t(c, make_model(), options());
+    CHECK(t.load_checkpoint(dir.path).empty());
+    return train_steps(t, c, 4, 3);
+  });
+  const auto z2 = on_ranks<std::vector<float>>(1, [&](comm::local& c) {
+    trainer<parallel::zero<2>, optim::sgd> t(c, make_model(), options());
+    t.load_checkpoint(dir.path);
+    return train_steps(t, c, 4, 3);
+  });
+  CHECK(max_relative(saved, z3) <= 1e-5);
+  CHECK(max_relative(saved, z2) <= 1e-5);
+}
+
+TEST_CASE("damaged or mismatched checkpoints get clear errors, and loading writes nothing") {
+  temp_dir root;
+  const auto good = root.path / "good";
+  write_checkpoint(good);
+  const auto step = read_file(good / "latest").substr(0, 13);
+  REQUIRE(step == "step-00000003");
+
+  // Each case damages a fresh copy; the copy must look the same after the failed load.
+  auto damaged = [&](const std::string& name, const std::function<void(const fs::path& step_dir)>& damage) {
+    const auto dir = root.path / name;
+    fs::copy(good, dir, fs::copy_options::recursive);
+    damage(dir / step);
+    const auto before = snapshot(dir);
+    auto f = try_load(dir);
+    CHECK(snapshot(dir) == before);
+    return f;
+  };
+
+  SUBCASE("truncated rank file") {
+    auto f = damaged("truncated", [](const fs::path& d) {
+      const auto p = d / "rank-1-of-2.safetensors";
+      fs::resize_file(p, fs::file_size(p) - 10);
+    });
+    check_failed<format_error>(f, "truncated");
+    check_failed<format_error>(f, "rank-1-of-2.safetensors");
+  }
+  SUBCASE("corrupted data in a rank file that only rank 1 reads") {
+    auto f = damaged("flipped", [](const fs::path& d) {
+      const auto p = d / "rank-1-of-2.safetensors";
+      std::fstream io(p, std::ios::in | std::ios::out | std::ios::binary);
+      io.seekp(-6, std::ios::end);
+      io.put('\x7f');
+    });
+    check_failed<format_error>(f, "corrupted");
+    check_failed<format_error>(f, "rank-1-of-2.safetensors");
+  }
+  SUBCASE("corrupted header of a rank file") {
+    auto f = damaged("header", [](const fs::path& d) {
+      const auto p = d / "rank-0-of-2.safetensors";
+      std::fstream io(p, std::ios::in | std::ios::out | std::ios::binary);
+      io.seekp(9);
+      io.write("####", 4);
+    });
+    check_failed<format_error>(f, "not a valid safetensors file");
+  }
+  SUBCASE("corrupted index") {
+    auto f = damaged("index", [](const fs::path& d) {
+      std::ofstream(d / "index.json", std::ios::binary | std::ios::trunc) << "{\"format\": \"dml-checkpoint\", \"ver";
+    });
+    check_failed<format_error>(f, "not a valid checkpoint index");
+    check_failed<format_error>(f, "index.json");
+  }
+  SUBCASE("missing rank file") {
+    auto f = damaged("missing", [](const fs::path& d) { fs::remove(d / "rank-1-of-2.safetensors"); });
+    check_failed<io_error>(f, "rank-1-of-2.safetensors: the shard of rank 1 is missing");
+  }
+  SUBCASE("a shard missing from the index") {
+    auto f = damaged("unlisted", [](const fs::path& d) {
+      auto text = read_file(d / "index.json");
+      auto j = nlohmann::json::parse(text);
+      j["files"].erase(1);
+      j["world_size"] = 1;
+      std::ofstream(d / "index.json", std::ios::binary | std::ios::trunc) << j.dump();
+    });
+    check_failed<format_error>(f, "are in no file");
+  }
+  SUBCASE("no checkpoint at all") {
+    auto f = damaged("empty", [](const fs::path& d) { fs::remove_all(d.parent_path() / "latest"); });
+    check_failed<io_error>(f, "no checkpoint here");
+  }
+  SUBCASE("latest names a directory that is gone") {
+    auto f = damaged("gone", [](const fs::path& d) { fs::remove_all(d); });
+    check_failed<io_error>(f, "index.json");
+  }
+  SUBCASE("another model") {
+    const auto other = root.path / "other-model";
+    write_checkpoint(other, 48);
+    const auto before = snapshot(other);
+    auto f = try_load(other);
+    CHECK(snapshot(other) == before);
+    check_failed<shape_error>(f, "parameter '0.weight' has shape [48, 24] in the checkpoint, [40, 24] in this trainer");
+  }
+  SUBCASE("another optimizer") {
+    const auto other = root.path / "other-optimizer";
+    write_checkpoint<optim::sgd>(other);
+    const auto before = snapshot(other);
+    auto f = try_load(other);
+    CHECK(snapshot(other) == before);
+    check_failed<invalid_argument>(f, "optimizer 'sgd'");
+  }
+}
+
+TEST_CASE("a save that fails on one rank fails on all and leaves the previous checkpoint in place") {
+  temp_dir dir;
+  const auto ref = on_ranks<std::vector<float>>(2, [](comm::local& c) {
+    trainer<parallel::zero<3>, optim::adamw> t(c, make_model(), options());
+    return train_steps(t, c, 0, 10);
+  });
+  std::exception_ptr errors[2];
+  comm::local::run(2, [&](comm::local& c) {
+    trainer<parallel::zero<3>, optim::adamw> t(c, make_model(), options());
+    train_steps(t, c, 0, 5);
+    t.save_checkpoint(dir.path, {{"batch", "5"}});
+    train_steps(t, c, 5, 3);
+    fault_guard fault([](int rank) {
+      if (rank == 1) throw io_error("rank-1-of-2.safetensors: no space left on device (simulated)");
+    });
+    try {
+      t.save_checkpoint(dir.path, {{"batch", "8"}});
+    } catch (...) {
+      errors[c.rank()] = std::current_exception();
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    REQUIRE(errors[r]);
+    CHECK_THROWS_AS(std::rethrow_exception(errors[r]), io_error);
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const std::exception& e) {
+      CHECK(std::string(e.what()).find("no space left on device (simulated)") != std::string::npos);
+    }
+  }
+  CHECK(read_file(dir.path / "latest") == "step-00000005\n");
+  for (const auto& e : fs::directory_iterator(dir.path))  // the half-written one is gone
+    CHECK(e.path().filename().string().find("step-00000008") == std::string::npos);
+
+  const auto resumed = on_ranks<std::vector<float>>(2, [&](comm::local& c) {
+    trainer<parallel::zero<3>, optim::adamw> t(c, make_model(), options());
+    const auto meta = t.load_checkpoint(dir.path);
+    CHECK(meta.at("batch") == "5");
+    CHECK(t.steps() == 5);
+    return train_steps(t, c, 5, 5);
+  });
+  check_equal_bitwise(std::vector<float>(ref.begin() + 5, ref.end()), resumed);
+}
+
+TEST_CASE("saving the same step twice keeps the first directory as it was") {
+  temp_dir dir;
+  comm::local::run(2, [&](comm::local& c) {
+    trainer<parallel::replicate, optim::adamw> t(c, make_model(), options());
+    train_steps(t, c, 0, 2);
+    t.save_checkpoint(dir.path, {{"who", "first"}});
+  });
+  const auto first = snapshot(dir.path / "step-00000002");
+  comm::local::run(2, [&](comm::local& c) {
+    trainer<parallel::replicate, optim::adamw> t(c, make_model(), options());
+    t.load_checkpoint(dir.path);
+    t.save_checkpoint(dir.path, {{"who", "second"}});
+  });
+  CHECK(snapshot(dir.path / "step-00000002") == first);
+  CHECK(read_file(dir.path / "latest") == "step-00000002.1\n");
+  CHECK(train::read_checkpoint_index(dir.path).info.user.at("who") == "second");
+}

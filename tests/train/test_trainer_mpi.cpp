@@ -1,0 +1,29 @@
+// SPDX-License-Identifier: Apache-2.0
+// tests/train/test_trainer_mpi.cpp — under mpirun: every sharding over comm::mpi trains to the per-step losses
+// of one rank with the same global batch (each process computes that reference on a one-rank split).
+#include <doctest/doctest.h>
+
+#include "dml/comm/mpi.hpp"
+#include "trainer_fixture.hpp"
+
+using namespace trainer_fixture;
+
+namespace {
+dml::comm::mpi::environment& environment() {
+  static dml::comm::mpi::environment env;
+  return env;
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("comm::mpi: sharding x world size equals one rank", S, parallel::replicate, parallel::zero<1>,
+                   parallel::zero<2>, parallel::zero<3>) {
+  environment();
+  comm::mpi world;
+  comm::mpi alone = world.split(world.rank(), 0);  // a group of one: the single-rank reference
+  const auto ref = train_ranks<parallel::replicate, optim::adamw>(alone, options());
+  auto o = options();
+  o.micro_batches = 2;
+  const auto got = train_ranks<S, optim::adamw>(world, o);
+  CAPTURE(world.size());
+  check_same(ref, got, 1e-5);
+}
