@@ -322,9 +322,9 @@ inline void check_matches(const std::filesystem::path& path, const checkpoint_in
                         shape_text(a.shape), " in the checkpoint, ", shape_text(b.shape), " in this trainer's model");
   }
   if (got.optimizer != want.optimizer || got.state_slots != want.state_slots)
-    fail<invalid_argument>(path.string(), ": the checkpoint holds the state of optimizer '", got.optimizer, "' (",
-                           got.state_slots, " state slots), this trainer uses '", want.optimizer, "' (",
-                           want.state_slots, ")");
+    fail<invalid_argument>(path.string(), ": the checkpoint holds the state of optimizer '", got.optimizer,
+                           "' (state slots: ", got.state_slots, "), this trainer uses '", want.optimizer,
+                           "' (state slots: ", want.state_slots, ")");
 }
 
 // Files present with the sizes the index recorded, names that stay inside the step directory.

@@ -251,7 +251,7 @@ class engine final : public engine_base, nn::layer_hooks {
     auto info = train::detail::read_checkpoint(comm_, dir, checkpoint_description(), need,
                                                std::span<float* const>(out));
     for (std::size_t i = 0; i < need.size(); ++i)
-      if (i < need.size() / 2) std::copy_n(out[i], need[i].end - need[i].begin, dst[i]);
+      std::copy_n(out[i], need[i].end - need[i].begin, dst[i]);
     step_ = info.step;
     opt_.seed = info.seed;  // dropout masks follow (seed, step)
     resident_ = {-1, -1};   // gathered copies are stale now
