@@ -9,9 +9,28 @@ import os
 import subprocess
 import time
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+
+def parse():
+    p = argparse.ArgumentParser()
+    p.add_argument("--hidden", default="1024,1024,1024")
+    p.add_argument("--batch", type=int, default=256, help="rows per rank per step")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1, help="threads per rank")
+    p.add_argument("--ranks", type=int, default=1, help="1: one process; more: DDP over gloo")
+    p.add_argument("--dml", help="path of dml's train_throughput binary, run with the same settings")
+    p.add_argument("--parallel", default="ddp", help="dml's sharding for --ranks > 1")
+    return p.parse_args()
+
+
+ARGS = parse()
+# OpenBLAS sizes its thread pool when it loads: give it the same threads per rank as torch and dml.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", str(ARGS.threads))
+os.environ.setdefault("OMP_NUM_THREADS", str(ARGS.threads))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
 
 
 def make_model(hidden):
@@ -67,16 +86,7 @@ def blas_library():
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--hidden", default="1024,1024,1024")
-    p.add_argument("--batch", type=int, default=256, help="rows per rank per step")
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1, help="threads per rank")
-    p.add_argument("--ranks", type=int, default=1, help="1: one process; more: DDP over gloo")
-    p.add_argument("--dml", help="path of dml's train_throughput binary, run with the same settings")
-    p.add_argument("--parallel", default="ddp", help="dml's sharding for --ranks > 1")
-    a = p.parse_args()
+    a = ARGS
     a.hidden_list = [int(h) for h in a.hidden.split(",") if h]
     torch.set_num_threads(a.threads)
     if a.ranks == 1:

@@ -4,12 +4,15 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "dml/optim/optimizer.hpp"
 
 namespace dml::optim {
 
 namespace kernels {
+// W is the element type of the working copy written alongside w, or void for none.
+template <class W = void>
 struct adam_update {
   float* w;
   const float* g;
@@ -20,6 +23,7 @@ struct adam_update {
   float bc2_sqrt;    // √(1 − β2^t)
   float decay;       // 1 − lr·wd for AdamW, 1 for Adam
   bool decoupled;
+  W* working;
   DML_HOST_DEVICE void operator()(std::int64_t i) const {
     float grad = g[i] * grad_scale;
     float p = w[i];
@@ -29,7 +33,9 @@ struct adam_update {
     const float vi = v[i] * beta2 + (1.f - beta2) * grad * grad;
     m[i] = mi;
     v[i] = vi;
-    w[i] = p - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
+    const float updated = p - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
+    w[i] = updated;
+    if constexpr (!std::is_void_v<W>) working[i] = W(updated);
   }
 };
 }  // namespace kernels
@@ -64,10 +70,13 @@ struct adam_base {
     const double t = static_cast<double>(a.step);
     const double bc1 = 1.0 - std::pow(static_cast<double>(opt.beta1), t);
     const double bc2 = 1.0 - std::pow(static_cast<double>(opt.beta2), t);
-    for_each_index<S>(a.n, kernels::adam_update{a.w, a.g, a.state[0], a.state[1], opt.beta1, opt.beta2, opt.eps,
-                                                opt.weight_decay, a.grad_scale, static_cast<float>(a.lr / bc1),
-                                                static_cast<float>(std::sqrt(bc2)), 1.f - a.lr * opt.weight_decay,
-                                                Decoupled});
+    optim::detail::visit_working(a, "dml::optim::adam working copy", [&](auto* working) {
+      using W = std::remove_pointer_t<decltype(working)>;
+      for_each_index<S>(a.n, kernels::adam_update<W>{a.w, a.g, a.state[0], a.state[1], opt.beta1, opt.beta2, opt.eps,
+                                                     opt.weight_decay, a.grad_scale, static_cast<float>(a.lr / bc1),
+                                                     static_cast<float>(std::sqrt(bc2)), 1.f - a.lr * opt.weight_decay,
+                                                     Decoupled, working});
+    });
   }
 };
 }  // namespace detail

@@ -9,6 +9,7 @@
 
 #include "dml/core/algorithm.hpp"
 #include "dml/core/buffer.hpp"
+#include "dml/core/cast.hpp"
 
 namespace dml::optim {
 
@@ -16,6 +17,9 @@ struct optimizer_family {};
 
 // One optimizer step's view of a range of the flat buffers. `grad_scale` multiplies every gradient
 // inside the fused pass (global-norm clipping, loss-scale removal, averaging over ranks).
+// For mixed precision, w is the f32 master copy and `working` (when set) the bf16 or fp16 copy that
+// forward and backward read: the same pass writes working[i] = T(updated w[i]), rounded to nearest
+// even, so unscale, clip, update and cast cost one read and one write of each array.
 struct step_args {
   std::int64_t n = 0;
   float* w = nullptr;
@@ -24,7 +28,21 @@ struct step_args {
   std::int64_t step = 1;          // 1 on the first update, as PyTorch counts
   float lr = 0.f;
   float grad_scale = 1.f;
+  typed_ptr working{};  // n elements of float, bf16 or fp16, or null
 };
+
+namespace detail {
+// Calls f(W* working) with the working copy's element type, or with a null void* when there is
+// none, so that a kernel can be instantiated with its optional store compiled out.
+template <class F>
+void visit_working(const step_args& a, const char* who, F&& f) {
+  if (!a.working) {
+    f(static_cast<void*>(nullptr));
+    return;
+  }
+  dml::detail::visit_float_like(a.working.type, who, [&](auto t) { f(a.working.as<decltype(t)>()); });
+}
+}  // namespace detail
 
 template <class O>
 concept optimizer = requires(const O& o, step_args a) {

@@ -3,17 +3,22 @@
 // Sits on optim/optimizer.hpp; one fused pass over a flat range.
 #pragma once
 
+#include <type_traits>
+
 #include "dml/optim/optimizer.hpp"
 
 namespace dml::optim {
 
 namespace kernels {
+// W is the element type of the working copy written alongside w, or void for none.
+template <class W = void>
 struct sgd_update {
   float* w;
   const float* g;
   float* buf;  // momentum buffer, unused without momentum
   float lr, momentum, dampening, weight_decay, grad_scale;
   bool nesterov, first;
+  W* working;
   DML_HOST_DEVICE void operator()(std::int64_t i) const {
     float d = g[i] * grad_scale;
     if (weight_decay != 0.f) d = d + weight_decay * w[i];
@@ -23,7 +28,9 @@ struct sgd_update {
       buf[i] = b;
       d = nesterov ? d + momentum * b : b;
     }
-    w[i] = w[i] - lr * d;
+    const float updated = w[i] - lr * d;
+    w[i] = updated;
+    if constexpr (!std::is_void_v<W>) working[i] = W(updated);
   }
 };
 }  // namespace kernels
@@ -54,8 +61,12 @@ struct sgd {
 
   template <execution_space S>
   void update(const step_args& a) const {
-    for_each_index<S>(a.n, kernels::sgd_update{a.w, a.g, a.state[0], a.lr, opt.momentum, opt.dampening,
-                                               opt.weight_decay, a.grad_scale, opt.nesterov, a.step == 1});
+    optim::detail::visit_working(a, "dml::optim::sgd working copy", [&](auto* working) {
+      using W = std::remove_pointer_t<decltype(working)>;
+      for_each_index<S>(a.n, kernels::sgd_update<W>{a.w, a.g, a.state[0], a.lr, opt.momentum, opt.dampening,
+                                                    opt.weight_decay, a.grad_scale, opt.nesterov, a.step == 1,
+                                                    working});
+    });
   }
 };
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -57,7 +58,42 @@ enum class event_kind { backward_begin, bucket_launch, backward_end, comm_done, 
 struct event {
   event_kind kind;
   int bucket = -1;
+  double t = 0;  // seconds since the trainer was made
 };
+
+// Share of gradient communication that ran during backward, from an event log (trainer_options::
+// record_events), skipping the first `skip_steps` steps: each bucket's communication lasts from its
+// launch to the first moment it was seen complete (polled after every layer's backward, so the
+// estimate errs by at most one layer); what lasted past backward's end is exposed. Returns
+// 1 − exposed / total, or −1 when the log has no communication.
+inline double hidden_communication(std::span<const event> log, std::int64_t skip_steps = 0) {
+  double total = 0, exposed = 0;
+  std::int64_t steps = 0;
+  double backward_end = 0;
+  std::vector<double> launched;
+  for (const auto& e : log) {
+    if (e.kind == event_kind::step_end) ++steps;
+    if (steps < skip_steps) continue;
+    switch (e.kind) {
+      case event_kind::backward_begin: launched.clear(); break;
+      case event_kind::bucket_launch:
+        if (e.bucket >= 0) {
+          launched.resize(std::max(launched.size(), static_cast<std::size_t>(e.bucket) + 1), -1.0);
+          launched[static_cast<std::size_t>(e.bucket)] = e.t;
+        }
+        break;
+      case event_kind::backward_end: backward_end = e.t; break;
+      case event_kind::comm_done:
+        if (e.bucket >= 0 && static_cast<std::size_t>(e.bucket) < launched.size() && launched[e.bucket] >= 0) {
+          total += e.t - launched[static_cast<std::size_t>(e.bucket)];
+          exposed += std::max(0.0, e.t - std::max(backward_end, launched[static_cast<std::size_t>(e.bucket)]));
+        }
+        break;
+      default: break;
+    }
+  }
+  return total > 0 ? 1.0 - exposed / total : -1.0;
+}
 
 namespace detail {
 
@@ -89,6 +125,12 @@ template <class Comm, class Sharding, class Optimizer, class... Layers>
 class engine final : public engine_base, nn::layer_hooks {
   static constexpr int stage = Sharding::stage;
   using net_type = nn::network<host, Layers...>;
+  // A bucket's communication in flight.
+  struct inflight {
+    comm::request r;
+    int bucket = -1;
+    bool seen = false;  // its completion is already in the event log
+  };
 
  public:
   engine(Comm& comm, const nn::sequential<Layers...>& model, trainer_options opt, Optimizer optimizer)
@@ -348,7 +390,20 @@ class engine final : public engine_base, nn::layer_hooks {
   }
 
   void log(event_kind k, int b = -1) {
-    if (opt_.record_events) events_.push_back({k, b});
+    if (opt_.record_events)
+      events_.push_back({k, b, std::chrono::duration<double>(std::chrono::steady_clock::now() - born_).count()});
+  }
+  // With an event log, notes each communication the moment it is seen complete (after every layer).
+  void poll() {
+    if (!opt_.record_events) return;
+    auto look = [&](inflight& f) {
+      if (f.bucket >= 0 && !f.seen && f.r.test()) {
+        f.seen = true;
+        log(event_kind::comm_done, f.bucket);
+      }
+    };
+    for (auto& f : pending_) look(f);
+    for (auto& f : reduce_) look(f);
   }
 
   // ---- hooks: ZeRO-3 gathers parameters around each bucket; every stage launches bucket reductions.
@@ -400,7 +455,7 @@ class engine final : public engine_base, nn::layer_hooks {
     if constexpr (stage >= 2) {
       // The staging buffer this bucket takes may still be in flight for bucket b − 2.
       const auto slot = static_cast<std::size_t>(b % 2);
-      complete(reduce_req_[slot], reduce_bucket_[slot]);
+      complete(reduce_[slot]);
       const auto& bk = buckets_[static_cast<std::size_t>(b)];
       fill_n<host>(staging_[slot].data(), bk.hi - bk.lo, 0.f);  // padding must reduce to zero
       for (std::size_t s = bk.first_slot; s < bk.end_slot; ++s)
@@ -408,17 +463,18 @@ class engine final : public engine_base, nn::layer_hooks {
     }
   }
   void after_backward(std::size_t layer) override {
+    poll();
     const int b = layer_bucket_[layer];
     if (b < 0 || layer != buckets_[static_cast<std::size_t>(b)].first_layer) return;
     const auto& bk = buckets_[static_cast<std::size_t>(b)];
     log(event_kind::bucket_launch, b);
     if constexpr (stage == 0) {
-      pending_.push_back({comm_.iall_reduce(net_.grads().subspan(bk.lo, bk.hi - bk.lo), comm::reduce_op::sum), b});
+      pending_.push_back({comm_.iall_reduce(net_.grads().subspan(bk.lo, bk.hi - bk.lo), comm::reduce_op::sum), b, false});
     } else if constexpr (stage == 1) {
       pending_.push_back({comm_.ireduce_scatter(std::span<const float>(net_.grads().data() + bk.lo, bk.hi - bk.lo),
                                                 std::span<float>(shard_grads_.data() + bk.shard_offset, bk.part),
                                                 comm::reduce_op::sum),
-                          b});
+                          b, false});
     } else {
       const auto slot = static_cast<std::size_t>(b % 2);
       float* out = shard_grads_.data() + bk.shard_offset;
@@ -426,27 +482,28 @@ class engine final : public engine_base, nn::layer_hooks {
         shard_tmp_.resize(static_cast<std::size_t>(shard_));
         out = shard_tmp_.data() + bk.shard_offset;
       }
-      reduce_req_[slot] = comm_.ireduce_scatter(std::span<const float>(staging_[slot].data(), bk.hi - bk.lo),
-                                                std::span<float>(out, bk.part), comm::reduce_op::sum);
-      reduce_bucket_[slot] = b;
+      reduce_[slot] = {comm_.ireduce_scatter(std::span<const float>(staging_[slot].data(), bk.hi - bk.lo),
+                                             std::span<float>(out, bk.part), comm::reduce_op::sum),
+                       b, false};
     }
   }
-  void complete(comm::request& r, int& b) {
+  void complete(inflight& f) {
+    const int b = f.bucket;
     if (b < 0) return;
-    r.wait();
+    f.r.wait();
     if (micro_ > 0 && stage >= 2) {
       const auto& bk = buckets_[static_cast<std::size_t>(b)];
       float* dst = shard_grads_.data() + bk.shard_offset;
       const float* src = shard_tmp_.data() + bk.shard_offset;
       for (std::int64_t i = 0; i < bk.part; ++i) dst[i] += src[i];
     }
-    log(event_kind::comm_done, b);
-    b = -1;
+    if (!f.seen) log(event_kind::comm_done, b);
+    f.bucket = -1;
   }
   void finish_communication() {
-    for (auto& [r, b] : pending_) complete(r, b);
+    for (auto& f : pending_) complete(f);
     pending_.clear();
-    for (std::size_t s = 0; s < 2; ++s) complete(reduce_req_[s], reduce_bucket_[s]);
+    for (auto& f : reduce_) complete(f);
     current_ = -1;
   }
 
@@ -500,13 +557,9 @@ class engine final : public engine_base, nn::layer_hooks {
   std::array<int, 2> resident_{-1, -1};
   int current_ = -1;
   comm::request gather_req_[2];
-  comm::request reduce_req_[2];
-  int reduce_bucket_[2] = {-1, -1};
-  struct pending_op {
-    comm::request r;
-    int b;
-  };
-  std::vector<pending_op> pending_;
+  std::vector<inflight> pending_;  // DDP and ZeRO-1: one per bucket
+  inflight reduce_[2];             // ZeRO-2/3: one per staging buffer
+  std::chrono::steady_clock::time_point born_ = std::chrono::steady_clock::now();
   tensor<float> dlogits_;
   buffer<float> row_loss_;
   std::vector<event> events_;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/core/detail/cublas_gemm.cuh — the CUDA side of dml::gemm: cuBLASLt with bias and ReLU as epilogues.
-// Sits on core/algorithm.hpp (for the stream); included by core/gemm.hpp only when nvcc compiles.
+// Sits on core/algorithm.hpp (for the stream) and core/dtype.hpp; included by core/gemm.hpp under nvcc.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "dml/core/algorithm.hpp"
+#include "dml/core/dtype.hpp"
 #include "dml/core/error.hpp"
 
 namespace dml {
@@ -37,41 +38,40 @@ namespace dml::detail {
 // Row-major C = op(A)·op(B) seen by a column-major library is Cᵀ = op(B)ᵀ·op(A)ᵀ: the operands swap
 // and each keeps its own transpose flag, so no data moves. Sizes and flags are plain values here so
 // that this file needs nothing from gemm.hpp, which includes it before it defines gemm_args.
+// A and B share ab_type; C, D and the bias share c_type; products accumulate in f32 (alpha and beta
+// are floats) whatever the storage types.
 struct lt_problem {
   bool ta = false, tb = false;
   std::int64_t m = 0, n = 0, k = 0;
-  const float* a = nullptr;
+  const void* a = nullptr;
   std::int64_t lda = 0;
-  const float* b = nullptr;
+  const void* b = nullptr;
   std::int64_t ldb = 0;
-  float* c = nullptr;
+  void* c = nullptr;
   std::int64_t ldc = 0;
   float beta = 0.f;
-  const float* bias = nullptr;
+  const void* bias = nullptr;
   bool relu = false;
+  cudaDataType_t ab_type = CUDA_R_32F, c_type = CUDA_R_32F;
 };
 
-// The product is empty when k = 0; what is left is the epilogue on beta·C.
-struct gemm_empty_k {
-  float* c;
-  const float* bias;
-  std::int64_t n, ldc;
-  float beta;
-  bool relu;
-  DML_HOST_DEVICE void operator()(std::int64_t i) const {
-    const std::int64_t r = i / n, j = i % n;
-    float& out = c[r * ldc + j];
-    float v = (beta != 0.f ? beta * out : 0.f) + (bias ? bias[j] : 0.f);
-    out = relu && v < 0.f ? 0.f : v;
+inline cudaDataType_t cuda_data_type(dtype t) {
+  switch (t) {
+    case dtype::f32: return CUDA_R_32F;
+    case dtype::bf16: return CUDA_R_16BF;
+    case dtype::f16: return CUDA_R_16F;
+    default: break;
   }
-};
+  fail<invalid_argument>("dml::gemm: expected an element type of F32, BF16 or F16 on CUDA, found ", t);
+}
 
 // Largest power of two (up to 256, cuBLASLt's default assumption) that divides the address: the
 // heuristic must not pick a kernel that needs more alignment than a view into a flat buffer has.
+// 16-bit elements may sit at any even address, so the floor is 2 bytes.
 inline std::uint32_t pointer_alignment(const void* p) {
   const auto v = reinterpret_cast<std::uintptr_t>(p);
   std::uint32_t align = 256;
-  while (align > 4 && v % align != 0) align /= 2;
+  while (align > 2 && v % align != 0) align /= 2;
   return align;
 }
 
@@ -134,15 +134,15 @@ class lt_context {
       *this = {};
     }
   };
-  // Everything the heuristic's answer depends on: shapes, strides, flags and pointer alignments.
+  // Everything the heuristic's answer depends on: shapes, strides, flags, types and pointer alignments.
   using key = std::tuple<bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                         std::int64_t, bool, bool, bool, std::uint32_t, std::uint32_t, std::uint32_t>;
+                         std::int64_t, bool, bool, bool, std::uint32_t, std::uint32_t, std::uint32_t, int, int>;
 
   plan& find_plan(const lt_problem& p) {
     const std::uint32_t align_a = pointer_alignment(p.b), align_b = pointer_alignment(p.a),
                         align_c = pointer_alignment(p.c);
     const key k{p.ta, p.tb, p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.beta != 0.f, p.bias != nullptr, p.relu,
-                align_a, align_b, align_c};
+                align_a, align_b, align_c, int(p.ab_type), int(p.c_type)};
     auto it = plans_.find(k);
     if (it != plans_.end()) return it->second;
 
@@ -170,15 +170,17 @@ class lt_context {
     const cublasLtEpilogue_t ep = p.bias ? (p.relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
                                          : (p.relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
     DML_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
+    // The bias is read with D's type (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE's default), which is
+    // dml's rule too: bias and C share a type.
     if (p.bias)  // the heuristic may look at it; run() sets the real one each call
       DML_CHECK_CUBLAS(
           cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
 
-    DML_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&pl.a_layout, CUDA_R_32F, p.tb ? u(p.k) : u(p.n),
+    DML_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&pl.a_layout, p.ab_type, p.tb ? u(p.k) : u(p.n),
                                                 p.tb ? u(p.n) : u(p.k), p.ldb));
-    DML_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&pl.b_layout, CUDA_R_32F, p.ta ? u(p.m) : u(p.k),
+    DML_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&pl.b_layout, p.ab_type, p.ta ? u(p.m) : u(p.k),
                                                 p.ta ? u(p.k) : u(p.m), p.lda));
-    DML_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&pl.c_layout, CUDA_R_32F, u(p.n), u(p.m), p.ldc));
+    DML_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&pl.c_layout, p.c_type, u(p.n), u(p.m), p.ldc));
 
     cublasLtMatmulPreference_t pref = nullptr;
     DML_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
@@ -201,7 +203,8 @@ class lt_context {
     if (found == 0)
       fail<cublas_error>("dml::gemm: cuBLASLt found no algorithm for m=", p.m, " n=", p.n, " k=", p.k, " lda=", p.lda,
                          " ldb=", p.ldb, " ldc=", p.ldc, " (ta=", p.ta, " tb=", p.tb, " bias=", p.bias != nullptr,
-                         " relu=", p.relu, "); expected at least one");
+                         " relu=", p.relu, " A,B type=", int(p.ab_type), " C type=", int(p.c_type),
+                         "); expected at least one");
     pl.algo = result.algo;
   }
 
@@ -211,12 +214,10 @@ class lt_context {
   std::map<key, plan> plans_;
 };
 
+// cuBLASLt rejects empty reductions: dml::gemm runs the k = 0 case (the epilogue alone) itself.
 inline void cuda_gemm(const lt_problem& p) {
   if (p.m == 0 || p.n == 0) return;
-  if (p.k == 0) {  // cuBLASLt rejects empty reductions
-    for_each_index<cuda>(p.m * p.n, gemm_empty_k{p.c, p.bias, p.n, p.ldc, p.beta, p.relu});
-    return;
-  }
+  if (p.k == 0) fail<invalid_argument>("dml::detail::cuda_gemm: expected k > 0, found k = 0");
   lt_context::get().run(p, current_stream());
 }
 
@@ -225,8 +226,9 @@ template <class Args>
 void cuda_gemm(const Args& g) {
   using trans_t = decltype(g.ta);
   using epilogue_t = decltype(g.ep);
-  cuda_gemm(lt_problem{g.ta == trans_t::t, g.tb == trans_t::t, g.m, g.n, g.k, g.a, g.lda, g.b, g.ldb, g.c, g.ldc,
-                       g.beta, g.bias, g.ep == epilogue_t::relu});
+  cuda_gemm(lt_problem{g.ta == trans_t::t, g.tb == trans_t::t, g.m, g.n, g.k, g.a.ptr, g.lda, g.b.ptr, g.ldb,
+                       g.c.ptr, g.ldc, g.beta, g.bias.ptr, g.ep == epilogue_t::relu, cuda_data_type(g.a.type),
+                       cuda_data_type(g.c.type)});
 }
 
 }  // namespace dml::detail

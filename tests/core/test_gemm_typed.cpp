@@ -1,0 +1,273 @@
+// SPDX-License-Identifier: Apache-2.0
+// tests/core/test_gemm_typed.cpp — dml::gemm with bf16 and fp16 operands against a double reference,
+// the type rules, cast_n round trips, and a bf16-versus-f32 throughput line (printed, never asserted).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dml/core/cast.hpp"
+#include "dml/core/gemm.hpp"
+
+using namespace dml;
+
+namespace {
+
+template <class T>
+std::vector<T> random_matrix(std::size_t count, std::mt19937& rng, float lo = -1.f, float hi = 1.f) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<T> v(count);
+  for (auto& x : v) x = T(u(rng));
+  return v;
+}
+
+// The largest |got - want| seen and whether every element was within its bound.
+struct diff_report {
+  double max_abs_diff = 0;
+  bool ok = true;
+};
+
+struct case_spec {
+  trans ta, tb;
+  std::int64_t m, n, k;
+  bool bias, relu, accumulate;
+  std::int64_t pad;  // extra columns in every stored row, so that strides differ from widths
+};
+
+// Runs C = op(A)·op(B) + beta·C + bias (ReLU) with inputs of type In and output of type Out, and
+// compares with the same formula in double on the values the kernel was given (already rounded to
+// In and Out). Bound per element: f32 accumulation (k·2^-23·Σ|a·b|, generous for any summation
+// order) plus, for a 16-bit C, half an ulp of the result (2^-8 relative for bf16, 2^-11 for fp16).
+template <class In, class Out>
+diff_report run_case(const case_spec& s, std::mt19937& rng) {
+  const std::int64_t a_rows = s.ta == trans::n ? s.m : s.k, a_cols = s.ta == trans::n ? s.k : s.m;
+  const std::int64_t b_rows = s.tb == trans::n ? s.k : s.n, b_cols = s.tb == trans::n ? s.n : s.k;
+  const std::int64_t lda = a_cols + s.pad, ldb = b_cols + s.pad, ldc = s.n + s.pad;
+  const auto a = random_matrix<In>(static_cast<std::size_t>(a_rows * lda), rng);
+  const auto b = random_matrix<In>(static_cast<std::size_t>(b_rows * ldb), rng);
+  const auto bias = random_matrix<Out>(static_cast<std::size_t>(s.n), rng);
+  auto c = random_matrix<Out>(static_cast<std::size_t>(s.m * ldc), rng);
+  const auto c0 = c;
+  if (!s.accumulate)  // beta = 0 must not read C: NaN there would show if it did
+    for (std::int64_t i = 0; i < s.m; ++i)
+      for (std::int64_t j = 0; j < s.n; ++j) c[i * ldc + j] = Out(std::numeric_limits<float>::quiet_NaN());
+  const auto before = c;
+
+  gemm<host>({.ta = s.ta, .tb = s.tb, .m = s.m, .n = s.n, .k = s.k, .a = a.data(), .lda = lda, .b = b.data(),
+              .ldb = ldb, .c = c.data(), .ldc = ldc, .beta = s.accumulate ? 1.f : 0.f,
+              .bias = s.bias ? bias.data() : nullptr, .ep = s.relu ? epilogue::relu : epilogue::none});
+
+  const double out_half_ulp = std::is_same_v<Out, bf16> ? 0x1p-8 : std::is_same_v<Out, fp16> ? 0x1p-11 : 0.0;
+  diff_report r;
+  for (std::int64_t i = 0; i < s.m; ++i) {
+    for (std::int64_t j = 0; j < s.n; ++j) {
+      double acc = 0, mag = 0;
+      for (std::int64_t p = 0; p < s.k; ++p) {
+        const double x = float(s.ta == trans::n ? a[i * lda + p] : a[p * lda + i]);
+        const double y = float(s.tb == trans::n ? b[p * ldb + j] : b[j * ldb + p]);
+        acc += x * y;
+        mag += std::abs(x * y);
+      }
+      if (s.accumulate) {
+        acc += float(c0[i * ldc + j]);
+        mag += std::abs(float(c0[i * ldc + j]));
+      }
+      if (s.bias) {
+        acc += float(bias[j]);
+        mag += std::abs(float(bias[j]));
+      }
+      if (s.relu) acc = std::max(acc, 0.0);
+      const double accum_bound = double(s.k + 2) * 0x1p-23 * mag + 1e-30;
+      const double bound = accum_bound + out_half_ulp * (std::abs(acc) + accum_bound);
+      const double got = float(c[i * ldc + j]);
+      const double d = std::abs(got - acc);
+      r.max_abs_diff = std::max(r.max_abs_diff, std::isnan(d) ? INFINITY : d);
+      if (!(d <= bound)) r.ok = false;
+    }
+    // The padding after each row of C is not C's: it must be left as it was.
+    for (std::int64_t j = s.n; j < ldc; ++j)
+      if (float(c[i * ldc + j]) != float(before[i * ldc + j])) r.ok = false;
+  }
+  return r;
+}
+
+template <class In, class Out>
+void every_combination(std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (auto ta : {trans::n, trans::t})
+    for (auto tb : {trans::n, trans::t})
+      for (int flags = 0; flags < 8; ++flags) {
+        const case_spec s{ta, tb, 37, 29, 53, (flags & 1) != 0, (flags & 2) != 0, (flags & 4) != 0, flags % 3};
+        const diff_report r = run_case<In, Out>(s, rng);
+        INFO("ta=", int(ta), " tb=", int(tb), " bias=", s.bias, " relu=", s.relu, " beta=", s.accumulate,
+             " pad=", s.pad, " max_abs_diff=", r.max_abs_diff);
+        CHECK(r.ok);
+      }
+  // A longer reduction, where accumulating in 16 bits would be visibly wrong.
+  const diff_report r = run_case<In, Out>({trans::n, trans::t, 64, 48, 1000, true, false, false, 0}, rng);
+  INFO("k=1000 max_abs_diff=", r.max_abs_diff);
+  CHECK(r.ok);
+}
+
+}  // namespace
+
+TEST_CASE("gemm: bf16 inputs, f32 output, every transpose with bias, ReLU and beta") {
+  every_combination<bf16, float>(1);
+}
+TEST_CASE("gemm: bf16 inputs, bf16 output") { every_combination<bf16, bf16>(2); }
+TEST_CASE("gemm: fp16 inputs (widened to f32 on the host), f32 and fp16 outputs") {
+  every_combination<fp16, float>(3);
+  every_combination<fp16, fp16>(4);
+}
+TEST_CASE("gemm: f32 still matches the reference") { every_combination<float, float>(5); }
+
+TEST_CASE("gemm: bf16 result is the f32 result rounded once") {
+  // Same inputs, two output types: the bf16 C must be exactly bf16(f32 C) wherever the f32 result
+  // is not within a hair of a rounding tie or of zero (another summation order may tip either).
+  std::mt19937 rng(6);
+  const std::int64_t m = 16, n = 24, k = 40;
+  const auto a = random_matrix<bf16>(m * k, rng), b = random_matrix<bf16>(k * n, rng);
+  const auto bias_f = random_matrix<bf16>(n, rng);
+  std::vector<float> bias32(bias_f.begin(), bias_f.end()), c32(m * n);
+  std::vector<bf16> c16(m * n);
+  gemm<host>({.m = m, .n = n, .k = k, .a = a.data(), .lda = k, .b = b.data(), .ldb = n, .c = c32.data(), .ldc = n,
+              .bias = bias32.data(), .ep = epilogue::relu});
+  gemm<host>({.m = m, .n = n, .k = k, .a = a.data(), .lda = k, .b = b.data(), .ldb = n, .c = c16.data(), .ldc = n,
+              .bias = bias_f.data(), .ep = epilogue::relu});
+  int same = 0, near_tie = 0;
+  for (std::int64_t i = 0; i < m * n; ++i) {
+    const std::uint32_t low = detail::float_bits(c32[i]) & 0xffffu;
+    if ((low > 0x7f00u && low < 0x8100u) || std::abs(c32[i]) < 1e-3f) {
+      ++near_tie;
+      continue;
+    }
+    same += bf16(c32[i]).bits == c16[i].bits;
+  }
+  CHECK(same + near_tie == m * n);
+}
+
+TEST_CASE("gemm: k = 0 leaves the epilogue, in the output's type") {
+  std::vector<bf16> c{bf16(1.f), bf16(-2.f), bf16(3.f), bf16(-4.f)};
+  const std::vector<bf16> bias{bf16(0.5f), bf16(0.25f)};
+  gemm<host>({.m = 2, .n = 2, .k = 0, .a = static_cast<const bf16*>(nullptr), .b = static_cast<const bf16*>(nullptr),
+              .c = c.data(), .ldc = 2, .beta = 1.f, .bias = bias.data(), .ep = epilogue::relu});
+  CHECK(float(c[0]) == 1.5f);
+  CHECK(float(c[1]) == 0.f);
+  CHECK(float(c[2]) == 3.5f);
+  CHECK(float(c[3]) == 0.f);
+}
+
+TEST_CASE("gemm: type rules are checked with what was expected and found") {
+  std::vector<float> f(4, 1.f);
+  std::vector<bf16> h(4, bf16(1.f));
+  std::vector<fp16> q(4, fp16(1.f));
+  const auto args = [](const_typed_ptr a, const_typed_ptr b, typed_ptr c, const_typed_ptr bias) {
+    return gemm_args{.m = 2, .n = 2, .k = 2, .a = a, .lda = 2, .b = b, .ldb = 2, .c = c, .ldc = 2, .bias = bias};
+  };
+  CHECK_THROWS_WITH_AS(gemm<host>(args(h.data(), f.data(), f.data(), nullptr)),
+                       doctest::Contains("found A=BF16 B=F32"), invalid_argument);
+  CHECK_THROWS_WITH_AS(gemm<host>(args(f.data(), f.data(), h.data(), nullptr)),
+                       doctest::Contains("expected C of type F32 (as A and B), found BF16"), invalid_argument);
+  CHECK_THROWS_WITH_AS(gemm<host>(args(q.data(), q.data(), h.data(), nullptr)),
+                       doctest::Contains("expected C of type F32 or F16 (as A and B), found BF16"), invalid_argument);
+  CHECK_THROWS_WITH_AS(gemm<host>(args(h.data(), h.data(), h.data(), f.data())),
+                       doctest::Contains("bias to have C's type BF16, found F32"), invalid_argument);
+  CHECK_NOTHROW(gemm<host>(args(h.data(), h.data(), f.data(), f.data())));
+  CHECK(float(f[0]) == 3.f);  // 1·1 + 1·1 + bias 1
+}
+
+TEST_CASE("cast_n: round trips and single rounding") {
+  // Every bf16 and every fp16 survives a trip through float, bit for bit (NaNs stay NaN).
+  std::vector<bf16> h(65536), h2(65536);
+  std::vector<fp16> q(65536), q2(65536);
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    h[i] = bf16::from_bits(static_cast<std::uint16_t>(i));
+    q[i] = fp16::from_bits(static_cast<std::uint16_t>(i));
+  }
+  std::vector<float> f(65536);
+  cast_n<host>(h.data(), f.data(), 65536);
+  cast_n<host>(f.data(), h2.data(), 65536);
+  int bf16_bad = 0, fp16_bad = 0;
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    const bool nan = (i & 0x7fffu) > 0x7f80u;
+    bf16_bad += nan ? !std::isnan(float(h2[i])) : h2[i].bits != i;
+  }
+  cast_n<host>(q.data(), f.data(), 65536);
+  cast_n<host>(f.data(), q2.data(), 65536);
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    const bool nan = (i & 0x7fffu) > 0x7c00u;
+    fp16_bad += nan ? !std::isnan(float(q2[i])) : q2[i].bits != i;
+  }
+  CHECK(bf16_bad == 0);
+  CHECK(fp16_bad == 0);
+
+  // float -> bf16 rounds to nearest, ties to even (1 + 2^-8 down to 1; 1 + 3·2^-8 up to 1 + 2^-6).
+  const std::vector<float> in{1.f + 0x1p-8f, 1.f + 3 * 0x1p-8f, -0.f, 65504.f, 1e-8f, INFINITY};
+  std::vector<bf16> out(in.size());
+  cast_n<host>(in.data(), out.data(), static_cast<std::int64_t>(in.size()));
+  CHECK(float(out[0]) == 1.f);
+  CHECK(float(out[1]) == 1.f + 0x1p-6f);
+  CHECK(out[2].bits == 0x8000u);
+  CHECK(float(out[3]) == 65536.f);  // fp16's largest value needs 11 bits; bf16 keeps 8
+  CHECK(std::isinf(float(out[5])));
+
+  // bf16 -> fp16 goes through float (exact) and rounds once: 65536 overflows fp16, 1e-8 underflows.
+  std::vector<fp16> narrowed(out.size());
+  cast_n<host>(out.data(), narrowed.data(), static_cast<std::int64_t>(out.size()));
+  CHECK(float(narrowed[0]) == 1.f);
+  CHECK(float(narrowed[1]) == 1.f + 0x1p-6f);
+  CHECK(std::isinf(float(narrowed[3])));
+  CHECK(narrowed[4].bits == 0);
+  // And back: fp16 -> bf16 of every fp16 equals the scalar conversion through float.
+  std::vector<bf16> widened(65536);
+  cast_n<host>(q.data(), widened.data(), 65536);
+  int mismatches = 0;
+  for (std::uint32_t i = 0; i < 65536; ++i)
+    if (!std::isnan(float(q[i]))) mismatches += widened[i].bits != bf16(float(q[i])).bits;
+  CHECK(mismatches == 0);
+
+  // Large enough for the threaded loop.
+  std::mt19937 rng(7);
+  const auto big = random_matrix<float>(1 << 17, rng, -1e3f, 1e3f);
+  std::vector<bf16> big16(big.size());
+  cast_n<host>(big.data(), big16.data(), static_cast<std::int64_t>(big.size()));
+  int big_bad = 0;
+  for (std::size_t i = 0; i < big.size(); ++i) {
+    // Nearest: no other bf16 is strictly closer than the one chosen.
+    const float got = big16[i];
+    const float up = bf16::from_bits(static_cast<std::uint16_t>(big16[i].bits + 1));
+    const float down = bf16::from_bits(static_cast<std::uint16_t>(big16[i].bits - 1));
+    big_bad += std::abs(got - big[i]) > std::abs(up - big[i]) || std::abs(got - big[i]) > std::abs(down - big[i]);
+  }
+  CHECK(big_bad == 0);
+}
+
+TEST_CASE("gemm: bf16 and f32 throughput on one thread (printed, not checked)") {
+  const std::int64_t m = 256, n = 1024, k = 1024;
+  const int budget = thread_budget();
+  set_thread_budget(1);
+  const auto gflops = [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<T> a(m * k, T(0.5f)), b(k * n, T(0.25f));
+    std::vector<float> c(m * n);
+    const gemm_args g{.ta = trans::n, .tb = trans::t, .m = m, .n = n, .k = k, .a = a.data(), .lda = k,
+                      .b = b.data(), .ldb = k, .c = c.data(), .ldc = n};
+    for (int i = 0; i < 3; ++i) gemm<host>(g);
+    const int iters = 20;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) gemm<host>(g);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(c[0] == doctest::Approx(0.125 * k));
+    return 2.0 * double(m * n * k) * iters / s / 1e9;
+  };
+  const double f32 = gflops(float{}), b16 = gflops(bf16{});
+  MESSAGE("gemm 256x1024x1024 (A·Bᵀ), 1 thread: f32 ", f32, " GFLOP/s [", host_gemm_impl(m, n, k), "], bf16 ", b16,
+          " GFLOP/s [", host_gemm_impl(m, n, k, dtype::bf16), "]");
+  set_thread_budget(budget);
+}
