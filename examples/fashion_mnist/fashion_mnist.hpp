@@ -40,6 +40,8 @@ struct options {
   std::string parallel = "ddp";   // ddp | zero1 | zero2 | zero3
   std::string precision = "fp32";
   double bucket_mb = 25.0;
+  std::string checkpoint;  // save a sharded checkpoint here after every epoch
+  std::string resume;      // continue from the newest checkpoint here
 };
 
 inline void usage(std::FILE* out) {
@@ -49,7 +51,7 @@ inline void usage(std::FILE* out) {
       "                     [--schedule constant|cosine] [--warmup N]\n"
       "                     [--init FILE.safetensors] [--save FILE.safetensors] [--no-shuffle] [--log FILE.csv]\n"
       "                     [--threads N] [--ranks N] [--comm local|mpi] [--parallel ddp|zero1|zero2|zero3]\n"
-      "                     [--precision fp32] [--bucket-mb X]\n"
+      "                     [--precision fp32] [--bucket-mb X] [--checkpoint DIR] [--resume DIR]\n"
       "--batch is the global batch: with N ranks each takes its slice of every batch, and the run trains the\n"
       "same model as one rank does. Under mpirun, pass --comm mpi.\n",
       out);
@@ -107,6 +109,8 @@ inline options parse(int argc, char** argv) {
     else if (a == "--parallel") o.parallel = value();
     else if (a == "--precision") o.precision = value();
     else if (a == "--bucket-mb") o.bucket_mb = parse_number<double>(a, value());
+    else if (a == "--checkpoint") o.checkpoint = value();
+    else if (a == "--resume") o.resume = value();
     else if (a == "--help" || a == "-h") {
       usage(stdout);
       std::exit(0);
@@ -286,10 +290,24 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
                 dml::host_gemm_impl().c_str());
     std::fflush(stdout);
   }
+  std::int64_t step = 0, first_epoch = 0;
+  if (!o.resume.empty()) {
+    // Checkpoints are written at epoch ends: the saved position is the next epoch and the step count.
+    const auto meta = trainer.load_checkpoint(o.resume);
+    auto number = [&](const char* key) {
+      const auto it = meta.find(key);
+      if (it == meta.end())
+        dml::fail<dml::format_error>(o.resume, ": expected '", key, "' in the checkpoint's metadata, found none");
+      return parse_number<std::int64_t>(key, it->second);
+    };
+    first_epoch = number("epoch");
+    step = number("step");
+    if (rank == 0) std::printf("resumed from %s at epoch %lld, step %lld\n", o.resume.c_str(),
+                               static_cast<long long>(first_epoch), static_cast<long long>(step));
+  }
   batch_loader<dml::host> loader;
   dml::train::progress bar("train", planned, 100);
-  std::int64_t step = 0;
-  for (std::int64_t epoch = 0; epoch < o.epochs && step < planned; ++epoch) {
+  for (std::int64_t epoch = first_epoch; epoch < o.epochs && step < planned; ++epoch) {
     const auto order = sampler.order(static_cast<std::uint64_t>(epoch));
     for (std::int64_t b = 0; b < per_epoch && step < planned; ++b) {
       const auto idx = dml::train::sampler::slice(order, b, o.batch, rank, ranks);
@@ -312,6 +330,8 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
       correct[0] += trainer.correct(loader.x.cview(), loader.y.data());
     }
     comm.all_reduce(std::span<std::int64_t>(correct), dml::comm::reduce_op::sum);
+    if (!o.checkpoint.empty())
+      trainer.save_checkpoint(o.checkpoint, {{"epoch", std::to_string(epoch + 1)}, {"step", std::to_string(step)}});
     if (rank == 0) {
       std::printf("epoch=%lld steps=%lld seconds=%.1f\ntest_accuracy=%.4f\n", static_cast<long long>(epoch + 1),
                   static_cast<long long>(step), bar.elapsed(), double(correct[0]) / double(test_set.size()));

@@ -107,7 +107,10 @@ TEST_CASE_TEMPLATE("has_nonfinite: inf and NaN anywhere, in every float type", T
   for (std::int64_t n : {std::int64_t{1}, std::int64_t{1000}, std::int64_t{100000}}) {
     std::vector<T> g(static_cast<std::size_t>(n), T(1.f));
     CHECK_FALSE(optim::has_nonfinite<host>(g.data(), n));
-    g[0] = T(std::is_same_v<T, fp16> ? 65504.f : std::numeric_limits<float>::max());  // largest finite
+    // The largest finite value of each type (bf16(FLT_MAX) would round up to infinity).
+    if constexpr (std::is_same_v<T, float>) g[0] = std::numeric_limits<float>::max();
+    else g[0] = T::from_bits(std::is_same_v<T, bf16> ? 0x7f7fu : 0x7bffu);
+    g[n - 1] = T(-float(g[0]));
     CHECK_FALSE(optim::has_nonfinite<host>(g.data(), n));
     for (float bad : {INFINITY, -INFINITY, std::numeric_limits<float>::quiet_NaN()})
       for (std::int64_t at : {std::int64_t{0}, n / 2, n - 1}) {
