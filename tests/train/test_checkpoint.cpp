@@ -19,13 +19,17 @@
 
 #include "dml/dml.hpp"
 #include "dml/train/checkpoint.hpp"
+#include "trainer_fixture.hpp"
 
 using namespace dml;
 namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::int64_t features = 24, classes = 5, samples = 512, global_batch = 32;
+using trainer_fixture::classes;
+using trainer_fixture::features;
+using trainer_fixture::global_batch;
+using trainer_fixture::samples;
 
 auto make_model(std::int64_t hidden = 40) {
   return nn::sequential{nn::linear{features, hidden}, nn::relu{}, nn::layernorm{hidden}, nn::linear{hidden, 24},
@@ -37,28 +41,7 @@ auto make_dropout_model() {
                         nn::linear{24, classes}};
 }
 
-struct synthetic {
-  std::vector<float> x;
-  std::vector<std::int32_t> y;
-  synthetic() : x(samples * features), y(samples) {
-    const rng_stream rng{77, 3};
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = rng.normal(i);
-    for (std::int64_t s = 0; s < samples; ++s) {
-      float best = -1e9f;
-      for (std::int64_t c = 0; c < classes; ++c) {
-        const float v = x[s * features + c] - 0.5f * x[s * features + c + classes];
-        if (v > best) {
-          best = v;
-          y[s] = static_cast<std::int32_t>(c);
-        }
-      }
-    }
-  }
-};
-const synthetic& data() {
-  static const synthetic d;
-  return d;
-}
+using trainer_fixture::data;  // the synthetic data set the trainer tests use
 
 train::trainer_options options(std::uint64_t seed = 5) {
   train::trainer_options o;
