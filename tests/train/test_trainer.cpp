@@ -117,3 +117,23 @@ TEST_CASE("bad options get errors") {
     CHECK_THROWS_AS(trainer<>(c, make_model(), o), invalid_argument);
   });
 }
+
+TEST_CASE("a rank that fails mid-training releases the others: run rethrows its error") {
+  for (int stage = 0; stage < 4; ++stage) {
+    CAPTURE(stage);
+    auto body = [&](comm::local& c) {
+      const auto& d = data();
+      auto go = [&](auto& t) {
+        for (int s = 0; s < 6; ++s) {
+          if (c.rank() == 1 && s == 3) throw std::runtime_error("rank 1 lost its data");
+          t.step(tensor_view<const float>(d.x.data(), {8, features}), d.y.data(), 8 * c.size());
+        }
+      };
+      if (stage == 0) { trainer<parallel::replicate> t(c, make_model(), options()); go(t); }
+      if (stage == 1) { trainer<parallel::zero<1>> t(c, make_model(), options()); go(t); }
+      if (stage == 2) { trainer<parallel::zero<2>> t(c, make_model(), options()); go(t); }
+      if (stage == 3) { trainer<parallel::zero<3>> t(c, make_model(), options()); go(t); }
+    };
+    CHECK_THROWS_WITH(comm::local::run(3, body), doctest::Contains("rank 1 lost its data"));
+  }
+}

@@ -46,6 +46,9 @@ struct adagrad {
 
   template <execution_space S>
   void update(const step_args& a) const {
+    if (a.working)
+      fail<invalid_argument>("dml::optim::adagrad: expected no working copy (step_args::working), found one; "
+                             "mixed-precision copies are written by sgd, adam and adamw");
     const float clr = a.lr / (1.f + static_cast<float>(a.step - 1) * opt.lr_decay);
     for_each_index<S>(a.n, kernels::adagrad_update{a.w, a.g, a.state[0], clr, opt.eps, opt.weight_decay, a.grad_scale});
   }
