@@ -4,22 +4,21 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "dml/core/config.hpp"
 #include "dml/core/space.hpp"
 
-#include <thrust/execution_policy.h>
-#include <thrust/for_each.h>
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/transform_reduce.h>
 #include <thrust/functional.h>
 #if defined(_OPENMP)
 #  include <omp.h>
-#  include <thrust/system/omp/execution_policy.h>
 #endif
-#include <thrust/system/cpp/execution_policy.h>
 #if DML_HAS_CUDA
+#  include <thrust/execution_policy.h>
+#  include <thrust/for_each.h>
+#  include <thrust/iterator/counting_iterator.h>
 #  include <thrust/system/cuda/execution_policy.h>
+#  include <thrust/transform_reduce.h>
 #endif
 
 namespace dml {
@@ -89,19 +88,41 @@ void for_each_index(std::int64_t n, F f) {
   }
 }
 
-// reduce(op, init, f(0), ..., f(n-1)); op must be associative and commutative.
+// reduce(op, init, f(0), ..., f(n-1)); op must be associative and commutative. On the host each thread
+// folds one contiguous chunk and the chunks are folded in order, so a result depends on the thread
+// budget only through the grouping of the sum (Thrust's OpenMP reduce trips UBSan, hence plain loops).
 template <execution_space Space, class T, class F, class Op = thrust::plus<T>>
 T transform_reduce_index(std::int64_t n, F f, T init, Op op = {}) {
   if (n <= 0) return init;
-  thrust::counting_iterator<std::int64_t> first(0);
   if constexpr (std::same_as<Space, host>) {
 #if defined(_OPENMP)
-    if (n >= detail::parallel_grain && thread_budget() > 1)
-      return thrust::transform_reduce(thrust::omp::par, first, first + n, f, init, op);
+    const int threads = thread_budget();
+    if (n >= detail::parallel_grain && threads > 1) {
+      // n >= parallel_grain > threads, so every chunk is non-empty and writes its partial.
+      std::vector<T> partial(static_cast<std::size_t>(threads), init);
+      int teams = 1;
+#  pragma omp parallel num_threads(threads)
+      {
+        const int t = omp_get_thread_num(), used = omp_get_num_threads();
+        if (t == 0) teams = used;
+        const std::int64_t lo = n * t / used, hi = n * (t + 1) / used;
+        if (lo < hi) {
+          T acc = f(lo);
+          for (std::int64_t i = lo + 1; i < hi; ++i) acc = op(acc, f(i));
+          partial[static_cast<std::size_t>(t)] = acc;
+        }
+      }
+      T out = init;
+      for (int t = 0; t < teams; ++t) out = op(out, partial[static_cast<std::size_t>(t)]);
+      return out;
+    }
 #endif
-    return thrust::transform_reduce(thrust::cpp::par, first, first + n, f, init, op);
+    T acc = init;
+    for (std::int64_t i = 0; i < n; ++i) acc = op(acc, f(i));
+    return acc;
   } else {
 #if DML_HAS_CUDA
+    thrust::counting_iterator<std::int64_t> first(0);
     return thrust::transform_reduce(thrust::cuda::par.on(current_stream()), first, first + n, f, init, op);
 #else
     static_assert(sizeof(F) == 0, "dml: the cuda space needs a translation unit compiled by nvcc");
