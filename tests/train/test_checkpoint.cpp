@@ -435,14 +435,19 @@ TEST_CASE("a save that fails on one rank fails on all and leaves the previous ch
     return train_steps(t, c, 0, 10);
   });
   std::exception_ptr errors[2];
+  // The hook is installed before the ranks start (it is a plain global); an atomic arms it for the second save.
+  std::atomic<bool> armed{false};
+  fault_guard fault([&armed](int rank) {
+    if (armed.load() && rank == 1) throw io_error("rank-1-of-2.safetensors: no space left on device (simulated)");
+  });
   comm::local::run(2, [&](comm::local& c) {
     trainer<parallel::zero<3>, optim::adamw> t(c, make_model(), options());
     train_steps(t, c, 0, 5);
     t.save_checkpoint(dir.path, {{"batch", "5"}});
     train_steps(t, c, 5, 3);
-    fault_guard fault([](int rank) {
-      if (rank == 1) throw io_error("rank-1-of-2.safetensors: no space left on device (simulated)");
-    });
+    c.barrier();
+    if (c.rank() == 0) armed = true;
+    c.barrier();
     try {
       t.save_checkpoint(dir.path, {{"batch", "8"}});
     } catch (...) {
