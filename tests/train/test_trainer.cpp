@@ -137,3 +137,28 @@ TEST_CASE("a rank that fails mid-training releases the others: run rethrows its 
     CHECK_THROWS_WITH(comm::local::run(3, body), doctest::Contains("rank 1 lost its data"));
   }
 }
+
+TEST_CASE("a global batch smaller than the group leaves some ranks with no rows, and still matches one rank") {
+  // 4 ranks, global batch 2: ranks 0 and 2 get no rows; they still take part in every collective.
+  auto run = [](int ranks) {
+    std::vector<float> losses;
+    std::mutex m;
+    comm::local::run(ranks, [&](comm::local& c) {
+      const auto& d = data();
+      trainer<parallel::zero<3>> t(c, make_model(), options());
+      for (int s = 0; s < 5; ++s) {
+        const std::int64_t lo = 2 * c.rank() / ranks, hi = 2 * (c.rank() + 1) / ranks;
+        const auto r = t.step(tensor_view<const float>(d.x.data() + (s * 2 + lo) * features, {hi - lo, features}),
+                              d.y.data() + s * 2 + lo, 2);
+        if (c.rank() == 0) {
+          std::lock_guard lk(m);
+          losses.push_back(r.loss);
+        }
+      }
+    });
+    return losses;
+  };
+  const auto one = run(1), four = run(4);
+  REQUIRE(one.size() == four.size());
+  for (std::size_t i = 0; i < one.size(); ++i) CHECK(four[i] == doctest::Approx(one[i]).epsilon(1e-5));
+}
