@@ -9,12 +9,17 @@
 
 namespace dml {
 
+// Spaces are policies too: dml::trainer<dml::cuda, ...> trains on the GPU.
+struct space_family {};
+
 // The CPU: Thrust's CPP/OpenMP back ends, oneDNN for GEMM.
 struct host {
+  using policy_family = space_family;
   static constexpr const char* name = "host";
 };
 // An NVIDIA GPU: Thrust's CUDA back end, cuBLAS for GEMM. Usable where nvcc compiles.
 struct cuda {
+  using policy_family = space_family;
   static constexpr const char* name = "cuda";
 };
 

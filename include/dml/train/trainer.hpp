@@ -105,11 +105,18 @@ struct bucket {
   std::int64_t shard_offset = 0;                 // where this bucket's part lives in shard buffers
 };
 
+struct add_into {
+  float* dst;
+  const float* src;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const { dst[i] += src[i]; }
+};
+
+template <class Space>
 class engine_base {
  public:
   virtual ~engine_base() = default;
-  virtual step_result step(tensor_view<const float> x, const std::int32_t* y, std::int64_t global_batch) = 0;
-  virtual std::int64_t correct(tensor_view<const float> x, const std::int32_t* y) = 0;
+  virtual step_result step(tensor_view<const float, Space> x, const std::int32_t* y, std::int64_t global_batch) = 0;
+  virtual std::int64_t correct(tensor_view<const float, Space> x, const std::int32_t* y) = 0;
   virtual std::vector<float> full_parameters() = 0;
   virtual void load_full_parameters(std::span<const float> full) = 0;
   virtual memory_report memory() const = 0;
@@ -121,10 +128,10 @@ class engine_base {
   virtual std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) = 0;
 };
 
-template <class Comm, class Sharding, class Optimizer, class... Layers>
-class engine final : public engine_base, nn::layer_hooks {
+template <class Space, class Comm, class Sharding, class Optimizer, class... Layers>
+class engine final : public engine_base<Space>, nn::layer_hooks {
   static constexpr int stage = Sharding::stage;
-  using net_type = nn::network<host, Layers...>;
+  using net_type = nn::network<Space, Layers...>;
   // A bucket's communication in flight.
   struct inflight {
     comm::request r;
@@ -157,7 +164,15 @@ class engine final : public engine_base, nn::layer_hooks {
     }
   }
 
-  step_result step(tensor_view<const float> x, const std::int32_t* y, std::int64_t global_batch) override {
+  ~engine() override {
+#if DML_HAS_CUDA
+    if (compute_done_) cudaEventDestroy(compute_done_);
+#endif
+  }
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+
+  step_result step(tensor_view<const float, Space> x, const std::int32_t* y, std::int64_t global_batch) override {
     if (x.shape.rank < 1 || global_batch <= 0)
       fail<invalid_argument>("dml::trainer::step: expected a batch of rows and global_batch > 0, found shape ",
                              x.shape, " and global_batch ", global_batch);
@@ -169,7 +184,7 @@ class engine final : public engine_base, nn::layer_hooks {
       const std::int64_t lo = rows * m / k, hi = rows * (m + 1) / k;
       dml::shape s = x.shape;
       s[0] = hi - lo;
-      tensor_view<const float> xm(x.data + lo * per_row, s);
+      tensor_view<const float, Space> xm(x.data + lo * per_row, s);
       micro_ = m;
       last_micro_ = m + 1 == k;
       current_ = -1;
@@ -178,7 +193,8 @@ class engine final : public engine_base, nn::layer_hooks {
       auto logits = net_.forward(xm, ctx, this);
       dlogits_.resize(logits.shape);
       row_loss_.resize(static_cast<std::size_t>(logits.rows()));
-      local_loss += loss_fn_.forward_backward<host>(logits, y + lo, dlogits_.view(), row_loss_.data(), global_batch);
+      local_loss += loss_fn_.template forward_backward<Space>(logits, y + lo, dlogits_.view(), row_loss_.data(),
+                                                             global_batch);
       log(event_kind::backward_begin);
       // ZeRO-2/3 reduce every micro-batch into the shard; DDP and ZeRO-1 only on the last.
       const bool communicate = stage >= 2 || last_micro_;
@@ -186,32 +202,33 @@ class engine final : public engine_base, nn::layer_hooks {
       log(event_kind::backward_end);
       finish_communication();
     }
-    std::array<float, 1> loss{local_loss};
-    comm_.all_reduce(std::span<float>(loss), comm::reduce_op::sum);
-    step_result out{.loss = loss[0]};
+    step_result out{.loss = sum_over_ranks(local_loss)};
     const float scale = clip_scale(out.grad_norm);
     update(scale);
     log(event_kind::step_end);
     return out;
   }
 
-  std::int64_t correct(tensor_view<const float> x, const std::int32_t* y) override {
+  std::int64_t correct(tensor_view<const float, Space> x, const std::int32_t* y) override {
     current_ = -1;
     auto logits = net_.forward(x, {.training = false}, this);
-    return nn::count_correct<host>(logits, y);
+    return nn::count_correct<Space>(logits, y);
   }
 
   std::vector<float> full_parameters() override {
     const auto& L = net_.layout();
     std::vector<float> full(static_cast<std::size_t>(L.total));
     if constexpr (stage == 3) {
+      buffer<float, Space> gathered(full.size());  // collectives work in the trainer's space
+      order_after_compute();
       for (std::size_t b = 0; b < buckets_.size(); ++b) {
         const auto& bk = buckets_[b];
         comm_.all_gather(std::span<const float>(shard_params_.data() + bk.shard_offset, bk.part),
-                         std::span<float>(full.data() + bk.lo, bk.hi - bk.lo));
+                         std::span<float>(gathered.data() + bk.lo, bk.hi - bk.lo));
       }
+      dml::copy_n(gathered.data(), full.size(), full.data());
     } else {
-      std::copy(net_.params().begin(), net_.params().end(), full.begin());
+      dml::copy_n(net_.params().data(), full.size(), full.data());
     }
     return full;
   }
@@ -222,10 +239,11 @@ class engine final : public engine_base, nn::layer_hooks {
       fail<shape_error>("dml::trainer: expected ", L.total, " parameters (padding included), found ", full.size());
     if constexpr (stage == 3) {
       for (const auto& bk : buckets_)
-        std::copy_n(full.data() + bk.lo + rank_ * bk.part, bk.part, shard_params_.data() + bk.shard_offset);
+        dml::copy_n(full.data() + bk.lo + rank_ * bk.part, static_cast<std::size_t>(bk.part),
+                    shard_params_.data() + bk.shard_offset);
       resident_ = {-1, -1};
     } else {
-      std::copy(full.begin(), full.end(), net_.params().begin());
+      dml::copy_n(full.data(), full.size(), net_.params().data());
     }
   }
 
@@ -259,6 +277,17 @@ class engine final : public engine_base, nn::layer_hooks {
           ranges[static_cast<std::size_t>(r)].push_back({checkpoint_tensor_name(k, L.slots[p.slot].name), p.begin, p.end});
           if (r == rank_) data.push_back(held(k, p));
         }
+    // The writer reads host memory: a device trainer stages its pieces first.
+    std::vector<std::vector<float>> staged;
+    if constexpr (!std::same_as<Space, host>) {
+      std::size_t i = 0;
+      for (const auto& p : owned_pieces(rank_))
+        for (int k = -1; k < Optimizer::state_slots; ++k, ++i) {
+          staged.emplace_back(static_cast<std::size_t>(p.end - p.begin));
+          dml::copy_n(data[i], staged.back().size(), staged.back().data());
+          data[i] = staged.back().data();
+        }
+    }
     train::detail::write_checkpoint(comm_, dir, std::move(info), ranges, std::span<const float* const>(data));
   }
 
@@ -293,7 +322,7 @@ class engine final : public engine_base, nn::layer_hooks {
     auto info = train::detail::read_checkpoint(comm_, dir, checkpoint_description(), need,
                                                std::span<float* const>(out));
     for (std::size_t i = 0; i < need.size(); ++i)
-      std::copy_n(out[i], need[i].end - need[i].begin, dst[i]);
+      dml::copy_n(out[i], static_cast<std::size_t>(need[i].end - need[i].begin), dst[i]);
     step_ = info.step;
     opt_.seed = info.seed;  // dropout masks follow (seed, step)
     resident_ = {-1, -1};   // gathered copies are stale now
@@ -379,13 +408,14 @@ class engine final : public engine_base, nn::layer_hooks {
   }
 
   void init_shard_params() {
-    std::vector<float> tmp;
+    buffer<float, Space> tmp;
     const auto& L = net_.layout();
     for (const auto& bk : buckets_) {
-      tmp.assign(static_cast<std::size_t>(bk.hi - bk.lo), 0.f);
+      tmp.resize(static_cast<std::size_t>(bk.hi - bk.lo));
+      fill_n<Space>(tmp.data(), bk.hi - bk.lo, 0.f);
       for (std::size_t s = bk.first_slot; s < bk.end_slot; ++s)
         net_.init_range(opt_.seed, s, 0, L.slots[s].shape.numel(), tmp.data() + (L.slots[s].offset - bk.lo));
-      std::copy_n(tmp.data() + rank_ * bk.part, bk.part, shard_params_.data() + bk.shard_offset);
+      dml::copy_n(tmp.data() + rank_ * bk.part, static_cast<std::size_t>(bk.part), shard_params_.data() + bk.shard_offset);
     }
   }
 
@@ -418,6 +448,7 @@ class engine final : public engine_base, nn::layer_hooks {
     const auto slot = static_cast<std::size_t>(b % 2);
     auto send = std::span<const float>(shard_params_.data() + bk.shard_offset, bk.part);
     auto recv = std::span<float>(gathered_[slot].data(), bk.hi - bk.lo);
+    order_after_compute();  // the slot may still be read by kernels of the bucket it held
     if (async) gather_req_[slot] = comm_.iall_gather(send, recv);
     else comm_.all_gather(send, recv);
     resident_[slot] = b;
@@ -457,7 +488,7 @@ class engine final : public engine_base, nn::layer_hooks {
       const auto slot = static_cast<std::size_t>(b % 2);
       complete(reduce_[slot]);
       const auto& bk = buckets_[static_cast<std::size_t>(b)];
-      fill_n<host>(staging_[slot].data(), bk.hi - bk.lo, 0.f);  // padding must reduce to zero
+      fill_n<Space>(staging_[slot].data(), bk.hi - bk.lo, 0.f);  // padding must reduce to zero
       for (std::size_t s = bk.first_slot; s < bk.end_slot; ++s)
         net_.set_grad_pointer(s, staging_[slot].data() + (net_.layout().slots[s].offset - bk.lo));
     }
@@ -468,6 +499,7 @@ class engine final : public engine_base, nn::layer_hooks {
     if (b < 0 || layer != buckets_[static_cast<std::size_t>(b)].first_layer) return;
     const auto& bk = buckets_[static_cast<std::size_t>(b)];
     log(event_kind::bucket_launch, b);
+    order_after_compute();  // the bucket's gradients come from kernels still in the queue
     if constexpr (stage == 0) {
       pending_.push_back({comm_.iall_reduce(net_.grads().subspan(bk.lo, bk.hi - bk.lo), comm::reduce_op::sum), b, false});
     } else if constexpr (stage == 1) {
@@ -495,7 +527,7 @@ class engine final : public engine_base, nn::layer_hooks {
       const auto& bk = buckets_[static_cast<std::size_t>(b)];
       float* dst = shard_grads_.data() + bk.shard_offset;
       const float* src = shard_tmp_.data() + bk.shard_offset;
-      for (std::int64_t i = 0; i < bk.part; ++i) dst[i] += src[i];
+      for_each_index<Space>(bk.part, add_into{dst, src});
     }
     if (!f.seen) log(event_kind::comm_done, b);
     f.bucket = -1;
@@ -507,15 +539,45 @@ class engine final : public engine_base, nn::layer_hooks {
     current_ = -1;
   }
 
+  // Collectives run on the communicator's stream, kernels on the compute stream (current_stream()):
+  // before a collective reads or writes memory that kernels touched, its stream waits for what the
+  // compute stream has queued so far. (Completion needs no event: wait() blocks the host, and kernels
+  // are only queued after it returns.)
+  void order_after_compute() {
+#if DML_HAS_CUDA
+    if constexpr (std::same_as<Space, cuda> && requires(Comm& c) { c.stream(); }) {
+      if (!compute_done_) DML_CHECK_CUDA(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
+      DML_CHECK_CUDA(cudaEventRecord(compute_done_, current_stream()));
+      DML_CHECK_CUDA(cudaStreamWaitEvent(comm_.stream(), compute_done_, 0));
+    }
+#endif
+  }
+
+  // A scalar summed over ranks. Collectives take memory of the trainer's space (NCCL reads device
+  // memory only), so a device trainer moves the value through a one-element device buffer.
+  template <class T>
+  T sum_over_ranks(T value) {
+    if constexpr (std::same_as<Space, host>) {
+      std::array<T, 1> v{value};
+      comm_.all_reduce(std::span<T>(v), comm::reduce_op::sum);
+      return v[0];
+    } else {
+      buffer<T, Space> v(1);
+      dml::copy_n(&value, 1, v.data());
+      order_after_compute();
+      comm_.all_reduce(std::span<T>(v.data(), 1), comm::reduce_op::sum);
+      dml::copy_n(v.data(), 1, &value);
+      return value;
+    }
+  }
+
   // ---- the update
   float clip_scale(double& norm) {
     if (opt_.clip_norm <= 0.f) return 1.f;
     if constexpr (stage == 0) {
-      norm = std::sqrt(optim::squared_norm<host>(net_.grads().data(), net_.layout().total));
+      norm = std::sqrt(optim::squared_norm<Space>(net_.grads().data(), net_.layout().total));
     } else {
-      std::array<double, 1> sq{optim::squared_norm<host>(shard_grads_.data(), shard_)};
-      comm_.all_reduce(std::span<double>(sq), comm::reduce_op::sum);
-      norm = std::sqrt(sq[0]);
+      norm = std::sqrt(sum_over_ranks(optim::squared_norm<Space>(shard_grads_.data(), shard_)));
     }
     return optim::clip_scale(norm, opt_.clip_norm);
   }
@@ -523,10 +585,10 @@ class engine final : public engine_base, nn::layer_hooks {
   void update(float grad_scale) {
     const float lr = opt_.lr ? opt_.lr(step_) : optimizer_.default_lr();
     if constexpr (stage == 0) {
-      optimizer_.template update<host>({.n = net_.layout().total, .w = net_.params().data(), .g = net_.grads().data(),
+      optimizer_.template update<Space>({.n = net_.layout().total, .w = net_.params().data(), .g = net_.grads().data(),
                                         .state = state_.pointers(), .step = step_, .lr = lr, .grad_scale = grad_scale});
     } else if constexpr (stage == 3) {
-      optimizer_.template update<host>({.n = shard_, .w = shard_params_.data(), .g = shard_grads_.data(),
+      optimizer_.template update<Space>({.n = shard_, .w = shard_params_.data(), .g = shard_grads_.data(),
                                         .state = state_.pointers(), .step = step_, .lr = lr, .grad_scale = grad_scale});
       resident_ = {-1, -1};  // gathered copies are stale now
     } else {
@@ -534,8 +596,9 @@ class engine final : public engine_base, nn::layer_hooks {
         std::array<float*, Optimizer::state_slots> st{};
         for (int s = 0; s < Optimizer::state_slots; ++s) st[s] = state_.pointers()[s] + bk.shard_offset;
         float* w = net_.params().data() + bk.lo;
-        optimizer_.template update<host>({.n = bk.part, .w = w + rank_ * bk.part, .g = shard_grads_.data() + bk.shard_offset,
+        optimizer_.template update<Space>({.n = bk.part, .w = w + rank_ * bk.part, .g = shard_grads_.data() + bk.shard_offset,
                                           .state = st.data(), .step = step_, .lr = lr, .grad_scale = grad_scale});
+        order_after_compute();  // the update kernels wrote this rank's part
         comm_.all_gather(std::span<float>(w, bk.hi - bk.lo));  // in place: this rank's part is at rank·part
       }
     }
@@ -551,17 +614,20 @@ class engine final : public engine_base, nn::layer_hooks {
   std::vector<int> layer_bucket_;
   std::int64_t shard_ = 0, step_ = 0, micro_ = 0;
   bool last_micro_ = true;
-  buffer<float> shard_grads_, shard_params_, shard_tmp_;
-  buffer<float> staging_[2], gathered_[2];
-  optim::state<Optimizer> state_;
+  buffer<float, Space> shard_grads_, shard_params_, shard_tmp_;
+  buffer<float, Space> staging_[2], gathered_[2];
+  optim::state<Optimizer, Space> state_;
   std::array<int, 2> resident_{-1, -1};
   int current_ = -1;
   comm::request gather_req_[2];
   std::vector<inflight> pending_;  // DDP and ZeRO-1: one per bucket
   inflight reduce_[2];             // ZeRO-2/3: one per staging buffer
   std::chrono::steady_clock::time_point born_ = std::chrono::steady_clock::now();
-  tensor<float> dlogits_;
-  buffer<float> row_loss_;
+#if DML_HAS_CUDA
+  cudaEvent_t compute_done_ = nullptr;
+#endif
+  tensor<float, Space> dlogits_;
+  buffer<float, Space> row_loss_;
   std::vector<event> events_;
 };
 
@@ -578,26 +644,28 @@ class trainer {
   static_assert(count_policies<sharding_family, Policies...> <= 1, "dml::trainer: give at most one sharding policy");
   static_assert(count_policies<optimizer_family, Policies...> <= 1, "dml::trainer: give at most one optimizer");
   static_assert(count_policies<precision_family, Policies...> <= 1, "dml::trainer: give at most one precision policy");
+  static_assert(count_policies<space_family, Policies...> <= 1, "dml::trainer: give at most one execution space");
 
  public:
   using sharding_policy = find_policy_t<sharding_family, parallel::replicate, Policies...>;
   using optimizer_policy = find_policy_t<optimizer_family, optim::adamw, Policies...>;
   using precision_policy = find_policy_t<precision_family, dml::precision::fp32, Policies...>;
+  using space = find_policy_t<space_family, host, Policies...>;
   static_assert(std::is_same_v<precision_policy, dml::precision::fp32>,
                 "dml::trainer: this version trains in fp32 only; bf16 and fp16 mixed precision are not available yet");
 
   template <comm::communicator C, class... L>
   trainer(C& comm, const nn::sequential<L...>& model, train::trainer_options options = {}, optimizer_policy opt = {})
-      : engine_(std::make_unique<train::detail::engine<C, sharding_policy, optimizer_policy, L...>>(
+      : engine_(std::make_unique<train::detail::engine<space, C, sharding_policy, optimizer_policy, L...>>(
             comm, model, std::move(options), opt)) {}
 
   // One optimizer step. x and y are this rank's rows of the global batch (the trainer's loss divides by
   // global_batch, so ranks may hold different row counts). Collective: every rank calls it.
-  train::step_result step(tensor_view<const float> x, const std::int32_t* y, std::int64_t global_batch) {
+  train::step_result step(tensor_view<const float, space> x, const std::int32_t* y, std::int64_t global_batch) {
     return engine_->step(x, y, global_batch);
   }
   // Rows of x whose largest logit is the label (inference; collective under zero<3>).
-  std::int64_t correct(tensor_view<const float> x, const std::int32_t* y) { return engine_->correct(x, y); }
+  std::int64_t correct(tensor_view<const float, space> x, const std::int32_t* y) { return engine_->correct(x, y); }
   // Every parameter in the flat layout (collective under zero<3>); and the reverse.
   std::vector<float> full_parameters() { return engine_->full_parameters(); }
   void load_full_parameters(std::span<const float> p) { engine_->load_full_parameters(p); }
@@ -621,7 +689,7 @@ class trainer {
   }
 
  private:
-  std::unique_ptr<train::detail::engine_base> engine_;
+  std::unique_ptr<train::detail::engine_base<space>> engine_;
 };
 
 }  // namespace dml
