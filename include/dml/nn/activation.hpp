@@ -11,17 +11,23 @@
 namespace dml::nn {
 
 namespace kernels {
+// T is the network's working type; arithmetic is in float.
+template <class T>
 struct relu_forward {
-  const float* x;
-  float* y;
-  DML_HOST_DEVICE void operator()(std::int64_t i) const { y[i] = x[i] > 0.f ? x[i] : 0.f; }
+  const T* x;
+  T* y;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    const float v = static_cast<float>(x[i]);
+    y[i] = T(v > 0.f ? v : 0.f);
+  }
 };
 // Uses the output: y > 0 exactly where x > 0.
+template <class T>
 struct relu_backward {
-  const float* y;
-  const float* dy;
-  float* dx;
-  DML_HOST_DEVICE void operator()(std::int64_t i) const { dx[i] = y[i] > 0.f ? dy[i] : 0.f; }
+  const T* y;
+  const T* dy;
+  T* dx;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const { dx[i] = static_cast<float>(y[i]) > 0.f ? dy[i] : T(0.f); }
 };
 
 // gelu(x) = x/2 · (1 + tanh(√(2/π)·(x + 0.044715·x³)))  (PyTorch approximate="tanh")
@@ -39,16 +45,20 @@ struct gelu_tanh {
     return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du;
   }
 };
+template <class T>
 struct gelu_forward {
-  const float* x;
-  float* y;
-  DML_HOST_DEVICE void operator()(std::int64_t i) const { y[i] = gelu_tanh::value(x[i]); }
+  const T* x;
+  T* y;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const { y[i] = T(gelu_tanh::value(static_cast<float>(x[i]))); }
 };
+template <class T>
 struct gelu_backward {
-  const float* x;
-  const float* dy;
-  float* dx;
-  DML_HOST_DEVICE void operator()(std::int64_t i) const { dx[i] = dy[i] * gelu_tanh::derivative(x[i]); }
+  const T* x;
+  const T* dy;
+  T* dx;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    dx[i] = T(static_cast<float>(dy[i]) * gelu_tanh::derivative(static_cast<float>(x[i])));
+  }
 };
 }  // namespace kernels
 
@@ -63,27 +73,27 @@ struct elementwise_base {
 
 struct relu : elementwise_base {
   static constexpr const char* kind = "relu";
-  template <execution_space S>
-  void forward(const context&, layer_params, tensor_view<const float, S> x, tensor_view<float, S> y) const {
-    for_each_index<S>(x.numel(), kernels::relu_forward{x.data, y.data});
+  template <execution_space S, class T>
+  void forward(const context&, layer_params<T>, tensor_view<const T, S> x, tensor_view<T, S> y) const {
+    for_each_index<S>(x.numel(), kernels::relu_forward<T>{x.data, y.data});
   }
-  template <execution_space S>
-  void backward(const context&, layer_params, tensor_view<const float, S>, tensor_view<const float, S> y,
-                tensor_view<const float, S> dy, tensor_view<float, S> dx) const {
-    if (dx.data) for_each_index<S>(y.numel(), kernels::relu_backward{y.data, dy.data, dx.data});
+  template <execution_space S, class T>
+  void backward(const context&, layer_params<T>, tensor_view<const T, S>, tensor_view<const T, S> y,
+                tensor_view<const T, S> dy, tensor_view<T, S> dx) const {
+    if (dx.data) for_each_index<S>(y.numel(), kernels::relu_backward<T>{y.data, dy.data, dx.data});
   }
 };
 
 struct gelu : elementwise_base {
   static constexpr const char* kind = "gelu";
-  template <execution_space S>
-  void forward(const context&, layer_params, tensor_view<const float, S> x, tensor_view<float, S> y) const {
-    for_each_index<S>(x.numel(), kernels::gelu_forward{x.data, y.data});
+  template <execution_space S, class T>
+  void forward(const context&, layer_params<T>, tensor_view<const T, S> x, tensor_view<T, S> y) const {
+    for_each_index<S>(x.numel(), kernels::gelu_forward<T>{x.data, y.data});
   }
-  template <execution_space S>
-  void backward(const context&, layer_params, tensor_view<const float, S> x, tensor_view<const float, S>,
-                tensor_view<const float, S> dy, tensor_view<float, S> dx) const {
-    if (dx.data) for_each_index<S>(x.numel(), kernels::gelu_backward{x.data, dy.data, dx.data});
+  template <execution_space S, class T>
+  void backward(const context&, layer_params<T>, tensor_view<const T, S> x, tensor_view<const T, S>,
+                tensor_view<const T, S> dy, tensor_view<T, S> dx) const {
+    if (dx.data) for_each_index<S>(x.numel(), kernels::gelu_backward<T>{x.data, dy.data, dx.data});
   }
 };
 

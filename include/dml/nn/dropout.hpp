@@ -11,13 +11,14 @@
 namespace dml::nn {
 
 namespace kernels {
+template <class T>
 struct dropout_apply {
   rng_stream rng;
   float keep;  // probability of keeping an element
-  const float* in;
-  float* out;
+  const T* in;
+  T* out;
   DML_HOST_DEVICE void operator()(std::int64_t i) const {
-    out[i] = rng.uniform(static_cast<std::uint64_t>(i)) < keep ? in[i] / keep : 0.f;
+    out[i] = T(rng.uniform(static_cast<std::uint64_t>(i)) < keep ? static_cast<float>(in[i]) / keep : 0.f);
   }
 };
 }  // namespace kernels
@@ -39,16 +40,16 @@ struct dropout {
   // One stream per (step, layer): masks differ across steps and layers, never across ranks.
   static rng_stream stream(const context& c) { return {c.seed, (c.step << 16) ^ c.layer}; }
 
-  template <execution_space S>
-  void forward(const context& c, layer_params, tensor_view<const float, S> x, tensor_view<float, S> y) const {
+  template <execution_space S, class T>
+  void forward(const context& c, layer_params<T>, tensor_view<const T, S> x, tensor_view<T, S> y) const {
     const float keep = c.training ? 1.f - p : 1.f;
-    for_each_index<S>(x.numel(), kernels::dropout_apply{stream(c), keep, x.data, y.data});
+    for_each_index<S>(x.numel(), kernels::dropout_apply<T>{stream(c), keep, x.data, y.data});
   }
-  template <execution_space S>
-  void backward(const context& c, layer_params, tensor_view<const float, S>, tensor_view<const float, S>,
-                tensor_view<const float, S> dy, tensor_view<float, S> dx) const {
+  template <execution_space S, class T>
+  void backward(const context& c, layer_params<T>, tensor_view<const T, S>, tensor_view<const T, S>,
+                tensor_view<const T, S> dy, tensor_view<T, S> dx) const {
     const float keep = c.training ? 1.f - p : 1.f;
-    if (dx.data) for_each_index<S>(dy.numel(), kernels::dropout_apply{stream(c), keep, dy.data, dx.data});
+    if (dx.data) for_each_index<S>(dy.numel(), kernels::dropout_apply<T>{stream(c), keep, dy.data, dx.data});
   }
 };
 

@@ -9,27 +9,32 @@
 namespace dml::nn {
 
 namespace kernels {
+template <class Id, class T>
 struct embedding_forward {
-  const float* ids;
-  const float* w;
-  float* y;
+  const Id* ids;
+  const T* w;
+  T* y;
   std::int64_t dim;
   DML_HOST_DEVICE void operator()(std::int64_t i) const {
     const std::int64_t t = i / dim, d = i % dim;
-    y[i] = w[static_cast<std::int64_t>(ids[t]) * dim + d];
+    y[i] = w[static_cast<std::int64_t>(static_cast<float>(ids[t])) * dim + d];
   }
 };
 // One column of the table per call: tokens that share an id add into the same row without races.
+template <class Id, class T>
 struct embedding_backward {
-  const float* ids;
-  const float* dy;
-  float* dw;
+  const Id* ids;
+  const T* dy;
+  T* dw;
   std::int64_t tokens, num, dim;
   bool accumulate;
   DML_HOST_DEVICE void operator()(std::int64_t d) const {
     if (!accumulate)
-      for (std::int64_t r = 0; r < num; ++r) dw[r * dim + d] = 0.f;
-    for (std::int64_t t = 0; t < tokens; ++t) dw[static_cast<std::int64_t>(ids[t]) * dim + d] += dy[t * dim + d];
+      for (std::int64_t r = 0; r < num; ++r) dw[r * dim + d] = T(0.f);
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      T& g = dw[static_cast<std::int64_t>(static_cast<float>(ids[t])) * dim + d];
+      g = T(static_cast<float>(g) + static_cast<float>(dy[t * dim + d]));
+    }
   }
 };
 }  // namespace kernels
@@ -57,22 +62,27 @@ struct embedding {
     return y;
   }
 
-  template <execution_space S>
-  void forward(const context&, layer_params p, tensor_view<const float, S> x, tensor_view<float, S> y) const {
+  // Ids arrive as floats (the network's input, exact below 2^24) whatever the working type T.
+  static constexpr bool float_input = true;
+
+  template <execution_space S, class Id, class T>
+  void forward(const context&, layer_params<T> p, tensor_view<const Id, S> x, tensor_view<T, S> y) const {
     if constexpr (std::same_as<S, host>) check_ids(x);
-    for_each_index<S>(x.numel() * dim, kernels::embedding_forward{x.data, p.w[0], y.data, dim});
+    for_each_index<S>(x.numel() * dim, kernels::embedding_forward<Id, T>{x.data, p.w[0], y.data, dim});
   }
-  template <execution_space S>
-  void backward(const context& c, layer_params p, tensor_view<const float, S> x, tensor_view<const float, S>,
-                tensor_view<const float, S> dy, tensor_view<float, S>) const {
+  template <execution_space S, class Id, class T, class Dx>
+  void backward(const context& c, layer_params<T> p, tensor_view<const Id, S> x, tensor_view<const T, S>,
+                tensor_view<const T, S> dy, tensor_view<Dx, S>) const {
     // Ids have no gradient: dx stays untouched.
-    for_each_index<S>(dim, kernels::embedding_backward{x.data, dy.data, p.g[0], x.numel(), num, dim, c.accumulate});
+    for_each_index<S>(dim, kernels::embedding_backward<Id, T>{x.data, dy.data, p.g[0], x.numel(), num, dim,
+                                                              c.accumulate});
   }
 
  private:
-  void check_ids(tensor_view<const float, host> x) const {
+  template <class Id>
+  void check_ids(tensor_view<const Id, host> x) const {
     for (std::int64_t t = 0; t < x.numel(); ++t) {
-      const float id = x.data[t];
+      const float id = static_cast<float>(x.data[t]);
       if (!(id >= 0.f && id < static_cast<float>(num)) || id != static_cast<float>(static_cast<std::int64_t>(id)))
         fail<invalid_argument>("dml::nn::embedding: expected integer ids in [0, ", num, "), found ", id,
                                " at position ", t);

@@ -33,14 +33,16 @@ struct context {
   std::uint64_t step = 0;
   std::uint64_t layer = 0;   // index of the layer in its sequential
   bool accumulate = false;   // add parameter gradients to what is there (micro-batches)
-  const float* ones = nullptr;   // at least rows() ones in the layer's space, for bias gradients
+  const void* ones = nullptr;    // at least rows() ones of the working type in the layer's space (bias gradients)
   float* workspace = nullptr;    // scratch of the size the layer's workspace_size(x) asked for
 };
 
-// A layer's parameters and their gradients: pointers into the flat buffers, in spec order.
+// A layer's parameters and their gradients: pointers into the flat buffers, in spec order, of the
+// network's working type (float, or bf16/fp16 under mixed precision).
+template <class T = float>
 struct layer_params {
-  float* const* w = nullptr;
-  float* const* g = nullptr;
+  T* const* w = nullptr;
+  T* const* g = nullptr;
 };
 
 template <class L>
@@ -52,10 +54,10 @@ concept has_parameters = requires(const L& l) {
   { l.parameters() } -> std::same_as<std::vector<param_spec>>;
 };
 template <class L>
-concept has_host_forward = requires(const L& l, const context& c, layer_params p, tensor_view<const float> x,
+concept has_host_forward = requires(const L& l, const context& c, layer_params<float> p, tensor_view<const float> x,
                                     tensor_view<float> y) { l.template forward<host>(c, p, x, y); };
 template <class L>
-concept has_host_backward = requires(const L& l, const context& c, layer_params p, tensor_view<const float> x,
+concept has_host_backward = requires(const L& l, const context& c, layer_params<float> p, tensor_view<const float> x,
                                      tensor_view<const float> y, tensor_view<const float> dy,
                                      tensor_view<float> dx) { l.template backward<host>(c, p, x, y, dy, dx); };
 template <class L>

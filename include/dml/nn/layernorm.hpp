@@ -24,54 +24,61 @@ DML_HOST_DEVICE float layernorm_xhat(float x, row_stats s) { return (x - s.mean)
 DML_HOST_DEVICE float layernorm_dx(float dy, float w, float xhat, float rstd, float sum_g, float sum_gx, float inv_n) {
   return rstd * (dy * w - sum_g * inv_n - xhat * sum_gx * inv_n);
 }
-DML_HOST_DEVICE row_stats layernorm_stats(const float* x, std::int64_t n, float eps) {
+template <class T>
+DML_HOST_DEVICE row_stats layernorm_stats(const T* x, std::int64_t n, float eps) {
   float sum = 0.f;
-  for (std::int64_t j = 0; j < n; ++j) sum += x[j];
+  for (std::int64_t j = 0; j < n; ++j) sum += static_cast<float>(x[j]);
   const float mean = sum / static_cast<float>(n);
   float var = 0.f;
-  for (std::int64_t j = 0; j < n; ++j) var += (x[j] - mean) * (x[j] - mean);
+  for (std::int64_t j = 0; j < n; ++j) var += (static_cast<float>(x[j]) - mean) * (static_cast<float>(x[j]) - mean);
   return {mean, layernorm_rstd(var, n, eps)};
 }
 
+// T: the working type of activations and parameters; arithmetic in float.
+template <class T>
 struct layernorm_forward {
-  const float *x, *w, *b;
-  float* y;
+  const T *x, *w, *b;
+  T* y;
   std::int64_t n;
   float eps;
   DML_HOST_DEVICE void operator()(std::int64_t row) const {
-    const float* xr = x + row * n;
-    float* yr = y + row * n;
+    const T* xr = x + row * n;
+    T* yr = y + row * n;
     const row_stats s = layernorm_stats(xr, n, eps);
-    for (std::int64_t j = 0; j < n; ++j) yr[j] = layernorm_affine(xr[j], s, w[j], b[j]);
+    for (std::int64_t j = 0; j < n; ++j)
+      yr[j] = T(layernorm_affine(static_cast<float>(xr[j]), s, static_cast<float>(w[j]), static_cast<float>(b[j])));
   }
 };
 
 // dx = rstd · (dy·w − mean(dy·w) − x̂ · mean(dy·w·x̂))
+template <class T>
 struct layernorm_backward_input {
-  const float *x, *w, *dy;
-  float* dx;
+  const T *x, *w, *dy;
+  T* dx;
   std::int64_t n;
   float eps;
   DML_HOST_DEVICE void operator()(std::int64_t row) const {
-    const float* xr = x + row * n;
-    const float* dyr = dy + row * n;
-    float* dxr = dx + row * n;
+    const T* xr = x + row * n;
+    const T* dyr = dy + row * n;
+    T* dxr = dx + row * n;
     const row_stats s = layernorm_stats(xr, n, eps);
     float sum_g = 0.f, sum_gx = 0.f;
     for (std::int64_t j = 0; j < n; ++j) {
-      const float g = dyr[j] * w[j];
+      const float g = static_cast<float>(dyr[j]) * static_cast<float>(w[j]);
       sum_g += g;
-      sum_gx += g * (xr[j] - s.mean) * s.rstd;
+      sum_gx += g * (static_cast<float>(xr[j]) - s.mean) * s.rstd;
     }
     const float inv_n = 1.f / static_cast<float>(n);
     for (std::int64_t j = 0; j < n; ++j) {
-      dxr[j] = layernorm_dx(dyr[j], w[j], layernorm_xhat(xr[j], s), s.rstd, sum_g, sum_gx, inv_n);
+      dxr[j] = T(layernorm_dx(static_cast<float>(dyr[j]), static_cast<float>(w[j]),
+                              layernorm_xhat(static_cast<float>(xr[j]), s), s.rstd, sum_g, sum_gx, inv_n));
     }
   }
 };
 
+template <class T>
 struct layernorm_row_stats {
-  const float* x;
+  const T* x;
   row_stats* stats;
   std::int64_t n;
   float eps;
@@ -79,21 +86,22 @@ struct layernorm_row_stats {
 };
 
 // dw[j] = Σ_rows dy·x̂, db[j] = Σ_rows dy; one column per call, so writers never collide.
+template <class T>
 struct layernorm_backward_params {
-  const float *x, *dy;
+  const T *x, *dy;
   const row_stats* stats;
-  float *dw, *db;
+  T *dw, *db;
   std::int64_t rows, n;
   bool accumulate;
   DML_HOST_DEVICE void operator()(std::int64_t j) const {
     float gw = 0.f, gb = 0.f;
     for (std::int64_t r = 0; r < rows; ++r) {
-      const float d = dy[r * n + j];
-      gw += d * (x[r * n + j] - stats[r].mean) * stats[r].rstd;
+      const float d = static_cast<float>(dy[r * n + j]);
+      gw += d * (static_cast<float>(x[r * n + j]) - stats[r].mean) * stats[r].rstd;
       gb += d;
     }
-    dw[j] = accumulate ? dw[j] + gw : gw;
-    db[j] = accumulate ? db[j] + gb : gb;
+    dw[j] = T(accumulate ? static_cast<float>(dw[j]) + gw : gw);
+    db[j] = T(accumulate ? static_cast<float>(db[j]) + gb : gb);
   }
 };
 }  // namespace kernels
@@ -129,32 +137,33 @@ struct layernorm {
   // Floats of scratch backward needs: a mean and a 1/σ per row.
   std::int64_t workspace_size(dml::shape x) const { return 2 * x.rows(); }
 
-  template <execution_space S>
-  void forward(const context&, layer_params p, tensor_view<const float, S> x, tensor_view<float, S> y) const {
+  template <execution_space S, class T>
+  void forward(const context&, layer_params<T> p, tensor_view<const T, S> x, tensor_view<T, S> y) const {
 #if DML_HAS_CUDA
-    if constexpr (std::same_as<S, cuda>) {  // one block per row instead of one thread
+    if constexpr (std::same_as<S, cuda> && std::same_as<T, float>) {  // one block per row instead of one thread
       detail::layernorm_forward_cuda(x.data, p.w[0], p.w[1], y.data, x.rows(), features, eps);
       return;
     }
 #endif
-    for_each_index<S>(x.rows(), kernels::layernorm_forward{x.data, p.w[0], p.w[1], y.data, features, eps});
+    for_each_index<S>(x.rows(), kernels::layernorm_forward<T>{x.data, p.w[0], p.w[1], y.data, features, eps});
   }
-  template <execution_space S>
-  void backward(const context& c, layer_params p, tensor_view<const float, S> x, tensor_view<const float, S>,
-                tensor_view<const float, S> dy, tensor_view<float, S> dx) const {
+  template <execution_space S, class T>
+  void backward(const context& c, layer_params<T> p, tensor_view<const T, S> x, tensor_view<const T, S>,
+                tensor_view<const T, S> dy, tensor_view<T, S> dx) const {
     auto* stats = reinterpret_cast<kernels::row_stats*>(c.workspace);
 #if DML_HAS_CUDA
-    if constexpr (std::same_as<S, cuda>) {
+    if constexpr (std::same_as<S, cuda> && std::same_as<T, float>) {
       detail::layernorm_backward_cuda(x.data, p.w[0], dy.data, dx.data, stats, p.g[0], p.g[1], x.rows(), features,
                                       eps, c.accumulate);
       return;
     }
 #endif
-    for_each_index<S>(x.rows(), kernels::layernorm_row_stats{x.data, stats, features, eps});
-    for_each_index<S>(features, kernels::layernorm_backward_params{x.data, dy.data, stats, p.g[0], p.g[1], x.rows(),
-                                                                   features, c.accumulate});
+    for_each_index<S>(x.rows(), kernels::layernorm_row_stats<T>{x.data, stats, features, eps});
+    for_each_index<S>(features, kernels::layernorm_backward_params<T>{x.data, dy.data, stats, p.g[0], p.g[1],
+                                                                      x.rows(), features, c.accumulate});
     if (dx.data)
-      for_each_index<S>(x.rows(), kernels::layernorm_backward_input{x.data, p.w[0], dy.data, dx.data, features, eps});
+      for_each_index<S>(x.rows(),
+                        kernels::layernorm_backward_input<T>{x.data, p.w[0], dy.data, dx.data, features, eps});
   }
 };
 

@@ -49,16 +49,17 @@ struct linear {
   }
 
   // ep fuses the activation that follows (network does so for linear → relu) into the GEMM's epilogue.
-  template <execution_space S>
-  void forward(const context&, layer_params p, tensor_view<const float, S> x, tensor_view<float, S> y,
+  template <execution_space S, class T>
+  void forward(const context&, layer_params<T> p, tensor_view<const T, S> x, tensor_view<T, S> y,
                epilogue ep = epilogue::none) const {
     gemm<S>({.ta = trans::n, .tb = trans::t, .m = x.rows(), .n = out, .k = in, .a = x.data, .lda = in,
-             .b = p.w[0], .ldb = in, .c = y.data, .ldc = out, .bias = bias ? p.w[1] : nullptr, .ep = ep});
+             .b = p.w[0], .ldb = in, .c = y.data, .ldc = out, .bias = bias ? const_typed_ptr(p.w[1]) : nullptr,
+             .ep = ep});
   }
 
-  template <execution_space S>
-  void backward(const context& c, layer_params p, tensor_view<const float, S> x, tensor_view<const float, S>,
-                tensor_view<const float, S> dy, tensor_view<float, S> dx) const {
+  template <execution_space S, class T>
+  void backward(const context& c, layer_params<T> p, tensor_view<const T, S> x, tensor_view<const T, S>,
+                tensor_view<const T, S> dy, tensor_view<T, S> dx) const {
     const std::int64_t rows = x.rows();
     const float beta = c.accumulate ? 1.f : 0.f;
     // dW[out,in] = dyᵀ·x
@@ -67,7 +68,7 @@ struct linear {
     // db[out] = dyᵀ·1, a GEMV that the GEMM library does better than a column loop
     if (bias)
       gemm<S>({.ta = trans::t, .tb = trans::n, .m = out, .n = 1, .k = rows, .a = dy.data, .lda = out,
-               .b = c.ones, .ldb = 1, .c = p.g[1], .ldc = 1, .beta = beta});
+               .b = static_cast<const T*>(c.ones), .ldb = 1, .c = p.g[1], .ldc = 1, .beta = beta});
     // dx[rows,in] = dy·W
     if (dx.data)
       gemm<S>({.ta = trans::n, .tb = trans::n, .m = rows, .n = in, .k = out, .a = dy.data, .lda = out,

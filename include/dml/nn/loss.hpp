@@ -17,38 +17,42 @@ DML_HOST_DEVICE float softmax_xent_loss(float sum_exp, float x_label, float mx) 
 DML_HOST_DEVICE float softmax_xent_grad(float x, float mx, float inv_sum, bool is_label, float scale) {
   return (expf(x - mx) * inv_sum - (is_label ? 1.f : 0.f)) * scale;
 }
-// Per row: loss = logsumexp(x) − x[label]; dx = (softmax(x) − onehot(label)) · scale.
+// Per row: loss = logsumexp(x) − x[label]; dx = (softmax(x) − onehot(label)) · scale. Logits of the
+// working type T; arithmetic in float.
+template <class T>
 struct softmax_xent_row {
-  const float* x;
+  const T* x;
   const std::int32_t* labels;
-  float* dx;          // may be null: loss only
+  T* dx;              // may be null: loss only
   float* row_loss;
   std::int64_t n;
   float scale;
   DML_HOST_DEVICE void operator()(std::int64_t r) const {
-    const float* xr = x + r * n;
-    float mx = xr[0];
-    for (std::int64_t j = 1; j < n; ++j) mx = xr[j] > mx ? xr[j] : mx;
+    const T* xr = x + r * n;
+    float mx = static_cast<float>(xr[0]);
+    for (std::int64_t j = 1; j < n; ++j) mx = static_cast<float>(xr[j]) > mx ? static_cast<float>(xr[j]) : mx;
     float sum = 0.f;
-    for (std::int64_t j = 0; j < n; ++j) sum += expf(xr[j] - mx);
+    for (std::int64_t j = 0; j < n; ++j) sum += expf(static_cast<float>(xr[j]) - mx);
     const std::int64_t label = labels[r];
-    row_loss[r] = softmax_xent_loss(sum, xr[label], mx);
+    row_loss[r] = softmax_xent_loss(sum, static_cast<float>(xr[label]), mx);
     if (dx) {
       const float inv = 1.f / sum;
-      float* dr = dx + r * n;
-      for (std::int64_t j = 0; j < n; ++j) dr[j] = softmax_xent_grad(xr[j], mx, inv, j == label, scale);
+      T* dr = dx + r * n;
+      for (std::int64_t j = 0; j < n; ++j)
+        dr[j] = T(softmax_xent_grad(static_cast<float>(xr[j]), mx, inv, j == label, scale));
     }
   }
 };
+template <class T>
 struct argmax_hit {
-  const float* x;
+  const T* x;
   const std::int32_t* labels;
   std::int64_t n;
   DML_HOST_DEVICE std::int64_t operator()(std::int64_t r) const {
-    const float* xr = x + r * n;
+    const T* xr = x + r * n;
     std::int64_t best = 0;
     for (std::int64_t j = 1; j < n; ++j)
-      if (xr[j] > xr[best]) best = j;
+      if (static_cast<float>(xr[j]) > static_cast<float>(xr[best])) best = j;
     return best == labels[r] ? 1 : 0;
   }
 };
@@ -73,9 +77,10 @@ struct softmax_cross_entropy {
   // row_loss: scratch of logits.rows() floats in the same space.
   // On CUDA the labels are in device memory and are not checked on the host: a label outside [0, n)
   // makes its row's loss (and so the mean) NaN instead of raising an error.
-  template <execution_space S>
-  float forward_backward(tensor_view<const float, S> logits, const std::int32_t* labels, tensor_view<float, S> dlogits,
-                         float* row_loss, std::int64_t scale_rows = 0) const {
+  // loss_scale multiplies dlogits only (fp16 loss scaling); the returned loss is unscaled.
+  template <execution_space S, class T>
+  float forward_backward(tensor_view<const T, S> logits, const std::int32_t* labels, tensor_view<T, S> dlogits,
+                         float* row_loss, std::int64_t scale_rows = 0, float loss_scale = 1.f) const {
     const std::int64_t rows = logits.rows(), n = logits.cols();
     if (dlogits.data && !(dlogits.shape == logits.shape))
       fail<shape_error>("dml::nn::softmax_cross_entropy: dlogits shape ", dlogits.shape, " differs from logits ",
@@ -86,22 +91,22 @@ struct softmax_cross_entropy {
           fail<invalid_argument>("dml::nn::softmax_cross_entropy: expected labels in [0, ", n, "), found ",
                                  labels[r], " in row ", r);
     const std::int64_t denom = scale_rows > 0 ? scale_rows : rows;
+    const float scale = loss_scale / static_cast<float>(denom);
 #if DML_HAS_CUDA
-    if constexpr (std::same_as<S, cuda>)  // one block per row instead of one thread
-      detail::softmax_xent_cuda(logits.data, labels, dlogits.data, row_loss, rows, n, 1.f / static_cast<float>(denom));
+    if constexpr (std::same_as<S, cuda> && std::same_as<T, float>)  // one block per row instead of one thread
+      detail::softmax_xent_cuda(logits.data, labels, dlogits.data, row_loss, rows, n, scale);
     else
 #endif
-      for_each_index<S>(rows, kernels::softmax_xent_row{logits.data, labels, dlogits.data, row_loss, n,
-                                                        1.f / static_cast<float>(denom)});
+      for_each_index<S>(rows, kernels::softmax_xent_row<T>{logits.data, labels, dlogits.data, row_loss, n, scale});
     const double total = transform_reduce_index<S>(rows, kernels::read_float{row_loss}, 0.0);
     return static_cast<float>(total / static_cast<double>(denom));
   }
 };
 
 // Rows whose largest logit is at the label.
-template <execution_space S>
-std::int64_t count_correct(tensor_view<const float, S> logits, const std::int32_t* labels) {
-  return transform_reduce_index<S>(logits.rows(), kernels::argmax_hit{logits.data, labels, logits.cols()},
+template <execution_space S, class T>
+std::int64_t count_correct(tensor_view<const T, S> logits, const std::int32_t* labels) {
+  return transform_reduce_index<S>(logits.rows(), kernels::argmax_hit<T>{logits.data, labels, logits.cols()},
                                    std::int64_t{0});
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dml/core/algorithm.hpp"
+#include "dml/core/cast.hpp"
 #include "dml/core/rng.hpp"
 #include "dml/nn/activation.hpp"
 #include "dml/nn/linear.hpp"
@@ -73,11 +74,12 @@ param_layout make_layout(const sequential<Layers...>& model, std::int64_t alignm
 }
 
 namespace kernels {
+template <class T = float>
 struct init_param {
   rng_stream rng;
   init_kind kind;
   float a, b;
-  float* w;
+  T* w;
   DML_HOST_DEVICE static float value(const rng_stream& rng, init_kind kind, float a, float b, std::uint64_t k) {
     switch (kind) {
       case init_kind::ones: return 1.f;
@@ -87,7 +89,7 @@ struct init_param {
     }
     return 0.f;
   }
-  DML_HOST_DEVICE void operator()(std::int64_t i) const { w[i] = value(rng, kind, a, b, static_cast<std::uint64_t>(i)); }
+  DML_HOST_DEVICE void operator()(std::int64_t i) const { w[i] = T(value(rng, kind, a, b, static_cast<std::uint64_t>(i))); }
 };
 // Elements [first, first + n) of a parameter, written to out[0, n).
 struct init_param_range {
@@ -97,7 +99,7 @@ struct init_param_range {
   float* out;
   std::int64_t first;
   DML_HOST_DEVICE void operator()(std::int64_t i) const {
-    out[i] = init_param::value(rng, kind, a, b, static_cast<std::uint64_t>(first + i));
+    out[i] = init_param<>::value(rng, kind, a, b, static_cast<std::uint64_t>(first + i));
   }
 };
 }  // namespace kernels
@@ -117,14 +119,18 @@ struct network_options {
   bool own_grads = true;   // false: the owner points every slot's gradient at its storage (ZeRO-2/3)
 };
 
-template <execution_space Space, class... Layers>
-class network {
+// A sequential with storage in Space; T is the working type of parameters, gradients and activations
+// (float, or bf16/fp16 when a mixed-precision trainer keeps float master weights elsewhere). Inputs
+// are float: cast to T on entry, except for a first layer that takes float input (embedding ids).
+template <execution_space Space, class T, class... Layers>
+class basic_network {
  public:
   using model_type = sequential<Layers...>;
   using space = Space;
+  using value_type = T;
   static constexpr std::size_t depth = sizeof...(Layers);
 
-  explicit network(model_type model, std::uint64_t seed = 0, network_options opt = {})
+  explicit basic_network(model_type model, std::uint64_t seed = 0, network_options opt = {})
       : model_(std::move(model)), layout_(make_layout(model_, opt.alignment)),
         params_(opt.own_params ? layout_.total : 0), grads_(opt.own_grads ? layout_.total : 0),
         w_ptrs_(layout_.slots.size()), g_ptrs_(layout_.slots.size()) {
@@ -135,31 +141,31 @@ class network {
     if (opt.own_params) init(seed);
     if (opt.own_grads) zero_grad();
   }
-  network(const network&) = delete;
-  network& operator=(const network&) = delete;
+  basic_network(const basic_network&) = delete;
+  basic_network& operator=(const basic_network&) = delete;
 
   // Parameter i of the layout starts from (seed, i) alone: every rank and thread count gets the same values.
   void init(std::uint64_t seed) {
-    fill_n<Space>(params_.data(), layout_.total, 0.f);
+    fill_n<Space>(params_.data(), layout_.total, T(0.f));
     for (std::size_t i = 0; i < layout_.slots.size(); ++i) {
       const auto& s = layout_.slots[i];
       for_each_index<Space>(s.shape.numel(),
-                            kernels::init_param{rng_stream{seed, i}, s.spec.init, s.spec.a, s.spec.b, w_ptrs_[i]});
+                            kernels::init_param<T>{rng_stream{seed, i}, s.spec.init, s.spec.a, s.spec.b, w_ptrs_[i]});
     }
   }
-  void zero_grad() { fill_n<Space>(grads_.data(), layout_.total, 0.f); }
+  void zero_grad() { fill_n<Space>(grads_.data(), layout_.total, T(0.f)); }
 
   const model_type& model() const { return model_; }
   const param_layout& layout() const { return layout_; }
-  std::span<float> params() { return params_.span(); }
-  std::span<const float> params() const { return params_.span(); }
-  std::span<float> grads() { return grads_.span(); }
-  std::span<const float> grads() const { return grads_.span(); }
-  float* param(std::size_t slot) { return w_ptrs_[slot]; }
-  float* grad(std::size_t slot) { return g_ptrs_[slot]; }
+  std::span<T> params() { return params_.span(); }
+  std::span<const T> params() const { return params_.span(); }
+  std::span<T> grads() { return grads_.span(); }
+  std::span<const T> grads() const { return grads_.span(); }
+  T* param(std::size_t slot) { return w_ptrs_[slot]; }
+  T* grad(std::size_t slot) { return g_ptrs_[slot]; }
   // Where a slot's parameter or gradient lives from now on (storage owned by a sharded trainer).
-  void set_param_pointer(std::size_t slot, float* p) { w_ptrs_[slot] = p; }
-  void set_grad_pointer(std::size_t slot, float* p) { g_ptrs_[slot] = p; }
+  void set_param_pointer(std::size_t slot, T* p) { w_ptrs_[slot] = p; }
+  void set_grad_pointer(std::size_t slot, T* p) { g_ptrs_[slot] = p; }
 
   // Writes slot s's initial values for elements [begin, end) to out: the values init() gives, for a
   // trainer that keeps only part of a parameter.
@@ -170,10 +176,17 @@ class network {
   }
 
   // Runs every layer; the returned view stays valid until the next forward.
-  tensor_view<const float, Space> forward(tensor_view<const float, Space> x, context c = {},
-                                          layer_hooks* hooks = nullptr) {
+  tensor_view<const T, Space> forward(tensor_view<const float, Space> x, context c = {},
+                                      layer_hooks* hooks = nullptr) {
     prepare(x.shape);
-    input_ = x;
+    input_float_ = x;
+    if constexpr (std::same_as<T, float>) {
+      input_ = x;
+    } else if constexpr (!first_takes_float) {
+      input_cast_.resize(static_cast<std::size_t>(x.numel()));
+      cast_n<Space>(x.data, input_cast_.data(), x.numel());
+      input_ = tensor_view<const T, Space>(input_cast_.data(), x.shape);
+    }
     hooks_ = hooks;
     run_forward(c, std::make_index_sequence<depth>{});
     return output_of(depth - 1);
@@ -181,8 +194,8 @@ class network {
 
   // Backward from ∂loss/∂output; writes (or with c.accumulate adds) parameter gradients.
   // With want_input_grad the gradient with respect to the input is returned, else an empty view.
-  tensor_view<const float, Space> backward(tensor_view<const float, Space> dy, context c = {},
-                                           bool want_input_grad = false, layer_hooks* hooks = nullptr) {
+  tensor_view<const T, Space> backward(tensor_view<const T, Space> dy, context c = {},
+                                       bool want_input_grad = false, layer_hooks* hooks = nullptr) {
     hooks_ = hooks;
     if (!(dy.shape == output_of(depth - 1).shape))
       fail<shape_error>("dml::nn::network::backward: expected a gradient of shape ", output_of(depth - 1).shape,
@@ -192,7 +205,7 @@ class network {
     current_dy_ = dy;
     want_input_grad_ = want_input_grad;
     run_backward(c, std::make_index_sequence<depth>{});
-    return want_input_grad ? current_dy_ : tensor_view<const float, Space>{};
+    return want_input_grad ? current_dy_ : tensor_view<const T, Space>{};
   }
 
  private:
@@ -226,22 +239,29 @@ class network {
     for (std::size_t i = 0; i < depth; ++i) acts_[i].resize(absorbed_[i] ? dml::shape{0} : shapes[i]);
     for (auto& g : dgrad_) g.resize(static_cast<std::size_t>(widest));
     ones_.resize(static_cast<std::size_t>(rows));
-    fill_n<Space>(ones_.data(), rows, 1.f);
+    fill_n<Space>(ones_.data(), rows, T(1.f));
     workspace_.resize(static_cast<std::size_t>(std::max<std::int64_t>(work, 1)));
     input_shape_ = in;
   }
 
-  layer_params params_of(std::size_t layer) {
+  layer_params<T> params_of(std::size_t layer) {
     return {w_ptrs_.data() + layout_.first_slot[layer], g_ptrs_.data() + layout_.first_slot[layer]};
   }
   // A relu fused into the linear before it shares that layer's output buffer.
-  tensor_view<float, Space> output_of(std::size_t i) {
+  tensor_view<T, Space> output_of(std::size_t i) {
     if (absorbed_[i]) return {acts_[i - 1].data(), acts_[i - 1].shape()};
     return acts_[i].view();
   }
-  tensor_view<const float, Space> input_of(std::size_t i) {
-    return i == 0 ? input_ : tensor_view<const float, Space>(output_of(i - 1));
+  tensor_view<const T, Space> input_of(std::size_t i) {
+    return i == 0 ? input_ : tensor_view<const T, Space>(output_of(i - 1));
   }
+  // Layer I's input: the float input itself for a first layer that takes floats, else of type T.
+  template <std::size_t I>
+  auto layer_input() {
+    if constexpr (I == 0 && first_takes_float) return input_float_;
+    else return input_of(I);
+  }
+  static constexpr bool first_takes_float = requires { requires std::tuple_element_t<0, std::tuple<Layers...>>::float_input; };
 
   using layer_types = std::tuple<Layers...>;
   // linear followed by relu: the GEMM applies the relu in its epilogue and the relu layer's forward is skipped.
@@ -262,9 +282,9 @@ class network {
     const auto& l = std::get<I>(model_.layers);
     if (hooks_) hooks_->before_forward(I);
     if constexpr (fuses_relu<I>())
-      l.template forward<Space>(c, params_of(I), input_of(I), output_of(I), epilogue::relu);
+      l.template forward<Space>(c, params_of(I), layer_input<I>(), output_of(I), epilogue::relu);
     else if (!absorbed_[I])
-      l.template forward<Space>(c, params_of(I), input_of(I), output_of(I));
+      l.template forward<Space>(c, params_of(I), layer_input<I>(), output_of(I));
   }
 
   template <std::size_t... I>
@@ -281,27 +301,34 @@ class network {
   void backward_layer(context c) {
     c.layer = I;
     if (hooks_) hooks_->before_backward(I);
-    const auto x = input_of(I);
+    const auto x = layer_input<I>();
     // The first layer's input gradient is wasted work unless the caller wants it.
     const bool need_dx = I > 0 || want_input_grad_;
-    float* dx_data = need_dx ? dgrad_[I % 2].data() : nullptr;
-    tensor_view<float, Space> dx{dx_data, x.shape};
-    std::get<I>(model_.layers).template backward<Space>(c, params_of(I), x, output_of(I), current_dy_, dx);
-    current_dy_ = tensor_view<const float, Space>(dx_data, x.shape);
+    T* dx_data = need_dx ? dgrad_[I % 2].data() : nullptr;
+    tensor_view<T, Space> dx{dx_data, x.shape};
+    std::get<I>(model_.layers).template backward<Space>(c, params_of(I), x, tensor_view<const T, Space>(output_of(I)),
+                                                        current_dy_, dx);
+    current_dy_ = tensor_view<const T, Space>(dx_data, x.shape);
     if (hooks_) hooks_->after_backward(I);
   }
 
   model_type model_;
   param_layout layout_;
-  buffer<float, Space> params_, grads_;
-  std::vector<float*> w_ptrs_, g_ptrs_;
-  std::vector<tensor<float, Space>> acts_;
-  buffer<float, Space> dgrad_[2];
-  buffer<float, Space> ones_, workspace_;
+  buffer<T, Space> params_, grads_;
+  std::vector<T*> w_ptrs_, g_ptrs_;
+  std::vector<tensor<T, Space>> acts_;
+  buffer<T, Space> dgrad_[2];
+  buffer<T, Space> ones_, input_cast_;
+  buffer<float, Space> workspace_;
   dml::shape input_shape_{};
-  tensor_view<const float, Space> input_{}, current_dy_{};
+  tensor_view<const float, Space> input_float_{};
+  tensor_view<const T, Space> input_{}, current_dy_{};
   bool want_input_grad_ = false;
   layer_hooks* hooks_ = nullptr;
 };
+
+// The fp32 network: what every single-precision user means by "network".
+template <execution_space Space, class... Layers>
+using network = basic_network<Space, float, Layers...>;
 
 }  // namespace dml::nn
