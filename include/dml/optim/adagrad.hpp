@@ -10,13 +10,14 @@
 namespace dml::optim {
 
 namespace kernels {
+template <class G = float>
 struct adagrad_update {
   float* w;
-  const float* g;
+  const G* g;
   float* sum;
   float clr, eps, weight_decay, grad_scale;
   DML_HOST_DEVICE void operator()(std::int64_t i) const {
-    float grad = g[i] * grad_scale;
+    float grad = static_cast<float>(g[i]) * grad_scale;
     if (weight_decay != 0.f) grad = grad + weight_decay * w[i];
     const float s = sum[i] + grad * grad;
     sum[i] = s;
@@ -50,7 +51,10 @@ struct adagrad {
       fail<invalid_argument>("dml::optim::adagrad: expected no working copy (step_args::working), found one; "
                              "mixed-precision copies are written by sgd, adam and adamw");
     const float clr = a.lr / (1.f + static_cast<float>(a.step - 1) * opt.lr_decay);
-    for_each_index<S>(a.n, kernels::adagrad_update{a.w, a.g, a.state[0], clr, opt.eps, opt.weight_decay, a.grad_scale});
+    optim::detail::visit_grad(a, "dml::optim::adagrad gradients", [&](const auto* g) {
+      using G = std::remove_cvref_t<decltype(*g)>;
+      for_each_index<S>(a.n, kernels::adagrad_update<G>{a.w, g, a.state[0], clr, opt.eps, opt.weight_decay, a.grad_scale});
+    });
   }
 };
 

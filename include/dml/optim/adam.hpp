@@ -12,10 +12,10 @@ namespace dml::optim {
 
 namespace kernels {
 // W is the element type of the working copy written alongside w, or void for none.
-template <class W = void>
+template <class W = void, class G = float>
 struct adam_update {
   float* w;
-  const float* g;
+  const G* g;
   float* m;
   float* v;
   float beta1, beta2, eps, weight_decay, grad_scale;
@@ -25,7 +25,7 @@ struct adam_update {
   bool decoupled;
   W* working;
   DML_HOST_DEVICE void operator()(std::int64_t i) const {
-    float grad = g[i] * grad_scale;
+    float grad = static_cast<float>(g[i]) * grad_scale;
     float p = w[i];
     if (decoupled) p = p * decay;
     else if (weight_decay != 0.f) grad = grad + weight_decay * p;
@@ -72,10 +72,14 @@ struct adam_base {
     const double bc2 = 1.0 - std::pow(static_cast<double>(opt.beta2), t);
     optim::detail::visit_working(a, "dml::optim::adam working copy", [&](auto* working) {
       using W = std::remove_pointer_t<decltype(working)>;
-      for_each_index<S>(a.n, kernels::adam_update<W>{a.w, a.g, a.state[0], a.state[1], opt.beta1, opt.beta2, opt.eps,
-                                                     opt.weight_decay, a.grad_scale, static_cast<float>(a.lr / bc1),
-                                                     static_cast<float>(std::sqrt(bc2)), 1.f - a.lr * opt.weight_decay,
-                                                     Decoupled, working});
+      optim::detail::visit_grad(a, "dml::optim::adam gradients", [&](const auto* g) {
+        using G = std::remove_cvref_t<decltype(*g)>;
+        for_each_index<S>(a.n, kernels::adam_update<W, G>{a.w, g, a.state[0], a.state[1], opt.beta1, opt.beta2,
+                                                          opt.eps, opt.weight_decay, a.grad_scale,
+                                                          static_cast<float>(a.lr / bc1),
+                                                          static_cast<float>(std::sqrt(bc2)),
+                                                          1.f - a.lr * opt.weight_decay, Decoupled, working});
+      });
     });
   }
 };

@@ -23,7 +23,7 @@ struct optimizer_family {};
 struct step_args {
   std::int64_t n = 0;
   float* w = nullptr;
-  const float* g = nullptr;
+  const_typed_ptr g{};  // n gradients: float, or bf16/fp16 under mixed precision (read as float)
   float* const* state = nullptr;  // state_slots pointers, each to n floats
   std::int64_t step = 1;          // 1 on the first update, as PyTorch counts
   float lr = 0.f;
@@ -41,6 +41,11 @@ void visit_working(const step_args& a, const char* who, F&& f) {
     return;
   }
   dml::detail::visit_float_like(a.working.type, who, [&](auto t) { f(a.working.as<decltype(t)>()); });
+}
+// Calls f(const G* g) with the gradients' element type.
+template <class F>
+void visit_grad(const step_args& a, const char* who, F&& f) {
+  dml::detail::visit_float_like(a.g.type, who, [&](auto t) { f(a.g.as<decltype(t)>()); });
 }
 }  // namespace detail
 

@@ -11,16 +11,16 @@ namespace dml::optim {
 
 namespace kernels {
 // W is the element type of the working copy written alongside w, or void for none.
-template <class W = void>
+template <class W = void, class G = float>
 struct sgd_update {
   float* w;
-  const float* g;
+  const G* g;
   float* buf;  // momentum buffer, unused without momentum
   float lr, momentum, dampening, weight_decay, grad_scale;
   bool nesterov, first;
   W* working;
   DML_HOST_DEVICE void operator()(std::int64_t i) const {
-    float d = g[i] * grad_scale;
+    float d = static_cast<float>(g[i]) * grad_scale;
     if (weight_decay != 0.f) d = d + weight_decay * w[i];
     if (momentum != 0.f) {
       // PyTorch starts the buffer at the first gradient, without dampening.
@@ -63,9 +63,12 @@ struct sgd {
   void update(const step_args& a) const {
     optim::detail::visit_working(a, "dml::optim::sgd working copy", [&](auto* working) {
       using W = std::remove_pointer_t<decltype(working)>;
-      for_each_index<S>(a.n, kernels::sgd_update<W>{a.w, a.g, a.state[0], a.lr, opt.momentum, opt.dampening,
-                                                    opt.weight_decay, a.grad_scale, opt.nesterov, a.step == 1,
-                                                    working});
+      optim::detail::visit_grad(a, "dml::optim::sgd gradients", [&](const auto* g) {
+        using G = std::remove_cvref_t<decltype(*g)>;
+        for_each_index<S>(a.n, kernels::sgd_update<W, G>{a.w, g, a.state[0], a.lr, opt.momentum, opt.dampening,
+                                                         opt.weight_decay, a.grad_scale, opt.nesterov, a.step == 1,
+                                                         working});
+      });
     });
   }
 };
