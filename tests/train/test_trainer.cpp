@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <mutex>
+#include <unistd.h>
+#include <filesystem>
 
 #include "trainer_fixture.hpp"
 
@@ -161,4 +163,114 @@ TEST_CASE("a global batch smaller than the group leaves some ranks with no rows,
   const auto one = run(1), four = run(4);
   REQUIRE(one.size() == four.size());
   for (std::size_t i = 0; i < one.size(); ++i) CHECK(four[i] == doctest::Approx(one[i]).epsilon(1e-5));
+}
+
+// Mixed precision: each sharding in bf16 or fp16 against one rank in the same precision (the reductions
+// sum in 16 bits, so agreement is to the precision of the type), and against fp32 to a few percent.
+TEST_CASE_TEMPLATE("mixed precision: every sharding x group size tracks one rank", P, precision::bf16, precision::fp16) {
+  const double bound = std::is_same_v<P, precision::bf16> ? 2e-2 : 5e-3;
+  const auto ref = train_local<parallel::replicate, P>(1, options());
+  const auto fp32 = train_local<parallel::replicate>(1, options());
+  double vs32 = 0;
+  for (std::size_t i = 0; i < ref.losses.size(); ++i)
+    vs32 = std::max(vs32, std::abs(double(ref.losses[i]) - fp32.losses[i]) / fp32.losses[i]);
+  MESSAGE(std::string(P::name) << ": one rank vs fp32 max_rel_loss_diff=" << vs32 << "; last loss "
+                               << ref.losses.back() << " vs " << fp32.losses.back());
+  CHECK(vs32 < 5 * bound);
+  CHECK(ref.losses.back() < 0.6 * ref.losses.front());
+  for (int ranks : {2, 4}) {
+    CAPTURE(ranks);
+    for (const auto& got : {train_local<parallel::replicate, P>(ranks, options()),
+                            train_local<parallel::zero<1>, P>(ranks, options()),
+                            train_local<parallel::zero<2>, P>(ranks, options()),
+                            train_local<parallel::zero<3>, P>(ranks, options())}) {
+      double max_rel = 0;
+      for (std::size_t i = 0; i < ref.losses.size(); ++i)
+        max_rel = std::max(max_rel, std::abs(double(ref.losses[i]) - got.losses[i]) / ref.losses[i]);
+      MESSAGE(std::string(P::name) << " max_rel_loss_diff=" << max_rel);
+      CHECK(max_rel < bound);
+    }
+  }
+}
+
+TEST_CASE("mixed-precision memory follows (2 + 2 + K)Ψ, 4Ψ + KΨ/N, 2Ψ + 14Ψ/N, 16Ψ/N with K = 12 for AdamW") {
+  for (int n : {1, 2, 4}) {
+    CAPTURE(n);
+    const auto ddp = train_local<parallel::replicate, precision::bf16>(n, options()).memory;
+    const auto z1 = train_local<parallel::zero<1>, precision::bf16>(n, options()).memory;
+    const auto z2 = train_local<parallel::zero<2>, precision::bf16>(n, options()).memory;
+    const auto z3 = train_local<parallel::zero<3>, precision::bf16>(n, options()).memory;
+    const std::int64_t psi = ddp.padded;
+    CHECK(ddp.params + ddp.grads + ddp.optimizer == (2 + 2 + 12) * psi);
+    CHECK(z1.params + z1.grads + z1.optimizer == 4 * psi + 12 * psi / n);
+    CHECK(z2.params + z2.grads + z2.optimizer == 2 * psi + 14 * psi / n);
+    CHECK(z3.params + z3.grads + z3.optimizer == 16 * psi / n);
+  }
+}
+
+TEST_CASE("fp16 loss scaling: overflowing steps are skipped on every rank and the scale backs off") {
+  std::vector<std::vector<train::step_result>> seen(2);
+  comm::local::run(2, [&](comm::local& c) {
+    const auto& d = data();
+    auto o = options();
+    o.initial_loss_scale = 16777216.f;  // 2^24: the first scaled gradients overflow fp16
+    trainer<parallel::zero<2>, precision::fp16> t(c, make_model(), o);
+    for (int s = 0; s < 12; ++s) {
+      const std::int64_t lo = 16 * c.rank();
+      seen[static_cast<std::size_t>(c.rank())].push_back(
+          t.step(tensor_view<const float>(d.x.data() + (32 * s + lo) * features, {16, features}), d.y.data() + 32 * s + lo,
+                 32));
+    }
+  });
+  int skipped = 0;
+  for (std::size_t s = 0; s < seen[0].size(); ++s) {
+    CHECK(seen[0][s].skipped == seen[1][s].skipped);  // one verdict for all ranks
+    CHECK(seen[0][s].loss_scale == seen[1][s].loss_scale);
+    if (seen[0][s].skipped) {
+      ++skipped;
+      CHECK(seen[0][s].loss_scale == (s == 0 ? 8388608.f : seen[0][s - 1].loss_scale / 2));
+    }
+  }
+  MESSAGE("fp16: " << skipped << " of 12 steps skipped; scale now " << seen[0].back().loss_scale);
+  CHECK(skipped >= 1);
+  CHECK(!seen[0].back().skipped);
+  CHECK(std::isfinite(seen[0].back().loss));
+}
+
+TEST_CASE_TEMPLATE("mixed precision: a checkpoint resumes exactly (master weights, state, loss scale)", P, precision::bf16,
+                   precision::fp16) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("dml_mixed_resume_" + std::string(P::name) + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto run = [&](bool split) {
+    std::vector<float> losses;
+    std::mutex m;
+    comm::local::run(2, [&](comm::local& c) {
+      const auto& d = data();
+      auto slice = [&](trainer<parallel::zero<1>, P>& t, int s) {
+        const std::int64_t lo = 16 * c.rank();
+        const auto r = t.step(tensor_view<const float>(d.x.data() + (32 * s + lo) * features, {16, features}),
+                              d.y.data() + 32 * s + lo, 32);
+        if (c.rank() == 0) {
+          std::lock_guard lk(m);
+          losses.push_back(r.loss);
+        }
+      };
+      trainer<parallel::zero<1>, P> a(c, make_model(), options());
+      for (int s = 0; s < 6; ++s) slice(a, s);
+      if (!split) {
+        for (int s = 6; s < 12; ++s) slice(a, s);
+        return;
+      }
+      a.save_checkpoint(dir);
+      trainer<parallel::zero<1>, P> b(c, make_model(), options());
+      b.load_checkpoint(dir);
+      for (int s = 6; s < 12; ++s) slice(b, s);
+    });
+    return losses;
+  };
+  const auto straight = run(false), resumed = run(true);
+  fs::remove_all(dir);
+  REQUIRE(straight.size() == resumed.size());
+  for (std::size_t i = 0; i < straight.size(); ++i) CHECK(straight[i] == resumed[i]);
 }

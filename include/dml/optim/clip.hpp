@@ -10,16 +10,20 @@
 namespace dml::optim {
 
 namespace kernels {
+template <class T = float>
 struct square {
-  const float* g;
-  DML_HOST_DEVICE double operator()(std::int64_t i) const { return static_cast<double>(g[i]) * g[i]; }
+  const T* g;
+  DML_HOST_DEVICE double operator()(std::int64_t i) const {
+    const double v = static_cast<float>(g[i]);
+    return v * v;
+  }
 };
 }  // namespace kernels
 
 // Σ g² over a range (padding is zero, so whole flat buffers may be passed).
-template <execution_space S>
-double squared_norm(const float* g, std::int64_t n) {
-  return transform_reduce_index<S>(n, kernels::square{g}, 0.0);
+template <execution_space S, class T>
+double squared_norm(const T* g, std::int64_t n) {
+  return transform_reduce_index<S>(n, kernels::square<T>{g}, 0.0);
 }
 
 // The factor torch.nn.utils.clip_grad_norm_ applies: max_norm / (norm + 1e-6) when norm exceeds max_norm.

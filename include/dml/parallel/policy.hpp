@@ -5,6 +5,7 @@
 
 #include <type_traits>
 
+#include "dml/core/dtype.hpp"
 #include "dml/optim/optimizer.hpp"
 
 namespace dml {
@@ -34,7 +35,25 @@ namespace precision {
 // Parameters, activations, gradients and optimizer state in float.
 struct fp32 {
   using policy_family = precision_family;
+  using type = float;
+  static constexpr bool loss_scaling = false;
   static constexpr const char* name = "fp32";
+};
+// Mixed precision: parameters, activations and gradients in bf16 (GEMMs through oneDNN's bf16 kernels
+// or cuBLASLt), float master weights and optimizer state, one fused update that writes both.
+struct bf16 {
+  using policy_family = precision_family;
+  using type = dml::bf16;
+  static constexpr bool loss_scaling = false;
+  static constexpr const char* name = "bf16";
+};
+// As bf16 but in fp16, with dynamic loss scaling: a step whose gradients overflow is skipped and the
+// scale shrinks; it grows after a run of good steps (optim/loss_scaler.hpp).
+struct fp16 {
+  using policy_family = precision_family;
+  using type = dml::fp16;
+  static constexpr bool loss_scaling = true;
+  static constexpr const char* name = "fp16";
 };
 }  // namespace precision
 

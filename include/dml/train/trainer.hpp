@@ -16,6 +16,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dml/comm/communicator.hpp"
@@ -23,6 +24,8 @@
 #include "dml/nn/network.hpp"
 #include "dml/optim/adam.hpp"
 #include "dml/optim/clip.hpp"
+#include "dml/optim/loss_scaler.hpp"
+#include "dml/core/cast.hpp"
 #include "dml/parallel/policy.hpp"
 #include "dml/train/checkpoint.hpp"
 
@@ -37,11 +40,14 @@ struct trainer_options {
   float clip_norm = 0.f;            // global-norm clipping; 0 turns it off
   std::function<float(std::int64_t step)> lr;  // learning rate per step (from 1); empty: the optimizer's lr
   bool record_events = false;       // keep an event log of backward and communication (tests, tracing)
+  float initial_loss_scale = 65536.f;  // fp16: where dynamic loss scaling starts (PyTorch's default)
 };
 
 struct step_result {
   float loss = 0.f;        // mean over the global batch, the same on every rank
   double grad_norm = 0.0;  // global gradient norm before clipping (computed when clipping is on)
+  bool skipped = false;    // fp16: the gradients overflowed, the update was skipped and the scale shrank
+  float loss_scale = 1.f;  // fp16: the loss scale after this step
 };
 
 // Per-rank bytes of model state, computed from the sizes the trainer allocates.
@@ -105,10 +111,13 @@ struct bucket {
   std::int64_t shard_offset = 0;                 // where this bucket's part lives in shard buffers
 };
 
+template <class T>
 struct add_into {
-  float* dst;
-  const float* src;
-  DML_HOST_DEVICE void operator()(std::int64_t i) const { dst[i] += src[i]; }
+  T* dst;
+  const T* src;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    dst[i] = T(static_cast<float>(dst[i]) + static_cast<float>(src[i]));
+  }
 };
 
 template <class Space>
@@ -128,10 +137,16 @@ class engine_base {
   virtual std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) = 0;
 };
 
-template <class Space, class Comm, class Sharding, class Optimizer, class... Layers>
+template <class Space, class Comm, class Sharding, class Optimizer, class Precision, class... Layers>
 class engine final : public engine_base<Space>, nn::layer_hooks {
   static constexpr int stage = Sharding::stage;
-  using net_type = nn::network<Space, Layers...>;
+  // The working type of parameters, activations and gradients; master weights and state are float.
+  using T = typename Precision::type;
+  static constexpr bool mixed = !std::same_as<T, float>;
+  // Where the float parameters live: a shard (ZeRO-3, and every mixed ZeRO stage, whose master
+  // weights are sharded with the optimizer state), master_ (mixed DDP), or the network itself.
+  static constexpr bool sharded_master = stage == 3 || (mixed && stage >= 1);
+  using net_type = nn::basic_network<Space, T, Layers...>;
   // A bucket's communication in flight.
   struct inflight {
     comm::request r;
@@ -157,10 +172,22 @@ class engine final : public engine_base<Space>, nn::layer_hooks {
     for (const auto& b : buckets_) widest = std::max(widest, b.hi - b.lo);
     if (stage >= 2)
       for (auto& s : staging_) s.resize(static_cast<std::size_t>(widest));
-    if (stage == 3) {
-      shard_params_.resize(static_cast<std::size_t>(shard_));
+    if (stage == 3)
       for (auto& g : gathered_) g.resize(static_cast<std::size_t>(widest));
+    if constexpr (Precision::loss_scaling) scaler_ = optim::loss_scaler({.init_scale = opt_.initial_loss_scale});
+    if (sharded_master) {
+      shard_params_.resize(static_cast<std::size_t>(shard_));
       init_shard_params();
+    }
+    if constexpr (mixed && stage == 0) {
+      master_.resize(static_cast<std::size_t>(L.total));
+      fill_n<Space>(master_.data(), L.total, 0.f);
+      for (std::size_t s = 0; s < L.slots.size(); ++s)
+        net_.init_range(opt_.seed, s, 0, L.slots[s].shape.numel(), master_.data() + L.slots[s].offset);
+    }
+    if constexpr (mixed && stage == 3) {
+      shard_working_.resize(static_cast<std::size_t>(shard_));
+      cast_n<Space>(shard_params_.data(), shard_working_.data(), shard_);
     }
   }
 
@@ -194,7 +221,7 @@ class engine final : public engine_base<Space>, nn::layer_hooks {
       dlogits_.resize(logits.shape);
       row_loss_.resize(static_cast<std::size_t>(logits.rows()));
       local_loss += loss_fn_.template forward_backward<Space>(logits, y + lo, dlogits_.view(), row_loss_.data(),
-                                                             global_batch);
+                                                             global_batch, loss_scale());
       log(event_kind::backward_begin);
       // ZeRO-2/3 reduce every micro-batch into the shard; DDP and ZeRO-1 only on the last.
       const bool communicate = stage >= 2 || last_micro_;
@@ -203,8 +230,19 @@ class engine final : public engine_base<Space>, nn::layer_hooks {
       finish_communication();
     }
     step_result out{.loss = sum_over_ranks(local_loss)};
-    const float scale = clip_scale(out.grad_norm);
-    update(scale);
+    float scale = clip_scale(out.grad_norm);
+    if constexpr (Precision::loss_scaling) {
+      // Every rank sees the same verdict: the overflow flag is summed over ranks.
+      const bool found_inf = sum_over_ranks(static_cast<int>(has_overflow())) > 0;
+      out.skipped = !scaler_.update(found_inf);
+      out.loss_scale = scaler_.scale();
+      if (out.skipped) {
+        log(event_kind::step_end);
+        return out;
+      }
+    }
+    ++optimizer_step_;
+    update(scale / loss_scale());
     log(event_kind::step_end);
     return out;
   }
@@ -218,7 +256,9 @@ class engine final : public engine_base<Space>, nn::layer_hooks {
   std::vector<float> full_parameters() override {
     const auto& L = net_.layout();
     std::vector<float> full(static_cast<std::size_t>(L.total));
-    if constexpr (stage == 3) {
+    if constexpr (mixed && stage == 0) {
+      dml::copy_n(master_.data(), full.size(), full.data());
+    } else if constexpr (sharded_master) {
       buffer<float, Space> gathered(full.size());  // collectives work in the trainer's space
       order_after_compute();
       for (std::size_t b = 0; b < buckets_.size(); ++b) {
@@ -237,25 +277,28 @@ class engine final : public engine_base<Space>, nn::layer_hooks {
     const auto& L = net_.layout();
     if (static_cast<std::int64_t>(full.size()) != L.total)
       fail<shape_error>("dml::trainer: expected ", L.total, " parameters (padding included), found ", full.size());
-    if constexpr (stage == 3) {
+    if constexpr (mixed && stage == 0) {
+      dml::copy_n(full.data(), full.size(), master_.data());
+    } else if constexpr (sharded_master) {
       for (const auto& bk : buckets_)
         dml::copy_n(full.data() + bk.lo + rank_ * bk.part, static_cast<std::size_t>(bk.part),
                     shard_params_.data() + bk.shard_offset);
-      resident_ = {-1, -1};
     } else {
       dml::copy_n(full.data(), full.size(), net_.params().data());
     }
+    refresh_working();
   }
 
   memory_report memory() const override {
     const auto& L = net_.layout();
-    const std::int64_t f = sizeof(float);
+    const std::int64_t w = sizeof(T), f = sizeof(float);
     memory_report m{.numel = L.numel, .padded = L.total};
-    m.params = (stage == 3 ? shard_ : L.total) * f;
-    m.grads = (stage >= 2 ? shard_ : L.total) * f;
-    m.optimizer = state_.bytes();
+    m.params = (stage == 3 ? shard_ : L.total) * w;  // the working copy (fp32: the only copy)
+    m.grads = (stage >= 2 ? shard_ : L.total) * w;
+    // Optimizer state, and under mixed precision the float master weights that go with it.
+    m.optimizer = state_.bytes() + (mixed ? static_cast<std::int64_t>(master_.size() + shard_params_.size()) * f : 0);
     m.buffers = static_cast<std::int64_t>((staging_[0].size() + staging_[1].size() + gathered_[0].size() +
-                                           gathered_[1].size() + shard_tmp_.size()) * sizeof(float));
+                                           gathered_[1].size() + shard_tmp_.size()) * sizeof(T));
     return m;
   }
   const nn::param_layout& layout() const override { return net_.layout(); }
@@ -268,6 +311,12 @@ class engine final : public engine_base<Space>, nn::layer_hooks {
   void save_checkpoint(const std::filesystem::path& dir, const std::map<std::string, std::string>& user) override {
     auto info = checkpoint_description();
     info.user = user;
+    // The optimizer's own step count and the loss scale ride along under reserved keys.
+    info.user["dml.optimizer_step"] = std::to_string(optimizer_step_);
+    if constexpr (Precision::loss_scaling) {
+      info.user["dml.loss_scale"] = std::to_string(scaler_.scale());
+      info.user["dml.loss_scale_tracker"] = std::to_string(scaler_.growth_tracker());
+    }
     const auto& L = net_.layout();
     std::vector<std::vector<checkpoint_range>> ranges(static_cast<std::size_t>(ranks_));
     std::vector<const float*> data;
@@ -300,13 +349,13 @@ class engine final : public engine_base<Space>, nn::layer_hooks {
     std::vector<checkpoint_range> need;
     std::vector<float*> dst;
     for (int k = -1; k < Optimizer::state_slots; ++k) {
-      if ((k < 0 && stage == 3) || (k >= 0 && stage >= 1)) {
+      if ((k < 0 && sharded_master) || (k >= 0 && stage >= 1)) {
         for (const auto& p : mine) {
           need.push_back({checkpoint_tensor_name(k, L.slots[p.slot].name), p.begin, p.end});
           dst.push_back(held(k, p));
         }
       } else {
-        float* base = k < 0 ? net_.params().data() : state_.slot(k).data();
+        float* base = k < 0 ? full_master() : state_.slot(k).data();
         for (const auto& s : L.slots) {
           need.push_back({checkpoint_tensor_name(k, s.name), 0, s.shape.numel()});
           dst.push_back(base + s.offset);
@@ -325,7 +374,19 @@ class engine final : public engine_base<Space>, nn::layer_hooks {
       dml::copy_n(out[i], static_cast<std::size_t>(need[i].end - need[i].begin), dst[i]);
     step_ = info.step;
     opt_.seed = info.seed;  // dropout masks follow (seed, step)
-    resident_ = {-1, -1};   // gathered copies are stale now
+    optimizer_step_ = step_;
+    if (auto it = info.user.find("dml.optimizer_step"); it != info.user.end()) {
+      optimizer_step_ = std::stoll(it->second);
+      info.user.erase(it);
+    }
+    if constexpr (Precision::loss_scaling) {
+      auto scale = info.user.find("dml.loss_scale"), tracker = info.user.find("dml.loss_scale_tracker");
+      if (scale != info.user.end() && tracker != info.user.end())
+        scaler_.restore(std::stof(scale->second), std::stoll(tracker->second));
+    }
+    info.user.erase("dml.loss_scale");
+    info.user.erase("dml.loss_scale_tracker");
+    refresh_working();
     return info.user;
   }
 
@@ -351,7 +412,11 @@ class engine final : public engine_base<Space>, nn::layer_hooks {
   }
   // Where this rank keeps a piece: of the parameters (k < 0) or of state slot k.
   float* held(int k, const owned_piece& p) {
-    if (k < 0) return stage == 3 ? shard_params_.data() + p.shard : net_.params().data() + p.flat;
+    if (k < 0) {
+      if constexpr (sharded_master) return shard_params_.data() + p.shard;
+      else if constexpr (mixed) return master_.data() + p.flat;
+      else return net_.params().data() + p.flat;
+    }
     return state_.slot(k).data() + (stage == 0 ? p.flat : p.shard);
   }
   checkpoint_info checkpoint_description() const {
@@ -439,15 +504,15 @@ class engine final : public engine_base<Space>, nn::layer_hooks {
   // ---- hooks: ZeRO-3 gathers parameters around each bucket; every stage launches bucket reductions.
   void point_params(int b) {
     const auto& bk = buckets_[static_cast<std::size_t>(b)];
-    float* base = gathered_[static_cast<std::size_t>(b % 2)].data();
+    T* base = gathered_[static_cast<std::size_t>(b % 2)].data();
     for (std::size_t s = bk.first_slot; s < bk.end_slot; ++s)
       net_.set_param_pointer(s, base + (net_.layout().slots[s].offset - bk.lo));
   }
   void gather(int b, bool async) {
     const auto& bk = buckets_[static_cast<std::size_t>(b)];
     const auto slot = static_cast<std::size_t>(b % 2);
-    auto send = std::span<const float>(shard_params_.data() + bk.shard_offset, bk.part);
-    auto recv = std::span<float>(gathered_[slot].data(), bk.hi - bk.lo);
+    auto send = std::span<const T>(working_shard() + bk.shard_offset, bk.part);
+    auto recv = std::span<T>(gathered_[slot].data(), bk.hi - bk.lo);
     order_after_compute();  // the slot may still be read by kernels of the bucket it held
     if (async) gather_req_[slot] = comm_.iall_gather(send, recv);
     else comm_.all_gather(send, recv);
@@ -488,7 +553,7 @@ class engine final : public engine_base<Space>, nn::layer_hooks {
       const auto slot = static_cast<std::size_t>(b % 2);
       complete(reduce_[slot]);
       const auto& bk = buckets_[static_cast<std::size_t>(b)];
-      fill_n<Space>(staging_[slot].data(), bk.hi - bk.lo, 0.f);  // padding must reduce to zero
+      fill_n<Space>(staging_[slot].data(), bk.hi - bk.lo, T(0.f));  // padding must reduce to zero
       for (std::size_t s = bk.first_slot; s < bk.end_slot; ++s)
         net_.set_grad_pointer(s, staging_[slot].data() + (net_.layout().slots[s].offset - bk.lo));
     }
@@ -503,19 +568,19 @@ class engine final : public engine_base<Space>, nn::layer_hooks {
     if constexpr (stage == 0) {
       pending_.push_back({comm_.iall_reduce(net_.grads().subspan(bk.lo, bk.hi - bk.lo), comm::reduce_op::sum), b, false});
     } else if constexpr (stage == 1) {
-      pending_.push_back({comm_.ireduce_scatter(std::span<const float>(net_.grads().data() + bk.lo, bk.hi - bk.lo),
-                                                std::span<float>(shard_grads_.data() + bk.shard_offset, bk.part),
+      pending_.push_back({comm_.ireduce_scatter(std::span<const T>(net_.grads().data() + bk.lo, bk.hi - bk.lo),
+                                                std::span<T>(shard_grads_.data() + bk.shard_offset, bk.part),
                                                 comm::reduce_op::sum),
                           b, false});
     } else {
       const auto slot = static_cast<std::size_t>(b % 2);
-      float* out = shard_grads_.data() + bk.shard_offset;
+      T* out = shard_grads_.data() + bk.shard_offset;
       if (micro_ > 0) {  // later micro-batches reduce aside and add into the shard when done
         shard_tmp_.resize(static_cast<std::size_t>(shard_));
         out = shard_tmp_.data() + bk.shard_offset;
       }
-      reduce_[slot] = {comm_.ireduce_scatter(std::span<const float>(staging_[slot].data(), bk.hi - bk.lo),
-                                             std::span<float>(out, bk.part), comm::reduce_op::sum),
+      reduce_[slot] = {comm_.ireduce_scatter(std::span<const T>(staging_[slot].data(), bk.hi - bk.lo),
+                                             std::span<T>(out, bk.part), comm::reduce_op::sum),
                        b, false};
     }
   }
@@ -525,9 +590,9 @@ class engine final : public engine_base<Space>, nn::layer_hooks {
     f.r.wait();
     if (micro_ > 0 && stage >= 2) {
       const auto& bk = buckets_[static_cast<std::size_t>(b)];
-      float* dst = shard_grads_.data() + bk.shard_offset;
-      const float* src = shard_tmp_.data() + bk.shard_offset;
-      for_each_index<Space>(bk.part, add_into{dst, src});
+      T* dst = shard_grads_.data() + bk.shard_offset;
+      const T* src = shard_tmp_.data() + bk.shard_offset;
+      for_each_index<Space>(bk.part, add_into<T>{dst, src});
     }
     if (!f.seen) log(event_kind::comm_done, b);
     f.bucket = -1;
@@ -571,6 +636,41 @@ class engine final : public engine_base<Space>, nn::layer_hooks {
     }
   }
 
+  // ---- precision
+  // ZeRO-3 gathers the working copy of the shard (the float master itself in fp32).
+  const T* working_shard() const {
+    if constexpr (mixed) return shard_working_.data();
+    else return shard_params_.data();
+  }
+  float* full_master() {
+    if constexpr (mixed) return master_.data();
+    else return net_.params().data();
+  }
+  float loss_scale() const {
+    if constexpr (Precision::loss_scaling) return scaler_.scale();
+    else return 1.f;
+  }
+  bool has_overflow() const {
+    if constexpr (stage == 0) return optim::has_nonfinite<Space>(net_.grads().data(), net_.layout().total);
+    else return optim::has_nonfinite<Space>(shard_grads_.data(), shard_);
+  }
+  // After the float parameters changed outside an update (load): rewrite the working copy from them.
+  void refresh_working() {
+    resident_ = {-1, -1};  // gathered copies are stale now
+    if constexpr (mixed && stage == 0) {
+      cast_n<Space>(master_.data(), net_.params().data(), net_.layout().total);
+    } else if constexpr (mixed && stage == 3) {
+      cast_n<Space>(shard_params_.data(), shard_working_.data(), shard_);
+    } else if constexpr (mixed) {  // ZeRO-1/2: cast this rank's parts, then gather every part
+      for (const auto& bk : buckets_) {
+        T* w = net_.params().data() + bk.lo;
+        cast_n<Space>(shard_params_.data() + bk.shard_offset, w + rank_ * bk.part, bk.part);
+        order_after_compute();
+        comm_.all_gather(std::span<T>(w, bk.hi - bk.lo));
+      }
+    }
+  }
+
   // ---- the update
   float clip_scale(double& norm) {
     if (opt_.clip_norm <= 0.f) return 1.f;
@@ -579,27 +679,42 @@ class engine final : public engine_base<Space>, nn::layer_hooks {
     } else {
       norm = std::sqrt(sum_over_ranks(optim::squared_norm<Space>(shard_grads_.data(), shard_)));
     }
+    norm /= loss_scale();  // the norm of the true gradients, not of the scaled ones
     return optim::clip_scale(norm, opt_.clip_norm);
   }
 
+  // One fused pass per range: unscale and clip (grad_scale), the optimizer's update of the float
+  // weights, and under mixed precision the cast into the working copy.
   void update(float grad_scale) {
     const float lr = opt_.lr ? opt_.lr(step_) : optimizer_.default_lr();
+    const std::int64_t t = optimizer_step_;
     if constexpr (stage == 0) {
-      optimizer_.template update<Space>({.n = net_.layout().total, .w = net_.params().data(), .g = net_.grads().data(),
-                                        .state = state_.pointers(), .step = step_, .lr = lr, .grad_scale = grad_scale});
+      optim::step_args a{.n = net_.layout().total, .w = full_master(), .g = net_.grads().data(),
+                         .state = state_.pointers(), .step = t, .lr = lr, .grad_scale = grad_scale};
+      if constexpr (mixed) a.working = net_.params().data();
+      optimizer_.template update<Space>(a);
     } else if constexpr (stage == 3) {
-      optimizer_.template update<Space>({.n = shard_, .w = shard_params_.data(), .g = shard_grads_.data(),
-                                        .state = state_.pointers(), .step = step_, .lr = lr, .grad_scale = grad_scale});
+      optim::step_args a{.n = shard_, .w = shard_params_.data(), .g = shard_grads_.data(), .state = state_.pointers(),
+                         .step = t, .lr = lr, .grad_scale = grad_scale};
+      if constexpr (mixed) a.working = shard_working_.data();
+      optimizer_.template update<Space>(a);
       resident_ = {-1, -1};  // gathered copies are stale now
     } else {
       for (const auto& bk : buckets_) {
         std::array<float*, Optimizer::state_slots> st{};
         for (int s = 0; s < Optimizer::state_slots; ++s) st[s] = state_.pointers()[s] + bk.shard_offset;
-        float* w = net_.params().data() + bk.lo;
-        optimizer_.template update<Space>({.n = bk.part, .w = w + rank_ * bk.part, .g = shard_grads_.data() + bk.shard_offset,
-                                          .state = st.data(), .step = step_, .lr = lr, .grad_scale = grad_scale});
+        T* w = net_.params().data() + bk.lo;
+        optim::step_args a{.n = bk.part, .g = shard_grads_.data() + bk.shard_offset, .state = st.data(), .step = t,
+                           .lr = lr, .grad_scale = grad_scale};
+        if constexpr (mixed) {
+          a.w = shard_params_.data() + bk.shard_offset;  // float master shard
+          a.working = w + rank_ * bk.part;
+        } else {
+          a.w = w + rank_ * bk.part;
+        }
+        optimizer_.template update<Space>(a);
         order_after_compute();  // the update kernels wrote this rank's part
-        comm_.all_gather(std::span<float>(w, bk.hi - bk.lo));  // in place: this rank's part is at rank·part
+        comm_.all_gather(std::span<T>(w, bk.hi - bk.lo));  // in place: this rank's part is at rank·part
       }
     }
   }
@@ -614,8 +729,11 @@ class engine final : public engine_base<Space>, nn::layer_hooks {
   std::vector<int> layer_bucket_;
   std::int64_t shard_ = 0, step_ = 0, micro_ = 0;
   bool last_micro_ = true;
-  buffer<float, Space> shard_grads_, shard_params_, shard_tmp_;
-  buffer<float, Space> staging_[2], gathered_[2];
+  buffer<float, Space> shard_params_, master_;  // float weights: a shard, or all of them (mixed DDP)
+  buffer<T, Space> shard_grads_, shard_tmp_, shard_working_;
+  buffer<T, Space> staging_[2], gathered_[2];
+  optim::loss_scaler scaler_;
+  std::int64_t optimizer_step_ = 0;  // updates applied (fp16 skips some steps)
   optim::state<Optimizer, Space> state_;
   std::array<int, 2> resident_{-1, -1};
   int current_ = -1;
@@ -626,7 +744,7 @@ class engine final : public engine_base<Space>, nn::layer_hooks {
 #if DML_HAS_CUDA
   cudaEvent_t compute_done_ = nullptr;
 #endif
-  tensor<float, Space> dlogits_;
+  tensor<T, Space> dlogits_;
   buffer<float, Space> row_loss_;
   std::vector<event> events_;
 };
@@ -651,12 +769,13 @@ class trainer {
   using optimizer_policy = find_policy_t<optimizer_family, optim::adamw, Policies...>;
   using precision_policy = find_policy_t<precision_family, dml::precision::fp32, Policies...>;
   using space = find_policy_t<space_family, host, Policies...>;
-  static_assert(std::is_same_v<precision_policy, dml::precision::fp32>,
-                "dml::trainer: this version trains in fp32 only; bf16 and fp16 mixed precision are not available yet");
+  static_assert(std::is_same_v<precision_policy, dml::precision::fp32> ||
+                    std::string_view(optimizer_policy::name) != std::string_view("adagrad"),
+                "dml::trainer: bf16 and fp16 need an optimizer that writes the working copy (sgd, adam, adamw)");
 
   template <comm::communicator C, class... L>
   trainer(C& comm, const nn::sequential<L...>& model, train::trainer_options options = {}, optimizer_policy opt = {})
-      : engine_(std::make_unique<train::detail::engine<space, C, sharding_policy, optimizer_policy, L...>>(
+      : engine_(std::make_unique<train::detail::engine<space, C, sharding_policy, optimizer_policy, precision_policy, L...>>(
             comm, model, std::move(options), opt)) {}
 
   // One optimizer step. x and y are this rank's rows of the global batch (the trainer's loss divides by
