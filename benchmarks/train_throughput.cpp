@@ -83,13 +83,13 @@ void synthetic_batch(std::int64_t batch, int rank, std::vector<float>& x, std::v
 }
 
 // Steps a trainer; returns wall-clock samples/s over all ranks (rank 0's clock, between barriers).
-template <class Sharding, class Model>
+template <class Sharding, class Precision, class Model>
 parallel_result run_trainer(dml::comm::local& comm, const Model& model, const options& o) {
   dml::train::trainer_options to;
   to.seed = 1;
   to.bucket_mb = o.bucket_mb;
   to.record_events = true;
-  dml::trainer<Sharding, dml::optim::adamw> t(comm, model, to);
+  dml::trainer<Sharding, Precision, dml::optim::adamw> t(comm, model, to);
   std::vector<float> x;
   std::vector<std::int32_t> y;
   synthetic_batch(o.batch, comm.rank(), x, y);
@@ -136,9 +136,10 @@ options parse(int argc, char** argv) {
                                           "--ranks N --parallel none|ddp|zero1|zero2|zero3 --precision fp32 "
                                           "--bucket-mb X --threads N (per rank) --json");
   }
-  if (o.precision != "fp32")
-    dml::fail<dml::invalid_argument>("--precision: expected fp32 (bf16 and fp16 are not available yet), found '",
-                                     o.precision, "'");
+  if (o.precision != "fp32" && o.precision != "bf16" && o.precision != "fp16")
+    dml::fail<dml::invalid_argument>("--precision: expected fp32, bf16 or fp16, found '", o.precision, "'");
+  if (o.parallel == "none" && o.precision != "fp32")
+    dml::fail<dml::invalid_argument>("--precision ", o.precision, " runs through the trainer: add --parallel ddp");
   if (o.parallel == "none" && o.ranks != 1)
     dml::fail<dml::invalid_argument>("--ranks ", o.ranks, " needs --parallel ddp|zero1|zero2|zero3");
   if (o.parallel != "none" && o.parallel != "ddp" && o.parallel != "zero1" && o.parallel != "zero2" &&
@@ -173,11 +174,16 @@ int main(int argc, char** argv) try {
   } else {
     dml::comm::local::run(o.ranks, [&](dml::comm::local& comm) {
       dml::set_thread_budget(o.threads);
+      auto by_sharding = [&]<class P>(auto model) {
+        if (o.parallel == "zero1") return run_trainer<dml::parallel::zero<1>, P>(comm, model, o);
+        if (o.parallel == "zero2") return run_trainer<dml::parallel::zero<2>, P>(comm, model, o);
+        if (o.parallel == "zero3") return run_trainer<dml::parallel::zero<3>, P>(comm, model, o);
+        return run_trainer<dml::parallel::replicate, P>(comm, model, o);
+      };
       auto r = dml::nn::with_mlp(784, o.hidden, 10, [&](auto model) {
-        if (o.parallel == "zero1") return run_trainer<dml::parallel::zero<1>>(comm, model, o);
-        if (o.parallel == "zero2") return run_trainer<dml::parallel::zero<2>>(comm, model, o);
-        if (o.parallel == "zero3") return run_trainer<dml::parallel::zero<3>>(comm, model, o);
-        return run_trainer<dml::parallel::replicate>(comm, model, o);
+        if (o.precision == "bf16") return by_sharding.template operator()<dml::precision::bf16>(model);
+        if (o.precision == "fp16") return by_sharding.template operator()<dml::precision::fp16>(model);
+        return by_sharding.template operator()<dml::precision::fp32>(model);
       });
       if (comm.rank() == 0) pr = r;
     });

@@ -51,7 +51,7 @@ inline void usage(std::FILE* out) {
       "                     [--schedule constant|cosine] [--warmup N]\n"
       "                     [--init FILE.safetensors] [--save FILE.safetensors] [--no-shuffle] [--log FILE.csv]\n"
       "                     [--threads N] [--ranks N] [--comm local|mpi] [--parallel ddp|zero1|zero2|zero3]\n"
-      "                     [--precision fp32] [--bucket-mb X] [--checkpoint DIR] [--resume DIR]\n"
+      "                     [--precision fp32|bf16|fp16] [--bucket-mb X] [--checkpoint DIR] [--resume DIR]\n"
       "--batch is the global batch: with N ranks each takes its slice of every batch, and the run trains the\n"
       "same model as one rank does. Under mpirun, pass --comm mpi.\n",
       out);
@@ -122,9 +122,11 @@ inline options parse(int argc, char** argv) {
     dml::fail<dml::invalid_argument>("--comm: expected local or mpi, found '", o.comm, "'");
   if (o.parallel != "ddp" && o.parallel != "zero1" && o.parallel != "zero2" && o.parallel != "zero3")
     dml::fail<dml::invalid_argument>("--parallel: expected ddp, zero1, zero2 or zero3, found '", o.parallel, "'");
-  if (o.precision != "fp32")
-    dml::fail<dml::invalid_argument>("--precision: expected fp32 (bf16 and fp16 are not available yet), found '",
-                                     o.precision, "'");
+  if (o.precision != "fp32" && o.precision != "bf16" && o.precision != "fp16")
+    dml::fail<dml::invalid_argument>("--precision: expected fp32, bf16 or fp16, found '", o.precision, "'");
+  if (o.precision != "fp32" && o.optimizer == "adagrad")
+    dml::fail<dml::invalid_argument>("--precision ", o.precision, ": expected --optimizer sgd, adam or adamw (adagrad "
+                                     "does not write a working copy), found adagrad");
   if (o.ranks < 1 || o.bucket_mb <= 0)
     dml::fail<dml::invalid_argument>("expected --ranks >= 1 and --bucket-mb > 0; found ", o.ranks, ", ", o.bucket_mb);
   if (o.batch <= 0 || o.epochs < 0 || o.steps < 0)
@@ -256,7 +258,7 @@ int run_single(const options& o, Model model, const dml::train::dataset& train_s
 }
 
 // Every rank runs this with its communicator; rank 0 prints and writes files.
-template <class Sharding, class Comm, class Model>
+template <class Sharding, class Precision, class Comm, class Model>
 int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dataset& train_set,
                 const dml::train::dataset& test_set) {
   const int rank = comm.rank(), ranks = comm.size();
@@ -268,7 +270,7 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
   to.seed = o.seed;
   to.bucket_mb = o.bucket_mb;
   to.lr = [&o, base = opt.default_lr(), planned](std::int64_t s) { return learning_rate(o, base, s, planned); };
-  dml::trainer<Sharding, any_optimizer> trainer(comm, model, to, opt);
+  dml::trainer<Sharding, Precision, any_optimizer> trainer(comm, model, to, opt);
   if (!o.init.empty()) {
     std::vector<float> full(static_cast<std::size_t>(trainer.layout().total));
     dml::train::load_weights(trainer.layout(), full, o.init);
@@ -282,9 +284,10 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
   }
   if (rank == 0) {
     const auto mem = trainer.memory();
-    std::printf("model: %zu layers, %lld parameters; %s on %d %s rank(s), optimizer %s lr=%g, global batch %lld; "
+    std::printf("model: %zu layers, %lld parameters; %s %s on %d %s rank(s), optimizer %s lr=%g, global batch %lld; "
                 "per-rank model state %.2f MiB (params %.2f, grads %.2f, optimizer %.2f, buffers %.2f); gemm %s\n",
-                Model::size, static_cast<long long>(mem.numel), Sharding::name, ranks, o.comm.c_str(), opt.chosen_name(),
+                Model::size, static_cast<long long>(mem.numel), Sharding::name, Precision::name, ranks, o.comm.c_str(),
+                opt.chosen_name(),
                 static_cast<double>(opt.default_lr()), static_cast<long long>(o.batch), mem.total() / 1048576.0,
                 mem.params / 1048576.0, mem.grads / 1048576.0, mem.optimizer / 1048576.0, mem.buffers / 1048576.0,
                 dml::host_gemm_impl().c_str());
@@ -345,12 +348,19 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
   return 0;
 }
 
+template <class Precision, class Comm, class Model>
+int run_sharding(const options& o, Comm& comm, Model model, const dml::train::dataset& tr, const dml::train::dataset& te) {
+  if (o.parallel == "zero1") return run_trainer<dml::parallel::zero<1>, Precision>(o, comm, model, tr, te);
+  if (o.parallel == "zero2") return run_trainer<dml::parallel::zero<2>, Precision>(o, comm, model, tr, te);
+  if (o.parallel == "zero3") return run_trainer<dml::parallel::zero<3>, Precision>(o, comm, model, tr, te);
+  return run_trainer<dml::parallel::replicate, Precision>(o, comm, model, tr, te);
+}
+
 template <class Comm, class Model>
 int run_parallel(const options& o, Comm& comm, Model model, const dml::train::dataset& tr, const dml::train::dataset& te) {
-  if (o.parallel == "zero1") return run_trainer<dml::parallel::zero<1>>(o, comm, model, tr, te);
-  if (o.parallel == "zero2") return run_trainer<dml::parallel::zero<2>>(o, comm, model, tr, te);
-  if (o.parallel == "zero3") return run_trainer<dml::parallel::zero<3>>(o, comm, model, tr, te);
-  return run_trainer<dml::parallel::replicate>(o, comm, model, tr, te);
+  if (o.precision == "bf16") return run_sharding<dml::precision::bf16>(o, comm, model, tr, te);
+  if (o.precision == "fp16") return run_sharding<dml::precision::fp16>(o, comm, model, tr, te);
+  return run_sharding<dml::precision::fp32>(o, comm, model, tr, te);
 }
 
 // Depths 0 to 3 hidden layers: each is its own static model type, compiled for every sharding.
@@ -367,8 +377,9 @@ int main(int argc, char** argv) {
     const auto train_set = dml::train::load_mnist(o.data, dml::train::split::train);
     const auto test_set = dml::train::load_mnist(o.data, dml::train::split::test);
     if constexpr (!std::same_as<Space, dml::host>) {
-      if (o.ranks != 1 || o.comm != "local" || o.parallel != "ddp")
-        dml::fail<dml::invalid_argument>("the CUDA build trains on one GPU; --ranks, --comm and --parallel are for the host build");
+      if (o.ranks != 1 || o.comm != "local" || o.parallel != "ddp" || o.precision != "fp32")
+        dml::fail<dml::invalid_argument>("the CUDA build trains on one GPU in fp32; --ranks, --comm, --parallel and "
+                                         "--precision are for the host build");
       dml::set_thread_budget(o.threads);
       return dml::nn::with_mlp<max_hidden>(train_set.features(), o.hidden, 10,
                                            [&](auto model) { return run_single<Space>(o, model, train_set, test_set); });

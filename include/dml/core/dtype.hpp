@@ -34,10 +34,11 @@ DML_HOST_DEVICE float bits_float(std::uint32_t u) {
 // largest finite binade it lands exactly on infinity, as IEEE round-to-nearest requires.
 DML_HOST_DEVICE std::uint16_t float_to_bf16_bits(float f) {
   const std::uint32_t u = float_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u)  // NaN: keep sign and top payload, force the quiet bit
-    return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
+  // Branch-free so that loops of conversions vectorise. NaN: keep sign and top payload, force the
+  // quiet bit; otherwise round to nearest even.
   const std::uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(rounded >> 16);
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<std::uint16_t>(nan ? ((u >> 16) | 0x0040u) : (rounded >> 16));
 }
 
 DML_HOST_DEVICE float bf16_bits_to_float(std::uint16_t h) {

@@ -18,17 +18,17 @@ struct adam_update {
   const G* g;
   float* m;
   float* v;
-  float beta1, beta2, eps, weight_decay, grad_scale;
+  float beta1, beta2, eps;
+  float l2;          // Adam's weight decay, added to the gradient; 0 for AdamW
+  float grad_scale;
   float step_size;   // lr / (1 − β1^t)
   float bc2_sqrt;    // √(1 − β2^t)
   float decay;       // 1 − lr·wd for AdamW, 1 for Adam
-  bool decoupled;
   W* working;
+  // No data-dependent branches: the loop vectorises. Multiplying by 1 and adding 0·p are exact.
   DML_HOST_DEVICE void operator()(std::int64_t i) const {
-    float grad = static_cast<float>(g[i]) * grad_scale;
-    float p = w[i];
-    if (decoupled) p = p * decay;
-    else if (weight_decay != 0.f) grad = grad + weight_decay * p;
+    const float p = w[i] * decay;
+    const float grad = static_cast<float>(g[i]) * grad_scale + l2 * p;
     const float mi = m[i] * beta1 + (1.f - beta1) * grad;
     const float vi = v[i] * beta2 + (1.f - beta2) * grad * grad;
     m[i] = mi;
@@ -75,10 +75,10 @@ struct adam_base {
       optim::detail::visit_grad(a, "dml::optim::adam gradients", [&](const auto* g) {
         using G = std::remove_cvref_t<decltype(*g)>;
         for_each_index<S>(a.n, kernels::adam_update<W, G>{a.w, g, a.state[0], a.state[1], opt.beta1, opt.beta2,
-                                                          opt.eps, opt.weight_decay, a.grad_scale,
+                                                          opt.eps, Decoupled ? 0.f : opt.weight_decay, a.grad_scale,
                                                           static_cast<float>(a.lr / bc1),
                                                           static_cast<float>(std::sqrt(bc2)),
-                                                          1.f - a.lr * opt.weight_decay, Decoupled, working});
+                                                          Decoupled ? 1.f - a.lr * opt.weight_decay : 1.f, working});
       });
     });
   }
