@@ -234,18 +234,18 @@ void check_loss(std::int64_t rows, std::int64_t n, float spread) {
   std::vector<float> gh(x.size()), lh(labels.size());
   const dml::nn::softmax_cross_entropy loss;
   const float loss_h =
-      loss.forward_backward<dml::host>({x.data(), s}, labels.data(), {gh.data(), s}, lh.data(), rows * 2);
+      loss.forward_backward<dml::host, float>({x.data(), s}, labels.data(), {gh.data(), s}, lh.data(), rows * 2);
   auto dx = to_device(x);
   auto dl = to_device(labels);
   dml::buffer<float, dml::cuda> dg(x.size()), drow(labels.size());
-  const float loss_d = loss.forward_backward<dml::cuda>({dx.data(), s}, dl.data(), {dg.data(), s}, drow.data(), rows * 2);
+  const float loss_d = loss.forward_backward<dml::cuda, float>({dx.data(), s}, dl.data(), {dg.data(), s}, drow.data(), rows * 2);
   expect_close(name + " loss", loss_d, loss_h, 1e-5f, 1e-5f);
   expect_close(name + " dlogits", to_host(dg.data(), dg.size()), gh, 1e-7f, 1e-4f);
-  const float loss_only = loss.forward_backward<dml::cuda>({dx.data(), s}, dl.data(), {}, drow.data());
+  const float loss_only = loss.forward_backward<dml::cuda, float>({dx.data(), s}, dl.data(), {}, drow.data());
   expect_close(name + " loss without dlogits", loss_only, loss_h * 2.f, 1e-5f, 1e-5f);
   expect_true(name + " count_correct",
-              dml::nn::count_correct<dml::cuda>({dx.data(), s}, dl.data()) ==
-                  dml::nn::count_correct<dml::host>({x.data(), s}, labels.data()));
+              dml::nn::count_correct<dml::cuda, float>({dx.data(), s}, dl.data()) ==
+                  dml::nn::count_correct<dml::host, float>({x.data(), s}, labels.data()));
 }
 
 void loss_tests() {
@@ -258,7 +258,7 @@ void loss_tests() {
     auto dx = to_device(x);
     auto dl = to_device(std::vector<std::int32_t>{1, 10});
     dml::buffer<float, dml::cuda> drow(2);
-    const float l = dml::nn::softmax_cross_entropy{}.forward_backward<dml::cuda>({dx.data(), {2, 10}}, dl.data(), {},
+    const float l = dml::nn::softmax_cross_entropy{}.forward_backward<dml::cuda, float>({dx.data(), {2, 10}}, dl.data(), {},
                                                                                   drow.data());
     expect_true("softmax_cross_entropy bad label gives NaN", std::isnan(l));
   }
@@ -345,9 +345,9 @@ void training_test() {
     const context c{.training = true, .seed = 3, .step = step};
     const auto yh = h.forward({x.data(), {rows, 20}}, c);
     const auto yd = d.forward({dx.data(), {rows, 20}}, c);
-    losses_h.push_back(softmax_cross_entropy{}.forward_backward<dml::host>(yh, labels.data(), {gh.data(), yh.shape},
+    losses_h.push_back(softmax_cross_entropy{}.forward_backward<dml::host, float>(yh, labels.data(), {gh.data(), yh.shape},
                                                                            rl.data()));
-    losses_d.push_back(softmax_cross_entropy{}.forward_backward<dml::cuda>(yd, dl.data(), {gd.data(), yd.shape},
+    losses_d.push_back(softmax_cross_entropy{}.forward_backward<dml::cuda, float>(yd, dl.data(), {gd.data(), yd.shape},
                                                                            rld.data()));
     h.backward({gh.data(), yh.shape}, c);
     d.backward({gd.data(), yd.shape}, c);

@@ -39,9 +39,9 @@ dml::train::trainer_options options() {
 }
 
 // This rank's rows of every step, trained in Space over comm; the per-step global losses.
-template <class Space, class Sharding, class Comm>
+template <class Space, class Sharding, class Comm, class Precision = dml::precision::fp32>
 std::vector<float> train(Comm& comm, const data& d) {
-  dml::trainer<Space, Sharding> t(comm, make_model(), options());
+  dml::trainer<Space, Sharding, Precision> t(comm, make_model(), options());
   const std::int64_t lo = global_batch * comm.rank() / comm.size(), hi = global_batch * (comm.rank() + 1) / comm.size();
   dml::buffer<float, Space> x(static_cast<std::size_t>((hi - lo) * features));
   dml::buffer<std::int32_t, Space> y(static_cast<std::size_t>(hi - lo));
@@ -54,14 +54,14 @@ std::vector<float> train(Comm& comm, const data& d) {
   return losses;
 }
 
-template <class Sharding>
-int check(dml::comm::nccl& gpu, dml::comm::mpi& alone, const data& d, const char* name) {
-  const auto ref = train<dml::host, dml::parallel::replicate>(alone, d);
-  const auto got = train<dml::cuda, Sharding>(gpu, d);
+template <class Sharding, class Precision = dml::precision::fp32>
+int check(dml::comm::nccl& gpu, dml::comm::mpi& alone, const data& d, const char* name, double bound = 1e-4) {
+  const auto ref = train<dml::host, dml::parallel::replicate, dml::comm::mpi, Precision>(alone, d);
+  const auto got = train<dml::cuda, Sharding, dml::comm::nccl, Precision>(gpu, d);
   double worst = 0;
   for (int s = 0; s < steps; ++s) worst = std::max(worst, std::abs(double(got[s]) - ref[s]) / std::abs(double(ref[s])));
   if (gpu.rank() == 0) std::printf("%s on %d GPUs: max_rel_loss_diff=%.3g\n", name, gpu.size(), worst);
-  return worst <= 1e-4 ? 0 : 1;  // cuBLASLt and oneDNN sum in different orders
+  return worst <= bound ? 0 : 1;  // cuBLASLt and oneDNN sum in different orders
 }
 
 }  // namespace
@@ -83,6 +83,7 @@ int main() {
     failures += check<dml::parallel::zero<1>>(gpu, alone, d, "zero1");
     failures += check<dml::parallel::zero<2>>(gpu, alone, d, "zero2");
     failures += check<dml::parallel::zero<3>>(gpu, alone, d, "zero3");
+    failures += check<dml::parallel::zero<2>, dml::precision::bf16>(gpu, alone, d, "zero2 bf16", 2e-2);
     return failures == 0 ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "test_trainer_nccl: %s\n", e.what());
