@@ -160,7 +160,8 @@ inline std::int64_t planned_steps(const options& o, std::int64_t per_epoch) {
   return o.steps > 0 ? std::min(o.steps, per_epoch * o.epochs) : per_epoch * o.epochs;
 }
 
-// Copies rows `idx` of the dataset into a contiguous batch in Space.
+// Copies rows `idx` of the dataset into a contiguous batch in Space (on the host straight into the
+// batch; for a device through one staging copy).
 template <class Space>
 struct batch_loader {
   std::vector<float> x_host;
@@ -170,16 +171,23 @@ struct batch_loader {
 
   void load(const dml::train::dataset& d, std::span<const std::int64_t> idx) {
     const std::int64_t f = d.features(), n = static_cast<std::int64_t>(idx.size());
-    x_host.resize(static_cast<std::size_t>(n * f));
-    y_host.resize(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) {
-      std::copy_n(d.images.data() + idx[i] * f, f, x_host.data() + i * f);
-      y_host[i] = d.labels[static_cast<std::size_t>(idx[i])];
-    }
     x.resize({n, f});
     y.resize(static_cast<std::size_t>(n));
-    dml::copy_n(x_host.data(), x_host.size(), x.data());
-    dml::copy_n(y_host.data(), y_host.size(), y.data());
+    constexpr bool on_host = std::same_as<Space, dml::host>;
+    if constexpr (!on_host) {
+      x_host.resize(static_cast<std::size_t>(n * f));
+      y_host.resize(static_cast<std::size_t>(n));
+    }
+    float* xs = on_host ? x.data() : x_host.data();
+    std::int32_t* ys = on_host ? y.data() : y_host.data();
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::copy_n(d.images.data() + idx[i] * f, f, xs + i * f);
+      ys[i] = d.labels[static_cast<std::size_t>(idx[i])];
+    }
+    if constexpr (!on_host) {
+      dml::copy_n(x_host.data(), x_host.size(), x.data());
+      dml::copy_n(y_host.data(), y_host.size(), y.data());
+    }
   }
 };
 

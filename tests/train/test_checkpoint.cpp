@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "../temp_dir.hpp"
 #include "dml/dml.hpp"
 #include "dml/train/checkpoint.hpp"
 #include "trainer_fixture.hpp"
@@ -101,19 +102,8 @@ R on_ranks(int ranks, F fn) {
   return out;
 }
 
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("dml-checkpoint-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ignore;
-    fs::remove_all(path, ignore);
-  }
+struct temp_dir : dml_test::temp_dir {
+  temp_dir() : dml_test::temp_dir("dml-checkpoint-test") {}
 };
 
 // Every file under dir with its size and contents: a failed load or save must leave this as it was.

@@ -15,24 +15,15 @@
 #include <string>
 #include <vector>
 
+#include "../temp_dir.hpp"
 #include "dml/train/idx.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("dml-idx-" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  fs::path operator/(const std::string& name) const { return path / name; }
+struct temp_dir : dml_test::temp_dir {
+  temp_dir() : dml_test::temp_dir("dml-idx") {}
 };
 
 std::vector<std::uint8_t> idx_bytes(std::uint8_t type, const std::vector<std::uint32_t>& dims,

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../temp_dir.hpp"
 #include "dml/train/safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -22,18 +23,8 @@ namespace dt = dml::train;
 
 namespace {
 
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("dml-st-" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  fs::path operator/(const std::string& name) const { return path / name; }
+struct temp_dir : dml_test::temp_dir {
+  temp_dir() : dml_test::temp_dir("dml-st") {}
 };
 
 std::vector<std::uint8_t> slurp(const fs::path& p) {

@@ -4,8 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <mutex>
-#include <unistd.h>
-#include <filesystem>
+
+#include "../temp_dir.hpp"
 
 #include "trainer_fixture.hpp"
 
@@ -239,9 +239,8 @@ TEST_CASE("fp16 loss scaling: overflowing steps are skipped on every rank and th
 
 TEST_CASE_TEMPLATE("mixed precision: a checkpoint resumes exactly (master weights, state, loss scale)", P, precision::bf16,
                    precision::fp16) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("dml_mixed_resume_" + std::string(P::name) + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  const dml_test::temp_dir tmp("dml-mixed-resume");
+  const auto& dir = tmp.path;
   auto run = [&](bool split) {
     std::vector<float> losses;
     std::mutex m;
@@ -270,7 +269,6 @@ TEST_CASE_TEMPLATE("mixed precision: a checkpoint resumes exactly (master weight
     return losses;
   };
   const auto straight = run(false), resumed = run(true);
-  fs::remove_all(dir);
   REQUIRE(straight.size() == resumed.size());
   for (std::size_t i = 0; i < straight.size(); ++i) CHECK(straight[i] == resumed[i]);
 }
