@@ -166,7 +166,7 @@ void check_layer(const std::string& name, const Layer& layer, const layer_case& 
   dml::nn::network<dml::cuda, Layer> d{seq{layer}, 7};
   // The same starting parameters on both sides (normal() may differ in the last bit between libms).
   dml::copy_n(h.params().data(), h.params().size(), d.params().data());
-  const dml::nn::context c{.training = true, .seed = 11, .step = 3};
+  const dml::nn::context c{.training = true, .seed = 11, .step = 3, .row_offset = 5};
 
   auto dx_in = to_device(lc.x);
   const auto yh = h.forward({lc.x.data(), lc.in}, c);

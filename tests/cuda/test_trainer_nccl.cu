@@ -15,9 +15,10 @@ namespace {
 constexpr std::int64_t features = 24, classes = 5, global_batch = 32;
 constexpr int steps = 10;
 
+// With dropout: each GPU rank draws the mask bits of its own global rows, as the host rank does.
 auto make_model() {
-  return dml::nn::sequential{dml::nn::linear{features, 40}, dml::nn::relu{}, dml::nn::layernorm{40},
-                             dml::nn::linear{40, classes}};
+  return dml::nn::sequential{dml::nn::linear{features, 40}, dml::nn::relu{}, dml::nn::dropout{0.1f},
+                             dml::nn::layernorm{40}, dml::nn::linear{40, classes}};
 }
 
 struct data {

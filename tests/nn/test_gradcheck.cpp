@@ -147,6 +147,56 @@ TEST_CASE("dropout: backward applies the forward mask, in training and evaluatio
   CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 1.f; }));
 }
 
+TEST_CASE("dropout: a row's mask depends on its global row, not on the batch it is computed in") {
+  dml::nn::dropout d{0.5f};
+  for (const dml::shape xs : {dml::shape{9, 13}, dml::shape{6, 3, 5}}) {
+    CAPTURE(xs);
+    const std::int64_t rows = xs[0], width = xs.numel() / rows, base = 40;
+    const auto x = random_vector(static_cast<std::size_t>(xs.numel()), 3);
+    dml::nn::context c{.training = true, .seed = 11, .step = 3, .layer = 2, .row_offset = base};
+    std::vector<float> y(x.size()), dx(x.size());
+    d.forward<dml::host>(c, {}, dml::tensor_view<const float>(x.data(), xs), dml::tensor_view<float>(y.data(), xs));
+    d.backward<dml::host>(c, {}, {}, {}, dml::tensor_view<const float>(x.data(), xs),
+                          dml::tensor_view<float>(dx.data(), xs));
+    CHECK(y == dx);  // backward recomputes the forward mask
+    // Every row alone, and rows [r, rows) as a smaller batch, at their global position: the same values.
+    std::int64_t mismatches = 0, same_as_row0 = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (const std::int64_t n : {std::int64_t{1}, rows - r}) {
+        dml::shape s = xs;
+        s[0] = n;
+        dml::nn::context cr = c;
+        cr.row_offset = base + r;
+        std::vector<float> part(static_cast<std::size_t>(n * width)), dpart(part.size());
+        const float* xr = x.data() + r * width;
+        d.forward<dml::host>(cr, {}, dml::tensor_view<const float>(xr, s), dml::tensor_view<float>(part.data(), s));
+        d.backward<dml::host>(cr, {}, {}, {}, dml::tensor_view<const float>(xr, s),
+                              dml::tensor_view<float>(dpart.data(), s));
+        for (std::size_t i = 0; i < part.size(); ++i) {
+          mismatches += part[i] != y[static_cast<std::size_t>(r * width) + i];
+          mismatches += dpart[i] != y[static_cast<std::size_t>(r * width) + i];
+        }
+      }
+      // Row r's mask is its own: the same row at another position draws other bits.
+      if (r > 0) {
+        bool same = true;
+        for (std::int64_t j = 0; j < width; ++j)
+          same = same && (y[static_cast<std::size_t>(r * width + j)] == 0.f) == (y[static_cast<std::size_t>(j)] == 0.f);
+        same_as_row0 += same;
+      }
+    }
+    MESSAGE("mismatches=" << mismatches);
+    CHECK(mismatches == 0);
+    CHECK(same_as_row0 == 0);
+  }
+  // Gradients still check out at a nonzero offset.
+  const dml::nn::context c{.training = true, .seed = 11, .step = 3, .row_offset = 17};
+  auto rep = gradcheck(dml::nn::sequential{dml::nn::linear{10, 10}, dml::nn::dropout{0.3f}}, {6, 10},
+                       random_vector(60, 6), true, 1e-2f, c);
+  MESSAGE("dropout at row_offset 17 max_rel_diff=" << rep.max_rel);
+  CHECK(rep.max_rel < 2e-3);
+}
+
 TEST_CASE("softmax cross-entropy: loss and logit gradients match finite differences and a direct formula") {
   const std::int64_t rows = 6, n = 5;
   auto logits = random_vector(rows * n, 8, -3.f, 3.f);

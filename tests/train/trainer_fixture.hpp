@@ -22,6 +22,12 @@ inline auto make_model() {
   return nn::sequential{nn::linear{features, 40}, nn::relu{}, nn::layernorm{40}, nn::linear{40, 24}, nn::gelu{},
                         nn::linear{24, classes}};
 }
+// The same model with dropout after each activation (p = 0 gives make_model's losses).
+inline auto make_dropout_model(float p) {
+  return nn::sequential{nn::linear{features, 40}, nn::relu{}, nn::dropout{p}, nn::layernorm{40}, nn::linear{40, 24},
+                        nn::gelu{}, nn::dropout{p}, nn::linear{24, classes}};
+}
+using model_type = decltype(make_model());
 
 struct synthetic {
   std::vector<float> x;
@@ -54,11 +60,11 @@ struct run_result {
   std::vector<train::event> events;
 };
 
-// Trains `steps` steps on rank r's slices of shuffled global batches; returns rank 0's record.
-template <class... P, class C>
-run_result train_ranks(C& comm, train::trainer_options opt) {
+// Trains `steps` steps of `model` on rank r's slices of shuffled global batches; returns rank 0's record.
+template <class... P, class C, class Model = model_type>
+run_result train_ranks(C& comm, train::trainer_options opt, const Model& model = make_model()) {
   const auto& d = data();
-  trainer<P...> t(comm, make_model(), opt);
+  trainer<P...> t(comm, model, opt);
   train::sampler sampler(samples, global_batch, 11);
   run_result out;
   std::vector<float> xb;

@@ -29,9 +29,12 @@ struct param_spec {
 // What every layer call sees besides its tensors.
 struct context {
   bool training = true;
-  std::uint64_t seed = 0;    // dropout masks depend on (seed, step, layer, element) only
+  std::uint64_t seed = 0;    // dropout masks depend on (seed, step, layer, global row, column) only
   std::uint64_t step = 0;
   std::uint64_t layer = 0;   // index of the layer in its sequential
+  // Index within the global batch of the input's first row (dimension 0): a rank or micro-batch that
+  // holds rows [row_offset, row_offset + n) sets it, so per-row randomness matches one rank's.
+  std::int64_t row_offset = 0;
   bool accumulate = false;   // add parameter gradients to what is there (micro-batches)
   const void* ones = nullptr;    // at least rows() ones of the working type in the layer's space (bias gradients)
   float* workspace = nullptr;    // scratch of the size the layer's workspace_size(x) asked for
@@ -66,6 +69,11 @@ concept has_static_widths = requires {
   { L::static_out } -> std::convertible_to<std::int64_t>;
   { L::kind } -> std::convertible_to<const char*>;
 };
+
+// Layers that read context::row_offset say so (`static constexpr bool uses_row_index = true`); a
+// trainer computes the offset, which costs a collective, only for models that have one.
+template <class L>
+inline constexpr bool uses_row_index_v = requires { requires L::uses_row_index; };
 
 template <class L>
 concept has_workspace = requires(const L& l, dml::shape s) {

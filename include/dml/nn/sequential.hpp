@@ -42,6 +42,7 @@ class sequential {
 
  public:
   static constexpr std::size_t size = sizeof...(Layers);
+  static constexpr bool uses_row_index = (uses_row_index_v<Layers> || ...);
   std::tuple<Layers...> layers;
 
   constexpr explicit sequential(Layers... ls) : layers(std::move(ls)...) {}

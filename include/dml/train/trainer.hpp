@@ -206,6 +206,7 @@ class engine final : public engine_base<Space>, nn::layer_hooks {
     ++step_;
     const std::int64_t rows = x.shape[0], per_row = x.numel() / std::max<std::int64_t>(rows, 1);
     const std::int64_t k = std::min(opt_.micro_batches, std::max<std::int64_t>(rows, 1));
+    const std::int64_t first_row = first_global_row(rows);
     float local_loss = 0.f;
     for (std::int64_t m = 0; m < k; ++m) {
       const std::int64_t lo = rows * m / k, hi = rows * (m + 1) / k;
@@ -216,7 +217,7 @@ class engine final : public engine_base<Space>, nn::layer_hooks {
       last_micro_ = m + 1 == k;
       current_ = -1;
       const nn::context ctx{.training = true, .seed = opt_.seed, .step = static_cast<std::uint64_t>(step_),
-                            .accumulate = m > 0 && stage < 2};
+                            .row_offset = first_row + lo, .accumulate = m > 0 && stage < 2};
       auto logits = net_.forward(xm, ctx, this);
       dlogits_.resize(logits.shape);
       row_loss_.resize(static_cast<std::size_t>(logits.rows()));
@@ -633,6 +634,30 @@ class engine final : public engine_base<Space>, nn::layer_hooks {
       comm_.all_reduce(std::span<T>(v.data(), 1), comm::reduce_op::sum);
       dml::copy_n(v.data(), 1, &value);
       return value;
+    }
+  }
+
+  // The global index of this rank's first row. Ranks pass contiguous slices of the global batch in
+  // rank order (train::sampler::slice), so it is the sum of the earlier ranks' row counts: one
+  // all_gather of an int64, made only for models with a layer that reads it (dropout).
+  std::int64_t first_global_row(std::int64_t rows) {
+    if constexpr (!nn::sequential<Layers...>::uses_row_index) {
+      return 0;
+    } else {
+      if (ranks_ == 1) return 0;
+      std::vector<std::int64_t> counts(static_cast<std::size_t>(ranks_));
+      if constexpr (std::same_as<Space, host>) {
+        comm_.all_gather(std::span<const std::int64_t>(&rows, 1), std::span<std::int64_t>(counts));
+      } else {
+        buffer<std::int64_t, Space> mine(1), all(counts.size());
+        dml::copy_n(&rows, 1, mine.data());
+        order_after_compute();
+        comm_.all_gather(std::span<const std::int64_t>(mine.data(), 1), std::span<std::int64_t>(all.data(), counts.size()));
+        dml::copy_n(all.data(), counts.size(), counts.data());
+      }
+      std::int64_t first = 0;
+      for (int r = 0; r < rank_; ++r) first += counts[static_cast<std::size_t>(r)];
+      return first;
     }
   }
 
