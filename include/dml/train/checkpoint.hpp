@@ -31,6 +31,14 @@
 
 #include <nlohmann/json.hpp>
 
+#if __has_include(<fcntl.h>) && __has_include(<unistd.h>)
+#  include <fcntl.h>
+#  include <unistd.h>
+#  define DML_CHECKPOINT_HAVE_DIRSYNC 1
+#else
+#  define DML_CHECKPOINT_HAVE_DIRSYNC 0
+#endif
+
 #include "dml/comm/communicator.hpp"
 #include "dml/core/error.hpp"
 #include "dml/train/safetensors.hpp"
@@ -127,6 +135,40 @@ inline bool plain_file_name(const std::string& name) {
          name.find('\\') == std::string::npos;
 }
 
+// A rename or a new file is an entry of its directory: fsync of the file alone does not keep it
+// after a power cut, fsync of the directory does. Where the system has no such call, a no-op.
+inline void sync_directory(const std::filesystem::path& dir) {
+#if DML_CHECKPOINT_HAVE_DIRSYNC
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail<io_error>(dir.string(), ": cannot open the directory to sync it: ", std::strerror(errno));
+  const int rc = ::fsync(fd), saved = errno;
+  ::close(fd);
+  // Some file systems cannot sync a directory (EINVAL); there is nothing more to do on them.
+  if (rc != 0 && saved != EINVAL)
+    fail<io_error>(dir.string(), ": syncing the directory failed: ", std::strerror(saved));
+#else
+  (void)dir;
+#endif
+}
+
+// What saves killed part-way left in dir: their staging directories ("step-*.partial-*") and a
+// temporary beside latest ("latest.tmp-*"). Nothing names them, and one save at a time writes to a
+// checkpoint directory, so they are removed before the next save makes its own.
+inline void remove_abandoned(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> stale;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    if ((name.starts_with("step-") && name.find(".partial-") != std::string::npos) ||
+        name.starts_with("latest.tmp-"))
+      stale.push_back(it->path());
+  }
+  for (const auto& p : stale) {
+    std::error_code ignore;  // best effort: a leftover that stays does no harm but takes space
+    std::filesystem::remove_all(p, ignore);
+  }
+}
+
 // Text to `path` through a temporary beside it and a rename, so readers see the old or the new text.
 inline void write_text_atomically(const std::filesystem::path& path, const std::string& text) {
   std::filesystem::path tmp = path;
@@ -148,6 +190,7 @@ inline void write_text_atomically(const std::filesystem::path& path, const std::
     fail<io_error>(path.string(), ": writing ", text.size(), " bytes through ", tmp.string(),
                    " failed: ", ec ? ec.message() : std::strerror(saved));
   }
+  sync_directory(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));
 }
 
 inline std::string read_text(const std::filesystem::path& path, const char* what) {
@@ -401,6 +444,9 @@ namespace detail {
 // Collective save. ranges[r] lists what rank r writes; data[i] holds the elements of ranges[rank][i].
 // The files go into a fresh directory that is renamed into place once every rank has written, and
 // dir/latest moves to it last: an interrupted save leaves the previous checkpoint as it was.
+// Each step is made durable before the next one depends on it: every file is synced before its
+// rename, the staging directory before it is renamed, dir before latest is replaced, so that after
+// a crash or a power cut latest names a complete checkpoint. What killed saves left is removed first.
 template <class Comm>
 void write_checkpoint(Comm& comm, const std::filesystem::path& dir, checkpoint_info info,
                       const std::vector<std::vector<checkpoint_range>>& ranges, std::span<const float* const> data) {
@@ -418,6 +464,7 @@ void write_checkpoint(Comm& comm, const std::filesystem::path& dir, checkpoint_i
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) fail<io_error>(dir.string(), ": cannot create the checkpoint directory: ", ec.message());
+    remove_abandoned(dir);
     const auto suffix = temp_suffix();
     std::copy_n(suffix.data(), tag.size(), tag.data());
     const auto staging = dir / (step_name + ".partial-" + suffix);
@@ -473,6 +520,7 @@ void write_checkpoint(Comm& comm, const std::filesystem::path& dir, checkpoint_i
         x.files.push_back({file_name(r), r, all[2 * static_cast<std::size_t>(r)],
                            static_cast<std::uint64_t>(all[2 * static_cast<std::size_t>(r) + 1]),
                            ranges[static_cast<std::size_t>(r)]});
+      // Syncing staging after the index also keeps the ranks' files, renamed into it before.
       write_text_atomically(staging / "index.json", to_json(x).dump(1));
       // A step directory already there (a second save of the same step) is left as it is.
       fs::path target = dir / step_name;
@@ -480,6 +528,7 @@ void write_checkpoint(Comm& comm, const std::filesystem::path& dir, checkpoint_i
       std::error_code ec;
       fs::rename(staging, target, ec);
       if (ec) fail<io_error>(target.string(), ": cannot move the new checkpoint into place: ", ec.message());
+      sync_directory(dir);  // the step directory's new name is durable before latest names it
       write_text_atomically(dir / "latest", target.filename().string() + "\n");
     });
   } catch (...) {
