@@ -485,3 +485,48 @@ TEST_CASE("saving the same step twice keeps the first directory as it was") {
   CHECK(read_file(dir.path / "latest") == "step-00000002.1\n");
   CHECK(train::read_checkpoint_index(dir.path).info.user.at("who") == "second");
 }
+
+TEST_CASE("parse_checkpoint_index: integers must be JSON integers in range; sizes cannot overflow or stall") {
+  // Each of these was found by fuzzing the index parser (tests/fuzz): a float outside an integer's
+  // range converted with undefined behaviour, a shape whose element count overflowed, and a huge
+  // state_slots that made the coverage check enumerate billions of tensors.
+  train::checkpoint_index x;
+  x.info.model = {{"w", {2, 3}}};
+  x.info.optimizer = "sgd";
+  x.info.state_slots = 1;
+  x.info.world_size = 1;
+  x.info.sharding = "replicate";
+  x.files = {{"rank-0-of-1.safetensors", 0, 100, 0x0123456789abcdefull, {{"param/w", 0, 6}, {"state0/w", 0, 6}}}};
+  const fs::path path = "/no/such/dir/step-00000001/index.json";
+  const auto good = train::detail::to_json(x);
+  CHECK(train::parse_checkpoint_index(good.dump(), path).files.size() == 1);
+
+  auto fails = [&](auto edit, const std::string& needle) {
+    auto j = good;
+    edit(j);
+    std::string msg;
+    try {
+      (void)train::parse_checkpoint_index(j.dump(), path);
+    } catch (const format_error& e) {
+      msg = e.what();
+    }
+    CAPTURE(j.dump());
+    CHECK(msg.find(needle) != std::string::npos);
+  };
+  fails([](auto& j) { j["step"] = 1e300; }, "expected the step to be an integer");
+  fails([](auto& j) { j["seed"] = -1; }, "expected the seed to be an integer from 0");
+  fails([](auto& j) { j["version"] = 1.5; }, "format version");
+  fails([](auto& j) { j["world_size"] = true; }, "expected the world size to be an integer");
+  fails([](auto& j) { j["files"][0]["ranges"][0][2] = 6.0; }, "a range's end in file 'rank-0-of-1.safetensors'");
+  fails([](auto& j) { j["model"][0]["shape"] = {4294967296, 4294967296}; }, "has 2^63 or more elements");
+  fails([](auto& j) { j["model"][0]["shape"] = {-2, 3}; }, "a dimension of parameter 'w'");
+  fails([](auto& j) { j["optimizer"]["state_slots"] = 2147483647; }, "'state1/w' are in no file");
+  fails([](auto& j) { j["files"][0]["ranges"][1][0] = "state01/w"; }, "which is not a tensor of the checkpoint's model");
+  fails([](auto& j) { j["files"][0]["ranges"][1][0] = "state1/w"; }, "which is not a tensor of the checkpoint's model");
+  // Empty parameters need no file, however many state slots there are.
+  auto empty = good;
+  empty["model"][0]["shape"] = {0, 3};
+  empty["files"][0]["ranges"] = nlohmann::json::array();
+  empty["optimizer"]["state_slots"] = 2147483647;
+  CHECK(train::parse_checkpoint_index(empty.dump(), path).info.state_slots == 2147483647);
+}

@@ -267,3 +267,32 @@ TEST_CASE("Fashion-MNIST from Debian loads with the published sizes and balanced
     }
   }
 }
+
+TEST_CASE("read_idx reads bytes in memory as it reads a file") {
+  temp_dir dir;
+  const auto data = random_bytes(30, 7);
+  const auto bytes = idx_bytes(0x08, {3, 2, 5}, data);
+  write_gz(dir / "a.gz", bytes);
+  std::ifstream in(dir / "a.gz", std::ios::binary);
+  const std::vector<std::uint8_t> gz((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const auto* b : {&bytes, &gz}) {
+    const auto a = dml::train::read_idx(*b, "in-memory");
+    CHECK(a.dims == std::vector<std::int64_t>{3, 2, 5});
+    CHECK(a.data == data);
+  }
+  const auto msg = error_of<dml::format_error>([&] {
+    dml::train::read_idx(std::vector<std::uint8_t>(gz.begin(), gz.end() - 5), "cut-in-memory");
+  });
+  CHECK(msg.find("cut-in-memory") != std::string::npos);
+}
+
+TEST_CASE("read_idx rejects a zero dimension beside dimensions that multiply past 2^63") {
+  // Found by fuzzing: the array was accepted as empty, and numel() then overflowed.
+  const auto msg = error_of<dml::format_error>([&] {
+    dml::train::read_idx(idx_bytes(0x08, {0xFFFFFFFF, 0xFFFFFFFF, 0}, {}), "zero");
+  });
+  CHECK(msg.find("4294967295 x 4294967295 x 0") != std::string::npos);
+  CHECK(msg.find("2^63") != std::string::npos);
+  const auto a = dml::train::read_idx(idx_bytes(0x08, {0x7FFFFFFF, 0, 4}, {}), "fits");
+  CHECK(a.numel() == 0);
+}

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -371,4 +372,23 @@ TEST_CASE("safetensors round trip through Python and PyTorch") {
   std::vector<float> t(6);
   f.read<float>("t", t, {3, 2});
   CHECK(t == std::vector<float>{0, 3, 1, 4, 2, 5});
+}
+
+TEST_CASE("safetensors_file::from_bytes reads a file's contents as open reads the file") {
+  temp_dir dir;
+  const std::vector<float> w{1, 2, 3, 4, 5, 6};
+  dt::save_safetensors(dir / "f", {dt::make_tensor_ref<float>("w", w, {2, 3})}, {{"k", "v"}});
+  std::ifstream in(dir / "f", std::ios::binary);
+  const std::vector<char> text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> bytes(text.size());
+  std::memcpy(bytes.data(), text.data(), text.size());
+  const auto f = dt::safetensors_file::from_bytes(bytes, "in-memory");
+  CHECK(f.path() == "in-memory");
+  CHECK(f.metadata().at("k") == "v");
+  std::vector<float> got(6);
+  f.read<float>("w", got, {2, 3});
+  CHECK(got == w);
+  bytes.resize(bytes.size() - 1);
+  const auto msg = error_of<dml::format_error>([&] { (void)dt::safetensors_file::from_bytes(bytes, "cut"); });
+  CHECK(msg.find("cut: not a valid safetensors file") != std::string::npos);
 }

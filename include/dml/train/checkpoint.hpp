@@ -22,9 +22,11 @@
 #include <fstream>
 #include <iterator>
 #include <functional>
+#include <limits>
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -265,6 +267,25 @@ inline nlohmann::json to_json(const checkpoint_index& x) {
           {"user", i.user}};
 }
 
+// An integer field of an index: a JSON integer (not a float, which nlohmann would convert with
+// undefined behaviour when out of range, nor a boolean) from lo to T's maximum.
+template <class T>
+T index_integer(const std::filesystem::path& path, const nlohmann::json& v, std::string_view what,
+                T lo = std::numeric_limits<T>::min()) {
+  bool ok = false;
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<std::uint64_t>();
+    ok = std::in_range<T>(u) && static_cast<T>(u) >= lo;
+  } else if (v.is_number_integer()) {
+    const auto n = v.get<std::int64_t>();
+    ok = std::in_range<T>(n) && static_cast<T>(n) >= lo;
+  }
+  if (!ok)
+    fail<format_error>(path.string(), ": expected ", what, " to be an integer from ", lo, " to ",
+                       std::numeric_limits<T>::max(), ", found ", v.dump());
+  return v.get<T>();
+}
+
 inline checkpoint_index parse_index(const std::filesystem::path& path, const std::string& text) {
   checkpoint_index x;
   x.dir = path.parent_path();
@@ -273,34 +294,44 @@ inline checkpoint_index parse_index(const std::filesystem::path& path, const std
     if (!j.is_object() || j.value("format", std::string()) != "dml-checkpoint")
       fail<format_error>(path.string(), ": expected a dml checkpoint index (\"format\": \"dml-checkpoint\"), found ",
                          j.is_object() && j.contains("format") ? j["format"].dump() : std::string("none"));
-    if (j.at("version").get<int>() != checkpoint_version)
+    if (index_integer<int>(path, j.at("version"), "the format version") != checkpoint_version)
       fail<format_error>(path.string(), ": expected checkpoint format version ", checkpoint_version, ", found ",
                          j.at("version").dump());
     auto& i = x.info;
-    i.step = j.at("step").get<std::int64_t>();
-    i.seed = j.at("seed").get<std::uint64_t>();
-    i.world_size = j.at("world_size").get<int>();
+    i.step = index_integer<std::int64_t>(path, j.at("step"), "the step");
+    i.seed = index_integer<std::uint64_t>(path, j.at("seed"), "the seed");
+    i.world_size = index_integer<int>(path, j.at("world_size"), "the world size", 0);
     i.sharding = j.at("sharding").get<std::string>();
     i.optimizer = j.at("optimizer").at("name").get<std::string>();
-    i.state_slots = j.at("optimizer").at("state_slots").get<int>();
+    i.state_slots = index_integer<int>(path, j.at("optimizer").at("state_slots"), "the optimizer's state slots", 0);
     for (const auto& p : j.at("model")) {
-      checkpoint_param q{p.at("name").get<std::string>(), p.at("shape").get<std::vector<std::int64_t>>()};
-      for (auto d : q.shape)
-        if (d < 0) fail<format_error>(path.string(), ": parameter '", q.name, "' has a negative dimension");
+      checkpoint_param q{p.at("name").get<std::string>(), {}};
+      const auto& shape = p.at("shape");
+      if (!shape.is_array())
+        fail<format_error>(path.string(), ": parameter '", q.name, "': expected an array 'shape', found ", shape.dump());
+      for (const auto& d : shape)
+        q.shape.push_back(index_integer<std::int64_t>(path, d, "a dimension of parameter '" + q.name + "'", 0));
+      // numel() must not overflow, for this parameter or any tensor of its state.
+      std::uint64_t n = 0;
+      if (!checked_bytes(q.shape, 1, n) || !std::in_range<std::int64_t>(n))
+        fail<format_error>(path.string(), ": parameter '", q.name, "': shape ", shape_text(q.shape),
+                           " has 2^63 or more elements, expected fewer");
       i.model.push_back(std::move(q));
     }
     i.user = j.at("user").get<std::map<std::string, std::string>>();
     for (const auto& f : j.at("files")) {
       checkpoint_file g;
       g.name = f.at("name").get<std::string>();
-      g.rank = f.at("rank").get<int>();
-      g.bytes = f.at("bytes").get<std::int64_t>();
+      g.rank = index_integer<int>(path, f.at("rank"), "the rank of file '" + g.name + "'", 0);
+      g.bytes = index_integer<std::int64_t>(path, f.at("bytes"), "the size of file '" + g.name + "'", 0);
       const auto sum = f.at("checksum").get<std::string>();
       if (sum.size() != 16 || sum.find_first_not_of("0123456789abcdef") != std::string::npos)
         fail<format_error>(path.string(), ": file '", g.name, "': expected a 16-digit hex checksum, found '", sum, "'");
       g.checksum = std::stoull(sum, nullptr, 16);
       for (const auto& r : f.at("ranges"))
-        g.ranges.push_back({r.at(0).get<std::string>(), r.at(1).get<std::int64_t>(), r.at(2).get<std::int64_t>()});
+        g.ranges.push_back({r.at(0).get<std::string>(),
+                            index_integer<std::int64_t>(path, r.at(1), "a range's begin in file '" + g.name + "'"),
+                            index_integer<std::int64_t>(path, r.at(2), "a range's end in file '" + g.name + "'")});
       x.files.push_back(std::move(g));
     }
   } catch (const nlohmann::json::exception& e) {
@@ -309,15 +340,33 @@ inline checkpoint_index parse_index(const std::filesystem::path& path, const std
   return x;
 }
 
+// The parameter a tensor name of the global index space refers to, when it is one: "param/<name>",
+// or "state<k>/<name>" with k below state_slots, written as checkpoint_tensor_name writes it.
+inline bool tensor_parameter(const std::string& tensor, int state_slots, std::string& param) {
+  const auto slash = tensor.find('/');
+  if (slash == std::string::npos) return false;
+  param = tensor.substr(slash + 1);
+  const std::string_view head(tensor.data(), slash);
+  if (head == "param") return true;
+  if (!head.starts_with("state") || head.size() == 5 || head.size() > 15) return false;
+  std::int64_t k = 0;
+  for (char c : head.substr(5)) {
+    if (c < '0' || c > '9') return false;
+    k = k * 10 + (c - '0');
+  }
+  return k < state_slots && checkpoint_tensor_name(static_cast<int>(k), param) == tensor;
+}
+
 // Every tensor of the global index space is covered exactly once by the files' ranges.
 inline void check_coverage(const std::filesystem::path& path, const checkpoint_index& x) {
-  std::map<std::string, std::int64_t> numel;
-  for (const auto& p : x.info.model)
-    for (int s = -1; s < x.info.state_slots; ++s) numel[checkpoint_tensor_name(s, p.name)] = p.numel();
+  std::map<std::string, std::int64_t> numel;  // of each parameter, and so of each of its tensors
+  for (const auto& p : x.info.model) numel[p.name] = p.numel();
   std::map<std::string, std::vector<std::pair<std::int64_t, std::int64_t>>> seen;
+  std::map<std::string, std::int64_t> seen_numel;
+  std::string param;
   for (const auto& f : x.files)
     for (const auto& r : f.ranges) {
-      auto it = numel.find(r.tensor);
+      auto it = tensor_parameter(r.tensor, x.info.state_slots, param) ? numel.find(param) : numel.end();
       if (it == numel.end())
         fail<format_error>(path.string(), ": file '", f.name, "' holds '", r.tensor,
                            "', which is not a tensor of the checkpoint's model");
@@ -325,8 +374,21 @@ inline void check_coverage(const std::filesystem::path& path, const checkpoint_i
         fail<format_error>(path.string(), ": file '", f.name, "' holds elements [", r.begin, ", ", r.end, ") of '",
                            r.tensor, "', expected a non-empty range within [0, ", it->second, ")");
       seen[r.tensor].emplace_back(r.begin, r.end);
+      seen_numel[r.tensor] = it->second;
     }
-  for (const auto& [name, n] : numel) {
+  // Tensors with elements that no file holds. Each needs a range, so this walk meets a missing one
+  // after at most seen.size() tensors: a corrupt state_slots cannot keep it going for long.
+  std::vector<const checkpoint_param*> nonempty;
+  for (const auto& p : x.info.model)
+    if (p.numel() > 0) nonempty.push_back(&p);
+  for (int s = -1; !nonempty.empty() && s < x.info.state_slots; ++s)
+    for (const auto* p : nonempty) {
+      const auto name = checkpoint_tensor_name(s, p->name);
+      if (!seen.contains(name) && numel[p->name] > 0)
+        fail<format_error>(path.string(), ": elements [0, ", numel[p->name], ") of '", name,
+                           "' are in no file (a shard is missing from the index)");
+    }
+  for (const auto& [name, n] : seen_numel) {
     auto& v = seen[name];
     std::sort(v.begin(), v.end());
     std::int64_t at = 0;
@@ -428,13 +490,20 @@ inline std::filesystem::path latest_checkpoint(const std::filesystem::path& dir)
   return dir / name;
 }
 
-// The index of the newest checkpoint in dir, checked: format, every element of every tensor in
-// exactly one file, every file present with the size recorded. Shard contents are checked on load.
+// A checkpoint index from its text (the contents of `path`, a step directory's index.json),
+// checked: format, and every element of every tensor in exactly one file. Touches no file.
+inline checkpoint_index parse_checkpoint_index(const std::string& text, const std::filesystem::path& path) {
+  auto x = detail::parse_index(path, text);
+  detail::check_coverage(path, x);
+  return x;
+}
+
+// The index of the newest checkpoint in dir, checked as parse_checkpoint_index does, and every
+// file present with the size recorded. Shard contents are checked on load.
 inline checkpoint_index read_checkpoint_index(const std::filesystem::path& dir) {
   const auto step_dir = latest_checkpoint(dir);
   const auto path = step_dir / "index.json";
-  auto x = detail::parse_index(path, detail::read_text(path, "a checkpoint index"));
-  detail::check_coverage(path, x);
+  auto x = parse_checkpoint_index(detail::read_text(path, "a checkpoint index"), path);
   detail::check_files(path, x);
   return x;
 }

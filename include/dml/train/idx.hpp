@@ -12,7 +12,9 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dml/core/error.hpp"
@@ -25,7 +27,9 @@ struct idx_array {
   std::vector<std::int64_t> dims;
   std::vector<std::uint8_t> data;
 
+  // read_idx guarantees that the non-zero dimensions multiply to less than 2^63.
   std::int64_t numel() const {
+    if (std::find(dims.begin(), dims.end(), 0) != dims.end()) return 0;
     std::int64_t n = 1;
     for (auto d : dims) n *= d;
     return n;
@@ -70,7 +74,7 @@ inline std::vector<std::uint8_t> read_all_bytes(const std::filesystem::path& pat
 // Inflates every gzip member in `in` (gzip allows concatenated members). The trailer's ISIZE
 // (length mod 2^32) sizes the first allocation, so the common case never reallocates; the
 // reserved tail is handed to zlib 4 MiB at a time, so only bytes that get written are touched.
-inline std::vector<std::uint8_t> gunzip(const std::vector<std::uint8_t>& in, const std::filesystem::path& path) {
+inline std::vector<std::uint8_t> gunzip(std::span<const std::uint8_t> in, const std::string& file) {
   std::vector<std::uint8_t> out;
   if (in.size() >= 18) {
     std::uint32_t isize = 0;
@@ -80,7 +84,7 @@ inline std::vector<std::uint8_t> gunzip(const std::vector<std::uint8_t>& in, con
   }
   z_stream zs{};
   // 16 + MAX_WBITS: expect a gzip wrapper, not a zlib one.
-  if (inflateInit2(&zs, 16 + MAX_WBITS) != Z_OK) fail<io_error>(path.string(), ": zlib inflateInit2 failed");
+  if (inflateInit2(&zs, 16 + MAX_WBITS) != Z_OK) fail<io_error>(file, ": zlib inflateInit2 failed");
   std::size_t in_pos = 0;
   int rc = Z_OK;
   std::array<std::uint8_t, 1 << 16> chunk{};
@@ -117,23 +121,27 @@ inline std::vector<std::uint8_t> gunzip(const std::vector<std::uint8_t>& in, con
     }
     if (rc == Z_BUF_ERROR && (in_pos == in.size() || (consumed == 0 && produced == 0))) {
       inflateEnd(&zs);
-      fail<format_error>(path.string(), ": gzip stream ends early (truncated file): expected more compressed data after ",
+      fail<format_error>(file, ": gzip stream ends early (truncated file): expected more compressed data after ",
                          in.size(), " bytes");
     }
     if (rc != Z_OK && rc != Z_BUF_ERROR) {
       const std::string msg = zs.msg ? zs.msg : "unknown zlib error";
       inflateEnd(&zs);
-      fail<format_error>(path.string(), ": corrupt gzip data: ", msg);
+      fail<format_error>(file, ": corrupt gzip data: ", msg);
     }
   }
   inflateEnd(&zs);
   return out;
 }
 
+inline bool is_gzip(std::span<const std::uint8_t> bytes) {
+  return bytes.size() >= 2 && bytes[0] == 0x1f && bytes[1] == 0x8b;
+}
+
 // The file's bytes, inflated when the gzip magic (1f 8b) opens it.
 inline std::vector<std::uint8_t> read_maybe_gzip(const std::filesystem::path& path) {
   auto bytes = read_all_bytes(path);
-  if (bytes.size() >= 2 && bytes[0] == 0x1f && bytes[1] == 0x8b) return gunzip(bytes, path);
+  if (is_gzip(bytes)) return gunzip(bytes, path.string());
   return bytes;
 }
 
@@ -143,10 +151,10 @@ inline std::uint32_t load_be32(const std::uint8_t* p) {
 
 }  // namespace detail
 
-// Reads an IDX file of unsigned bytes (type code 0x08), gzip-compressed or raw.
-inline idx_array read_idx(const std::filesystem::path& path) {
-  auto bytes = detail::read_maybe_gzip(path);
-  const std::string file = path.string();
+namespace detail {
+
+// Parses the (inflated) bytes of an IDX file; `file` names them in errors.
+inline idx_array parse_idx(std::vector<std::uint8_t> bytes, const std::string& file) {
   if (bytes.size() < 4)
     fail<format_error>(file, ": IDX header is 4 bytes of magic number, found a file of ", bytes.size(), " bytes");
   if (bytes[0] != 0 || bytes[1] != 0)
@@ -163,26 +171,32 @@ inline idx_array read_idx(const std::filesystem::path& path) {
                        bytes.size());
   idx_array out;
   out.dims.resize(ndims);
-  // Up to 255 dimensions of 32 bits each: a corrupt header's product can overflow 64 bits.
-  std::uint64_t numel = 1;
+  // Up to 255 dimensions of 32 bits each: a corrupt header's product can overflow 64 bits. The
+  // product of the non-zero dimensions must fit in int64 even when a zero dimension empties the
+  // array, so that numel() and a caller's products of dimensions (rows x cols) cannot overflow.
+  constexpr std::uint64_t max_numel = std::numeric_limits<std::int64_t>::max();
+  std::uint64_t numel = 1;  // of the non-zero dimensions
   const std::uint64_t payload = bytes.size() - header;
   bool exceeds = false, zero = false;
   for (std::size_t i = 0; i < ndims; ++i) {
     const std::uint32_t d = detail::load_be32(bytes.data() + 4 + 4 * i);
     out.dims[i] = d;
     zero = zero || d == 0;
-    if (d != 0 && numel > std::numeric_limits<std::uint64_t>::max() / d) exceeds = true;
-    if (!exceeds) numel *= d;
+    if (d != 0 && !exceeds && numel > max_numel / d) exceeds = true;
+    if (d != 0 && !exceeds) numel *= d;
   }
-  if (zero) numel = 0, exceeds = false;  // a zero dimension empties the array whatever the others are
   auto dims_text = [&] {
     std::string s;
     for (std::size_t i = 0; i < ndims; ++i) s += dml::detail::cat(i ? " x " : "", out.dims[i]);
     return s;
   };
+  if (zero && exceeds)
+    fail<format_error>(file, ": IDX dimensions ", dims_text(),
+                       ": expected the non-zero dimensions to multiply to less than 2^63, found more");
+  if (zero) numel = 0;  // a zero dimension empties the array whatever the others are
   if (exceeds || numel > payload)
     fail<format_error>(file, ": truncated IDX data: dimensions ", dims_text(), " promise ",
-                       exceeds ? std::string("more than 2^64") : dml::detail::cat(numel), " bytes, found ", payload);
+                       exceeds ? std::string("2^63 or more") : dml::detail::cat(numel), " bytes, found ", payload);
   if (numel < payload)
     fail<format_error>(file, ": expected ", numel, " bytes of IDX data for dimensions ", dims_text(), ", found ",
                        payload, " (trailing bytes)");
@@ -190,6 +204,21 @@ inline idx_array read_idx(const std::filesystem::path& path) {
   bytes.erase(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(header));
   out.data = std::move(bytes);
   return out;
+}
+
+}  // namespace detail
+
+// Reads an IDX file of unsigned bytes (type code 0x08), gzip-compressed or raw.
+inline idx_array read_idx(const std::filesystem::path& path) {
+  return detail::parse_idx(detail::read_maybe_gzip(path), path.string());
+}
+
+// The same from bytes in memory (an IDX file's contents, gzip-compressed or raw); `name` stands
+// for the file in error messages.
+inline idx_array read_idx(std::span<const std::uint8_t> bytes, std::string_view name) {
+  const std::string file(name);
+  if (detail::is_gzip(bytes)) return detail::parse_idx(detail::gunzip(bytes, file), file);
+  return detail::parse_idx(std::vector<std::uint8_t>(bytes.begin(), bytes.end()), file);
 }
 
 enum class split { train, test };

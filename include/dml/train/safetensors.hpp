@@ -108,6 +108,15 @@ class safetensors_file {
     return f;
   }
 
+  // The same from a file's contents in memory; `name` stands for the file in path() and errors.
+  static safetensors_file from_bytes(std::vector<std::byte> bytes, std::string_view name) {
+    safetensors_file f;
+    f.path_ = std::filesystem::path(std::string(name));
+    f.body_ = std::move(bytes);
+    f.parse();
+    return f;
+  }
+
   const std::filesystem::path& path() const { return path_; }
   // The tensors in the order their bytes appear in the file.
   const std::vector<tensor_info>& tensors() const { return tensors_; }
@@ -169,7 +178,11 @@ class safetensors_file {
     in.read(reinterpret_cast<char*>(body_.data()), static_cast<std::streamsize>(body_.size()));
     if (static_cast<std::uintmax_t>(in.gcount()) != size)
       fail<io_error>(file, ": expected to read ", size, " bytes, read ", in.gcount());
+    parse();
+  }
 
+  // Validates body_ (the whole file) and indexes its tensors.
+  void parse() {
     if (body_.size() < 8) bad("expected at least 8 bytes (the header length), found ", body_.size());
     std::uint64_t header_len = 0;
     for (int i = 0; i < 8; ++i) header_len |= std::uint64_t(body_[static_cast<std::size_t>(i)]) << (8 * i);
