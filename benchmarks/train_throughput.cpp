@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // benchmarks/train_throughput.cpp — training samples/s of an MLP (AdamW) beside the GEMM roofline of this
 // machine, measured in the same run. train_throughput_torch.py runs the same model in PyTorch.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,24 +27,119 @@ struct options {
 using clock_type = std::chrono::steady_clock;
 double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 
-// GFLOP/s of the GEMM dispatch on the model's largest forward GEMM.
-double gemm_gflops(std::int64_t m, std::int64_t n, std::int64_t k) {
-  std::vector<float> a(static_cast<std::size_t>(m * k), 0.5f), b(static_cast<std::size_t>(k * n), 0.25f),
-      c(static_cast<std::size_t>(m * n));
-  const dml::gemm_args g{.ta = dml::trans::n, .tb = dml::trans::t, .m = m, .n = n, .k = k, .a = a.data(), .lda = k,
-                         .b = b.data(), .ldb = k, .c = c.data(), .ldc = n};
-  for (int i = 0; i < 5; ++i) dml::gemm<dml::host>(g);
+// One step's GEMMs, traced on rank 0 (dml::detail::host_gemm_trace), and that step's wall time.
+struct step_trace {
+  std::vector<dml::gemm_call> calls;
+  double seconds = 0;
+};
+template <class Step>
+step_trace trace_step(Step&& step) {
+  step_trace t;
+  dml::detail::host_gemm_trace = &t.calls;
+  const auto t0 = clock_type::now();
+  step();
+  t.seconds = seconds_since(t0);
+  dml::detail::host_gemm_trace = nullptr;
+  return t;
+}
+
+// GFLOP/s of one problem shape on one library (or, for 16-bit inputs, through the dispatch), on
+// fresh buffers, over at least 0.2 s.
+double shape_gflops(const dml::gemm_args& shape, std::optional<dml::host_gemm_library> lib) {
+  const std::int64_t m = shape.m, n = shape.n, k = shape.k;
+  const auto elems = [](dml::dtype t, std::int64_t count) { return static_cast<std::size_t>(count) * dml::dtype_size(t); };
+  std::vector<std::byte> a(elems(shape.a.type, m * k)), b(elems(shape.a.type, k * n)), c(elems(shape.c.type, m * n)),
+      bias(elems(shape.c.type, n));
+  dml::gemm_args g = shape;
+  g.a.ptr = a.data();
+  g.b.ptr = b.data();
+  g.c.ptr = c.data();
+  g.bias.ptr = shape.bias.ptr ? bias.data() : nullptr;  // types stay the traced call's
+  g.lda = shape.ta == dml::trans::n ? k : m;
+  g.ldb = shape.tb == dml::trans::n ? n : k;
+  g.ldc = n;
+  const auto run = [&] { lib ? dml::host_gemm_on(*lib, g) : dml::gemm<dml::host>(g); };
+  for (int i = 0; i < 3; ++i) run();
   int iters = 0;
   const auto t0 = clock_type::now();
-  while (seconds_since(t0) < 1.0 || iters < 10) {
-    dml::gemm<dml::host>(g);
+  while (seconds_since(t0) < 0.2 || iters < 5) {
+    run();
     ++iters;
   }
   return 2.0 * double(m) * double(n) * double(k) * iters / seconds_since(t0) / 1e9;
 }
 
+// The step's roofline: every traced GEMM at the speed of the fastest library for its shape, nothing
+// else taking time. Prints one row per shape: GFLOP/s per library, the dispatch's pick and the
+// shape's share of the traced step. Returns the roofline step time on one core.
+double gemm_roofline(const step_trace& trace, bool print) {
+  using lib = dml::host_gemm_library;
+  struct row {
+    dml::gemm_call call;
+    int calls = 0;
+    double seconds = 0;
+  };
+  std::vector<row> rows;
+  for (const auto& c : trace.calls) {
+    const auto& g = c.args;
+    auto same = [&](const row& r) {
+      const auto& h = r.call.args;
+      return h.ta == g.ta && h.tb == g.tb && h.m == g.m && h.n == g.n && h.k == g.k && h.a.type == g.a.type &&
+             h.c.type == g.c.type && (h.bias.ptr != nullptr) == (g.bias.ptr != nullptr) && h.ep == g.ep &&
+             (h.beta != 0.f) == (g.beta != 0.f);
+    };
+    auto it = std::find_if(rows.begin(), rows.end(), same);
+    if (it == rows.end()) it = rows.insert(rows.end(), row{c});
+    ++it->calls;
+    it->seconds += c.seconds;
+  }
+  const auto libraries = dml::host_gemm_libraries();
+  if (print) {
+    std::printf("# host GEMM libraries:");
+    for (const auto& [l, name] : libraries) std::printf(" %s = %s;", std::string(dml::to_string(l)).c_str(), name.c_str());
+    std::printf("\n# GEMMs of one step (rank 0), GFLOP/s on one core per library; the step took %.2f ms\n",
+                trace.seconds * 1e3);
+    std::printf("%-12s %-16s %-5s %-5s %6s %9s %9s %9s %9s %12s\n", "pass", "m x n x k", "op", "type", "calls", "onednn",
+                "openblas", "blis", "used", "step share");
+  }
+  double roofline = 0;
+  for (const auto& r : rows) {
+    const auto& g = r.call.args;
+    const bool f32 = g.a.type == dml::dtype::f32;
+    double best = 0;
+    double per_lib[3] = {-1, -1, -1};
+    for (const auto& [l, name] : libraries) {
+      if (!f32 && l != lib::onednn) continue;
+      per_lib[int(l)] = f32 ? shape_gflops(g, l) : shape_gflops(g, std::nullopt);
+      best = std::max(best, per_lib[int(l)]);
+    }
+    roofline += r.calls * 2.0 * double(g.m) * double(g.n) * double(g.k) / (best * 1e9);
+    if (!print) continue;
+    // nn::linear's three products: y = x·Wᵀ, dx = dy·W, dW = dyᵀ·x.
+    const char* pass = g.ta == dml::trans::n && g.tb == dml::trans::t   ? "forward"
+                       : g.ta == dml::trans::n && g.tb == dml::trans::n ? "input grad"
+                       : g.ta == dml::trans::t && g.tb == dml::trans::n ? "weight grad"
+                                                                         : "other";
+    char shape[48], op[8];
+    std::snprintf(shape, sizeof shape, "%lldx%lldx%lld", static_cast<long long>(g.m), static_cast<long long>(g.n),
+                  static_cast<long long>(g.k));
+    std::snprintf(op, sizeof op, "%c%c", g.ta == dml::trans::n ? 'N' : 'T', g.tb == dml::trans::n ? 'N' : 'T');
+    std::string used = f32 ? std::string(dml::to_string(r.call.library)) : (r.call.native ? "onednn" : "widened");
+    std::printf("%-12s %-16s %-5s %-5s %6d", pass, shape, op, std::string(dml::dtype_name(g.a.type)).c_str(), r.calls);
+    for (double v : per_lib) v < 0 ? std::printf(" %9s", "-") : std::printf(" %9.1f", v);
+    std::printf(" %9s %11.1f%%\n", used.c_str(), 100.0 * r.seconds / trace.seconds);
+  }
+  if (print) {
+    double gemm_seconds = 0;
+    for (const auto& r : rows) gemm_seconds += r.seconds;
+    std::printf("# GEMMs took %.1f%% of the step; at the best library's speed they would take %.2f ms\n",
+                100.0 * gemm_seconds / trace.seconds, roofline * 1e3);
+  }
+  return roofline;
+}
+
 template <class... L>
-double samples_per_second(const dml::nn::sequential<L...>& model, const options& o) {
+double samples_per_second(const dml::nn::sequential<L...>& model, const options& o, step_trace& trace) {
   dml::nn::network<dml::host, L...> net(model, 1);
   const dml::optim::adamw opt;
   dml::optim::state<dml::optim::adamw> state(net.layout().total);
@@ -62,8 +160,9 @@ double samples_per_second(const dml::nn::sequential<L...>& model, const options&
                            .state = state.pointers(), .step = s, .lr = 1e-3f});
   };
   for (std::int64_t s = 1; s <= o.warmup; ++s) step(s);
+  trace = trace_step([&] { step(o.warmup + 1); });
   const auto t0 = clock_type::now();
-  for (std::int64_t s = 1; s <= o.steps; ++s) step(o.warmup + s);
+  for (std::int64_t s = 2; s <= o.steps + 1; ++s) step(o.warmup + s);
   return double(o.steps * o.batch) / seconds_since(t0);
 }
 
@@ -71,6 +170,7 @@ struct parallel_result {
   double samples_per_s = 0;
   dml::train::memory_report memory;
   double hidden_fraction = -1;  // share of gradient communication overlapped with backward
+  step_trace trace;             // rank 0's GEMMs in one step
 };
 
 // Synthetic rows for one rank (the same generator as the single-network path).
@@ -96,13 +196,15 @@ parallel_result run_trainer(dml::comm::local& comm, const Model& model, const op
   const dml::tensor_view<const float> xv(x.data(), {o.batch, 784});
   const std::int64_t global = o.batch * comm.size();
   for (std::int64_t s = 0; s < o.warmup; ++s) t.step(xv, y.data(), global);
+  step_trace trace = trace_step([&] { t.step(xv, y.data(), global); });
+  if (comm.rank() != 0) trace.calls.clear();
   comm.barrier();
   const auto t0 = clock_type::now();
   for (std::int64_t s = 0; s < o.steps; ++s) t.step(xv, y.data(), global);
   comm.barrier();
   const double secs = seconds_since(t0);
-  parallel_result r{.samples_per_s = double(o.steps * global) / secs, .memory = t.memory()};
-  r.hidden_fraction = dml::train::hidden_communication(t.events(), o.warmup);
+  parallel_result r{.samples_per_s = double(o.steps * global) / secs, .memory = t.memory(), .trace = trace};
+  r.hidden_fraction = dml::train::hidden_communication(t.events(), o.warmup + 1);
   return r;
 }
 
@@ -150,9 +252,15 @@ options parse(int argc, char** argv) {
 
 }  // namespace
 
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.starts_with("model name")) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+
 int main(int argc, char** argv) try {
   const options o = parse(argc, argv);
-  dml::set_thread_budget(1);  // the roofline is per core; the run below uses ranks x threads cores
   // 2 FLOPs per multiply-add forward, 4 backward (input and weight gradients): 6 per weight per sample.
   double weights = 0;
   std::int64_t width = 784;
@@ -162,15 +270,11 @@ int main(int argc, char** argv) try {
   }
   weights += double(width) * 10.0;
   const double flop_per_sample = 6.0 * weights;
-  const std::int64_t widest = *std::max_element(o.hidden.begin(), o.hidden.end());
-  const double gflops = gemm_gflops(o.batch, widest, widest);
-  double roofline = gflops * 1e9 / flop_per_sample;
-  const std::string isa = dml::host_gemm_impl(o.batch, widest, widest);
   double rate = 0;
   parallel_result pr;
   if (o.parallel == "none") {
     dml::set_thread_budget(o.threads);
-    rate = dml::nn::with_mlp(784, o.hidden, 10, [&](auto model) { return samples_per_second(model, o); });
+    rate = dml::nn::with_mlp(784, o.hidden, 10, [&](auto model) { return samples_per_second(model, o, pr.trace); });
   } else {
     dml::comm::local::run(o.ranks, [&](dml::comm::local& comm) {
       dml::set_thread_budget(o.threads);
@@ -189,26 +293,33 @@ int main(int argc, char** argv) try {
     });
     rate = pr.samples_per_s;
   }
-  // The roofline counts every core the run uses.
-  roofline *= o.ranks * o.threads;
-  if (o.json) {
-    std::printf("{\"impl\":\"dml\",\"ranks\":%d,\"parallel\":\"%s\",\"precision\":\"%s\",\"threads\":%d,"
-                "\"batch_per_rank\":%lld,\"samples_per_s\":%.1f,\"gemm_gflops\":%.1f,\"gemm_impl\":\"%s\","
-                "\"mflop_per_sample\":%.2f,\"roofline_samples_per_s\":%.1f,\"roofline_fraction\":%.3f,"
-                "\"model_state_bytes_per_rank\":%lld,\"hidden_comm_fraction\":%.3f}\n",
-                o.ranks, o.parallel.c_str(), o.precision.c_str(), o.threads, static_cast<long long>(o.batch), rate, gflops,
-                isa.c_str(), flop_per_sample / 1e6, roofline, rate / roofline,
-                static_cast<long long>(pr.memory.total()), pr.hidden_fraction);
-  } else {
-    std::printf("# MLP 784-");
+  if (!o.json) {
+    std::printf("# %s; MLP 784-", cpu_model().c_str());
     for (auto h : o.hidden) std::printf("%lld-", static_cast<long long>(h));
     std::printf("10, AdamW, batch %lld per rank, %lld steps after %lld warm-up, %d rank(s) x %d thread(s)\n",
                 static_cast<long long>(o.batch), static_cast<long long>(o.steps), static_cast<long long>(o.warmup),
                 o.ranks, o.threads);
-    std::printf("# GEMM %lldx%lldx%lld via oneDNN (%s), one core: %.1f GFLOP/s; %.2f MFLOP per sample -> roofline "
-                "%.0f samples/s on the cores this run uses\n",
-                static_cast<long long>(o.batch), static_cast<long long>(widest), static_cast<long long>(widest),
-                isa.c_str(), gflops, flop_per_sample / 1e6, roofline);
+  }
+  // The roofline is measured per core after the run, then counts every core the run uses.
+  dml::set_thread_budget(1);
+  const double roofline_step = gemm_roofline(pr.trace, !o.json);
+  const double gflops = flop_per_sample * double(o.batch) / roofline_step / 1e9;  // the step's effective rate
+  const double roofline = double(o.batch) / roofline_step * o.ranks * o.threads;
+  const std::string isa = dml::host_gemm_impl(o.batch, width, width, o.precision == "fp32" ? dml::dtype::f32
+                                                                     : o.precision == "bf16" ? dml::dtype::bf16
+                                                                                             : dml::dtype::f16);
+  if (o.json) {
+    std::printf("{\"impl\":\"dml\",\"cpu\":\"%s\",\"ranks\":%d,\"parallel\":\"%s\",\"precision\":\"%s\",\"threads\":%d,"
+                "\"batch_per_rank\":%lld,\"samples_per_s\":%.1f,\"gemm_gflops\":%.1f,\"gemm_impl\":\"%s\","
+                "\"mflop_per_sample\":%.2f,\"roofline_samples_per_s\":%.1f,\"roofline_fraction\":%.3f,"
+                "\"model_state_bytes_per_rank\":%lld,\"hidden_comm_fraction\":%.3f}\n",
+                cpu_model().c_str(), o.ranks, o.parallel.c_str(), o.precision.c_str(), o.threads,
+                static_cast<long long>(o.batch), rate, gflops, isa.c_str(), flop_per_sample / 1e6, roofline,
+                rate / roofline, static_cast<long long>(pr.memory.total()), pr.hidden_fraction);
+  } else {
+    std::printf("# %.2f MFLOP per sample at %.1f GFLOP/s (the step's GEMMs at their best library, one core; oneDNN "
+                "kernel %s) -> roofline %.0f samples/s on the cores this run uses\n",
+                flop_per_sample / 1e6, gflops, isa.c_str(), roofline);
     std::printf("%8s %6s %9s %10s %14s %12s %16s %12s\n", "impl", "ranks", "parallel", "precision", "samples/s",
                 "of roofline", "state B/rank", "comm hidden");
     std::printf("%8s %6d %9s %10s %14.1f %11.1f%% %16lld %12s\n", "dml", o.ranks, o.parallel.c_str(),

@@ -298,7 +298,8 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
                 opt.chosen_name(),
                 static_cast<double>(opt.default_lr()), static_cast<long long>(o.batch), mem.total() / 1048576.0,
                 mem.params / 1048576.0, mem.grads / 1048576.0, mem.optimizer / 1048576.0, mem.buffers / 1048576.0,
-                dml::host_gemm_impl().c_str());
+                // On CPUs without 16-bit matmul kernels (AVX2) this says "widened to f32: ...".
+                dml::host_gemm_impl(256, 1024, 1024, dml::dtype_v<typename Precision::type>).c_str());
     std::fflush(stdout);
   }
   std::int64_t step = 0, first_epoch = 0;

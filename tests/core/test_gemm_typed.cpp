@@ -9,7 +9,11 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <fstream>
+#include <iterator>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dml/core/cast.hpp"
@@ -44,8 +48,9 @@ struct case_spec {
 // compares with the same formula in double on the values the kernel was given (already rounded to
 // In and Out). Bound per element: f32 accumulation (k·2^-23·Σ|a·b|, generous for any summation
 // order) plus, for a 16-bit C, half an ulp of the result (2^-8 relative for bf16, 2^-11 for fp16).
+// lib: run on that host library (f32 only) instead of through the dispatch.
 template <class In, class Out>
-diff_report run_case(const case_spec& s, std::mt19937& rng) {
+diff_report run_case(const case_spec& s, std::mt19937& rng, std::optional<host_gemm_library> lib = std::nullopt) {
   const std::int64_t a_rows = s.ta == trans::n ? s.m : s.k, a_cols = s.ta == trans::n ? s.k : s.m;
   const std::int64_t b_rows = s.tb == trans::n ? s.k : s.n, b_cols = s.tb == trans::n ? s.n : s.k;
   const std::int64_t lda = a_cols + s.pad, ldb = b_cols + s.pad, ldc = s.n + s.pad;
@@ -59,9 +64,11 @@ diff_report run_case(const case_spec& s, std::mt19937& rng) {
       for (std::int64_t j = 0; j < s.n; ++j) c[i * ldc + j] = Out(std::numeric_limits<float>::quiet_NaN());
   const auto before = c;
 
-  gemm<host>({.ta = s.ta, .tb = s.tb, .m = s.m, .n = s.n, .k = s.k, .a = a.data(), .lda = lda, .b = b.data(),
-              .ldb = ldb, .c = c.data(), .ldc = ldc, .beta = s.accumulate ? 1.f : 0.f,
-              .bias = s.bias ? bias.data() : nullptr, .ep = s.relu ? epilogue::relu : epilogue::none});
+  const gemm_args g{.ta = s.ta, .tb = s.tb, .m = s.m, .n = s.n, .k = s.k, .a = a.data(), .lda = lda, .b = b.data(),
+                    .ldb = ldb, .c = c.data(), .ldc = ldc, .beta = s.accumulate ? 1.f : 0.f,
+                    .bias = s.bias ? bias.data() : nullptr, .ep = s.relu ? epilogue::relu : epilogue::none};
+  if (lib) host_gemm_on(*lib, g);
+  else gemm<host>(g);
 
   const double out_half_ulp = std::is_same_v<Out, bf16> ? 0x1p-8 : std::is_same_v<Out, fp16> ? 0x1p-11 : 0.0;
   diff_report r;
@@ -98,19 +105,19 @@ diff_report run_case(const case_spec& s, std::mt19937& rng) {
 }
 
 template <class In, class Out>
-void every_combination(std::uint32_t seed) {
+void every_combination(std::uint32_t seed, std::optional<host_gemm_library> lib = std::nullopt) {
   std::mt19937 rng(seed);
   for (auto ta : {trans::n, trans::t})
     for (auto tb : {trans::n, trans::t})
       for (int flags = 0; flags < 8; ++flags) {
         const case_spec s{ta, tb, 37, 29, 53, (flags & 1) != 0, (flags & 2) != 0, (flags & 4) != 0, flags % 3};
-        const diff_report r = run_case<In, Out>(s, rng);
+        const diff_report r = run_case<In, Out>(s, rng, lib);
         INFO("ta=", int(ta), " tb=", int(tb), " bias=", s.bias, " relu=", s.relu, " beta=", s.accumulate,
              " pad=", s.pad, " max_abs_diff=", r.max_abs_diff);
         CHECK(r.ok);
       }
   // A longer reduction, where accumulating in 16 bits would be visibly wrong.
-  const diff_report r = run_case<In, Out>({trans::n, trans::t, 64, 48, 1000, true, false, false, 0}, rng);
+  const diff_report r = run_case<In, Out>({trans::n, trans::t, 64, 48, 1000, true, false, false, 0}, rng, lib);
   INFO("k=1000 max_abs_diff=", r.max_abs_diff);
   CHECK(r.ok);
 }
@@ -126,6 +133,51 @@ TEST_CASE("gemm: fp16 inputs (widened to f32 on the host), f32 and fp16 outputs"
   every_combination<fp16, fp16>(4);
 }
 TEST_CASE("gemm: f32 still matches the reference") { every_combination<float, float>(5); }
+
+TEST_CASE("gemm: every host library that loads matches the reference, epilogue included") {
+  const auto libs = host_gemm_libraries();
+  REQUIRE(libs.front().first == host_gemm_library::onednn);
+  for (const auto& [lib, name] : libs) {
+    INFO(to_string(lib), ": ", name);
+    every_combination<float, float>(7, lib);
+  }
+}
+
+TEST_CASE("gemm: the host dispatch picks one library per shape for every rank thread") {
+  set_thread_budget(1);
+  std::vector<float> a(96 * 80, 0.5f), b(80 * 64, 0.25f), c(96 * 64);
+  const gemm_args g{.tb = trans::t, .m = 96, .n = 64, .k = 80, .a = a.data(), .lda = 80, .b = b.data(), .ldb = 80,
+                    .c = c.data(), .ldc = 64};
+  const host_gemm_library first = host_gemm_choice(g);
+  std::vector<host_gemm_library> seen(4);
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < seen.size(); ++t)
+    threads.emplace_back([&, t] {
+      set_thread_budget(1);
+      seen[t] = host_gemm_choice(g);
+    });
+  for (auto& t : threads) t.join();
+  for (auto lib : seen) CHECK(lib == first);
+  const bool loaded = std::ranges::any_of(host_gemm_libraries(), [&](const auto& l) { return l.first == first; });
+  CHECK(loaded);
+  // The choice is on record for later processes (unless DML_HOST_GEMM pins one or the cache is off).
+  const std::string& file = detail::host_gemm_choices::get().path();
+  if (!file.empty() && !std::getenv("DML_HOST_GEMM")) {
+    std::ifstream in(file);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK(text.find("0,1,96,64,80,80,80,64,0,0,0,0,0 " + std::string(to_string(first)) + "\n") != std::string::npos);
+  }
+  MESSAGE("96x64x80 (A·Bᵀ) runs on ", to_string(first), "; choices recorded in ", file.empty() ? "memory" : file);
+}
+
+TEST_CASE("gemm: 16-bit inputs say whether they run natively or widened to f32") {
+  for (dtype t : {dtype::bf16, dtype::f16}) {
+    const std::string impl = host_gemm_impl(64, 64, 64, t);
+    INFO(t, ": ", impl);
+    CHECK(host_gemm_native(t) == !impl.starts_with("widened to f32"));
+  }
+  CHECK(host_gemm_native(dtype::f32));
+}
 
 TEST_CASE("gemm: bf16 result is the f32 result rounded once") {
   // Same inputs, two output types: the bf16 C must be exactly bf16(f32 C) wherever the f32 result

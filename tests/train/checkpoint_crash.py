@@ -105,9 +105,11 @@ def main():
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--keep", help="leave the checkpoints in this directory")
     args = ap.parse_args()
-    # GEMM back ends chosen by timing would let a restarted process round differently from the
-    # reference; one library makes every process compute the same bits.
-    os.environ.setdefault("DML_HOST_GEMM", "onednn")
+    # The host GEMM library per shape is chosen by timing once and recorded in a file that every later
+    # process follows, so a restarted process computes the reference's bits. A fresh file per run
+    # makes the first process here measure, as on a new machine.
+    cache_dir = tempfile.mkdtemp(prefix="dml-gemm-choices-")
+    os.environ["DML_HOST_GEMM_CACHE"] = os.path.join(cache_dir, "host-gemm.txt")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     print(f"checkpoint_crash: seed {seed} (rerun with --seed {seed})", flush=True)
     rng = random.Random(seed)
@@ -176,6 +178,7 @@ def main():
         if latest_step(ckpt) != final_steps or leftovers(ckpt) != ([], []):
             raise AssertionError(f"the final run left latest at {latest_step(ckpt)} and {leftovers(ckpt)}")
     finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     median = sorted(durations)[len(durations) // 2] * 1e3 if durations else float("nan")
