@@ -60,24 +60,43 @@ inline cudaStream_t current_stream() { return detail::current_stream_slot(); }
 inline void set_current_stream(cudaStream_t s) { detail::current_stream_slot() = s; }
 #endif
 
+namespace detail {
+// Host loops are compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2, FMA) and the baseline, and the
+// loader picks the widest this CPU runs (GCC's function multiversioning): element-wise passes
+// vectorise at the machine's width with no -march, so one binary runs well on every x86-64 CPU.
+// A clone may contract a·b + c into an FMA, so results can differ in the last bit between CPUs
+// (never between the ranks of one machine). DML_NO_HOST_CLONES turns it off.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__) && \
+    !defined(DML_NO_HOST_CLONES) && !defined(__SANITIZE_THREAD__)
+#  define DML_HOST_CLONES [[gnu::target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")]]
+#else
+#  define DML_HOST_CLONES
+#endif
+
+// Plain loops rather than Thrust's host back ends: Thrust's loop bodies do not vectorise, and an
+// element-wise pass is memory-bound only once it does.
+template <class F>
+DML_HOST_CLONES void host_for_each_index(std::int64_t n, F f) {
+#if defined(_OPENMP)
+  const int threads = thread_budget();
+  if (n >= parallel_grain && threads > 1) {
+#  pragma omp parallel for simd schedule(static) num_threads(threads)
+    for (std::int64_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+#endif
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) f(i);
+}
+}  // namespace detail
+
 // f(i) for every i in [0, n), in any order, possibly concurrently. Calls must be independent: on the
 // host the loop is vectorised (omp simd) as well as split across the rank's threads.
 template <execution_space Space, class F>
 void for_each_index(std::int64_t n, F f) {
   if (n <= 0) return;
   if constexpr (std::same_as<Space, host>) {
-    // Plain loops rather than Thrust's host back ends: Thrust's loop bodies do not vectorise, and an
-    // element-wise pass is memory-bound only once it does.
-#if defined(_OPENMP)
-    const int threads = thread_budget();
-    if (n >= detail::parallel_grain && threads > 1) {
-#  pragma omp parallel for simd schedule(static) num_threads(threads)
-      for (std::int64_t i = 0; i < n; ++i) f(i);
-      return;
-    }
-#endif
-#pragma omp simd
-    for (std::int64_t i = 0; i < n; ++i) f(i);
+    detail::host_for_each_index(n, f);
   } else {
 #if DML_HAS_CUDA
     thrust::counting_iterator<std::int64_t> first(0);
