@@ -65,17 +65,8 @@ int main(int argc, char** argv) {
     std::vector<float> xb;
     std::vector<std::int32_t> yb;
     for (long long s = done; s < steps; ++s) {
-      const auto per = sampler.batches_per_epoch();
-      const auto order = sampler.order(static_cast<std::uint64_t>(s / per));
-      const auto idx = train::sampler::slice(order, s % per, global_batch, comm.rank(), comm.size());
-      xb.resize(idx.size() * features);
-      yb.resize(idx.size());
-      for (std::size_t i = 0; i < idx.size(); ++i) {
-        std::copy_n(x.data() + idx[i] * features, features, xb.data() + i * features);
-        yb[i] = y[static_cast<std::size_t>(idx[i])];
-      }
-      const auto r = t.step(tensor_view<const float>(xb.data(), {static_cast<std::int64_t>(idx.size()), features}),
-                            yb.data(), global_batch);
+      const std::int64_t rows = sampler.gather(s, comm.rank(), comm.size(), x.data(), features, y.data(), xb, yb);
+      const auto r = t.step(tensor_view<const float>(xb.data(), {rows, features}), yb.data(), global_batch);
       if (comm.rank() == 0) say("loss %lld %a\n", s, static_cast<double>(r.loss));
       if (!save) continue;
       if (comm.rank() == 0) say("save %lld begin\n", s + 1);

@@ -41,17 +41,8 @@ int train(dml::comm::mpi& comm, double seconds) {
     std::int32_t go = std::chrono::steady_clock::now() < end ? 1 : 0;
     comm.broadcast(std::span<std::int32_t>(&go, 1), 0);
     if (!go) break;
-    const auto per = sampler.batches_per_epoch();
-    const auto order = sampler.order(static_cast<std::uint64_t>(s / per));
-    const auto idx = train::sampler::slice(order, s % per, global_batch, comm.rank(), comm.size());
-    xb.resize(idx.size() * features);
-    yb.resize(idx.size());
-    for (std::size_t i = 0; i < idx.size(); ++i) {
-      std::copy_n(x.data() + idx[i] * features, features, xb.data() + i * features);
-      yb[i] = y[static_cast<std::size_t>(idx[i])];
-    }
-    const auto r = t.step(tensor_view<const float>(xb.data(), {static_cast<std::int64_t>(idx.size()), features}),
-                          yb.data(), global_batch);
+    const std::int64_t rows = sampler.gather(s, comm.rank(), comm.size(), x.data(), features, y.data(), xb, yb);
+    const auto r = t.step(tensor_view<const float>(xb.data(), {rows, features}), yb.data(), global_batch);
     if (comm.rank() == 0 && s % 10 == 0) {
       std::printf("step %lld loss %.6f\n", static_cast<long long>(s), static_cast<double>(r.loss));
       std::fflush(stdout);

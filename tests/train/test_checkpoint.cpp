@@ -61,18 +61,8 @@ std::vector<float> train_steps(T& t, C& comm, std::int64_t first, std::int64_t c
   std::vector<float> losses, xb;
   std::vector<std::int32_t> yb;
   for (std::int64_t s = first; s < first + count; ++s) {
-    const auto order = sampler.order(static_cast<std::uint64_t>(s / sampler.batches_per_epoch()));
-    const auto idx = train::sampler::slice(order, s % sampler.batches_per_epoch(), global_batch, comm.rank(), comm.size());
-    xb.resize(idx.size() * features);
-    yb.resize(idx.size());
-    for (std::size_t i = 0; i < idx.size(); ++i) {
-      std::copy_n(d.x.data() + idx[i] * features, features, xb.data() + i * features);
-      yb[i] = d.y[static_cast<std::size_t>(idx[i])];
-    }
-    losses.push_back(
-        t.step(tensor_view<const float>(xb.data(), {static_cast<std::int64_t>(idx.size()), features}), yb.data(),
-               global_batch)
-            .loss);
+    const std::int64_t rows = sampler.gather(s, comm.rank(), comm.size(), d.x.data(), features, d.y.data(), xb, yb);
+    losses.push_back(t.step(tensor_view<const float>(xb.data(), {rows, features}), yb.data(), global_batch).loss);
   }
   return losses;
 }

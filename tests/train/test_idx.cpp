@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// tests/train/test_idx.cpp — IDX reader and MNIST loader: synthetic files (raw and gzip) and
-// Debian's Fashion-MNIST when it is installed.
+// tests/train/test_idx.cpp — IDX reader and MNIST loader (synthetic files, raw and gzip, and
+// Debian's Fashion-MNIST when installed); the sampler's slices and gather.
 #include <doctest/doctest.h>
 #include <zlib.h>
 
@@ -17,6 +17,7 @@
 
 #include "../temp_dir.hpp"
 #include "dml/train/idx.hpp"
+#include "dml/train/sampler.hpp"
 
 namespace fs = std::filesystem;
 
@@ -295,4 +296,40 @@ TEST_CASE("read_idx rejects a zero dimension beside dimensions that multiply pas
   CHECK(msg.find("2^63") != std::string::npos);
   const auto a = dml::train::read_idx(idx_bytes(0x08, {0x7FFFFFFF, 0, 4}, {}), "fits");
   CHECK(a.numel() == 0);
+}
+
+TEST_CASE("sampler: rank slices cover each global batch once, and gather copies those rows") {
+  constexpr std::int64_t n = 37, width = 3, batch = 8;
+  std::vector<float> x(n * width);
+  std::vector<std::int32_t> y(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    y[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+    for (std::int64_t j = 0; j < width; ++j) x[static_cast<std::size_t>(i * width + j)] = float(i * 10 + j);
+  }
+  const dml::train::sampler s(n, batch, 3);
+  CHECK(s.batches_per_epoch() == 5);  // the short last batch is kept
+  for (int ranks : {1, 2, 3}) {
+    std::vector<int> seen(n, 0);
+    for (std::int64_t step = 0; step < s.batches_per_epoch(); ++step) {
+      std::int64_t rows_in_batch = 0;
+      for (int r = 0; r < ranks; ++r) {
+        std::vector<float> xb;
+        std::vector<std::int32_t> yb;
+        const std::int64_t rows = s.gather(step, r, ranks, x.data(), width, y.data(), xb, yb);
+        REQUIRE(static_cast<std::int64_t>(yb.size()) == rows);
+        REQUIRE(static_cast<std::int64_t>(xb.size()) == rows * width);
+        rows_in_batch += rows;
+        for (std::int64_t i = 0; i < rows; ++i) {
+          const std::int32_t id = yb[static_cast<std::size_t>(i)];
+          ++seen[static_cast<std::size_t>(id)];
+          for (std::int64_t j = 0; j < width; ++j) CHECK(xb[static_cast<std::size_t>(i * width + j)] == float(id * 10 + j));
+        }
+      }
+      CHECK(rows_in_batch == std::min<std::int64_t>(batch, n - step * batch));
+    }
+    CHECK(std::ranges::all_of(seen, [](int c) { return c == 1; }));  // one epoch: every sample once
+  }
+  // The order is a function of (seed, epoch) alone: step 5 starts epoch 1, in another order.
+  CHECK(s.order(0) != s.order(1));
+  CHECK(s.order(1) == dml::train::sampler(n, batch, 3).order(1));
 }

@@ -70,17 +70,8 @@ run_result train_ranks(C& comm, train::trainer_options opt, const Model& model =
   std::vector<float> xb;
   std::vector<std::int32_t> yb;
   for (int s = 0; s < steps; ++s) {
-    const auto epoch = static_cast<std::uint64_t>(s / sampler.batches_per_epoch());
-    const auto order = sampler.order(epoch);
-    const auto idx = train::sampler::slice(order, s % sampler.batches_per_epoch(), global_batch, comm.rank(), comm.size());
-    xb.resize(idx.size() * features);
-    yb.resize(idx.size());
-    for (std::size_t i = 0; i < idx.size(); ++i) {
-      std::copy_n(d.x.data() + idx[i] * features, features, xb.data() + i * features);
-      yb[i] = d.y[static_cast<std::size_t>(idx[i])];
-    }
-    const auto r = t.step(tensor_view<const float>(xb.data(), {static_cast<std::int64_t>(idx.size()), features}),
-                          yb.data(), global_batch);
+    const std::int64_t rows = sampler.gather(s, comm.rank(), comm.size(), d.x.data(), features, d.y.data(), xb, yb);
+    const auto r = t.step(tensor_view<const float>(xb.data(), {rows, features}), yb.data(), global_batch);
     out.losses.push_back(r.loss);
   }
   out.params = t.full_parameters();

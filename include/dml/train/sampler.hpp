@@ -3,6 +3,7 @@
 // Sits on core/rng.hpp; the global order depends on (seed, epoch) only, never on the rank count.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <span>
@@ -42,6 +43,26 @@ struct sampler {
       std::swap(idx[static_cast<std::size_t>(i)], idx[static_cast<std::size_t>(r % std::uint64_t(i + 1))]);
     }
     return idx;
+  }
+
+  // Rank `rank`'s rows of training step `step` (counted across epochs) from a row-major data set with
+  // `width` values and one label per sample, copied into xb and yb (resized to fit). Returns the
+  // number of rows.
+  template <class X, class Y>
+  std::int64_t gather(std::int64_t step, int rank, int ranks, const X* x, std::int64_t width, const Y* y,
+                      std::vector<X>& xb, std::vector<Y>& yb) const {
+    const std::int64_t per = batches_per_epoch();
+    if (per == 0) fail<invalid_argument>("dml::train::sampler::gather: the data set has no full batch");
+    const auto all = order(static_cast<std::uint64_t>(step / per));
+    const auto idx = slice(all, step % per, batch, rank, ranks);
+    xb.resize(idx.size() * static_cast<std::size_t>(width));
+    yb.resize(idx.size());
+    for (std::size_t i = 0; i < idx.size(); ++i) {
+      const auto row = static_cast<std::size_t>(idx[i]);
+      std::copy_n(x + row * static_cast<std::size_t>(width), width, xb.data() + i * static_cast<std::size_t>(width));
+      yb[i] = y[row];
+    }
+    return static_cast<std::int64_t>(idx.size());
   }
 
   // Rank `rank` of `ranks` gets a contiguous, disjoint slice of batch b; the slices cover the batch.
