@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -99,7 +98,7 @@ double gemm_roofline(const step_trace& trace, bool print) {
     for (const auto& [l, name] : libraries) std::printf(" %s = %s;", std::string(dml::to_string(l)).c_str(), name.c_str());
     std::printf("\n# GEMMs of one step (rank 0), GFLOP/s on one core per library; the step took %.2f ms\n",
                 trace.seconds * 1e3);
-    std::printf("%-12s %-16s %-5s %-5s %6s %9s %9s %9s %9s %12s\n", "pass", "m x n x k", "op", "type", "calls", "onednn",
+    std::printf("%-12s %-16s %-5s %-5s %6s %9s %9s %9s %11s %12s\n", "pass", "m x n x k", "op", "type", "calls", "onednn",
                 "openblas", "blis", "used", "step share");
   }
   double roofline = 0;
@@ -124,10 +123,11 @@ double gemm_roofline(const step_trace& trace, bool print) {
     std::snprintf(shape, sizeof shape, "%lldx%lldx%lld", static_cast<long long>(g.m), static_cast<long long>(g.n),
                   static_cast<long long>(g.k));
     std::snprintf(op, sizeof op, "%c%c", g.ta == dml::trans::n ? 'N' : 'T', g.tb == dml::trans::n ? 'N' : 'T');
-    std::string used = f32 ? std::string(dml::to_string(r.call.library)) : (r.call.native ? "onednn" : "widened");
+    const std::string used = r.call.native ? std::string(dml::to_string(r.call.library))
+                                           : "w:" + std::string(dml::to_string(r.call.library));
     std::printf("%-12s %-16s %-5s %-5s %6d", pass, shape, op, std::string(dml::dtype_name(g.a.type)).c_str(), r.calls);
     for (double v : per_lib) v < 0 ? std::printf(" %9s", "-") : std::printf(" %9.1f", v);
-    std::printf(" %9s %11.1f%%\n", used.c_str(), 100.0 * r.seconds / trace.seconds);
+    std::printf(" %11s %11.1f%%\n", used.c_str(), 100.0 * r.seconds / trace.seconds);
   }
   if (print) {
     double gemm_seconds = 0;
@@ -252,13 +252,6 @@ options parse(int argc, char** argv) {
 
 }  // namespace
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.starts_with("model name")) return line.substr(line.find(':') + 2);
-  return "unknown CPU";
-}
-
 int main(int argc, char** argv) try {
   const options o = parse(argc, argv);
   // 2 FLOPs per multiply-add forward, 4 backward (input and weight gradients): 6 per weight per sample.
@@ -294,7 +287,7 @@ int main(int argc, char** argv) try {
     rate = pr.samples_per_s;
   }
   if (!o.json) {
-    std::printf("# %s; MLP 784-", cpu_model().c_str());
+    std::printf("# %s; MLP 784-", dml::host_cpu_model().c_str());
     for (auto h : o.hidden) std::printf("%lld-", static_cast<long long>(h));
     std::printf("10, AdamW, batch %lld per rank, %lld steps after %lld warm-up, %d rank(s) x %d thread(s)\n",
                 static_cast<long long>(o.batch), static_cast<long long>(o.steps), static_cast<long long>(o.warmup),
@@ -313,7 +306,7 @@ int main(int argc, char** argv) try {
                 "\"batch_per_rank\":%lld,\"samples_per_s\":%.1f,\"gemm_gflops\":%.1f,\"gemm_impl\":\"%s\","
                 "\"mflop_per_sample\":%.2f,\"roofline_samples_per_s\":%.1f,\"roofline_fraction\":%.3f,"
                 "\"model_state_bytes_per_rank\":%lld,\"hidden_comm_fraction\":%.3f}\n",
-                cpu_model().c_str(), o.ranks, o.parallel.c_str(), o.precision.c_str(), o.threads,
+                dml::host_cpu_model().c_str(), o.ranks, o.parallel.c_str(), o.precision.c_str(), o.threads,
                 static_cast<long long>(o.batch), rate, gflops, isa.c_str(), flop_per_sample / 1e6, roofline,
                 rate / roofline, static_cast<long long>(pr.memory.total()), pr.hidden_fraction);
   } else {

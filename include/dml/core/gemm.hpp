@@ -81,10 +81,13 @@ inline std::string_view to_string(host_gemm_library lib) {
   return "?";
 }
 
-// One host GEMM as host_gemm_trace records it.
+inline constexpr host_gemm_library host_gemm_all_libraries[] = {host_gemm_library::onednn, host_gemm_library::openblas,
+                                                              host_gemm_library::blis};
+
+// One host GEMM as detail::host_gemm_trace records it.
 struct gemm_call {
   gemm_args args;                 // pointers are only meaningful during the call
-  host_gemm_library library;      // for 16-bit inputs widened to f32: oneDNN's, the f32 call is recorded apart
+  host_gemm_library library;      // the library that multiplied (the f32 copies, when widened)
   bool native = true;             // false: 16-bit inputs were widened to f32
   double seconds = 0;
 };
@@ -290,7 +293,7 @@ inline std::optional<host_gemm_library> host_gemm_pinned() {
   static const std::optional<host_gemm_library> pinned = [] () -> std::optional<host_gemm_library> {
     const char* v = std::getenv("DML_HOST_GEMM");
     if (!v || !*v || std::string_view(v) == "auto") return std::nullopt;
-    for (auto lib : {host_gemm_library::onednn, host_gemm_library::openblas, host_gemm_library::blis})
+    for (auto lib : host_gemm_all_libraries)
       if (to_string(lib) == v) {
         if (!host_gemm_available(lib))
           fail("dml::gemm: DML_HOST_GEMM=", v, " asks for a library that could not be loaded here");
@@ -311,6 +314,25 @@ inline double host_gemm_time(host_gemm_library lib, const gemm_args& g) {
     if (rep > 0) best = std::min(best, t);
   }
   return best;
+}
+
+// The "model name" line of /proc/cpuinfo, or "unknown".
+inline std::string cpu_model() {
+  std::FILE* f = std::fopen("/proc/cpuinfo", "r");
+  if (!f) return "unknown";
+  char line[512];
+  std::string model = "unknown";
+  while (std::fgets(line, sizeof line, f)) {
+    const std::string_view l(line);
+    if (l.starts_with("model name") && l.find(':') != std::string_view::npos) {
+      model = std::string(l.substr(l.find(':') + 1));
+      model.erase(0, model.find_first_not_of(" \t"));
+      while (!model.empty() && (model.back() == '\n' || model.back() == ' ')) model.pop_back();
+      break;
+    }
+  }
+  std::fclose(f);
+  return model;
 }
 
 // The library each measured shape runs on, kept in a file so that every process on this machine
@@ -372,19 +394,6 @@ class host_gemm_choices {
     if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path(), ec);
     if (!ec) path_ = file.string();
   }
-  static std::string cpu_model() {
-    std::FILE* f = std::fopen("/proc/cpuinfo", "r");
-    if (!f) return "unknown";
-    char line[512];
-    std::string model = "unknown";
-    while (std::fgets(line, sizeof line, f))
-      if (std::string_view(line).starts_with("model name")) {
-        model = line;
-        break;
-      }
-    std::fclose(f);
-    return model;
-  }
   // Lines "key library"; one that does not parse is skipped.
   void read_records(int fd) {
     std::string text;
@@ -397,7 +406,7 @@ class host_gemm_choices {
       pos = eol + 1;
       const std::size_t space = line.find(' ');
       if (space == std::string_view::npos) continue;
-      for (auto lib : {host_gemm_library::onednn, host_gemm_library::openblas, host_gemm_library::blis})
+      for (auto lib : host_gemm_all_libraries)
         if (line.substr(space + 1) == to_string(lib)) known_.emplace(std::string(line.substr(0, space)), lib);
     }
   }
@@ -473,13 +482,12 @@ inline void host_gemm_run(host_gemm_library, const gemm_args& g) { host_gemm_one
 // When set on a thread, each host GEMM it runs is timed and recorded here (benchmarks, profiles).
 inline thread_local std::vector<gemm_call>* host_gemm_trace = nullptr;
 
-inline void host_gemm(const gemm_args& g);
-
 // Inputs without a native kernel: A, B, bias (and C when accumulating) are widened to packed f32
 // copies, multiplied in f32 and rounded once into C. The copies cost O(mk + kn + mn) against the
 // product's O(mnk), and f32 holds every bf16 and fp16 value exactly, so the result equals a native
 // kernel's up to the order of the f32 accumulation. The scratch is kept per thread between calls.
-inline void host_gemm_widened(const gemm_args& g) {
+// Returns the library that multiplied the f32 copies.
+inline host_gemm_library host_gemm_widened(const gemm_args& g) {
   thread_local std::vector<float> wa, wb, wc, wbias;
   const auto widen = [](const const_typed_ptr& src, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                         std::vector<float>& dst) {
@@ -511,24 +519,26 @@ inline void host_gemm_widened(const gemm_args& g) {
     f.c = wc.data();
     f.ldc = g.n;
   }
-  host_gemm_run(host_gemm_choose(f), f);
+  const host_gemm_library lib = host_gemm_choose(f);
+  host_gemm_run(lib, f);
   if (narrow_c)
     visit_float_like(g.c.type, "dml::gemm", [&](auto t) {
       using T = decltype(t);
       if (g.ldc == g.n) cast_n<host>(static_cast<const float*>(wc.data()), g.c.as<T>(), g.m * g.n);
       else for_each_index<host>(g.m * g.n, narrow_rows<T>{wc.data(), g.c.as<T>(), g.n, g.ldc});
     });
+  return lib;
 }
 
 inline void host_gemm(const gemm_args& g) {
   const auto t0 = host_gemm_trace ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  const bool native = host_gemm_is_native(g.a.type);
   host_gemm_library lib = host_gemm_library::onednn;
   if (g.a.type == dtype::f32) host_gemm_run(lib = host_gemm_choose(g), g);
-  else if (host_gemm_is_native(g.a.type)) host_gemm_onednn(g);
-  else host_gemm_widened(g);
+  else if (native) host_gemm_onednn(g);
+  else lib = host_gemm_widened(g);
   if (host_gemm_trace)
-    host_gemm_trace->push_back({g, lib, g.a.type == dtype::f32 || host_gemm_is_native(g.a.type),
-                                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
+    host_gemm_trace->push_back({g, lib, native, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
 }
 
 inline void check_gemm_args(const gemm_args& g) {
@@ -595,6 +605,9 @@ inline void host_gemm_on(host_gemm_library lib, const gemm_args& g) {
 }
 
 #if !defined(__CUDACC__)
+// The CPU's model name, as benchmarks print it beside their figures.
+inline std::string host_cpu_model() { return detail::cpu_model(); }
+
 // The host GEMM libraries this process found, each with its version and kernel set.
 inline std::vector<std::pair<host_gemm_library, std::string>> host_gemm_libraries() {
   const dnnl_version_t* v = dnnl_version();

@@ -384,8 +384,8 @@ inline void check_coverage(const std::filesystem::path& path, const checkpoint_i
   for (int s = -1; !nonempty.empty() && s < x.info.state_slots; ++s)
     for (const auto* p : nonempty) {
       const auto name = checkpoint_tensor_name(s, p->name);
-      if (!seen.contains(name) && numel[p->name] > 0)
-        fail<format_error>(path.string(), ": elements [0, ", numel[p->name], ") of '", name,
+      if (!seen.contains(name))
+        fail<format_error>(path.string(), ": elements [0, ", p->numel(), ") of '", name,
                            "' are in no file (a shard is missing from the index)");
     }
   for (const auto& [name, n] : seen_numel) {
