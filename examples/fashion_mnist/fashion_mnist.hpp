@@ -26,7 +26,7 @@ struct options {
   std::int64_t batch = 128;
   std::optional<float> lr;
   std::string optimizer = "adamw";
-  std::string schedule = "cosine";  // constant | cosine (linear warmup, then cosine decay to 0)
+  std::string lr_schedule = "cosine";  // constant | cosine (linear warmup, then cosine decay to 0)
   std::int64_t warmup = 100;
   std::optional<float> weight_decay;
   std::uint64_t seed = 1;
@@ -48,7 +48,7 @@ inline void usage(std::FILE* out) {
   std::fputs(
       "usage: fashion_mnist [--data DIR] [--hidden 256,256] [--epochs N] [--steps N] [--batch N] [--lr X]\n"
       "                     [--optimizer sgd|adam|adamw|adagrad] [--weight-decay X] [--seed N]\n"
-      "                     [--schedule constant|cosine] [--warmup N]\n"
+      "                     [--lr-schedule constant|cosine] [--warmup N]\n"
       "                     [--init FILE.safetensors] [--save FILE.safetensors] [--no-shuffle] [--log FILE.csv]\n"
       "                     [--threads N] [--ranks N] [--comm local|mpi] [--parallel ddp|zero1|zero2|zero3]\n"
       "                     [--precision fp32|bf16|fp16] [--bucket-mb X] [--checkpoint DIR] [--resume DIR]\n"
@@ -95,7 +95,7 @@ inline options parse(int argc, char** argv) {
     else if (a == "--batch") o.batch = parse_number<std::int64_t>(a, value());
     else if (a == "--lr") o.lr = parse_number<float>(a, value());
     else if (a == "--optimizer") o.optimizer = value();
-    else if (a == "--schedule") o.schedule = value();
+    else if (a == "--lr-schedule") o.lr_schedule = value();
     else if (a == "--warmup") o.warmup = parse_number<std::int64_t>(a, value());
     else if (a == "--weight-decay") o.weight_decay = parse_number<float>(a, value());
     else if (a == "--seed") o.seed = parse_number<std::uint64_t>(a, value());
@@ -116,8 +116,8 @@ inline options parse(int argc, char** argv) {
       std::exit(0);
     } else dml::fail<dml::invalid_argument>("unknown flag '", a, "'; see --help");
   }
-  if (o.schedule != "constant" && o.schedule != "cosine")
-    dml::fail<dml::invalid_argument>("--schedule: expected constant or cosine, found '", o.schedule, "'");
+  if (o.lr_schedule != "constant" && o.lr_schedule != "cosine")
+    dml::fail<dml::invalid_argument>("--lr-schedule: expected constant or cosine, found '", o.lr_schedule, "'");
   if (o.comm != "local" && o.comm != "mpi")
     dml::fail<dml::invalid_argument>("--comm: expected local or mpi, found '", o.comm, "'");
   if (o.parallel != "ddp" && o.parallel != "zero1" && o.parallel != "zero2" && o.parallel != "zero3")
@@ -152,7 +152,7 @@ inline any_optimizer make_optimizer(const options& o) {
 
 // The learning rate of step s (from 1) of `planned`.
 inline float learning_rate(const options& o, float base, std::int64_t s, std::int64_t planned) {
-  if (o.schedule == "constant") return base;
+  if (o.lr_schedule == "constant") return base;
   return dml::optim::warmup_cosine{base, std::min(o.warmup, planned / 10), planned}(s);
 }
 

@@ -29,7 +29,7 @@
 #include "dml/optim/any.hpp"
 #include "dml/optim/clip.hpp"
 #include "dml/optim/optimizer.hpp"
-#include "dml/optim/schedule.hpp"
+#include "dml/optim/lr_schedule.hpp"
 #include "dml/optim/sgd.hpp"
 #include "dml/parallel/policy.hpp"
 #include "dml/train/idx.hpp"

@@ -33,12 +33,12 @@ if(rc EQUAL 0 OR NOT err MATCHES "--hidden: expected a number, found 'x'")
 endif()
 # Two epochs straight against one epoch, a checkpoint, and a resumed second epoch: the same accuracy
 # (a constant learning rate: a cosine schedule depends on the planned length, which differs).
-set(common --epochs 2 --batch 1024 --ranks 2 --parallel zero2 --bucket-mb 0.1 --schedule constant)
+set(common --epochs 2 --batch 1024 --ranks 2 --parallel zero2 --bucket-mb 0.1 --lr-schedule constant)
 execute_process(COMMAND ${EXE} ${common} OUTPUT_VARIABLE straight RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "straight run failed (${rc}):\n${straight}")
 endif()
-execute_process(COMMAND ${EXE} --epochs 1 --batch 1024 --ranks 2 --parallel zero2 --bucket-mb 0.1 --schedule constant --checkpoint ${WORK}/ckpt
+execute_process(COMMAND ${EXE} --epochs 1 --batch 1024 --ranks 2 --parallel zero2 --bucket-mb 0.1 --lr-schedule constant --checkpoint ${WORK}/ckpt
   OUTPUT_VARIABLE first_half RESULT_VARIABLE rc)
 execute_process(COMMAND ${EXE} ${common} --resume ${WORK}/ckpt OUTPUT_VARIABLE resumed RESULT_VARIABLE rc2)
 if(NOT rc EQUAL 0 OR NOT rc2 EQUAL 0 OR NOT resumed MATCHES "resumed from")

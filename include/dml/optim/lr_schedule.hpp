@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// dml/optim/schedule.hpp — learning-rate schedules: constant, and linear warmup then cosine decay.
+// dml/optim/lr_schedule.hpp — learning-rate schedules: constant, and linear warmup then cosine decay.
 // Sits on nothing but the standard library; the trainer asks for lr(step) before each update.
 #pragma once
 
