@@ -40,6 +40,13 @@ struct options {
   std::string parallel = "ddp";   // ddp | zero1 | zero2 | zero3
   std::string precision = "fp32";
   double bucket_mb = 25.0;
+  int pp = 1;                  // pipeline stages
+  int dp = 0;                  // data-parallel ranks per stage; 0: ranks / pp
+  std::int64_t microbatches = 1;
+  std::string schedule;        // gpipe | 1f1b | interleaved:V | zb | FILE.csv; empty: 1f1b (single for one stage)
+  std::vector<std::size_t> cuts;  // first layer of each stage after the first; empty: balanced
+  bool recompute = false;
+  bool print_schedule = false;
   std::string checkpoint;  // save a sharded checkpoint here after every epoch
   std::string resume;      // continue from the newest checkpoint here
 };
@@ -52,8 +59,11 @@ inline void usage(std::FILE* out) {
       "                     [--init FILE.safetensors] [--save FILE.safetensors] [--no-shuffle] [--log FILE.csv]\n"
       "                     [--threads N] [--ranks N] [--comm local|mpi] [--parallel ddp|zero1|zero2|zero3]\n"
       "                     [--precision fp32|bf16|fp16] [--bucket-mb X] [--checkpoint DIR] [--resume DIR]\n"
+      "                     [--pp K] [--dp D] [--microbatches M] [--schedule gpipe|1f1b|interleaved:V|zb|FILE.csv]\n"
+      "                     [--cuts 3,5] [--recompute] [--print-schedule]\n"
       "--batch is the global batch: with N ranks each takes its slice of every batch, and the run trains the\n"
-      "same model as one rank does. Under mpirun, pass --comm mpi.\n",
+      "same model as one rank does. Under mpirun, pass --comm mpi. --pp K cuts the model into K pipeline\n"
+      "stages (each of D = ranks / K data-parallel ranks); with --pp and --dp, --ranks must be K * D.\n",
       out);
 }
 
@@ -109,6 +119,19 @@ inline options parse(int argc, char** argv) {
     else if (a == "--parallel") o.parallel = value();
     else if (a == "--precision") o.precision = value();
     else if (a == "--bucket-mb") o.bucket_mb = parse_number<double>(a, value());
+    else if (a == "--pp") o.pp = parse_number<int>(a, value());
+    else if (a == "--dp") o.dp = parse_number<int>(a, value());
+    else if (a == "--microbatches") o.microbatches = parse_number<std::int64_t>(a, value());
+    else if (a == "--schedule") o.schedule = value();
+    else if (a == "--cuts") {
+      const std::string v = value();
+      for (std::size_t pos = 0; pos < v.size();) {
+        const std::size_t comma = std::min(v.find(',', pos), v.size());
+        o.cuts.push_back(parse_number<std::size_t>(a, v.substr(pos, comma - pos)));
+        pos = comma + 1;
+      }
+    } else if (a == "--recompute") o.recompute = true;
+    else if (a == "--print-schedule") o.print_schedule = true;
     else if (a == "--checkpoint") o.checkpoint = value();
     else if (a == "--resume") o.resume = value();
     else if (a == "--help" || a == "-h") {
@@ -129,6 +152,11 @@ inline options parse(int argc, char** argv) {
                                      "does not write a working copy), found adagrad");
   if (o.ranks < 1 || o.bucket_mb <= 0)
     dml::fail<dml::invalid_argument>("expected --ranks >= 1 and --bucket-mb > 0; found ", o.ranks, ", ", o.bucket_mb);
+  if (o.pp < 1 || o.dp < 0 || o.microbatches < 1)
+    dml::fail<dml::invalid_argument>("expected --pp >= 1, --dp >= 1, --microbatches >= 1; found ", o.pp, ", ", o.dp,
+                                     ", ", o.microbatches);
+  if (o.dp > 0 && o.comm == "local" && o.ranks != o.pp * o.dp)
+    dml::fail<dml::invalid_argument>("--ranks: expected --pp × --dp = ", o.pp * o.dp, " ranks, found ", o.ranks);
   if (o.batch <= 0 || o.epochs < 0 || o.steps < 0)
     dml::fail<dml::invalid_argument>("expected --batch > 0, --epochs >= 0, --steps >= 0; found ", o.batch, ", ",
                                      o.epochs, ", ", o.steps);
@@ -269,7 +297,11 @@ int run_single(const options& o, Model model, const dml::train::dataset& train_s
 template <class Sharding, class Precision, class Comm, class Model>
 int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dataset& train_set,
                 const dml::train::dataset& test_set) {
-  const int rank = comm.rank(), ranks = comm.size();
+  const int rank = comm.rank();
+  if (o.dp > 0 && comm.size() != o.pp * o.dp)
+    dml::fail<dml::invalid_argument>("expected --pp × --dp = ", o.pp * o.dp, " ranks, found ", comm.size());
+  // Pipeline stages share their data-parallel rank's rows (dp rank fastest, as in Megatron).
+  const int ranks = comm.size() / o.pp, dp_rank = rank % ranks;
   const any_optimizer opt = make_optimizer(o);
   dml::train::sampler sampler(train_set.size(), o.batch, o.seed, o.shuffle);
   const std::int64_t per_epoch = sampler.batches_per_epoch();
@@ -277,6 +309,11 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
   dml::train::trainer_options to;
   to.seed = o.seed;
   to.bucket_mb = o.bucket_mb;
+  to.pipeline_stages = o.pp;
+  to.micro_batches = o.microbatches;
+  to.schedule = o.schedule;
+  to.stage_cuts = o.cuts;
+  to.recompute = o.recompute;
   to.lr = [&o, base = opt.default_lr(), planned](std::int64_t s) { return learning_rate(o, base, s, planned); };
   dml::trainer<Sharding, Precision, any_optimizer> trainer(comm, model, to, opt);
   if (!o.init.empty()) {
@@ -294,12 +331,17 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
     const auto mem = trainer.memory();
     std::printf("model: %zu layers, %lld parameters; %s %s on %d %s rank(s), optimizer %s lr=%g, global batch %lld; "
                 "per-rank model state %.2f MiB (params %.2f, grads %.2f, optimizer %.2f, buffers %.2f); gemm %s\n",
-                Model::size, static_cast<long long>(mem.numel), Sharding::name, Precision::name, ranks, o.comm.c_str(),
+                Model::size, static_cast<long long>(mem.numel), Sharding::name, Precision::name, comm.size(), o.comm.c_str(),
                 opt.chosen_name(),
                 static_cast<double>(opt.default_lr()), static_cast<long long>(o.batch), mem.total() / 1048576.0,
                 mem.params / 1048576.0, mem.grads / 1048576.0, mem.optimizer / 1048576.0, mem.buffers / 1048576.0,
                 // On CPUs without 16-bit matmul kernels (AVX2) this says "widened to f32: ...".
                 dml::host_gemm_impl(256, 1024, 1024, dml::dtype_v<typename Precision::type>).c_str());
+    if (o.pp > 1 || o.microbatches > 1)
+      std::printf("pipeline: %d stage(s) x %d data-parallel rank(s), %lld micro-batch(es), schedule %s%s\n", o.pp,
+                  ranks, static_cast<long long>(o.microbatches), o.schedule.empty() ? "default" : o.schedule.c_str(),
+                  o.recompute ? ", recompute" : "");
+    if (o.print_schedule) std::fputs(dml::schedule::render(trainer.schedule_table(o.microbatches)).c_str(), stdout);
     std::fflush(stdout);
   }
   std::int64_t step = 0, first_epoch = 0;
@@ -322,7 +364,7 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
   for (std::int64_t epoch = first_epoch; epoch < o.epochs && step < planned; ++epoch) {
     const auto order = sampler.order(static_cast<std::uint64_t>(epoch));
     for (std::int64_t b = 0; b < per_epoch && step < planned; ++b) {
-      const auto idx = dml::train::sampler::slice(order, b, o.batch, rank, ranks);
+      const auto idx = dml::train::sampler::slice(order, b, o.batch, dp_rank, ranks);
       const std::int64_t global = std::min(o.batch, train_set.size() - b * o.batch);
       loader.load(train_set, idx);
       const auto r = trainer.step(loader.x.cview(), loader.y.data(), global);
@@ -338,7 +380,7 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
     std::iota(all.begin(), all.end(), std::int64_t{0});
     const std::int64_t chunk = 1000;
     for (std::int64_t c = 0; c * chunk < test_set.size(); ++c) {
-      loader.load(test_set, dml::train::sampler::slice(all, c, chunk, rank, ranks));
+      loader.load(test_set, dml::train::sampler::slice(all, c, chunk, dp_rank, ranks));
       correct[0] += trainer.correct(loader.x.cview(), loader.y.data());
     }
     comm.all_reduce(std::span<std::int64_t>(correct), dml::comm::reduce_op::sum);

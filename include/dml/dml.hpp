@@ -32,6 +32,7 @@
 #include "dml/optim/optimizer.hpp"
 #include "dml/optim/sgd.hpp"
 #include "dml/parallel/mesh.hpp"
+#include "dml/parallel/partition.hpp"
 #include "dml/parallel/policy.hpp"
 #include "dml/train/idx.hpp"
 #include "dml/train/progress.hpp"

@@ -27,3 +27,21 @@ TEST_CASE_TEMPLATE("comm::mpi: sharding x world size equals one rank", S, parall
   CAPTURE(world.size());
   check_same(ref, got, 1e-5);
 }
+
+// Pipeline stages over processes (np 4: 2 stages × 2 data-parallel ranks; np 2: 2 stages), dropout on.
+TEST_CASE("comm::mpi: pipeline schedules x stages equal one rank") {
+  environment();
+  comm::mpi world;
+  comm::mpi alone = world.split(world.rank(), 0);
+  const auto model = make_deep_model(0.2f);
+  const auto ref = train_ranks<parallel::replicate>(alone, options(), model);
+  for (const char* sched : {"gpipe", "1f1b", "interleaved:2", "zb"}) {
+    auto o = options();
+    o.pipeline_stages = 2;
+    o.micro_batches = 4;
+    o.schedule = sched;
+    CAPTURE(sched);
+    CAPTURE(world.size());
+    check_same(ref, train_ranks<parallel::replicate>(world, o, model), 1e-5);
+  }
+}

@@ -18,6 +18,14 @@ using namespace dml;
 constexpr std::int64_t features = 24, classes = 5, samples = 512, global_batch = 32;
 constexpr int steps = 30;
 
+// Deep enough for 8 virtual pipeline stages (12 places to cut; a relu fused into its linear is not one).
+inline auto make_deep_model(float p) {
+  return nn::sequential{nn::linear{features, 32}, nn::relu{},   nn::dropout{p}, nn::linear{32, 32}, nn::gelu{},
+                        nn::dropout{p},           nn::layernorm{32}, nn::linear{32, 32}, nn::relu{},
+                        nn::linear{32, 32},       nn::gelu{},   nn::dropout{p}, nn::linear{32, 32}, nn::relu{},
+                        nn::linear{32, classes}};
+}
+
 inline auto make_model() {
   return nn::sequential{nn::linear{features, 40}, nn::relu{}, nn::layernorm{40}, nn::linear{40, 24}, nn::gelu{},
                         nn::linear{24, classes}};
@@ -62,15 +70,17 @@ struct run_result {
 
 // Trains `steps` steps of `model` on rank r's slices of shuffled global batches; returns rank 0's record.
 template <class... P, class C, class Model = model_type>
-run_result train_ranks(C& comm, train::trainer_options opt, const Model& model = make_model()) {
+run_result train_ranks(C& comm, train::trainer_options opt, const Model& model = make_model(), int steps = steps) {
   const auto& d = data();
   trainer<P...> t(comm, model, opt);
   train::sampler sampler(samples, global_batch, 11);
   run_result out;
   std::vector<float> xb;
   std::vector<std::int32_t> yb;
+  // Pipeline stages share their data-parallel rank's rows (Megatron's order: dp rank fastest).
+  const int dp = comm.size() / opt.pipeline_stages, dp_rank = comm.rank() % dp;
   for (int s = 0; s < steps; ++s) {
-    const std::int64_t rows = sampler.gather(s, comm.rank(), comm.size(), d.x.data(), features, d.y.data(), xb, yb);
+    const std::int64_t rows = sampler.gather(s, dp_rank, dp, d.x.data(), features, d.y.data(), xb, yb);
     const auto r = t.step(tensor_view<const float>(xb.data(), {rows, features}), yb.data(), global_batch);
     out.losses.push_back(r.loss);
   }

@@ -36,6 +36,9 @@ struct context {
   // holds rows [row_offset, row_offset + n) sets it, so per-row randomness matches one rank's.
   std::int64_t row_offset = 0;
   bool accumulate = false;   // add parameter gradients to what is there (micro-batches)
+  // false: a layer that declares `splits_backward` computes only its input gradient (split backward;
+  // the weight pass calls it again with dx.data null and this true).
+  bool weight_grads = true;
   const void* ones = nullptr;    // at least rows() ones of the working type in the layer's space (bias gradients)
   float* workspace = nullptr;    // scratch of the size the layer's workspace_size(x) asked for
 };

@@ -17,6 +17,8 @@ struct linear {
   static constexpr std::int64_t static_in = In;
   static constexpr std::int64_t static_out = Out;
   static constexpr const char* kind = "linear";
+  // Input and weight gradients are separate GEMMs: a zero-bubble pipeline runs them apart.
+  static constexpr bool splits_backward = true;
 
   std::int64_t in = In;
   std::int64_t out = Out;
@@ -63,10 +65,11 @@ struct linear {
     const std::int64_t rows = x.rows();
     const float beta = c.accumulate ? 1.f : 0.f;
     // dW[out,in] = dyᵀ·x
-    gemm<S>({.ta = trans::t, .tb = trans::n, .m = out, .n = in, .k = rows, .a = dy.data, .lda = out,
-             .b = x.data, .ldb = in, .c = p.g[0], .ldc = in, .beta = beta});
+    if (c.weight_grads)
+      gemm<S>({.ta = trans::t, .tb = trans::n, .m = out, .n = in, .k = rows, .a = dy.data, .lda = out,
+               .b = x.data, .ldb = in, .c = p.g[0], .ldc = in, .beta = beta});
     // db[out] = dyᵀ·1, a GEMV that the GEMM library does better than a column loop
-    if (bias)
+    if (bias && c.weight_grads)
       gemm<S>({.ta = trans::t, .tb = trans::n, .m = out, .n = 1, .k = rows, .a = dy.data, .lda = out,
                .b = static_cast<const T*>(c.ones), .ldb = 1, .c = p.g[1], .ldc = 1, .beta = beta});
     // dx[rows,in] = dy·W

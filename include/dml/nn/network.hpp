@@ -28,6 +28,14 @@ struct param_slot {
   std::size_t layer = 0;
   std::int64_t offset = 0;
   param_spec spec;
+  std::size_t id = 0;  // index among all the model's parameters: its initial values follow (seed, id)
+};
+
+// Layers [first, end) of a sequential: a pipeline stage, or one chunk of an interleaved one.
+struct layer_range {
+  std::size_t first = 0, end = 0;
+  bool contains(std::size_t l) const { return first <= l && l < end; }
+  friend bool operator==(const layer_range&, const layer_range&) = default;
 };
 
 struct param_layout {
@@ -50,17 +58,27 @@ struct param_layout {
 
 // alignment: floats each parameter's start and the total are rounded to (a multiple of 16; sharded
 // trainers pass 16·ranks so every parameter splits into equal, aligned per-rank parts).
+// held: the layers whose parameters the layout holds (a pipeline stage's); empty means all of them.
 template <class... Layers>
-param_layout make_layout(const sequential<Layers...>& model, std::int64_t alignment = param_layout::alignment) {
+param_layout make_layout(const sequential<Layers...>& model, std::int64_t alignment = param_layout::alignment,
+                         std::span<const layer_range> held = {}) {
   if (alignment <= 0 || alignment % param_layout::alignment != 0)
     fail<invalid_argument>("dml::nn::make_layout: expected an alignment that is a positive multiple of ",
                            param_layout::alignment, ", found ", alignment);
+  auto holds = [&](std::size_t l) {
+    return held.empty() || std::ranges::any_of(held, [&](const layer_range& r) { return r.contains(l); });
+  };
   param_layout out;
   out.first_slot.assign(sizeof...(Layers) + 1, 0);
   std::int64_t offset = 0;
+  std::size_t id = 0;
   for (auto& [layer, spec] : model.parameters()) {
+    if (!holds(layer)) {
+      ++id;
+      continue;
+    }
     const std::int64_t n = spec.shape.numel();
-    out.slots.push_back({spec.name, spec.shape, layer, offset, spec});
+    out.slots.push_back({spec.name, spec.shape, layer, offset, spec, id++});
     offset += (n + alignment - 1) / alignment * alignment;
     out.numel += n;
   }
@@ -117,21 +135,55 @@ struct network_options {
   std::int64_t alignment = param_layout::alignment;  // see make_layout
   bool own_params = true;  // false: the owner points every slot at its storage (ZeRO-3)
   bool own_grads = true;   // false: the owner points every slot's gradient at its storage (ZeRO-2/3)
+  std::vector<layer_range> layers;  // the layers this network holds parameters for; empty: all
+};
+
+// Which gradients a backward pass computes. Split backward (zero-bubble pipelines) runs `input`
+// first, keeping each splitting layer's output gradient, and `weight` later from what was kept;
+// layers that cannot split compute everything in the `input` pass.
+enum class backward_part : std::uint8_t { full, input, weight };
+
+template <class L>
+inline constexpr bool splits_backward_v = requires { requires L::splits_backward; };
+
+// The activations of one forward pass over a layer range: what its backward reads. A pipeline stage
+// keeps one set per micro-batch in flight, so the count of live sets is its activation memory.
+template <class T, execution_space Space>
+struct activations {
+  std::vector<tensor<T, Space>> out;                // per layer of the model; sized only in the range
+  std::vector<tensor<T, Space>> dy;                 // split backward: output gradients kept for `weight`
+  tensor<T, Space> input;                           // the range's input in the working type
+  tensor_view<const float, Space> input_float{};    // the caller's input, for a range that starts at layer 0
+  dml::shape input_shape{};
+  std::int64_t bytes() const {
+    std::int64_t b = input.numel();
+    for (const auto& t : out) b += t.numel();
+    for (const auto& t : dy) b += t.numel();
+    return b * static_cast<std::int64_t>(sizeof(T));
+  }
+  // Drops the layer outputs and kept gradients, keeping the input (activation recomputation).
+  void release_outputs() {
+    for (auto& t : out) t = {};
+    for (auto& t : dy) t = {};
+  }
 };
 
 // A sequential with storage in Space; T is the working type of parameters, gradients and activations
 // (float, or bf16/fp16 when a mixed-precision trainer keeps float master weights elsewhere). Inputs
 // are float: cast to T on entry, except for a first layer that takes float input (embedding ids).
+// forward/backward run the whole model on the network's own activations; forward_range and
+// backward_range run a layer range (a pipeline stage) on activations the caller keeps per micro-batch.
 template <execution_space Space, class T, class... Layers>
 class basic_network {
  public:
   using model_type = sequential<Layers...>;
   using space = Space;
   using value_type = T;
+  using activation_set = activations<T, Space>;
   static constexpr std::size_t depth = sizeof...(Layers);
 
   explicit basic_network(model_type model, std::uint64_t seed = 0, network_options opt = {})
-      : model_(std::move(model)), layout_(make_layout(model_, opt.alignment)),
+      : model_(std::move(model)), layout_(make_layout(model_, opt.alignment, opt.layers)),
         params_(opt.own_params ? layout_.total : 0), grads_(opt.own_grads ? layout_.total : 0),
         w_ptrs_(layout_.slots.size()), g_ptrs_(layout_.slots.size()) {
     for (std::size_t i = 0; i < layout_.slots.size(); ++i) {
@@ -144,13 +196,14 @@ class basic_network {
   basic_network(const basic_network&) = delete;
   basic_network& operator=(const basic_network&) = delete;
 
-  // Parameter i of the layout starts from (seed, i) alone: every rank and thread count gets the same values.
+  // Parameter i of the model starts from (seed, i) alone: every rank, thread count and pipeline cut
+  // gets the same values.
   void init(std::uint64_t seed) {
     fill_n<Space>(params_.data(), layout_.total, T(0.f));
     for (std::size_t i = 0; i < layout_.slots.size(); ++i) {
       const auto& s = layout_.slots[i];
       for_each_index<Space>(s.shape.numel(),
-                            kernels::init_param<T>{rng_stream{seed, i}, s.spec.init, s.spec.a, s.spec.b, w_ptrs_[i]});
+                            kernels::init_param<T>{rng_stream{seed, s.id}, s.spec.init, s.spec.a, s.spec.b, w_ptrs_[i]});
     }
   }
   void zero_grad() { fill_n<Space>(grads_.data(), layout_.total, T(0.f)); }
@@ -171,95 +224,163 @@ class basic_network {
   // trainer that keeps only part of a parameter.
   void init_range(std::uint64_t seed, std::size_t s, std::int64_t begin, std::int64_t end, float* out) const {
     const auto& slot = layout_.slots[s];
-    for_each_index<Space>(end - begin, kernels::init_param_range{rng_stream{seed, s}, slot.spec.init, slot.spec.a,
-                                                                 slot.spec.b, out, begin});
+    for_each_index<Space>(end - begin, kernels::init_param_range{rng_stream{seed, slot.id}, slot.spec.init,
+                                                                 slot.spec.a, slot.spec.b, out, begin});
   }
 
   // Runs every layer; the returned view stays valid until the next forward.
   tensor_view<const T, Space> forward(tensor_view<const float, Space> x, context c = {},
                                       layer_hooks* hooks = nullptr) {
-    prepare(x.shape);
-    input_float_ = x;
-    if constexpr (std::same_as<T, float>) {
-      input_ = x;
-    } else if constexpr (!first_takes_float) {
-      input_cast_.resize(static_cast<std::size_t>(x.numel()));
-      cast_n<Space>(x.data, input_cast_.data(), x.numel());
-      input_ = tensor_view<const T, Space>(input_cast_.data(), x.shape);
-    }
-    hooks_ = hooks;
-    run_forward(c, std::make_index_sequence<depth>{});
-    return output_of(depth - 1);
+    set_input(own_, x);
+    return forward_range({0, depth}, own_, c, hooks);
   }
 
   // Backward from ∂loss/∂output; writes (or with c.accumulate adds) parameter gradients.
   // With want_input_grad the gradient with respect to the input is returned, else an empty view.
   tensor_view<const T, Space> backward(tensor_view<const T, Space> dy, context c = {},
                                        bool want_input_grad = false, layer_hooks* hooks = nullptr) {
-    hooks_ = hooks;
-    if (!(dy.shape == output_of(depth - 1).shape))
-      fail<shape_error>("dml::nn::network::backward: expected a gradient of shape ", output_of(depth - 1).shape,
-                        " (the last forward's output), found ", dy.shape);
-    c.ones = ones_.data();
-    c.workspace = workspace_.data();
-    current_dy_ = dy;
-    want_input_grad_ = want_input_grad;
-    run_backward(c, std::make_index_sequence<depth>{});
-    return want_input_grad ? current_dy_ : tensor_view<const T, Space>{};
+    return backward_range({0, depth}, own_, dy, c, backward_part::full, want_input_grad, hooks);
   }
 
- private:
-  void prepare(const dml::shape& in) {
-    if (in == input_shape_ && !acts_.empty()) return;
-    std::vector<dml::shape> shapes;
-    dml::shape s = in;
-    std::int64_t widest = in.numel(), work = 0, rows = in.rows();
+  // The input of a range that starts at layer 0: the caller's float rows, read in place (they must
+  // outlive the backward), or cast to T under mixed precision unless the first layer takes floats.
+  // A later range's input is a.input, which the caller fills (a received tensor).
+  void set_input(activation_set& a, tensor_view<const float, Space> x) {
+    a.input_float = x;
+    a.input_shape = x.shape;
+    if constexpr (!std::same_as<T, float> && !first_takes_float) {
+      a.input.resize(x.shape);
+      cast_n<Space>(x.data, a.input.data(), x.numel());
+    }
+  }
+  // The output shape of every layer from `first` on when layer first's input has shape x (index l:
+  // layer l's output; earlier entries are empty).
+  std::vector<dml::shape> shapes(const dml::shape& x, std::size_t first = 0) const {
+    std::vector<dml::shape> out;
+    dml::shape s = x;
     std::apply(
         [&](const auto&... l) {
           std::size_t index = 0;
           (
               [&] {
-                const dml::shape x = s;
+                if (index < first) {
+                  ++index;
+                  out.emplace_back();
+                  return;
+                }
                 try {
-                  s = l.output_shape(x);
+                  s = l.output_shape(s);
                 } catch (const shape_error& e) {
                   fail<shape_error>("dml::nn::network: layer ", index, " (", l.kind,
                                     ") does not accept the output of the layer before it: ", e.what());
                 }
                 ++index;
-                shapes.push_back(s);
-                widest = std::max(widest, s.numel());
-                work = std::max(work, nn::workspace_size(l, x));
-                rows = std::max(rows, x.rows());
+                out.push_back(s);
               }(),
               ...);
         },
         model_.layers);
-    acts_.resize(depth);
-    for (std::size_t i = 0; i < depth; ++i) acts_[i].resize(absorbed_[i] ? dml::shape{0} : shapes[i]);
-    for (auto& g : dgrad_) g.resize(static_cast<std::size_t>(widest));
-    ones_.resize(static_cast<std::size_t>(rows));
-    fill_n<Space>(ones_.data(), rows, T(1.f));
-    workspace_.resize(static_cast<std::size_t>(std::max<std::int64_t>(work, 1)));
-    input_shape_ = in;
+    return out;
+  }
+
+  // Forward over layers r into a: a.input (or a.input_float for r.first == 0) must be set. The
+  // returned view (layer r.end − 1's output) lives in a.
+  tensor_view<const T, Space> forward_range(layer_range r, activation_set& a, context c = {},
+                                            layer_hooks* hooks = nullptr) {
+    check_range(r);
+    if (r.first > 0) a.input_shape = a.input.shape();
+    prepare(a, r);
+    hooks_ = hooks;
+    active_ = &a;
+    run_forward(c, r, std::make_index_sequence<depth>{});
+    return output_of(a, r.end - 1);
+  }
+
+  // Backward over layers r from ∂loss/∂(r's output), reading the activations forward_range left in a.
+  // part: all gradients, the input gradient only (each splitting layer keeps its output gradient in
+  // a.dy), or the weight gradients from what the input pass kept. Returns ∂loss/∂(r's input) when
+  // want_input_grad (valid until the next backward), else an empty view.
+  tensor_view<const T, Space> backward_range(layer_range r, activation_set& a, tensor_view<const T, Space> dy,
+                                             context c = {}, backward_part part = backward_part::full,
+                                             bool want_input_grad = false, layer_hooks* hooks = nullptr) {
+    check_range(r);
+    hooks_ = hooks;
+    active_ = &a;
+    if (part != backward_part::weight && !(dy.shape == output_of(a, r.end - 1).shape))
+      fail<shape_error>("dml::nn::network::backward: expected a gradient of shape ", output_of(a, r.end - 1).shape,
+                        " (the last forward's output), found ", dy.shape);
+    c.ones = ones_.data();
+    c.workspace = workspace_.data();
+    current_dy_ = dy;
+    want_input_grad_ = want_input_grad && part != backward_part::weight;
+    part_ = part;
+    if (part == backward_part::input) a.dy.resize(depth);
+    run_backward(c, r, std::make_index_sequence<depth>{});
+    return want_input_grad_ ? current_dy_ : tensor_view<const T, Space>{};
+  }
+
+ private:
+  void check_range(layer_range r) const {
+    if (r.first >= r.end || r.end > depth)
+      fail<invalid_argument>("dml::nn::network: expected a layer range within [0, ", depth, "), found [", r.first,
+                             ", ", r.end, ")");
+    if (r.first > 0 && absorbed_[r.first])
+      fail<invalid_argument>("dml::nn::network: a range cannot start at layer ", r.first,
+                             ": it is a relu fused into the linear before it");
+  }
+  void prepare(activation_set& a, layer_range r) {
+    const auto out = shapes(a.input_shape, r.first);
+    std::int64_t widest = a.input_shape.numel(), work = 0, rows = a.input_shape.rows();
+    std::apply(
+        [&](const auto&... l) {
+          std::size_t index = 0;
+          (
+              [&] {
+                if (r.contains(index)) {
+                  const dml::shape x = index == r.first ? a.input_shape : out[index - 1];
+                  widest = std::max(widest, out[index].numel());
+                  work = std::max(work, nn::workspace_size(l, x));
+                  rows = std::max(rows, x.rows());
+                }
+                ++index;
+              }(),
+              ...);
+        },
+        model_.layers);
+    a.out.resize(depth);
+    for (std::size_t i = r.first; i < r.end; ++i) a.out[i].resize(absorbed_[i] ? dml::shape{0} : out[i]);
+    if (widest > widest_) {
+      for (auto& g : dgrad_) g.resize(static_cast<std::size_t>(widest));
+      widest_ = widest;
+    }
+    if (rows > rows_) {
+      ones_.resize(static_cast<std::size_t>(rows));
+      fill_n<Space>(ones_.data(), rows, T(1.f));
+      rows_ = rows;
+    }
+    if (work + 1 > static_cast<std::int64_t>(workspace_.size())) workspace_.resize(static_cast<std::size_t>(work + 1));
   }
 
   layer_params<T> params_of(std::size_t layer) {
     return {w_ptrs_.data() + layout_.first_slot[layer], g_ptrs_.data() + layout_.first_slot[layer]};
   }
   // A relu fused into the linear before it shares that layer's output buffer.
-  tensor_view<T, Space> output_of(std::size_t i) {
-    if (absorbed_[i]) return {acts_[i - 1].data(), acts_[i - 1].shape()};
-    return acts_[i].view();
-  }
-  tensor_view<const T, Space> input_of(std::size_t i) {
-    return i == 0 ? input_ : tensor_view<const T, Space>(output_of(i - 1));
+  static tensor_view<T, Space> output_of(activation_set& a, std::size_t i) {
+    if (absorbed_[i]) return {a.out[i - 1].data(), a.out[i - 1].shape()};
+    return a.out[i].view();
   }
   // Layer I's input: the float input itself for a first layer that takes floats, else of type T.
   template <std::size_t I>
-  auto layer_input() {
-    if constexpr (I == 0 && first_takes_float) return input_float_;
-    else return input_of(I);
+  auto layer_input(std::size_t first) {
+    activation_set& a = *active_;
+    if constexpr (I == 0 && (first_takes_float || std::same_as<T, float>)) {
+      return a.input_float;
+    } else if constexpr (I == 0) {
+      return a.input.cview();
+    } else {
+      if (I == first) return a.input.cview();
+      return tensor_view<const T, Space>(output_of(a, I - 1));
+    }
   }
   static constexpr bool first_takes_float = requires { requires std::tuple_element_t<0, std::tuple<Layers...>>::float_input; };
 
@@ -272,58 +393,86 @@ class basic_network {
     else
       return false;
   }
+
+ public:
+  // absorbed[i]: layer i is a relu that the linear before it applies; a range may not start there.
   static constexpr std::array<bool, depth> absorbed_ = []<std::size_t... I>(std::index_sequence<I...>) {
     return std::array<bool, depth>{(I > 0 && fuses_relu<(I > 0 ? I - 1 : 0)>())...};
   }(std::make_index_sequence<depth>{});
 
+ private:
   template <std::size_t I>
-  void forward_layer(context c) {
+  void forward_layer(context c, layer_range r) {
+    if (!r.contains(I)) return;
     c.layer = I;
     const auto& l = std::get<I>(model_.layers);
+    activation_set& a = *active_;
     if (hooks_) hooks_->before_forward(I);
+    // A fused pair cut at the range's end still fuses: the relu's output is the linear's.
     if constexpr (fuses_relu<I>())
-      l.template forward<Space>(c, params_of(I), layer_input<I>(), output_of(I), epilogue::relu);
+      l.template forward<Space>(c, params_of(I), layer_input<I>(r.first), output_of(a, I), epilogue::relu);
     else if (!absorbed_[I])
-      l.template forward<Space>(c, params_of(I), layer_input<I>(), output_of(I));
+      l.template forward<Space>(c, params_of(I), layer_input<I>(r.first), output_of(a, I));
   }
 
   template <std::size_t... I>
-  void run_forward(context c, std::index_sequence<I...>) {
-    (forward_layer<I>(c), ...);
+  void run_forward(context c, layer_range r, std::index_sequence<I...>) {
+    (forward_layer<I>(c, r), ...);
   }
 
   template <std::size_t... I>
-  void run_backward(context c, std::index_sequence<I...>) {
-    (backward_layer<depth - 1 - I>(c), ...);
+  void run_backward(context c, layer_range r, std::index_sequence<I...>) {
+    (backward_layer<depth - 1 - I>(c, r), ...);
   }
 
   template <std::size_t I>
-  void backward_layer(context c) {
+  void backward_layer(context c, layer_range r) {
+    if (!r.contains(I)) return;
+    using L = std::tuple_element_t<I, layer_types>;
     c.layer = I;
+    activation_set& a = *active_;
+    const auto& l = std::get<I>(model_.layers);
+    const auto x = layer_input<I>(r.first);
+    const auto y = tensor_view<const T, Space>(output_of(a, I));
+    if (part_ == backward_part::weight) {  // only splitting layers have work left
+      if constexpr (splits_backward_v<L>) {
+        c.weight_grads = true;
+        l.template backward<Space>(c, params_of(I), x, y, a.dy[I].cview(), tensor_view<T, Space>{nullptr, x.shape});
+        a.dy[I] = {};
+      }
+      if (hooks_) hooks_->after_backward(I);
+      return;
+    }
     if (hooks_) hooks_->before_backward(I);
-    const auto x = layer_input<I>();
     // The first layer's input gradient is wasted work unless the caller wants it.
-    const bool need_dx = I > 0 || want_input_grad_;
+    const bool need_dx = I > r.first || want_input_grad_;
     T* dx_data = need_dx ? dgrad_[I % 2].data() : nullptr;
     tensor_view<T, Space> dx{dx_data, x.shape};
-    std::get<I>(model_.layers).template backward<Space>(c, params_of(I), x, tensor_view<const T, Space>(output_of(I)),
-                                                        current_dy_, dx);
+    if constexpr (splits_backward_v<L>) {
+      if (part_ == backward_part::input) {
+        c.weight_grads = false;
+        a.dy[I].resize(current_dy_.shape);
+        dml::copy_n(current_dy_.data, static_cast<std::size_t>(current_dy_.numel()), a.dy[I].data());
+      }
+    }
+    l.template backward<Space>(c, params_of(I), x, y, current_dy_, dx);
     current_dy_ = tensor_view<const T, Space>(dx_data, x.shape);
-    if (hooks_) hooks_->after_backward(I);
+    if (hooks_ && part_ == backward_part::full) hooks_->after_backward(I);
   }
 
   model_type model_;
   param_layout layout_;
   buffer<T, Space> params_, grads_;
   std::vector<T*> w_ptrs_, g_ptrs_;
-  std::vector<tensor<T, Space>> acts_;
+  activation_set own_;
+  activation_set* active_ = nullptr;
   buffer<T, Space> dgrad_[2];
-  buffer<T, Space> ones_, input_cast_;
+  buffer<T, Space> ones_;
   buffer<float, Space> workspace_;
-  dml::shape input_shape_{};
-  tensor_view<const float, Space> input_float_{};
-  tensor_view<const T, Space> input_{}, current_dy_{};
+  std::int64_t widest_ = 0, rows_ = 0;
+  tensor_view<const T, Space> current_dy_{};
   bool want_input_grad_ = false;
+  backward_part part_ = backward_part::full;
   layer_hooks* hooks_ = nullptr;
 };
 
