@@ -28,6 +28,7 @@ struct adagrad_update {
 
 struct adagrad {
   using policy_family = optimizer_family;
+  static constexpr bool writes_working_copy = false;  // float weights only: no mixed precision
   static constexpr const char* name = "adagrad";
   static constexpr int state_slots = 1;  // running sum of squared gradients
   struct options {

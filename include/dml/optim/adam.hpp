@@ -44,6 +44,7 @@ namespace detail {
 template <bool Decoupled>
 struct adam_base {
   using policy_family = optimizer_family;
+  static constexpr bool writes_working_copy = true;  // mixed precision: the update casts into the working copy
   static constexpr int state_slots = 2;  // first and second moments
   struct options {
     float lr = 1e-3f;

@@ -15,6 +15,8 @@ template <optimizer... O>
 struct any_of {
   static_assert(sizeof...(O) > 0, "dml::optim::any_of: give at least one optimizer");
   using policy_family = optimizer_family;
+  // When some alternative can: the chosen one checks again at run time (adagrad refuses a working copy).
+  static constexpr bool writes_working_copy = (writes_working_copy_v<O> || ...);
   static constexpr const char* name = "any_of";
   static constexpr int state_slots = std::max({O::state_slots...});  // enough for every alternative
 

@@ -49,13 +49,39 @@ void visit_grad(const step_args& a, const char* who, F&& f) {
 }
 }  // namespace detail
 
+// The concept, in named parts so that a failure names the missing one.
 template <class O>
-concept optimizer = requires(const O& o, step_args a) {
+concept has_state_slots = requires {
   { O::state_slots } -> std::convertible_to<int>;
-  { O::name } -> std::convertible_to<const char*>;
-  { o.default_lr() } -> std::convertible_to<float>;
-  o.template update<host>(a);
 };
+template <class O>
+concept has_optimizer_name = requires {
+  { O::name } -> std::convertible_to<const char*>;
+};
+template <class O>
+concept has_default_lr = requires(const O& o) {
+  { o.default_lr() } -> std::convertible_to<float>;
+};
+template <class O>
+concept has_host_update = requires(const O& o, step_args a) { o.template update<host>(a); };
+template <class O>
+concept optimizer = has_state_slots<O> && has_optimizer_name<O> && has_default_lr<O> && has_host_update<O>;
+
+// static_assert(diagnose_optimizer<O>()) names the first missing part.
+template <class O>
+consteval bool diagnose_optimizer() {
+  static_assert(has_state_slots<O>, "dml: an optimizer needs `static constexpr int state_slots` (floats of state per parameter)");
+  static_assert(has_optimizer_name<O>, "dml: an optimizer needs `static constexpr const char* name`");
+  static_assert(has_default_lr<O>, "dml: an optimizer needs `float default_lr() const`");
+  static_assert(has_host_update<O>,
+                "dml: an optimizer needs `template <execution_space S> void update(const step_args&) const`");
+  return true;
+}
+
+// Mixed precision needs an update that also writes the 16-bit working copy (step_args::working);
+// an optimizer says so with `static constexpr bool writes_working_copy = true`.
+template <class O>
+inline constexpr bool writes_working_copy_v = requires { requires O::writes_working_copy; };
 
 // The state an optimizer keeps for a range of n parameters: state_slots buffers of n floats, zeroed.
 template <optimizer O, execution_space Space = host>

@@ -37,6 +37,7 @@ struct sgd_update {
 
 struct sgd {
   using policy_family = optimizer_family;
+  static constexpr bool writes_working_copy = true;  // mixed precision: the update casts into the working copy
   static constexpr const char* name = "sgd";
   static constexpr int state_slots = 1;
   struct options {

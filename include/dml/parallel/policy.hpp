@@ -1,61 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
-// dml/parallel/policy.hpp — policy families and the lookup that lets trainer policies come in any order.
-// Sits on optim/optimizer.hpp; train/trainer.hpp composes what it finds here. See DESIGN.md §1.
+// dml/parallel/policy.hpp — every policy family, and the lookup that lets trainer policies come in any order.
+// Sits on parallel/{replicate,zero,precision,schedule}.hpp and optim/; train/trainer.hpp composes what it finds
+// here. See DESIGN.md §1.
 #pragma once
 
 #include <type_traits>
 
-#include "dml/core/dtype.hpp"
+#include "dml/core/space.hpp"
 #include "dml/optim/optimizer.hpp"
+#include "dml/parallel/precision.hpp"
+#include "dml/parallel/replicate.hpp"
+#include "dml/parallel/schedule.hpp"
+#include "dml/parallel/zero.hpp"
 
 namespace dml {
 
-struct sharding_family {};
-struct precision_family {};
 using optim::optimizer_family;
-
-namespace parallel {
-// Data parallel (DDP): every rank holds everything; gradients are all-reduced in buckets during backward.
-struct replicate {
-  using policy_family = sharding_family;
-  static constexpr int stage = 0;
-  static constexpr const char* name = "ddp";
-};
-// ZeRO stage 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters).
-template <int Stage>
-struct zero {
-  static_assert(1 <= Stage && Stage <= 3, "dml::parallel::zero<Stage>: Stage is 1, 2 or 3");
-  using policy_family = sharding_family;
-  static constexpr int stage = Stage;
-  static constexpr const char* name = Stage == 1 ? "zero1" : Stage == 2 ? "zero2" : "zero3";
-};
-}  // namespace parallel
-
-namespace precision {
-// Parameters, activations, gradients and optimizer state in float.
-struct fp32 {
-  using policy_family = precision_family;
-  using type = float;
-  static constexpr bool loss_scaling = false;
-  static constexpr const char* name = "fp32";
-};
-// Mixed precision: parameters, activations and gradients in bf16 (GEMMs through oneDNN's bf16 kernels
-// or cuBLASLt), float master weights and optimizer state, one fused update that writes both.
-struct bf16 {
-  using policy_family = precision_family;
-  using type = dml::bf16;
-  static constexpr bool loss_scaling = false;
-  static constexpr const char* name = "bf16";
-};
-// As bf16 but in fp16, with dynamic loss scaling: a step whose gradients overflow is skipped and the
-// scale shrinks; it grows after a run of good steps (optim/loss_scaler.hpp).
-struct fp16 {
-  using policy_family = precision_family;
-  using type = dml::fp16;
-  static constexpr bool loss_scaling = true;
-  static constexpr const char* name = "fp16";
-};
-}  // namespace precision
 
 namespace detail {
 template <class P>
@@ -75,6 +35,11 @@ template <class Family, class Default, class P, class... Rest>
 struct find_policy<Family, Default, P, Rest...> {
   using type = std::conditional_t<in_family<P, Family>(), P, typename find_policy<Family, Default, Rest...>::type>;
 };
+
+template <class P>
+inline constexpr bool known_family = in_family<P, sharding_family>() || in_family<P, schedule_family>() ||
+                                     in_family<P, precision_family>() || in_family<P, optimizer_family>() ||
+                                     in_family<P, space_family>();
 }  // namespace detail
 
 // The policy of Family among P..., or Default when none is given.
@@ -83,5 +48,29 @@ using find_policy_t = typename detail::find_policy<Family, Default, P...>::type;
 
 template <class Family, class... P>
 inline constexpr int count_policies = (0 + ... + (detail::in_family<P, Family>() ? 1 : 0));
+
+namespace detail {
+// One check per template argument, so the compiler's "in instantiation of policy_check<X, ...>" line
+// names the offending type X.
+template <class P, class... All>
+struct policy_check {
+  static_assert(has_policy_family<P>,
+                "dml::trainer: a template argument is not a policy (it has no `policy_family`); give shardings "
+                "(parallel::replicate, parallel::zero<S>), schedules, precisions, optimizers or execution spaces");
+  static_assert(!has_policy_family<P> || known_family<P>,
+                "dml::trainer: a template argument's `policy_family` is none of sharding_family, schedule_family, "
+                "precision_family, optim::optimizer_family, space_family");
+  static constexpr int same_family = [] {
+    if constexpr (has_policy_family<P>) return count_policies<typename P::policy_family, All...>;
+    else return 1;
+  }();
+  static_assert(same_family <= 1, "dml::trainer: two policies of one family; give at most one of each family");
+  static constexpr bool ok = true;
+};
+}  // namespace detail
+
+// Every Policies... is a known policy and no family repeats; the instantiation names the offender.
+template <class... Policies>
+inline constexpr bool check_policies = (detail::policy_check<Policies, Policies...>::ok && ...);
 
 }  // namespace dml

@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/parallel/events.hpp — the event log: when backward, bucket communication and pipeline compute began and ended.
+// Sits on core/; the sharding policies and the trainer record into it, tests and benchmarks read it.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace dml::parallel {
+
+// What the event log records, in the order it happened on this rank. compute_begin/compute_end
+// bracket every forward and backward action of a schedule (bucket: the action's index).
+enum class event_kind { backward_begin, bucket_launch, backward_end, comm_done, step_end, compute_begin, compute_end };
+struct event {
+  event_kind kind;
+  int bucket = -1;
+  double t = 0;  // seconds since the log was made
+};
+
+// Records only when asked to (trainer_options::record_events), so an untraced step pays one branch.
+class event_log {
+ public:
+  explicit event_log(bool on = false) : on_(on) {}
+  bool on() const { return on_; }
+  void operator()(event_kind k, int bucket = -1) {
+    if (on_)
+      events_.push_back({k, bucket, std::chrono::duration<double>(std::chrono::steady_clock::now() - born_).count()});
+  }
+  const std::vector<event>& events() const { return events_; }
+
+ private:
+  bool on_;
+  std::vector<event> events_;
+  std::chrono::steady_clock::time_point born_ = std::chrono::steady_clock::now();
+};
+
+// Share of gradient communication that ran during backward, skipping the first `skip_steps` steps:
+// each bucket's communication lasts from its launch to the first moment it was seen complete (polled
+// after every layer's backward, so the estimate errs by at most one layer); what lasted past
+// backward's end is exposed. Returns 1 − exposed / total, or −1 when the log has no communication.
+inline double hidden_communication(std::span<const event> log, std::int64_t skip_steps = 0) {
+  double total = 0, exposed = 0;
+  std::int64_t steps = 0;
+  double backward_end = 0;
+  std::vector<double> launched;
+  for (const auto& e : log) {
+    if (e.kind == event_kind::step_end) ++steps;
+    if (steps < skip_steps) continue;
+    const auto b = static_cast<std::size_t>(e.bucket);
+    switch (e.kind) {
+      case event_kind::backward_begin: launched.clear(); break;
+      case event_kind::bucket_launch:
+        if (e.bucket >= 0) {
+          launched.resize(std::max(launched.size(), b + 1), -1.0);
+          launched[b] = e.t;
+        }
+        break;
+      case event_kind::backward_end: backward_end = e.t; break;
+      case event_kind::comm_done:
+        if (e.bucket >= 0 && b < launched.size() && launched[b] >= 0) {
+          total += e.t - launched[b];
+          exposed += std::max(0.0, e.t - std::max(backward_end, launched[b]));
+        }
+        break;
+      default: break;
+    }
+  }
+  return total > 0 ? 1.0 - exposed / total : -1.0;
+}
+
+// Idle share of the steps on this rank: 1 − (time inside compute_begin/compute_end) / (step time),
+// over the steps after the first `skip_steps` (a step runs from the previous step_end to its own, so
+// the first step is never counted).
+inline double bubble(std::span<const event> log, std::int64_t skip_steps = 1) {
+  double busy = 0, span = 0, begin = -1, opened = 0;
+  std::int64_t steps = 0;
+  const auto counted = [&] { return begin >= 0 && steps >= skip_steps; };
+  for (const auto& e : log) {
+    if (e.kind == event_kind::compute_begin) {
+      opened = e.t;
+    } else if (e.kind == event_kind::compute_end) {
+      if (counted()) busy += e.t - opened;
+    } else if (e.kind == event_kind::step_end) {
+      if (counted()) span += e.t - begin;
+      ++steps;
+      begin = e.t;
+    }
+  }
+  return span > 0 ? 1.0 - busy / span : -1.0;
+}
+
+}  // namespace dml::parallel

@@ -1,0 +1,265 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/parallel/pipeline.hpp — pipeline stages: cutting a layer sequence, and running one rank's forward,
+// backward, send and receive actions on activations kept per (micro-batch, chunk).
+// Sits on nn/network.hpp, parallel/partition.hpp and parallel/schedule.hpp; train/trainer.hpp sequences it.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "dml/comm/communicator.hpp"
+#include "dml/nn/loss.hpp"
+#include "dml/nn/network.hpp"
+#include "dml/parallel/events.hpp"
+#include "dml/parallel/partition.hpp"
+#include "dml/parallel/schedule.hpp"
+
+namespace dml::parallel {
+
+struct pipeline_options {
+  int stages = 1;                       // K
+  int virtual_stages = 1;               // V: chunks per rank (interleaved)
+  std::vector<std::size_t> cuts;        // first layer of each (virtual) stage after the first; empty: balanced
+  std::int64_t cost_rows = 64;          // rows whose activation bytes count in the balancing cost
+  bool recompute = false;               // keep only each stage's inputs; recompute forward inside backward
+};
+
+// The layer ranges of virtual stages c·K + rank (c = 0..V−1) of a sequential cut into K·V stages: at
+// `cuts`, or balanced by GPipe's cost, parameters plus the activations each layer writes. A relu fused
+// into the linear before it never starts a stage.
+template <class Net>
+std::vector<nn::layer_range> stage_chunks(const typename Net::model_type& model, const pipeline_options& o, int rank) {
+  constexpr std::size_t depth = Net::depth;
+  const std::size_t n = static_cast<std::size_t>(o.stages) * static_cast<std::size_t>(o.virtual_stages);
+  if (n == 1) return {{0, depth}};
+  std::vector<bool> cuttable(depth);
+  for (std::size_t l = 0; l < depth; ++l) cuttable[l] = !Net::absorbed_[l];
+  std::vector<std::size_t> first;
+  if (!o.cuts.empty()) {
+    if (o.cuts.size() + 1 != n)
+      fail<invalid_argument>("dml::parallel::pipeline: expected ", n - 1, " stage cuts for ", n,
+                             " (virtual) stages, found ", o.cuts.size());
+    first = check_cuts(o.cuts, depth, cuttable, "a relu fused into the linear before it cannot start a stage");
+  } else {
+    std::vector<double> cost(depth, 0.0);
+    for (const auto& [layer, spec] : model.parameters()) cost[layer] += static_cast<double>(spec.shape.numel());
+    const auto& head = std::get<0>(model.layers);
+    std::int64_t width = 1;
+    if constexpr (requires { head.in; }) width = head.in;
+    dml::shape x{o.cost_rows, width};
+    std::size_t l = 0;
+    std::apply([&](const auto&... layer) { ((x = layer.output_shape(x), cost[l++] += static_cast<double>(x.numel())), ...); },
+               model.layers);
+    first = balance_stages(cost, static_cast<int>(n), cuttable);
+  }
+  std::vector<nn::layer_range> out;
+  for (std::size_t v = static_cast<std::size_t>(rank); v < n; v += static_cast<std::size_t>(o.stages))
+    out.push_back({first[v], v + 1 < n ? first[v + 1] : depth});
+  return out;
+}
+
+// One rank of a pipeline: its chunks of the network, the activations of every (micro-batch, chunk) in
+// flight, and the sends and receives between stages. Sends are non-blocking (several micro-batches in
+// flight); a receive blocks until its message is there, as schedule::check assumes.
+template <class Space, class Comm, class Net>
+class pipeline {
+  using T = typename Net::value_type;
+
+ public:
+  // What one step gives the pipeline: this data-parallel rank's rows, cut into micro-batches.
+  struct batch {
+    tensor_view<const float, Space> x{};
+    const std::int32_t* y = nullptr;
+    std::int64_t global_batch = 0, rows = 0, micro_batches = 1, first_row = 0;
+    std::uint64_t seed = 0, step = 0;
+    float loss_scale = 1.f;
+  };
+
+  // pp: the pipeline group (rank r holds stage r); null for one stage.
+  pipeline(Comm* pp, Net& net, int stages, int rank, std::vector<nn::layer_range> chunks, bool recompute, event_log& log)
+      : pp_(pp), net_(net), stages_(stages), rank_(rank), chunks_(std::move(chunks)), recompute_(recompute), log_(log) {}
+
+  std::span<const nn::layer_range> chunks() const { return chunks_; }
+  int stages() const { return stages_; }
+  int rank() const { return rank_; }
+  // Of the last step: the most activation bytes and (micro-batch, chunk) sets this rank held at once.
+  std::int64_t peak_bytes() const { return peak_bytes_; }
+  std::int64_t peak_sets() const { return peak_sets_; }
+
+  void begin_step(const batch& b) {
+    run_ = b;
+    live_bytes_ = peak_bytes_ = live_sets_ = peak_sets_ = 0;
+  }
+  // Waits for every send and forgets the step's activations (their storage stays for the next step).
+  void end_step() {
+    for (auto& [key, m] : micro_) {
+      m.activation_send.wait();
+      m.gradient_send.wait();
+      track(m, false);
+    }
+  }
+
+  // Forward of (micro-batch, chunk); returns the loss on the last virtual stage, else 0.
+  float forward(const schedule::action& a, nn::layer_hooks* hooks) {
+    const int v = virtual_stage(a);
+    auto& m = micro(a.micro, a.chunk);
+    const auto [lo, hi] = rows_of(a.micro);
+    if (v == 0) {
+      const std::int64_t per_row = run_.x.numel() / std::max<std::int64_t>(run_.rows, 1);
+      net_.set_input(m.acts, tensor_view<const float, Space>(run_.x.data + lo * per_row, batch_shape(hi - lo)));
+    } else if (stage_of(v - 1) == rank_) {  // one stage holding several chunks: handed over in memory
+      copy_into(m.acts.input, micro(a.micro, a.chunk - 1).activation_out.cview());
+    }
+    auto out = net_.forward_range(chunks_[static_cast<std::size_t>(a.chunk)], m.acts, context(a.micro, false), hooks);
+    float loss = 0.f;
+    if (v == last_virtual_stage()) {
+      m.gradient_in.resize(out.shape);
+      row_loss_.resize(static_cast<std::size_t>(out.rows()));
+      loss = loss_fn_.template forward_backward<Space>(out, run_.y + lo, m.gradient_in.view(), row_loss_.data(),
+                                                        run_.global_batch, run_.loss_scale);
+    } else {
+      m.activation_send.wait();
+      copy_into(m.activation_out, out);
+    }
+    if (recompute_) m.acts.release_outputs();
+    track(m, true);
+    return loss;
+  }
+
+  // Backward (full, input or weight part) of (micro-batch, chunk). accumulate: add to the gradients.
+  void backward(const schedule::action& a, bool accumulate, nn::layer_hooks* hooks) {
+    const int v = virtual_stage(a);
+    auto& m = micro(a.micro, a.chunk);
+    const auto range = chunks_[static_cast<std::size_t>(a.chunk)];
+    const auto part = a.kind == schedule::op::backward         ? nn::backward_part::full
+                      : a.kind == schedule::op::backward_input ? nn::backward_part::input
+                                                               : nn::backward_part::weight;
+    if (part != nn::backward_part::weight && v < last_virtual_stage() && stage_of(v + 1) == rank_)
+      copy_into(m.gradient_in, micro(a.micro, a.chunk + 1).gradient_out.cview());
+    if (recompute_ && part != nn::backward_part::weight) net_.forward_range(range, m.acts, context(a.micro, false), hooks);
+    log_(event_kind::backward_begin);
+    auto dx = net_.backward_range(range, m.acts, m.gradient_in.cview(), context(a.micro, accumulate), part, v > 0, hooks);
+    log_(event_kind::backward_end);
+    if (v > 0 && part != nn::backward_part::weight) {
+      m.gradient_send.wait();
+      copy_into(m.gradient_out, dx);
+    }
+    if (part != nn::backward_part::input) {
+      track(m, false);
+      if (recompute_) m.acts.release_outputs();
+    }
+  }
+
+  void send(const schedule::action& a) {
+    const bool gradient = a.kind == schedule::op::send_gradient;
+    const int to = virtual_stage(a) + (gradient ? -1 : 1);
+    if (stage_of(to) == rank_) return;  // handed over in memory
+    auto& m = micro(a.micro, a.chunk);
+    const auto& t = gradient ? m.gradient_out : m.activation_out;
+    (gradient ? m.gradient_send : m.activation_send) =
+        pp_->isend(std::span<const T>(t.data(), static_cast<std::size_t>(t.numel())), stage_of(to),
+                   tag(gradient, to, a.micro));
+  }
+  void receive(const schedule::action& a) {
+    const bool gradient = a.kind == schedule::op::recv_gradient;
+    const int v = virtual_stage(a), from = v + (gradient ? 1 : -1);
+    if (stage_of(from) == rank_) return;
+    auto& m = micro(a.micro, a.chunk);
+    const auto range = chunks_[static_cast<std::size_t>(a.chunk)];
+    const auto [lo, hi] = rows_of(a.micro);
+    const auto shapes = net_.shapes(batch_shape(hi - lo));
+    if (gradient) receive_into(m.gradient_in, shapes[range.end - 1], tag(true, v, a.micro), stage_of(from));
+    else receive_into(m.acts.input, shapes[range.first - 1], tag(false, v, a.micro), stage_of(from));
+  }
+
+  // Inference through every stage in order; the last virtual stage counts rows whose largest logit is
+  // the label, the others return 0.
+  std::int64_t correct(tensor_view<const float, Space> x, const std::int32_t* y, nn::layer_hooks* hooks) {
+    nn::activations<T, Space> a;
+    std::int64_t count = 0;
+    for (int v = rank_; v <= last_virtual_stage(); v += stages_) {
+      const auto& range = chunks_[static_cast<std::size_t>(v / stages_)];
+      if (v == 0) net_.set_input(a, x);
+      else if (stage_of(v - 1) != rank_) receive_into(a.input, net_.shapes(x.shape)[range.first - 1], tag(false, v, 0), stage_of(v - 1));
+      else copy_into(a.input, handoff_.cview());
+      auto out = net_.forward_range(range, a, {.training = false}, hooks);
+      if (v == last_virtual_stage()) count = nn::count_correct<Space>(out, y);
+      else if (stage_of(v + 1) != rank_)
+        pp_->send(std::span<const T>(out.data, static_cast<std::size_t>(out.numel())), stage_of(v + 1), tag(false, v + 1, 0));
+      else copy_into(handoff_, out);
+    }
+    return count;
+  }
+
+ private:
+  // What a (micro-batch, chunk) keeps between its actions.
+  struct micro_state {
+    nn::activations<T, Space> acts;
+    tensor<T, Space> gradient_in;                   // ∂loss/∂output: the loss gradient, or received
+    tensor<T, Space> activation_out, gradient_out;  // kept until their sends complete
+    comm::request activation_send, gradient_send;
+    std::int64_t counted = -1;                      // activation bytes while live, else −1
+  };
+  micro_state& micro(std::int64_t m, int chunk) { return micro_[{m, chunk}]; }
+  void track(micro_state& m, bool live) {
+    if (m.counted >= 0) {
+      live_bytes_ -= m.counted;
+      --live_sets_;
+      m.counted = -1;
+    }
+    if (live) {
+      m.counted = m.acts.bytes();
+      live_bytes_ += m.counted;
+      peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+      peak_sets_ = std::max(peak_sets_, ++live_sets_);
+    }
+  }
+  static void copy_into(tensor<T, Space>& dst, tensor_view<const T, Space> src) {
+    dst.resize(src.shape);
+    dml::copy_n(src.data, static_cast<std::size_t>(src.numel()), dst.data());
+  }
+  void receive_into(tensor<T, Space>& t, const dml::shape& s, int message, int from) {
+    t.resize(s);
+    pp_->recv(std::span<T>(t.data(), static_cast<std::size_t>(t.numel())), from, message);
+  }
+  int virtual_stage(const schedule::action& a) const { return a.chunk * stages_ + rank_; }
+  int last_virtual_stage() const { return static_cast<int>(chunks_.size()) * stages_ - 1; }
+  int stage_of(int v) const { return v % stages_; }
+  // Messages are matched by identity: (activation or gradient, receiving virtual stage, micro-batch).
+  int tag(bool gradient, int v, std::int64_t m) const {
+    return 1 + 2 * static_cast<int>(m * (last_virtual_stage() + 1) + v) + (gradient ? 1 : 0);
+  }
+  std::pair<std::int64_t, std::int64_t> rows_of(std::int64_t m) const {
+    return {run_.rows * m / run_.micro_batches, run_.rows * (m + 1) / run_.micro_batches};
+  }
+  dml::shape batch_shape(std::int64_t rows) const {
+    dml::shape s = run_.x.shape;
+    s[0] = rows;
+    return s;
+  }
+  // Dropout masks follow (seed, step, layer, global row): a micro-batch starts at its global row.
+  nn::context context(std::int64_t m, bool accumulate) const {
+    return {.training = true, .seed = run_.seed, .step = run_.step, .row_offset = run_.first_row + rows_of(m).first,
+            .accumulate = accumulate};
+  }
+
+  Comm* pp_;
+  Net& net_;
+  int stages_, rank_;
+  std::vector<nn::layer_range> chunks_;
+  bool recompute_;
+  event_log& log_;
+  batch run_;
+  std::map<std::pair<std::int64_t, int>, micro_state> micro_;
+  tensor<T, Space> handoff_;
+  nn::softmax_cross_entropy loss_fn_;
+  buffer<float, Space> row_loss_;
+  std::int64_t live_bytes_ = 0, peak_bytes_ = 0, live_sets_ = 0, peak_sets_ = 0;
+};
+
+}  // namespace dml::parallel

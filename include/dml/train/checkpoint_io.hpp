@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/train/checkpoint_io.hpp — a sharding's parameters and optimizer state to and from a sharded checkpoint.
+// Sits on train/checkpoint.hpp (the format) and the sharding_sync interface of parallel/sharding.hpp.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dml/core/algorithm.hpp"
+#include "dml/train/checkpoint.hpp"
+
+namespace dml::train::detail {
+
+// Every rank writes the elements of its part of each bucket, params and state alike: 1/N of the
+// model under every sharding, each element once (replicate holds everything but writes its part only).
+template <class Space, int StateSlots, class Comm, class Sync>
+void save_sharded(Comm& comm, Sync& sync, const nn::param_layout& L, const std::filesystem::path& dir,
+                  checkpoint_info info) {
+  const int ranks = comm.size(), rank = comm.rank();
+  std::vector<std::vector<checkpoint_range>> ranges(static_cast<std::size_t>(ranks));
+  std::vector<const float*> data;
+  for (int r = 0; r < ranks; ++r)
+    for (const auto& p : sync.owned_pieces(r))
+      for (int k = -1; k < StateSlots; ++k) {
+        ranges[static_cast<std::size_t>(r)].push_back({checkpoint_tensor_name(k, L.slots[p.slot].name), p.begin, p.end});
+        if (r == rank) data.push_back(sync.held(k, p));
+      }
+  // The writer reads host memory: a device trainer stages its pieces first.
+  std::vector<std::vector<float>> staged;
+  if constexpr (!std::same_as<Space, host>) {
+    for (std::size_t i = 0; i < data.size(); ++i) {
+      const auto& q = ranges[static_cast<std::size_t>(rank)][i];
+      staged.emplace_back(static_cast<std::size_t>(q.end - q.begin));
+      dml::copy_n(data[i], staged.back().size(), staged.back().data());
+      data[i] = staged.back().data();
+    }
+  }
+  write_checkpoint(comm, dir, std::move(info), ranges, std::span<const float* const>(data));
+}
+
+// Reads what this layout holds: whole parameters or state where the sharding keeps them whole, else
+// the rank's pieces. Everything lands in scratch first, so a failed load leaves the sharding as it was.
+template <int StateSlots, class Comm, class Sync>
+checkpoint_info load_sharded(Comm& comm, Sync& sync, const nn::param_layout& L, const std::filesystem::path& dir,
+                             const checkpoint_info& want) {
+  const auto mine = sync.owned_pieces(comm.rank());
+  std::vector<checkpoint_range> need;
+  std::vector<float*> dst;
+  for (int k = -1; k < StateSlots; ++k) {
+    if (sync.loads_pieces(k)) {
+      for (const auto& p : mine) {
+        need.push_back({checkpoint_tensor_name(k, L.slots[p.slot].name), p.begin, p.end});
+        dst.push_back(sync.held(k, p));
+      }
+    } else {
+      float* base = sync.whole(k);
+      for (const auto& s : L.slots) {
+        need.push_back({checkpoint_tensor_name(k, s.name), 0, s.shape.numel()});
+        dst.push_back(base + s.offset);
+      }
+    }
+  }
+  std::size_t total = 0;
+  for (const auto& q : need) total += static_cast<std::size_t>(q.end - q.begin);
+  std::vector<float> scratch(total);
+  std::vector<float*> out;
+  for (std::size_t i = 0, at = 0; i < need.size(); at += static_cast<std::size_t>(need[i].end - need[i].begin), ++i)
+    out.push_back(scratch.data() + at);
+  auto info = read_checkpoint(comm, dir, want, need, std::span<float* const>(out));
+  for (std::size_t i = 0; i < need.size(); ++i)
+    dml::copy_n(out[i], static_cast<std::size_t>(need[i].end - need[i].begin), dst[i]);
+  return info;
+}
+
+}  // namespace dml::train::detail
