@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -147,5 +148,15 @@ class mesh {
   coords at_;
   Comm tp_, dp_, pp_, ep_, edp_;
 };
+
+// The dp × pp mesh of a trainer with `stages` pipeline stages over world, or none for one stage.
+template <comm::communicator Comm>
+std::optional<mesh<Comm>> pipeline_mesh(Comm& world, int stages) {
+  if (stages < 1 || world.size() % stages != 0)
+    fail<invalid_argument>("dml::trainer: expected pipeline_stages >= 1 dividing the group's ", world.size(),
+                           " ranks, found ", stages);
+  if (stages == 1) return std::nullopt;
+  return std::optional<mesh<Comm>>(std::in_place, world, mesh_shape{.dp = world.size() / stages, .pp = stages});
+}
 
 }  // namespace dml::parallel

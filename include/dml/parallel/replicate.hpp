@@ -31,7 +31,7 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
     state_.resize(total);
     if constexpr (mixed) {
       master_.resize(static_cast<std::size_t>(total));
-      this->init_full(master_.data());
+      init_master(net_, this->seed_, master_.data());
     }
   }
 

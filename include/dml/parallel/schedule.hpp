@@ -455,4 +455,22 @@ inline table make(std::string_view spec, int stages, int micro_batches) {
   return t;
 }
 
+// t, after checking that it is for `stages` ranks, `micro_batches` and `virtual_stages` chunks per rank
+// and that it passes check(): what a trainer runs.
+inline table checked(table t, int stages, int micro_batches, int virtual_stages) {
+  if (t.stages != stages || t.micro_batches != micro_batches || t.virtual_stages != virtual_stages)
+    fail<invalid_argument>("dml::schedule: expected a schedule of ", stages, " stages, ", micro_batches,
+                           " micro-batches and ", virtual_stages, " chunks per rank, found ", t.stages, ", ",
+                           t.micro_batches, " and ", t.virtual_stages);
+  check(t);
+  return t;
+}
+// Whether t splits backward into input and weight passes (zero-bubble schedules).
+inline bool splits_backward(const table& t) {
+  for (const auto& list : t.ranks)
+    for (const auto& a : list)
+      if (a.kind == op::backward_input) return true;
+  return false;
+}
+
 }  // namespace dml::schedule

@@ -21,6 +21,7 @@
 #include "dml/optim/optimizer.hpp"
 #include "dml/parallel/buckets.hpp"
 #include "dml/parallel/events.hpp"
+#include "dml/parallel/master_weights.hpp"
 
 namespace dml {
 
@@ -138,6 +139,33 @@ class data_parallel : public nn::layer_hooks {
   void set_backward_index(std::int64_t i) { backward_index_ = i; }
   void begin_pass() { current_ = -1; }
 
+  // A scalar summed over a group, through memory of the trainer's space (NCCL reads device memory only).
+  template <class V>
+  V sum(Comm& group, V value) {
+    if (group.size() == 1) return value;
+    buffer<V, Space> v(1);
+    dml::copy_n(&value, 1, v.data());
+    order_after_compute();
+    group.all_reduce(v.span(), comm::reduce_op::sum);
+    dml::copy_n(v.data(), 1, &value);
+    return value;
+  }
+  // The global index of this rank's first row: ranks pass contiguous slices of the global batch in
+  // rank order (train::sampler::slice), so it is the sum of the earlier ranks' row counts; one
+  // all_gather, made only for models with a layer that reads it (dropout).
+  std::int64_t first_global_row(std::int64_t rows) {
+    if (!Net::model_type::uses_row_index || ranks_ == 1) return 0;
+    buffer<std::int64_t, Space> mine(1), all(static_cast<std::size_t>(ranks_));
+    dml::copy_n(&rows, 1, mine.data());
+    order_after_compute();
+    comm_.all_gather(std::span<const std::int64_t>(mine.data(), 1), all.span());
+    std::vector<std::int64_t> counts(all.size());
+    dml::copy_n(all.data(), counts.size(), counts.data());
+    std::int64_t first = 0;
+    for (int r = 0; r < rank_; ++r) first += counts[static_cast<std::size_t>(r)];
+    return first;
+  }
+
   // Collectives run on the communicator's stream, kernels on the compute stream (current_stream()):
   // before a collective reads or writes memory that kernels touched, its stream waits for what the
   // compute stream has queued so far. (Completion needs no event: wait() blocks the host, and kernels
@@ -190,21 +218,6 @@ class data_parallel : public nn::layer_hooks {
     return &buckets_[static_cast<std::size_t>(b)];
   }
   int bucket_index(const bucket& bk) const { return static_cast<int>(&bk - buckets_.data()); }
-  // Writes the initial float values of bucket bk's part r into out (a shard's master weights).
-  void init_part(const bucket& bk, float* out) {
-    buffer<float, Space> tmp(static_cast<std::size_t>(bk.hi - bk.lo));
-    fill_n<Space>(tmp.data(), bk.hi - bk.lo, 0.f);
-    const auto& L = net_.layout();
-    for (std::size_t s = bk.first_slot; s < bk.end_slot; ++s)
-      net_.init_range(seed_, s, 0, L.slots[s].shape.numel(), tmp.data() + (L.slots[s].offset - bk.lo));
-    dml::copy_n(tmp.data() + rank_ * bk.part, static_cast<std::size_t>(bk.part), out + bk.shard_offset);
-  }
-  // The float initial values of every parameter (a full master copy).
-  void init_full(float* out) {
-    const auto& L = net_.layout();
-    fill_n<Space>(out, L.total, 0.f);
-    for (std::size_t s = 0; s < L.slots.size(); ++s) net_.init_range(seed_, s, 0, L.slots[s].shape.numel(), out + L.slots[s].offset);
-  }
 
   Comm& comm_;
   Net& net_;

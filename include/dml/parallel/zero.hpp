@@ -43,7 +43,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
       for (auto& g : gathered_) g.resize(static_cast<std::size_t>(widest));
     if constexpr (sharded_master) {
       shard_params_.resize(static_cast<std::size_t>(shard_));
-      for (const auto& bk : buckets_) this->init_part(bk, shard_params_.data());
+      for (const auto& bk : buckets_) init_master_part(net_, this->seed_, bk, rank_, shard_params_.data());
     }
     if constexpr (mixed && Stage == 3) {
       shard_working_.resize(static_cast<std::size_t>(shard_));

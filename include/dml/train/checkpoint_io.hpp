@@ -10,9 +10,30 @@
 #include <vector>
 
 #include "dml/core/algorithm.hpp"
+#include "dml/optim/loss_scaler.hpp"
 #include "dml/train/checkpoint.hpp"
 
 namespace dml::train::detail {
+
+// The optimizer's own step count and the loss scale (fp16) ride along under reserved keys.
+inline void put_trainer_meta(checkpoint_info& info, std::int64_t optimizer_step, const optim::loss_scaler* scaler) {
+  info.user["dml.optimizer_step"] = std::to_string(optimizer_step);
+  if (scaler) {
+    info.user["dml.loss_scale"] = std::to_string(scaler->scale());
+    info.user["dml.loss_scale_tracker"] = std::to_string(scaler->growth_tracker());
+  }
+}
+// Takes the reserved keys out of info.user, restores the scaler from them, and returns the optimizer's
+// step count (the step itself where an older checkpoint has none).
+inline std::int64_t take_trainer_meta(checkpoint_info& info, optim::loss_scaler* scaler) {
+  std::int64_t optimizer_step = info.step;
+  if (auto it = info.user.find("dml.optimizer_step"); it != info.user.end()) optimizer_step = std::stoll(it->second);
+  auto scale = info.user.find("dml.loss_scale"), tracker = info.user.find("dml.loss_scale_tracker");
+  if (scaler && scale != info.user.end() && tracker != info.user.end())
+    scaler->restore(std::stof(scale->second), std::stoll(tracker->second));
+  for (const char* k : {"dml.optimizer_step", "dml.loss_scale", "dml.loss_scale_tracker"}) info.user.erase(k);
+  return optimizer_step;
+}
 
 // Every rank writes the elements of its part of each bucket, params and state alike: 1/N of the
 // model under every sharding, each element once (replicate holds everything but writes its part only).

@@ -21,33 +21,10 @@
 #include "dml/parallel/pipeline.hpp"
 #include "dml/parallel/policy.hpp"
 #include "dml/train/checkpoint_io.hpp"
+#include "dml/train/options.hpp"
 
 namespace dml {
 namespace train {
-
-struct trainer_options {
-  std::uint64_t seed = 0;           // initial weights and dropout masks
-  double bucket_mb = 25.0;          // gradient bucket size in MiB (whole layers; at least one layer each)
-  std::int64_t micro_batches = 1;   // the local batch is split into this many; gradients accumulate
-  float clip_norm = 0.f;            // global-norm clipping; 0 turns it off
-  std::function<float(std::int64_t step)> lr;  // learning rate per step (from 1); empty: the optimizer's lr
-  bool record_events = false;       // keep an event log of compute and communication (tests, tracing)
-  float initial_loss_scale = 65536.f;  // fp16: where dynamic loss scaling starts (PyTorch's default)
-  // Pipeline: the group's ranks form pipeline_stages stages of size()/pipeline_stages data-parallel
-  // ranks (Megatron's order, data-parallel rank fastest), cut at stage_cuts or balanced by cost.
-  int pipeline_stages = 1;
-  std::vector<std::size_t> stage_cuts;  // first layer of each (virtual) stage after the first
-  std::int64_t cost_rows = 64;
-  std::string schedule;  // by name ("gpipe", "1f1b", "interleaved:2", "zb") or a CSV file; empty: the policy's
-  bool recompute = false;  // keep only each stage's inputs; recompute its forward inside backward
-};
-
-struct step_result {
-  float loss = 0.f;        // mean over the global batch, the same on every rank (every stage too)
-  double grad_norm = 0.0;  // global gradient norm before clipping (computed when clipping is on)
-  bool skipped = false;    // fp16: the gradients overflowed, the update was skipped and the scale shrank
-  float loss_scale = 1.f;  // fp16: the loss scale after this step
-};
 
 using parallel::event, parallel::event_kind, parallel::hidden_communication, parallel::memory_report;
 
@@ -82,7 +59,7 @@ class engine final : public engine_base<Space> {
 
  public:
   engine(Comm& world, const nn::sequential<Layers...>& model, trainer_options opt, Optimizer optimizer, make_schedule made)
-      : world_(world), opt_(std::move(opt)), optimizer_(optimizer), made_(std::move(made)), mesh_(make_mesh(world, opt_)),
+      : world_(world), opt_(std::move(opt)), optimizer_(optimizer), made_(std::move(made)), mesh_(parallel::pipeline_mesh(world, opt_.pipeline_stages)),
         dp_(opt_.pipeline_stages == 1 ? world : mesh_->dp()), schedules_(), log_(opt_.record_events),
         net_(model, opt_.seed, with_chunks(sync_type::network_options(dp_.size()), model)),
         full_layout_(opt_.pipeline_stages == 1 ? net_.layout() : nn::make_layout(model, net_.layout().padding_unit)),
@@ -105,7 +82,7 @@ class engine final : public engine_base<Space> {
     ++step_;
     const std::int64_t rows = x.shape[0], m = std::min(opt_.micro_batches, std::max<std::int64_t>(rows, 1));
     pipe_.begin_step({.x = x, .y = y, .global_batch = global_batch, .rows = rows, .micro_batches = m,
-                      .first_row = first_global_row(rows), .seed = opt_.seed, .step = static_cast<std::uint64_t>(step_),
+                      .first_row = sync_.first_global_row(rows), .seed = opt_.seed, .step = static_cast<std::uint64_t>(step_),
                       .loss_scale = loss_scale()});
     const auto& plan = schedule_of(m).ranks[static_cast<std::size_t>(pipe_.rank())];
     // A chunk's gradients are complete after its last backward (or weight pass): that one reduces.
@@ -117,24 +94,20 @@ class engine final : public engine_base<Space> {
     for (std::size_t i = 0; i < plan.size(); ++i) {
       const auto& a = plan[i];
       const auto c = static_cast<std::size_t>(a.chunk);
+      if (schedule::is_compute(a.kind)) {
+        log_(event_kind::compute_begin, static_cast<int>(i));
+        sync_.begin_pass();
+      }
       switch (a.kind) {
-        case schedule::op::forward:
-          log_(event_kind::compute_begin, static_cast<int>(i));
-          sync_.begin_pass();
-          local_loss += pipe_.forward(a, &sync_);
-          log_(event_kind::compute_end, static_cast<int>(i));
-          break;
+        case schedule::op::forward: local_loss += pipe_.forward(a, &sync_); break;
         case schedule::op::backward:
         case schedule::op::backward_input:
         case schedule::op::backward_weight: {
           auto& n = a.kind == schedule::op::backward_weight ? weights[c] : done[c];
           const bool reduce = sync_type::reduces_every_backward || last[c] == i;
-          log_(event_kind::compute_begin, static_cast<int>(i));
-          sync_.begin_pass();
           sync_.set_backward_index(static_cast<std::int64_t>(n));
           pipe_.backward(a, n++ > 0 && !sync_type::reduces_every_backward, reduce ? &sync_ : nullptr);
           if constexpr (sync_type::reduces_every_backward) sync_.finish();
-          log_(event_kind::compute_end, static_cast<int>(i));
           break;
         }
         case schedule::op::send_activation:
@@ -144,6 +117,7 @@ class engine final : public engine_base<Space> {
         case schedule::op::reduce_gradients: sync_.finish(); break;
         case schedule::op::update: out = update(local_loss); break;
       }
+      if (schedule::is_compute(a.kind)) log_(event_kind::compute_end, static_cast<int>(i));
     }
     pipe_.end_step();
     return out;
@@ -153,15 +127,15 @@ class engine final : public engine_base<Space> {
     sync_.begin_pass();
     return pipe_.correct(x, y, &sync_);
   }
-  std::vector<float> full_parameters() override { return to_full(sync_.parameters()); }
+  std::vector<float> full_parameters() override {
+    if (!mesh_) return sync_.parameters();
+    return parallel::whole_model<Space>(mesh_->pp(), net_.layout(), full_layout_, sync_.parameters());
+  }
   void load_full_parameters(std::span<const float> full) override {
     if (static_cast<std::int64_t>(full.size()) != full_layout_.total)
       fail<shape_error>("dml::trainer: expected ", full_layout_.total, " parameters (padding included), found ", full.size());
-    if (opt_.pipeline_stages == 1) return sync_.load_parameters(full);
-    std::vector<float> mine(static_cast<std::size_t>(net_.layout().total), 0.f);
-    for (const auto& s : net_.layout().slots)
-      std::copy_n(full.data() + full_layout_.slots[s.id].offset, s.shape.numel(), mine.data() + s.offset);
-    sync_.load_parameters(mine);
+    if (!mesh_) return sync_.load_parameters(full);
+    sync_.load_parameters(parallel::stage_part(net_.layout(), full_layout_, full));
   }
   memory_report memory() const override { return sync_.memory(); }
   // The whole model's layout, whatever stage this rank runs: what full_parameters fills.
@@ -175,37 +149,19 @@ class engine final : public engine_base<Space> {
   void save_checkpoint(const std::filesystem::path& dir, const std::map<std::string, std::string>& user) override {
     auto info = description();
     info.user = user;
-    // The optimizer's own step count and the loss scale ride along under reserved keys.
-    info.user["dml.optimizer_step"] = std::to_string(optimizer_step_);
-    if constexpr (Precision::loss_scaling) {
-      info.user["dml.loss_scale"] = std::to_string(scaler_.scale());
-      info.user["dml.loss_scale_tracker"] = std::to_string(scaler_.growth_tracker());
-    }
+    put_trainer_meta(info, optimizer_step_, Precision::loss_scaling ? &scaler_ : nullptr);
     save_sharded<Space, Optimizer::state_slots>(dp_, sync_, net_.layout(), dir, std::move(info));
   }
   std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) override {
     auto info = load_sharded<Optimizer::state_slots>(dp_, sync_, net_.layout(), dir, description());
-    step_ = optimizer_step_ = info.step;
+    step_ = info.step;
     opt_.seed = info.seed;  // dropout masks follow (seed, step)
-    if (auto it = info.user.find("dml.optimizer_step"); it != info.user.end()) optimizer_step_ = std::stoll(it->second);
-    auto scale = info.user.find("dml.loss_scale"), tracker = info.user.find("dml.loss_scale_tracker");
-    if constexpr (Precision::loss_scaling)
-      if (scale != info.user.end() && tracker != info.user.end())
-        scaler_.restore(std::stof(scale->second), std::stoll(tracker->second));
-    for (const char* k : {"dml.optimizer_step", "dml.loss_scale", "dml.loss_scale_tracker"}) info.user.erase(k);
+    optimizer_step_ = take_trainer_meta(info, Precision::loss_scaling ? &scaler_ : nullptr);
     sync_.refresh_working();
     return info.user;
   }
 
  private:
-  static std::optional<parallel::mesh<Comm>> make_mesh(Comm& world, const trainer_options& o) {
-    if (o.pipeline_stages < 1 || world.size() % o.pipeline_stages != 0)
-      fail<invalid_argument>("dml::trainer: expected pipeline_stages >= 1 dividing the group's ", world.size(),
-                             " ranks, found ", o.pipeline_stages);
-    if (o.pipeline_stages == 1) return std::nullopt;
-    return std::optional<parallel::mesh<Comm>>(std::in_place, world,
-                                               parallel::mesh_shape{.dp = world.size() / o.pipeline_stages, .pp = o.pipeline_stages});
-  }
   int pp_rank() const { return mesh_ ? mesh_->pp_rank() : 0; }
   nn::network_options with_chunks(nn::network_options o, const nn::sequential<Layers...>& model) {
     const int v = (opt_.schedule.empty() ? made_(opt_.pipeline_stages, 1)
@@ -218,30 +174,12 @@ class engine final : public engine_base<Space> {
   const schedule::table& schedule_of(std::int64_t micro_batches) {
     if (auto it = schedules_.find(micro_batches); it != schedules_.end()) return it->second;
     const int k = opt_.pipeline_stages, m = static_cast<int>(micro_batches);
-    auto t = opt_.schedule.empty() ? made_(k, m) : schedule::make(opt_.schedule, k, m);
-    if (t.stages != k || t.micro_batches != m || t.virtual_stages != static_cast<int>(chunks_.size()))
-      fail<invalid_argument>("dml::trainer: expected a schedule of ", k, " stages, ", m, " micro-batches and ",
-                             chunks_.size(), " chunks per rank, found ", t.stages, ", ", t.micro_batches, " and ",
-                             t.virtual_stages);
-    schedule::check(t);
-    for (const auto& list : t.ranks)
-      for (const auto& a : list)
-        if (sync_type::reduces_every_backward && a.kind == schedule::op::backward_input)
-          fail<invalid_argument>("dml::trainer: ", Sharding::name, " reduces gradients during backward and cannot "
-                                 "split it; use replicate or zero<1> with a zero-bubble schedule");
+    auto t = schedule::checked(opt_.schedule.empty() ? made_(k, m) : schedule::make(opt_.schedule, k, m), k, m,
+                               static_cast<int>(chunks_.size()));
+    if (sync_type::reduces_every_backward && schedule::splits_backward(t))
+      fail<invalid_argument>("dml::trainer: ", Sharding::name, " reduces gradients during backward and cannot split "
+                             "it; use replicate or zero<1> with a zero-bubble schedule");
     return schedules_.emplace(micro_batches, std::move(t)).first->second;
-  }
-  // Every stage's parameters in the whole model's layout: each stage fills its slots, the rest sum in.
-  std::vector<float> to_full(std::vector<float> mine) {
-    if (opt_.pipeline_stages == 1) return mine;
-    buffer<float, Space> full(static_cast<std::size_t>(full_layout_.total));
-    fill_n<Space>(full.data(), full_layout_.total, 0.f);
-    for (const auto& s : net_.layout().slots)
-      dml::copy_n(mine.data() + s.offset, static_cast<std::size_t>(s.shape.numel()), full.data() + full_layout_.slots[s.id].offset);
-    mesh_->pp().all_reduce(full.span(), comm::reduce_op::sum);
-    std::vector<float> out(full.size());
-    dml::copy_n(full.data(), out.size(), out.data());
-    return out;
   }
   checkpoint_info description() const {
     if (opt_.pipeline_stages > 1)
@@ -255,18 +193,18 @@ class engine final : public engine_base<Space> {
 
   // ---- the step's tail: loss over every rank, clipping, loss scaling, the update
   step_result update(float local_loss) {
-    step_result out{.loss = sum(world_, local_loss)};  // only last stages hold a loss
+    step_result out{.loss = sync_.sum(world_, local_loss)};  // only last stages hold a loss
     float scale = 1.f;
     if (opt_.clip_norm > 0.f) {
       // Sharded gradients sum over every rank; replicated ones once per stage, over the stages.
       const double local = sync_.grad_squared_norm();
-      out.grad_norm = std::sqrt(sync_type::sharded_gradients ? sum(world_, local) : mesh_ ? sum(mesh_->pp(), local) : local);
+      out.grad_norm = std::sqrt(sync_type::sharded_gradients ? sync_.sum(world_, local) : mesh_ ? sync_.sum(mesh_->pp(), local) : local);
       out.grad_norm /= loss_scale();  // the norm of the true gradients, not of the scaled ones
       scale = optim::clip_scale(out.grad_norm, opt_.clip_norm);
     }
     if constexpr (Precision::loss_scaling) {
       // Every rank sees the same verdict: the overflow flag is summed over ranks.
-      out.skipped = !scaler_.update(sum(world_, static_cast<int>(sync_.has_overflow())) > 0);
+      out.skipped = !scaler_.update(sync_.sum(world_, static_cast<int>(sync_.has_overflow())) > 0);
       out.loss_scale = scaler_.scale();
     }
     if (!out.skipped) sync_.update(optimizer_, opt_.lr ? opt_.lr(step_) : optimizer_.default_lr(), ++optimizer_step_,
@@ -278,31 +216,6 @@ class engine final : public engine_base<Space> {
     if constexpr (Precision::loss_scaling) return scaler_.scale();
     else return 1.f;
   }
-  // A scalar summed over a group, through memory of the trainer's space (NCCL reads device memory only).
-  template <class V>
-  V sum(Comm& group, V value) {
-    if (group.size() == 1) return value;
-    buffer<V, Space> v(1);
-    dml::copy_n(&value, 1, v.data());
-    sync_.order_after_compute();
-    group.all_reduce(v.span(), comm::reduce_op::sum);
-    dml::copy_n(v.data(), 1, &value);
-    return value;
-  }
-  // The global index of this rank's first row: ranks pass contiguous slices of the global batch in
-  // data-parallel rank order (train::sampler::slice), so it is the sum of the earlier ranks' row
-  // counts, one all_gather made only for models with a layer that reads it (dropout).
-  std::int64_t first_global_row(std::int64_t rows) {
-    if (!nn::sequential<Layers...>::uses_row_index || dp_.size() == 1) return 0;
-    buffer<std::int64_t, Space> mine(1), all(static_cast<std::size_t>(dp_.size()));
-    dml::copy_n(&rows, 1, mine.data());
-    sync_.order_after_compute();
-    dp_.all_gather(std::span<const std::int64_t>(mine.data(), 1), all.span());
-    std::vector<std::int64_t> counts(all.size());
-    dml::copy_n(all.data(), counts.size(), counts.data());
-    return std::accumulate(counts.begin(), counts.begin() + dp_.rank(), std::int64_t{0});
-  }
-
   Comm& world_;
   trainer_options opt_;
   Optimizer optimizer_;

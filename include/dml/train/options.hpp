@@ -1,0 +1,37 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/train/options.hpp — what a trainer is told (trainer_options) and what a step returns (step_result).
+// Sits on core/; train/trainer.hpp reads them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace dml::train {
+
+struct trainer_options {
+  std::uint64_t seed = 0;           // initial weights and dropout masks
+  double bucket_mb = 25.0;          // gradient bucket size in MiB (whole layers; at least one layer each)
+  std::int64_t micro_batches = 1;   // the local batch is split into this many; gradients accumulate
+  float clip_norm = 0.f;            // global-norm clipping; 0 turns it off
+  std::function<float(std::int64_t step)> lr;  // learning rate per step (from 1); empty: the optimizer's lr
+  bool record_events = false;       // keep an event log of compute and communication (tests, tracing)
+  float initial_loss_scale = 65536.f;  // fp16: where dynamic loss scaling starts (PyTorch's default)
+  // Pipeline: the group's ranks form pipeline_stages stages of size()/pipeline_stages data-parallel
+  // ranks (Megatron's order, data-parallel rank fastest), cut at stage_cuts or balanced by cost.
+  int pipeline_stages = 1;
+  std::vector<std::size_t> stage_cuts;  // first layer of each (virtual) stage after the first
+  std::int64_t cost_rows = 64;
+  std::string schedule;  // by name ("gpipe", "1f1b", "interleaved:2", "zb") or a CSV file; empty: the policy's
+  bool recompute = false;  // keep only each stage's inputs; recompute its forward inside backward
+};
+
+struct step_result {
+  float loss = 0.f;        // mean over the global batch, the same on every rank (every stage too)
+  double grad_norm = 0.0;  // global gradient norm before clipping (computed when clipping is on)
+  bool skipped = false;    // fp16: the gradients overflowed, the update was skipped and the scale shrank
+  float loss_scale = 1.f;  // fp16: the loss scale after this step
+};
+
+}  // namespace dml::train
