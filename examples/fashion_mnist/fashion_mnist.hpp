@@ -330,8 +330,8 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
   if (rank == 0) {
     const auto mem = trainer.memory();
     std::printf("model: %zu layers, %lld parameters; %s %s on %d %s rank(s), optimizer %s lr=%g, global batch %lld; "
-                "per-rank model state %.2f MiB (params %.2f, grads %.2f, optimizer %.2f, buffers %.2f); gemm %s\n",
-                Model::size, static_cast<long long>(mem.numel), Sharding::name, Precision::name, comm.size(), o.comm.c_str(),
+                "per-rank model state (rank 0) %.2f MiB (params %.2f, grads %.2f, optimizer %.2f, buffers %.2f); gemm %s\n",
+                Model::size, static_cast<long long>(trainer.layout().numel), Sharding::name, Precision::name, comm.size(), o.comm.c_str(),
                 opt.chosen_name(),
                 static_cast<double>(opt.default_lr()), static_cast<long long>(o.batch), mem.total() / 1048576.0,
                 mem.params / 1048576.0, mem.grads / 1048576.0, mem.optimizer / 1048576.0, mem.buffers / 1048576.0,

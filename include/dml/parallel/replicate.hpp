@@ -23,7 +23,7 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
   static constexpr bool reduces_every_backward = false;  // only the last backward of a step reduces
   static constexpr bool sharded_gradients = false;
   static nn::network_options network_options(int ranks) {
-    return {.alignment = nn::param_layout::alignment * ranks, .own_params = true, .own_grads = true};
+    return {.alignment = nn::param_layout::alignment * ranks, .own_params = true, .own_grads = true, .layers = {}};
   }
 
   replicate_sync(Comm& comm, Net& net, const sync_options& o) : base(comm, net, o) {

@@ -29,7 +29,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
   static constexpr bool reduces_every_backward = Stage >= 2;
   static constexpr bool sharded_gradients = true;
   static nn::network_options network_options(int ranks) {
-    return {.alignment = nn::param_layout::alignment * ranks, .own_params = Stage < 3, .own_grads = Stage < 2};
+    return {.alignment = nn::param_layout::alignment * ranks, .own_params = Stage < 3, .own_grads = Stage < 2, .layers = {}};
   }
 
   zero_sync(Comm& comm, Net& net, const sync_options& o) : base(comm, net, o) {

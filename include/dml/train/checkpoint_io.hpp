@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dml/core/algorithm.hpp"
+#include "dml/nn/network.hpp"
 #include "dml/optim/loss_scaler.hpp"
 #include "dml/train/checkpoint.hpp"
 

@@ -164,8 +164,8 @@ class engine final : public engine_base<Space> {
  private:
   int pp_rank() const { return mesh_ ? mesh_->pp_rank() : 0; }
   nn::network_options with_chunks(nn::network_options o, const nn::sequential<Layers...>& model) {
-    const int v = (opt_.schedule.empty() ? made_(opt_.pipeline_stages, 1)
-                                         : schedule::make(opt_.schedule, opt_.pipeline_stages, 1)).virtual_stages;
+    const int k = opt_.pipeline_stages, m = static_cast<int>(std::max<std::int64_t>(opt_.micro_batches, 1));
+    const int v = (opt_.schedule.empty() ? made_(k, m) : schedule::make(opt_.schedule, k, m)).virtual_stages;
     chunks_ = parallel::stage_chunks<net_type>(model, {.stages = opt_.pipeline_stages, .virtual_stages = v,
                                                        .cuts = opt_.stage_cuts, .cost_rows = opt_.cost_rows}, pp_rank());
     o.layers = chunks_;
@@ -185,8 +185,13 @@ class engine final : public engine_base<Space> {
     if (opt_.pipeline_stages > 1)
       fail<invalid_argument>("dml::trainer: checkpoints of a pipeline-parallel trainer (", opt_.pipeline_stages,
                              " stages) are not supported yet; save full_parameters() instead");
-    checkpoint_info info{.optimizer = Optimizer::name, .state_slots = Optimizer::state_slots, .step = step_,
-                         .seed = opt_.seed, .world_size = dp_.size(), .sharding = Sharding::name};
+    checkpoint_info info;
+    info.optimizer = Optimizer::name;
+    info.state_slots = Optimizer::state_slots;
+    info.step = step_;
+    info.seed = opt_.seed;
+    info.world_size = dp_.size();
+    info.sharding = Sharding::name;
     for (const auto& s : net_.layout().slots) info.model.push_back({s.name, s.shape.vec()});
     return info;
   }
