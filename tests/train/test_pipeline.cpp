@@ -6,6 +6,7 @@
 #include <mutex>
 #include <string>
 
+#include "../temp_dir.hpp"
 #include "trainer_fixture.hpp"
 
 using namespace trainer_fixture;
@@ -42,6 +43,21 @@ peaks activation_peaks(int ranks, train::trainer_options opt) {
     out.bytes[static_cast<std::size_t>(c.rank())] = t.peak_activation_bytes();
   });
   return out;
+}
+
+// Steps [from, to) of the fixture's run on this rank's rows; rank 0's losses.
+template <class... P>
+std::vector<float> run_steps(trainer<P...>& t, comm::local& c, int stages, int from, int to) {
+  const auto& d = data();
+  train::sampler sampler(samples, global_batch, 11);
+  const int dp = c.size() / stages;
+  std::vector<float> xb, losses;
+  std::vector<std::int32_t> yb;
+  for (int s = from; s < to; ++s) {
+    const std::int64_t rows = sampler.gather(s, c.rank() % dp, dp, d.x.data(), features, d.y.data(), xb, yb);
+    losses.push_back(t.step(tensor_view<const float>(xb.data(), {rows, features}), yb.data(), global_batch).loss);
+  }
+  return losses;
 }
 
 }  // namespace
@@ -131,4 +147,50 @@ TEST_CASE("pipeline: bad layouts fail with what was expected") {
     o.stage_cuts = {1};
     CHECK_THROWS_AS(trainer<parallel::replicate>(c, make_deep_model(0.f), o), invalid_argument);
   });
+}
+
+// A checkpoint written by 2 stages × 2 data-parallel ranks loads into every other layout (one rank, more
+// or fewer stages, zero<1>), and training goes on with the losses of an uninterrupted run.
+TEST_CASE("pipeline: checkpoints load into any dp x pp layout") {
+  const auto ref = train_local<parallel::replicate>(1, options());
+  dml_test::temp_dir dir("dml-pipeline-ckpt");
+  constexpr int half = pipeline_steps / 2;
+  comm::local::run(4, [&](comm::local& c) {
+    auto o = options();
+    o.pipeline_stages = 2;
+    o.micro_batches = 2;
+    trainer<parallel::replicate> t(c, make_deep_model(0.2f), o);
+    run_steps(t, c, 2, 0, half);
+    t.save_checkpoint(dir.path);
+  });
+  struct layout {
+    int ranks, stages;
+    const char* schedule;
+  };
+  for (const auto [ranks, stages, sched] : {layout{1, 1, ""}, layout{2, 2, "gpipe"}, layout{4, 4, "1f1b"},
+                                            layout{4, 2, "interleaved:2"}, layout{2, 1, ""}}) {
+    CAPTURE(ranks);
+    CAPTURE(stages);
+    std::vector<float> losses;
+    std::mutex m;
+    comm::local::run(ranks, [&](comm::local& c) {
+      auto o = options();
+      o.pipeline_stages = stages;
+      o.micro_batches = 2;
+      o.schedule = sched;
+      trainer<parallel::zero<1>> t(c, make_deep_model(0.2f), o);
+      t.load_checkpoint(dir.path);
+      auto l = run_steps(t, c, stages, half, pipeline_steps);
+      if (c.rank() == 0) {
+        std::lock_guard lk(m);
+        losses = l;
+      }
+    });
+    REQUIRE(losses.size() == static_cast<std::size_t>(pipeline_steps - half));
+    double worst = 0;
+    for (int s = half; s < pipeline_steps; ++s)
+      worst = std::max(worst, std::abs(double(losses[s - half]) - ref.losses[s]) / ref.losses[s]);
+    MESSAGE("max_rel_loss_diff=" << worst);
+    CHECK(worst <= 1e-5);
+  }
 }

@@ -119,8 +119,8 @@ class data_parallel : public nn::layer_hooks {
       : comm_(comm), net_(net), log_(o.log ? o.log : &no_log_), ranks_(comm.size()), rank_(comm.rank()),
         seed_(o.seed) {
     if (!(o.bucket_mb > 0)) fail<invalid_argument>("dml::trainer: expected bucket_mb > 0, found ", o.bucket_mb);
-    const auto target = static_cast<std::int64_t>(o.bucket_mb * 1024.0 * 1024.0 / sizeof(float));
-    auto plan = make_buckets(net_.layout(), Net::depth, target, ranks_, o.chunks);
+    target_ = static_cast<std::int64_t>(o.bucket_mb * 1024.0 * 1024.0 / sizeof(float));
+    auto plan = make_buckets(net_.layout(), Net::depth, target_, ranks_, o.chunks);
     buckets_ = std::move(plan.buckets);
     layer_bucket_ = std::move(plan.layer_bucket);
     shard_ = net_.layout().total / ranks_;
@@ -134,6 +134,7 @@ class data_parallel : public nn::layer_hooks {
   data_parallel& operator=(const data_parallel&) = delete;
 
   std::span<const bucket> buckets() const { return buckets_; }
+  std::int64_t bucket_target() const { return target_; }  // floats per bucket at least
   std::vector<owned_piece> owned_pieces(int r) const { return parallel::owned_pieces(net_.layout(), buckets_, r); }
   // The index of this step's backward pass (per chunk): ZeRO-2/3 write the shard on the first and add later.
   void set_backward_index(std::int64_t i) { backward_index_ = i; }
@@ -227,7 +228,7 @@ class data_parallel : public nn::layer_hooks {
   std::uint64_t seed_;
   std::vector<bucket> buckets_;
   std::vector<int> layer_bucket_;
-  std::int64_t shard_ = 0, backward_index_ = 0;
+  std::int64_t shard_ = 0, backward_index_ = 0, target_ = 0;
   int current_ = -1;
   optim::state<Optimizer, Space> state_;
   std::vector<inflight> pending_;  // one per bucket (DDP, ZeRO-1)

@@ -12,6 +12,7 @@
 #include "dml/core/algorithm.hpp"
 #include "dml/nn/network.hpp"
 #include "dml/optim/loss_scaler.hpp"
+#include "dml/parallel/buckets.hpp"
 #include "dml/train/checkpoint.hpp"
 
 namespace dml::train::detail {
@@ -36,26 +37,31 @@ inline std::int64_t take_trainer_meta(checkpoint_info& info, optim::loss_scaler*
   return optimizer_step;
 }
 
-// Every rank writes the elements of its part of each bucket, params and state alike: 1/N of the
-// model under every sharding, each element once (replicate holds everything but writes its part only).
+// The (tensor, element range) pieces that data-parallel rank r of a stage writes: its part of every
+// bucket, parameters (k = −1) and each state slot, in the order save_sharded passes their data.
+template <int StateSlots>
+std::vector<checkpoint_range> checkpoint_pieces(const nn::param_layout& L, std::span<const parallel::bucket> buckets, int r) {
+  std::vector<checkpoint_range> out;
+  for (const auto& p : parallel::owned_pieces(L, buckets, r))
+    for (int k = -1; k < StateSlots; ++k) out.push_back({checkpoint_tensor_name(k, L.slots[p.slot].name), p.begin, p.end});
+  return out;
+}
+
+// Every rank writes the elements of its part of each bucket of its stage, params and state alike: 1/N
+// of the model under every sharding, each element once (replicate holds everything but writes its part
+// only). ranges: every rank of comm's pieces (checkpoint_pieces); dp_rank: this rank's within its stage.
 template <class Space, int StateSlots, class Comm, class Sync>
-void save_sharded(Comm& comm, Sync& sync, const nn::param_layout& L, const std::filesystem::path& dir,
-                  checkpoint_info info) {
-  const int ranks = comm.size(), rank = comm.rank();
-  std::vector<std::vector<checkpoint_range>> ranges(static_cast<std::size_t>(ranks));
+void save_sharded(Comm& comm, Sync& sync, int dp_rank, const std::filesystem::path& dir, checkpoint_info info,
+                  const std::vector<std::vector<checkpoint_range>>& ranges) {
   std::vector<const float*> data;
-  for (int r = 0; r < ranks; ++r)
-    for (const auto& p : sync.owned_pieces(r))
-      for (int k = -1; k < StateSlots; ++k) {
-        ranges[static_cast<std::size_t>(r)].push_back({checkpoint_tensor_name(k, L.slots[p.slot].name), p.begin, p.end});
-        if (r == rank) data.push_back(sync.held(k, p));
-      }
+  for (const auto& p : sync.owned_pieces(dp_rank))
+    for (int k = -1; k < StateSlots; ++k) data.push_back(sync.held(k, p));
   // The writer reads host memory: a device trainer stages its pieces first.
   std::vector<std::vector<float>> staged;
   if constexpr (!std::same_as<Space, host>) {
+    const auto& mine = ranges[static_cast<std::size_t>(comm.rank())];
     for (std::size_t i = 0; i < data.size(); ++i) {
-      const auto& q = ranges[static_cast<std::size_t>(rank)][i];
-      staged.emplace_back(static_cast<std::size_t>(q.end - q.begin));
+      staged.emplace_back(static_cast<std::size_t>(mine[i].end - mine[i].begin));
       dml::copy_n(data[i], staged.back().size(), staged.back().data());
       data[i] = staged.back().data();
     }
@@ -66,9 +72,9 @@ void save_sharded(Comm& comm, Sync& sync, const nn::param_layout& L, const std::
 // Reads what this layout holds: whole parameters or state where the sharding keeps them whole, else
 // the rank's pieces. Everything lands in scratch first, so a failed load leaves the sharding as it was.
 template <int StateSlots, class Comm, class Sync>
-checkpoint_info load_sharded(Comm& comm, Sync& sync, const nn::param_layout& L, const std::filesystem::path& dir,
-                             const checkpoint_info& want) {
-  const auto mine = sync.owned_pieces(comm.rank());
+checkpoint_info load_sharded(Comm& comm, Sync& sync, int dp_rank, const nn::param_layout& L,
+                             const std::filesystem::path& dir, const checkpoint_info& want) {
+  const auto mine = sync.owned_pieces(dp_rank);
   std::vector<checkpoint_range> need;
   std::vector<float*> dst;
   for (int k = -1; k < StateSlots; ++k) {

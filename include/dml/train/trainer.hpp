@@ -150,10 +150,19 @@ class engine final : public engine_base<Space> {
     auto info = description();
     info.user = user;
     put_trainer_meta(info, optimizer_step_, Precision::loss_scaling ? &scaler_ : nullptr);
-    save_sharded<Space, Optimizer::state_slots>(dp_, sync_, net_.layout(), dir, std::move(info));
+    // Every rank's pieces: each stage's layout and buckets, as that stage's ranks made them.
+    std::vector<std::vector<checkpoint_range>> ranges;
+    for (int p = 0; p < opt_.pipeline_stages; ++p) {
+      const auto chunks = parallel::stage_chunks<net_type>(net_.model(), pipeline_options(), p);
+      const auto layout = nn::make_layout(net_.model(), net_.layout().padding_unit, chunks);
+      const auto plan = parallel::make_buckets(layout, net_type::depth, sync_.bucket_target(), dp_.size(), chunks);
+      for (int d = 0; d < dp_.size(); ++d)
+        ranges.push_back(checkpoint_pieces<Optimizer::state_slots>(layout, plan.buckets, d));
+    }
+    save_sharded<Space, Optimizer::state_slots>(world_, sync_, dp_.rank(), dir, std::move(info), ranges);
   }
   std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) override {
-    auto info = load_sharded<Optimizer::state_slots>(dp_, sync_, net_.layout(), dir, description());
+    auto info = load_sharded<Optimizer::state_slots>(world_, sync_, dp_.rank(), net_.layout(), dir, description());
     step_ = info.step;
     opt_.seed = info.seed;  // dropout masks follow (seed, step)
     optimizer_step_ = take_trainer_meta(info, Precision::loss_scaling ? &scaler_ : nullptr);
@@ -165,11 +174,14 @@ class engine final : public engine_base<Space> {
   int pp_rank() const { return mesh_ ? mesh_->pp_rank() : 0; }
   nn::network_options with_chunks(nn::network_options o, const nn::sequential<Layers...>& model) {
     const int k = opt_.pipeline_stages, m = static_cast<int>(std::max<std::int64_t>(opt_.micro_batches, 1));
-    const int v = (opt_.schedule.empty() ? made_(k, m) : schedule::make(opt_.schedule, k, m)).virtual_stages;
-    chunks_ = parallel::stage_chunks<net_type>(model, {.stages = opt_.pipeline_stages, .virtual_stages = v,
-                                                       .cuts = opt_.stage_cuts, .cost_rows = opt_.cost_rows}, pp_rank());
+    virtual_stages_ = (opt_.schedule.empty() ? made_(k, m) : schedule::make(opt_.schedule, k, m)).virtual_stages;
+    chunks_ = parallel::stage_chunks<net_type>(model, pipeline_options(), pp_rank());
     o.layers = chunks_;
     return o;
+  }
+  parallel::pipeline_options pipeline_options() const {
+    return {.stages = opt_.pipeline_stages, .virtual_stages = virtual_stages_, .cuts = opt_.stage_cuts,
+            .cost_rows = opt_.cost_rows};
   }
   const schedule::table& schedule_of(std::int64_t micro_batches) {
     if (auto it = schedules_.find(micro_batches); it != schedules_.end()) return it->second;
@@ -181,18 +193,16 @@ class engine final : public engine_base<Space> {
                              "it; use replicate or zero<1> with a zero-bubble schedule");
     return schedules_.emplace(micro_batches, std::move(t)).first->second;
   }
+  // The whole model's names and shapes: any layout of it reads what any other wrote.
   checkpoint_info description() const {
-    if (opt_.pipeline_stages > 1)
-      fail<invalid_argument>("dml::trainer: checkpoints of a pipeline-parallel trainer (", opt_.pipeline_stages,
-                             " stages) are not supported yet; save full_parameters() instead");
     checkpoint_info info;
     info.optimizer = Optimizer::name;
     info.state_slots = Optimizer::state_slots;
     info.step = step_;
     info.seed = opt_.seed;
-    info.world_size = dp_.size();
+    info.world_size = world_.size();
     info.sharding = Sharding::name;
-    for (const auto& s : net_.layout().slots) info.model.push_back({s.name, s.shape.vec()});
+    for (const auto& s : full_layout_.slots) info.model.push_back({s.name, s.shape.vec()});
     return info;
   }
 
@@ -229,6 +239,7 @@ class engine final : public engine_base<Space> {
   Comm& dp_;                                  // the data-parallel group of this rank's stage
   std::map<std::int64_t, schedule::table> schedules_;
   parallel::event_log log_;
+  int virtual_stages_ = 1;
   std::vector<nn::layer_range> chunks_;  // filled while net_ is made: the layers this rank runs
   net_type net_;
   nn::param_layout full_layout_;
