@@ -246,6 +246,16 @@ struct zero_bubble {
 // ---------------------------------------------------------------------------------------------
 // The concept, in named parts so a failure names what is missing.
 
+// What a trainer runs when no schedule is given: single on one stage, 1F1B on a pipeline.
+struct automatic {
+  using policy_family = schedule_family;
+  static constexpr const char* name = "auto";
+  static constexpr int virtual_stages = 1;
+  static table make(int stages, int micro_batches) {
+    return stages == 1 ? single::make(1, micro_batches) : one_f_one_b::make(stages, micro_batches);
+  }
+};
+
 template <class S>
 concept in_schedule_family = requires { typename S::policy_family; } &&
                              std::same_as<typename S::policy_family, schedule_family>;

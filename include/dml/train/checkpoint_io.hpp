@@ -13,9 +13,26 @@
 #include "dml/nn/network.hpp"
 #include "dml/optim/loss_scaler.hpp"
 #include "dml/parallel/buckets.hpp"
+#include "dml/parallel/pipeline.hpp"
 #include "dml/train/checkpoint.hpp"
 
 namespace dml::train::detail {
+
+// What a checkpoint says about its run: the whole model's names and shapes (so any layout of the model
+// reads what any other wrote), the optimizer, step and seed, and (informative) the world and sharding.
+template <class Optimizer>
+checkpoint_info describe_checkpoint(const nn::param_layout& whole, std::int64_t step, std::uint64_t seed, int world,
+                                    const char* sharding) {
+  checkpoint_info info;
+  info.optimizer = Optimizer::name;
+  info.state_slots = Optimizer::state_slots;
+  info.step = step;
+  info.seed = seed;
+  info.world_size = world;
+  info.sharding = sharding;
+  for (const auto& s : whole.slots) info.model.push_back({s.name, s.shape.vec()});
+  return info;
+}
 
 // The optimizer's own step count and the loss scale (fp16) ride along under reserved keys.
 inline void put_trainer_meta(checkpoint_info& info, std::int64_t optimizer_step, const optim::loss_scaler* scaler) {
@@ -44,6 +61,21 @@ std::vector<checkpoint_range> checkpoint_pieces(const nn::param_layout& L, std::
   std::vector<checkpoint_range> out;
   for (const auto& p : parallel::owned_pieces(L, buckets, r))
     for (int k = -1; k < StateSlots; ++k) out.push_back({checkpoint_tensor_name(k, L.slots[p.slot].name), p.begin, p.end});
+  return out;
+}
+
+// Every rank's pieces of a dp × pp run, in world-rank order (dp rank fastest): each stage's layout and
+// buckets, made as that stage's ranks made them.
+template <int StateSlots, class Net>
+std::vector<std::vector<checkpoint_range>> every_rank_pieces(const Net& net, const parallel::pipeline_options& o,
+                                                             int dp, std::int64_t bucket_target) {
+  std::vector<std::vector<checkpoint_range>> out;
+  for (int p = 0; p < o.stages; ++p) {
+    const auto chunks = parallel::stage_chunks<Net>(net.model(), o, p);
+    const auto layout = nn::make_layout(net.model(), net.layout().padding_unit, chunks);
+    const auto plan = parallel::make_buckets(layout, Net::depth, bucket_target, dp, chunks);
+    for (int d = 0; d < dp; ++d) out.push_back(checkpoint_pieces<StateSlots>(layout, plan.buckets, d));
+  }
   return out;
 }
 

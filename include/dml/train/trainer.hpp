@@ -10,13 +10,11 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "dml/optim/adam.hpp"
-#include "dml/optim/loss_scaler.hpp"
 #include "dml/parallel/mesh.hpp"
 #include "dml/parallel/pipeline.hpp"
 #include "dml/parallel/policy.hpp"
@@ -150,15 +148,7 @@ class engine final : public engine_base<Space> {
     auto info = description();
     info.user = user;
     put_trainer_meta(info, optimizer_step_, Precision::loss_scaling ? &scaler_ : nullptr);
-    // Every rank's pieces: each stage's layout and buckets, as that stage's ranks made them.
-    std::vector<std::vector<checkpoint_range>> ranges;
-    for (int p = 0; p < opt_.pipeline_stages; ++p) {
-      const auto chunks = parallel::stage_chunks<net_type>(net_.model(), pipeline_options(), p);
-      const auto layout = nn::make_layout(net_.model(), net_.layout().padding_unit, chunks);
-      const auto plan = parallel::make_buckets(layout, net_type::depth, sync_.bucket_target(), dp_.size(), chunks);
-      for (int d = 0; d < dp_.size(); ++d)
-        ranges.push_back(checkpoint_pieces<Optimizer::state_slots>(layout, plan.buckets, d));
-    }
+    const auto ranges = every_rank_pieces<Optimizer::state_slots>(net_, pipeline_options(), dp_.size(), sync_.bucket_target());
     save_sharded<Space, Optimizer::state_slots>(world_, sync_, dp_.rank(), dir, std::move(info), ranges);
   }
   std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) override {
@@ -173,8 +163,7 @@ class engine final : public engine_base<Space> {
  private:
   int pp_rank() const { return mesh_ ? mesh_->pp_rank() : 0; }
   nn::network_options with_chunks(nn::network_options o, const nn::sequential<Layers...>& model) {
-    const int k = opt_.pipeline_stages, m = static_cast<int>(std::max<std::int64_t>(opt_.micro_batches, 1));
-    virtual_stages_ = (opt_.schedule.empty() ? made_(k, m) : schedule::make(opt_.schedule, k, m)).virtual_stages;
+    virtual_stages_ = make_table(std::max<std::int64_t>(opt_.micro_batches, 1)).virtual_stages;
     chunks_ = parallel::stage_chunks<net_type>(model, pipeline_options(), pp_rank());
     o.layers = chunks_;
     return o;
@@ -183,27 +172,21 @@ class engine final : public engine_base<Space> {
     return {.stages = opt_.pipeline_stages, .virtual_stages = virtual_stages_, .cuts = opt_.stage_cuts,
             .cost_rows = opt_.cost_rows};
   }
+  schedule::table make_table(std::int64_t m) const {
+    const int k = opt_.pipeline_stages;
+    return opt_.schedule.empty() ? made_(k, static_cast<int>(m)) : schedule::make(opt_.schedule, k, static_cast<int>(m));
+  }
   const schedule::table& schedule_of(std::int64_t micro_batches) {
     if (auto it = schedules_.find(micro_batches); it != schedules_.end()) return it->second;
-    const int k = opt_.pipeline_stages, m = static_cast<int>(micro_batches);
-    auto t = schedule::checked(opt_.schedule.empty() ? made_(k, m) : schedule::make(opt_.schedule, k, m), k, m,
+    auto t = schedule::checked(make_table(micro_batches), opt_.pipeline_stages, static_cast<int>(micro_batches),
                                static_cast<int>(chunks_.size()));
     if (sync_type::reduces_every_backward && schedule::splits_backward(t))
       fail<invalid_argument>("dml::trainer: ", Sharding::name, " reduces gradients during backward and cannot split "
                              "it; use replicate or zero<1> with a zero-bubble schedule");
     return schedules_.emplace(micro_batches, std::move(t)).first->second;
   }
-  // The whole model's names and shapes: any layout of it reads what any other wrote.
   checkpoint_info description() const {
-    checkpoint_info info;
-    info.optimizer = Optimizer::name;
-    info.state_slots = Optimizer::state_slots;
-    info.step = step_;
-    info.seed = opt_.seed;
-    info.world_size = world_.size();
-    info.sharding = Sharding::name;
-    for (const auto& s : full_layout_.slots) info.model.push_back({s.name, s.shape.vec()});
-    return info;
+    return describe_checkpoint<Optimizer>(full_layout_, step_, opt_.seed, world_.size(), Sharding::name);
   }
 
   // ---- the step's tail: loss over every rank, clipping, loss scaling, the update
@@ -253,7 +236,7 @@ class engine final : public engine_base<Space> {
 }  // namespace train
 
 // trainer<Policies...>: policies in any order, at most one per family. Defaults: replicate, AdamW,
-// fp32, host; no schedule given means schedule::single on one stage and 1F1B on a pipeline.
+// fp32, host, and schedule::automatic (single on one stage, 1F1B on a pipeline).
 template <class... Policies>
 class trainer {
   static_assert(check_policies<Policies...>);
@@ -262,15 +245,12 @@ class trainer {
   using sharding_policy = find_policy_t<sharding_family, parallel::replicate, Policies...>;
   using optimizer_policy = find_policy_t<optimizer_family, optim::adamw, Policies...>;
   using precision_policy = find_policy_t<precision_family, dml::precision::fp32, Policies...>;
-  using schedule_policy = find_policy_t<schedule_family, void, Policies...>;
+  using schedule_policy = find_policy_t<schedule_family, schedule::automatic, Policies...>;
   using space = find_policy_t<space_family, host, Policies...>;
   static_assert(parallel::diagnose_sharding<sharding_policy>());
   static_assert(optim::diagnose_optimizer<optimizer_policy>());
   static_assert(diagnose_precision<precision_policy>());
-  static_assert([] {
-    if constexpr (std::is_void_v<schedule_policy>) return true;
-    else return schedule::diagnose_schedule<schedule_policy>();
-  }());
+  static_assert(schedule::diagnose_schedule<schedule_policy>());
   static_assert(std::same_as<typename precision_policy::type, float> || optim::writes_working_copy_v<optimizer_policy>,
                 "dml::trainer: bf16 and fp16 need an optimizer that writes the working copy "
                 "(`static constexpr bool writes_working_copy = true`: sgd, adam, adamw)");
@@ -278,11 +258,7 @@ class trainer {
   template <comm::communicator C, class... L>
   trainer(C& comm, const nn::sequential<L...>& model, train::trainer_options options = {}, optimizer_policy opt = {})
       : engine_(std::make_unique<train::detail::engine<space, C, sharding_policy, optimizer_policy, precision_policy, L...>>(
-            comm, model, std::move(options), opt, [](int stages, int micro) {
-              if constexpr (!std::is_void_v<schedule_policy>) return schedule_policy::make(stages, micro);
-              else if (stages == 1) return schedule::single::make(1, micro);
-              else return schedule::one_f_one_b::make(stages, micro);
-            })) {}
+            comm, model, std::move(options), opt, &schedule_policy::make)) {}
 
   // One optimizer step. x and y are this rank's rows of the global batch (the trainer's loss divides by
   // global_batch, so ranks may hold different row counts; pipeline stages of one data-parallel rank
@@ -307,18 +283,14 @@ class trainer {
   std::int64_t peak_activation_bytes() const { return engine_->activation_peaks().first; }
   std::int64_t peak_in_flight() const { return engine_->activation_peaks().second; }
 
-  // Sharded checkpoint of parameters, optimizer state, step and seed (which drive the learning rate
-  // and dropout), with the caller's own position in `user_meta` (epoch, batch, ...). Collective.
-  // Writes dir/step-<step>/ and then points dir/latest at it; see train/checkpoint.hpp.
+  // Sharded checkpoint of parameters, optimizer state, step and seed, with the caller's position in
+  // `user_meta`: writes dir/step-<step>/, then points dir/latest at it (train/checkpoint.hpp). Collective.
   void save_checkpoint(const std::filesystem::path& dir, const std::map<std::string, std::string>& user_meta = {}) {
     engine_->save_checkpoint(dir, user_meta);
   }
-  // Loads the checkpoint dir/latest names, whatever group size and sharding wrote it, and returns
-  // its user_meta. Collective; a bad checkpoint throws the same dml::error on every rank and
-  // leaves this trainer unchanged.
-  std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) {
-    return engine_->load_checkpoint(dir);
-  }
+  // Loads dir/latest, whatever layout (dp × pp, sharding) wrote it, and returns its user_meta. Collective; a
+  // bad checkpoint throws the same dml::error on every rank and leaves this trainer unchanged.
+  std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) { return engine_->load_checkpoint(dir); }
 
  private:
   std::unique_ptr<train::detail::engine_base<space>> engine_;
