@@ -145,7 +145,12 @@ TEST_CASE("pipeline: bad layouts fail with what was expected") {
     o.stage_cuts = {2};  // layer 1 is a relu fused into layer 0; 2 is fine, 1 is not
     CHECK_NOTHROW(trainer<parallel::replicate>(c, make_deep_model(0.f), o));
     o.stage_cuts = {1};
-    CHECK_THROWS_AS(trainer<parallel::replicate>(c, make_deep_model(0.f), o), invalid_argument);
+    CHECK_THROWS_WITH_AS(trainer<parallel::replicate>(c, make_deep_model(0.f), o),
+                         doctest::Contains("the cut before layer 1 separates a relu from the linear"), invalid_argument);
+    o.stage_cuts = {2};
+    o.schedule = "interleaved:2";  // 4 virtual stages need 3 cuts
+    CHECK_THROWS_WITH_AS(trainer<parallel::replicate>(c, make_deep_model(0.f), o),
+                         doctest::Contains("expected 3 stage cuts for 4 (virtual) stages, found 1"), invalid_argument);
   });
 }
 

@@ -44,7 +44,7 @@ std::vector<nn::layer_range> stage_chunks(const typename Net::model_type& model,
     if (o.cuts.size() + 1 != n)
       fail<invalid_argument>("dml::parallel::pipeline: expected ", n - 1, " stage cuts for ", n,
                              " (virtual) stages, found ", o.cuts.size());
-    first = check_cuts(o.cuts, depth, cuttable, "a relu fused into the linear before it cannot start a stage");
+    first = check_cuts(o.cuts, depth, cuttable, "separates a relu from the linear it is fused into; cut one layer later");
   } else {
     std::vector<double> cost(depth, 0.0);
     for (const auto& [layer, spec] : model.parameters()) cost[layer] += static_cast<double>(spec.shape.numel());
