@@ -123,14 +123,8 @@ inline options parse(int argc, char** argv) {
     else if (a == "--dp") o.dp = parse_number<int>(a, value());
     else if (a == "--microbatches") o.microbatches = parse_number<std::int64_t>(a, value());
     else if (a == "--schedule") o.schedule = value();
-    else if (a == "--cuts") {
-      const std::string v = value();
-      for (std::size_t pos = 0; pos < v.size();) {
-        const std::size_t comma = std::min(v.find(',', pos), v.size());
-        o.cuts.push_back(parse_number<std::size_t>(a, v.substr(pos, comma - pos)));
-        pos = comma + 1;
-      }
-    } else if (a == "--recompute") o.recompute = true;
+    else if (a == "--cuts") o.cuts = dml::parallel::parse_cuts(value());
+    else if (a == "--recompute") o.recompute = true;
     else if (a == "--print-schedule") o.print_schedule = true;
     else if (a == "--checkpoint") o.checkpoint = value();
     else if (a == "--resume") o.resume = value();
