@@ -4,12 +4,14 @@
 #pragma once
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "dml/core/tensor.hpp"
+#include "dml/nn/tensor_group.hpp"
 
 namespace dml::nn {
 
@@ -19,11 +21,36 @@ inline constexpr std::int64_t dynamic = -1;
 // How a parameter starts; the numbers follow PyTorch's defaults for each layer type.
 enum class init_kind : std::uint8_t { zeros, ones, uniform, normal };
 
+// Where a tensor-parallel rank's part of a parameter sits in the whole one. The whole, seen as a matrix
+// [rows, cols] (cols: the product of every dimension after the first), is cut along `axis` (0: rows, 1:
+// cols) into `blocks` equal blocks (3 for fused q, k, v), and each block into `ranks` equal parts; this
+// rank holds part `rank` of every block, in block order. A parameter with ranks == 1 is whole on
+// every rank of the group.
+struct param_shard {
+  std::int64_t rows = 0, cols = 0;  // of the whole parameter
+  int axis = 0, blocks = 1, rank = 0, ranks = 1;
+  bool sharded() const { return ranks > 1; }
+  // The element of the whole parameter that local element i is.
+  DML_HOST_DEVICE std::int64_t whole_index(std::int64_t i) const {
+    if (ranks == 1) return i;
+    if (axis == 0) {
+      const std::int64_t part = rows / blocks / ranks, r = i / cols;
+      return ((r / part) * (rows / blocks) + rank * part + r % part) * cols + i % cols;
+    }
+    const std::int64_t part = cols / blocks / ranks, local = cols / ranks, c = i % local;
+    return (i / local) * cols + (c / part) * (cols / blocks) + rank * part + c % part;
+  }
+};
+
 struct param_spec {
   std::string name;  // PyTorch's name within the layer: "weight", "bias"
-  dml::shape shape;
+  dml::shape shape;  // of this rank's part under tensor parallelism
   init_kind init = init_kind::zeros;
   float a = 0.f, b = 0.f;  // uniform(a, b) or normal(mean a, std b)
+  param_shard shard{};
+  // The gradient is this rank's part of a sum over the tensor group (a parameter that sees a slice of
+  // the sequence under sequence parallelism): the network sums it over the group once it is complete.
+  bool partial_over_tensor_group = false;
 };
 
 // What every layer call sees besides its tensors.
@@ -41,6 +68,14 @@ struct context {
   bool weight_grads = true;
   const void* ones = nullptr;    // at least rows() ones of the working type in the layer's space (bias gradients)
   float* workspace = nullptr;    // scratch of the size the layer's workspace_size(x) asked for
+  // What forward leaves for backward beyond x and y, kept per activation set: saved_bytes(x) bytes,
+  // 64-byte aligned, for layers that declare saved_bytes.
+  std::byte* saved = nullptr;
+  // The tensor-parallel group (null or size 1: no tensor parallelism).
+  tensor_group* tp = nullptr;
+  // This backward completes the gradients of the step (the last micro-batch, or each one where they are
+  // reduced every backward): partial sums over the tensor group are summed now.
+  bool gradients_complete = true;
 };
 
 // A layer's parameters and their gradients: pointers into the flat buffers, in spec order, of the
@@ -86,6 +121,17 @@ concept has_workspace = requires(const L& l, dml::shape s) {
 template <class L>
 std::int64_t workspace_size(const L& l, const dml::shape& x) {
   if constexpr (has_workspace<L>) return l.workspace_size(x);
+  else return 0;
+}
+
+template <class L>
+concept has_saved = requires(const L& l, dml::shape s) {
+  { l.saved_bytes(s, std::size_t{4}) } -> std::convertible_to<std::int64_t>;
+};
+// Bytes a layer keeps from forward for backward, for input shape x and working type of value_bytes.
+template <class L>
+std::int64_t saved_bytes(const L& l, const dml::shape& x, std::size_t value_bytes) {
+  if constexpr (has_saved<L>) return l.saved_bytes(x, value_bytes);
   else return 0;
 }
 

@@ -8,6 +8,7 @@
 
 #include "dml/core/algorithm.hpp"
 #include "dml/core/tensor.hpp"
+#include "dml/nn/tensor_group.hpp"
 
 namespace dml::nn {
 
@@ -56,6 +57,58 @@ struct argmax_hit {
     return best == labels[r] ? 1 : 0;
   }
 };
+// Vocabulary-parallel cross-entropy (Megatron's): each rank of the tensor group holds columns
+// [offset, offset + n) of every row's logits. Three passes around two all-reduces, so the full
+// logits are never gathered: the row maxima (max), then Σexp and the label's logit (sum).
+template <class T>
+struct row_max {
+  const T* x;
+  float* mx;
+  std::int64_t n;
+  DML_HOST_DEVICE void operator()(std::int64_t r) const {
+    const T* xr = x + r * n;
+    float m = static_cast<float>(xr[0]);
+    for (std::int64_t j = 1; j < n; ++j) m = static_cast<float>(xr[j]) > m ? static_cast<float>(xr[j]) : m;
+    mx[r] = m;
+  }
+};
+template <class T>
+struct row_sum_exp_and_label {
+  const T* x;
+  const std::int32_t* labels;
+  const float* mx;
+  float* sums;    // [rows]: Σ exp(x − max) over this rank's columns
+  float* picked;  // [rows]: x[label] − max where this rank holds the label, else 0
+  std::int64_t n, offset;
+  DML_HOST_DEVICE void operator()(std::int64_t r) const {
+    const T* xr = x + r * n;
+    float s = 0.f;
+    for (std::int64_t j = 0; j < n; ++j) s += expf(static_cast<float>(xr[j]) - mx[r]);
+    sums[r] = s;
+    const std::int64_t local = labels[r] - offset;
+    picked[r] = local >= 0 && local < n ? static_cast<float>(xr[local]) - mx[r] : 0.f;
+  }
+};
+template <class T>
+struct parallel_xent_row {
+  const T* x;
+  const std::int32_t* labels;
+  const float *mx, *sums, *picked;
+  T* dx;
+  float* row_loss;
+  std::int64_t n, offset;
+  float scale;
+  DML_HOST_DEVICE void operator()(std::int64_t r) const {
+    row_loss[r] = logf(sums[r]) - picked[r];
+    if (!dx) return;
+    const T* xr = x + r * n;
+    T* dr = dx + r * n;
+    const float inv = 1.f / sums[r];
+    const std::int64_t local = labels[r] - offset;
+    for (std::int64_t j = 0; j < n; ++j)
+      dr[j] = T((expf(static_cast<float>(xr[j]) - mx[r]) * inv - (j == local ? 1.f : 0.f)) * scale);
+  }
+};
 struct read_float {
   const float* x;
   DML_HOST_DEVICE double operator()(std::int64_t i) const { return x[i]; }
@@ -101,7 +154,40 @@ struct softmax_cross_entropy {
     const double total = transform_reduce_index<S>(rows, kernels::read_float{row_loss}, 0.0);
     return static_cast<float>(total / static_cast<double>(denom));
   }
+
+  // The same where the tensor group's rank r holds vocabulary columns [r·n, (r+1)·n) of every row
+  // (a vocabulary-parallel head): labels are whole-vocabulary ids, the loss is the whole softmax's,
+  // and dlogits is this rank's columns of the whole gradient. scratch: cross_entropy_scratch(rows, tp)
+  // floats. Collective over tp; without one (or of size 1) it is the call above.
+  template <execution_space S, class T>
+  float forward_backward(tensor_view<const T, S> logits, const std::int32_t* labels, tensor_view<T, S> dlogits,
+                         float* scratch, std::int64_t scale_rows, float loss_scale, tensor_group* tp) const {
+    if (!tp || tp->size() == 1)
+      return forward_backward<S, T>(logits, labels, dlogits, scratch, scale_rows, loss_scale);
+    const std::int64_t rows = logits.rows(), n = logits.cols(), offset = n * tp->rank();
+    if constexpr (std::same_as<S, host>)
+      for (std::int64_t r = 0; r < rows; ++r)
+        if (labels[r] < 0 || labels[r] >= n * tp->size())
+          fail<invalid_argument>("dml::nn::softmax_cross_entropy: expected labels in [0, ", n * tp->size(), "), found ",
+                                 labels[r], " in row ", r);
+    float *mx = scratch, *sums = scratch + rows, *picked = scratch + 2 * rows, *row_loss = scratch + 3 * rows;
+    for_each_index<S>(rows, kernels::row_max<T>{logits.data, mx, n});
+    tp->all_reduce_max(mx, rows);
+    for_each_index<S>(rows, kernels::row_sum_exp_and_label<T>{logits.data, labels, mx, sums, picked, n, offset});
+    tp->all_reduce(typed_ptr(sums), 2 * rows);  // sums and picked are adjacent: one call
+    const std::int64_t denom = scale_rows > 0 ? scale_rows : rows;
+    const float scale = loss_scale / static_cast<float>(denom);
+    for_each_index<S>(rows, kernels::parallel_xent_row<T>{logits.data, labels, mx, sums, picked, dlogits.data, row_loss,
+                                                          n, offset, scale});
+    const double total = transform_reduce_index<S>(rows, kernels::read_float{row_loss}, 0.0);
+    return static_cast<float>(total / static_cast<double>(denom));
+  }
 };
+
+// Floats of scratch softmax_cross_entropy needs for `rows` rows (row_loss), vocabulary-parallel or not.
+inline std::int64_t cross_entropy_scratch(std::int64_t rows, const tensor_group* tp) {
+  return tp && tp->size() > 1 ? 4 * rows : rows;
+}
 
 // Rows whose largest logit is at the label.
 template <execution_space S, class T>

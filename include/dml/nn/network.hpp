@@ -69,7 +69,8 @@ param_layout make_layout(const sequential<Layers...>& model, std::int64_t alignm
     return held.empty() || std::ranges::any_of(held, [&](const layer_range& r) { return r.contains(l); });
   };
   param_layout out;
-  out.first_slot.assign(sizeof...(Layers) + 1, 0);
+  const std::size_t depth = model.depth();
+  out.first_slot.assign(depth + 1, 0);
   std::int64_t offset = 0;
   std::size_t id = 0;
   for (auto& [layer, spec] : model.parameters()) {
@@ -84,7 +85,7 @@ param_layout make_layout(const sequential<Layers...>& model, std::int64_t alignm
   }
   out.total = offset;
   out.padding_unit = alignment;
-  for (std::size_t l = 0, s = 0; l <= sizeof...(Layers); ++l) {
+  for (std::size_t l = 0, s = 0; l <= depth; ++l) {
     while (s < out.slots.size() && out.slots[s].layer < l) ++s;
     out.first_slot[l] = s;
   }
@@ -98,6 +99,7 @@ struct init_param {
   init_kind kind;
   float a, b;
   T* w;
+  param_shard shard;  // element i of a tensor-parallel part draws the whole parameter's element
   DML_HOST_DEVICE static float value(const rng_stream& rng, init_kind kind, float a, float b, std::uint64_t k) {
     switch (kind) {
       case init_kind::ones: return 1.f;
@@ -107,7 +109,9 @@ struct init_param {
     }
     return 0.f;
   }
-  DML_HOST_DEVICE void operator()(std::int64_t i) const { w[i] = T(value(rng, kind, a, b, static_cast<std::uint64_t>(i))); }
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    w[i] = T(value(rng, kind, a, b, static_cast<std::uint64_t>(shard.whole_index(i))));
+  }
 };
 // Elements [first, first + n) of a parameter, written to out[0, n).
 struct init_param_range {
@@ -116,8 +120,9 @@ struct init_param_range {
   float a, b;
   float* out;
   std::int64_t first;
+  param_shard shard;
   DML_HOST_DEVICE void operator()(std::int64_t i) const {
-    out[i] = init_param<>::value(rng, kind, a, b, static_cast<std::uint64_t>(first + i));
+    out[i] = init_param<>::value(rng, kind, a, b, static_cast<std::uint64_t>(shard.whole_index(first + i)));
   }
 };
 }  // namespace kernels
@@ -152,6 +157,7 @@ template <class T, execution_space Space>
 struct activations {
   std::vector<tensor<T, Space>> out;                // per layer of the model; sized only in the range
   std::vector<tensor<T, Space>> dy;                 // split backward: output gradients kept for `weight`
+  std::vector<buffer<float, Space>> saved;          // per layer: what it keeps for backward (saved_bytes)
   tensor<T, Space> input;                           // the range's input in the working type
   tensor_view<const float, Space> input_float{};    // the caller's input, for a range that starts at layer 0
   dml::shape input_shape{};
@@ -159,12 +165,15 @@ struct activations {
     std::int64_t b = input.numel();
     for (const auto& t : out) b += t.numel();
     for (const auto& t : dy) b += t.numel();
-    return b * static_cast<std::int64_t>(sizeof(T));
+    b *= static_cast<std::int64_t>(sizeof(T));
+    for (const auto& t : saved) b += static_cast<std::int64_t>(t.size() * sizeof(float));
+    return b;
   }
   // Drops the layer outputs and kept gradients, keeping the input (activation recomputation).
   void release_outputs() {
     for (auto& t : out) t = {};
     for (auto& t : dy) t = {};
+    for (auto& t : saved) t = {};
   }
 };
 
@@ -180,12 +189,15 @@ class basic_network {
   using space = Space;
   using value_type = T;
   using activation_set = activations<T, Space>;
-  static constexpr std::size_t depth = sizeof...(Layers);
+  static constexpr std::size_t elements = sizeof...(Layers);
 
   explicit basic_network(model_type model, std::uint64_t seed = 0, network_options opt = {})
-      : model_(std::move(model)), layout_(make_layout(model_, opt.alignment, opt.layers)),
+      : model_(std::move(model)), depth_(model_.depth()), absorbed_(absorbed_layers(model_)),
+        layout_(make_layout(model_, opt.alignment, opt.layers)),
         params_(opt.own_params ? layout_.total : 0), grads_(opt.own_grads ? layout_.total : 0),
         w_ptrs_(layout_.slots.size()), g_ptrs_(layout_.slots.size()) {
+    std::size_t index = 0, e = 0;
+    std::apply([&](const auto&... el) { ((first_[e++] = index, index += element_size(el)), ...); }, model_.layers);
     for (std::size_t i = 0; i < layout_.slots.size(); ++i) {
       w_ptrs_[i] = opt.own_params ? params_.data() + layout_.slots[i].offset : nullptr;
       g_ptrs_[i] = opt.own_grads ? grads_.data() + layout_.slots[i].offset : nullptr;
@@ -196,14 +208,27 @@ class basic_network {
   basic_network(const basic_network&) = delete;
   basic_network& operator=(const basic_network&) = delete;
 
-  // Parameter i of the model starts from (seed, i) alone: every rank, thread count and pipeline cut
-  // gets the same values.
+  // Layers, counting each member of a stack: layer ranges, hooks and slots use these flat indices.
+  std::size_t depth() const { return depth_; }
+  // absorbed[l]: layer l is a relu that the linear before it applies; no range may start there.
+  bool absorbed(std::size_t l) const { return absorbed_[l]; }
+  static std::vector<bool> absorbed_layers(const model_type& model) {
+    std::vector<bool> out(model.depth(), false);
+    std::size_t index = 0;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((out[index] = I > 0 && fuses_relu<(I > 0 ? I - 1 : 0)>(), index += element_size(std::get<I>(model.layers))), ...);
+    }(std::make_index_sequence<elements>{});
+    return out;
+  }
+
+  // Parameter i of the model starts from (seed, i) alone: every rank, thread count, pipeline cut and
+  // tensor-parallel part gets the values one rank's model has.
   void init(std::uint64_t seed) {
     fill_n<Space>(params_.data(), layout_.total, T(0.f));
     for (std::size_t i = 0; i < layout_.slots.size(); ++i) {
       const auto& s = layout_.slots[i];
-      for_each_index<Space>(s.shape.numel(),
-                            kernels::init_param<T>{rng_stream{seed, s.id}, s.spec.init, s.spec.a, s.spec.b, w_ptrs_[i]});
+      for_each_index<Space>(s.shape.numel(), kernels::init_param<T>{rng_stream{seed, s.id}, s.spec.init, s.spec.a,
+                                                                    s.spec.b, w_ptrs_[i], s.spec.shard});
     }
   }
   void zero_grad() { fill_n<Space>(grads_.data(), layout_.total, T(0.f)); }
@@ -225,21 +250,21 @@ class basic_network {
   void init_range(std::uint64_t seed, std::size_t s, std::int64_t begin, std::int64_t end, float* out) const {
     const auto& slot = layout_.slots[s];
     for_each_index<Space>(end - begin, kernels::init_param_range{rng_stream{seed, slot.id}, slot.spec.init,
-                                                                 slot.spec.a, slot.spec.b, out, begin});
+                                                                 slot.spec.a, slot.spec.b, out, begin, slot.spec.shard});
   }
 
   // Runs every layer; the returned view stays valid until the next forward.
   tensor_view<const T, Space> forward(tensor_view<const float, Space> x, context c = {},
                                       layer_hooks* hooks = nullptr) {
     set_input(own_, x);
-    return forward_range({0, depth}, own_, c, hooks);
+    return forward_range({0, depth_}, own_, c, hooks);
   }
 
   // Backward from ∂loss/∂output; writes (or with c.accumulate adds) parameter gradients.
   // With want_input_grad the gradient with respect to the input is returned, else an empty view.
   tensor_view<const T, Space> backward(tensor_view<const T, Space> dy, context c = {},
                                        bool want_input_grad = false, layer_hooks* hooks = nullptr) {
-    return backward_range({0, depth}, own_, dy, c, backward_part::full, want_input_grad, hooks);
+    return backward_range({0, depth_}, own_, dy, c, backward_part::full, want_input_grad, hooks);
   }
 
   // The input of a range that starts at layer 0: the caller's float rows, read in place (they must
@@ -258,28 +283,19 @@ class basic_network {
   std::vector<dml::shape> shapes(const dml::shape& x, std::size_t first = 0) const {
     std::vector<dml::shape> out;
     dml::shape s = x;
-    std::apply(
-        [&](const auto&... l) {
-          std::size_t index = 0;
-          (
-              [&] {
-                if (index < first) {
-                  ++index;
-                  out.emplace_back();
-                  return;
-                }
-                try {
-                  s = l.output_shape(s);
-                } catch (const shape_error& e) {
-                  fail<shape_error>("dml::nn::network: layer ", index, " (", l.kind,
-                                    ") does not accept the output of the layer before it: ", e.what());
-                }
-                ++index;
-                out.push_back(s);
-              }(),
-              ...);
-        },
-        model_.layers);
+    model_.for_each_layer([&](std::size_t index, const auto& l) {
+      if (index < first) {
+        out.emplace_back();
+        return;
+      }
+      try {
+        s = l.output_shape(s);
+      } catch (const shape_error& e) {
+        fail<shape_error>("dml::nn::network: layer ", index, " (", l.kind,
+                          ") does not accept the output of the layer before it: ", e.what());
+      }
+      out.push_back(s);
+    });
     return out;
   }
 
@@ -292,7 +308,9 @@ class basic_network {
     prepare(a, r);
     hooks_ = hooks;
     active_ = &a;
-    run_forward(c, r, std::make_index_sequence<depth>{});
+    if (c.tp) c.tp->set_pass(pass::forward);
+    c.workspace = workspace_.data();
+    run_forward(c, r, std::make_index_sequence<elements>{});
     return output_of(a, r.end - 1);
   }
 
@@ -309,20 +327,26 @@ class basic_network {
     if (part != backward_part::weight && !(dy.shape == output_of(a, r.end - 1).shape))
       fail<shape_error>("dml::nn::network::backward: expected a gradient of shape ", output_of(a, r.end - 1).shape,
                         " (the last forward's output), found ", dy.shape);
+    if (c.tp) c.tp->set_pass(pass::backward);
     c.ones = ones_.data();
     c.workspace = workspace_.data();
     current_dy_ = dy;
     want_input_grad_ = want_input_grad && part != backward_part::weight;
     part_ = part;
-    if (part == backward_part::input) a.dy.resize(depth);
-    run_backward(c, r, std::make_index_sequence<depth>{});
+    if (part == backward_part::input) a.dy.resize(depth_);
+    run_backward(c, r, std::make_index_sequence<elements>{});
     return want_input_grad_ ? current_dy_ : tensor_view<const T, Space>{};
   }
 
  private:
+  template <class E>
+  static std::size_t element_size(const E& e) {
+    if constexpr (is_stack_v<E>) return e.layers.size();
+    else return 1;
+  }
   void check_range(layer_range r) const {
-    if (r.first >= r.end || r.end > depth)
-      fail<invalid_argument>("dml::nn::network: expected a layer range within [0, ", depth, "), found [", r.first,
+    if (r.first >= r.end || r.end > depth_)
+      fail<invalid_argument>("dml::nn::network: expected a layer range within [0, ", depth_, "), found [", r.first,
                              ", ", r.end, ")");
     if (r.first > 0 && absorbed_[r.first])
       fail<invalid_argument>("dml::nn::network: a range cannot start at layer ", r.first,
@@ -331,23 +355,17 @@ class basic_network {
   void prepare(activation_set& a, layer_range r) {
     const auto out = shapes(a.input_shape, r.first);
     std::int64_t widest = a.input_shape.numel(), work = 0, rows = a.input_shape.rows();
-    std::apply(
-        [&](const auto&... l) {
-          std::size_t index = 0;
-          (
-              [&] {
-                if (r.contains(index)) {
-                  const dml::shape x = index == r.first ? a.input_shape : out[index - 1];
-                  widest = std::max(widest, out[index].numel());
-                  work = std::max(work, nn::workspace_size(l, x));
-                  rows = std::max(rows, x.rows());
-                }
-                ++index;
-              }(),
-              ...);
-        },
-        model_.layers);
-    a.out.resize(depth);
+    a.saved.resize(depth_);
+    model_.for_each_layer([&](std::size_t index, const auto& l) {
+      if (!r.contains(index)) return;
+      const dml::shape x = index == r.first ? a.input_shape : out[index - 1];
+      widest = std::max(widest, out[index].numel());
+      work = std::max(work, nn::workspace_size(l, x));
+      rows = std::max(rows, x.rows());
+      const std::int64_t kept = nn::saved_bytes(l, x, sizeof(T));
+      a.saved[index].resize(static_cast<std::size_t>((kept + 3) / 4));
+    });
+    a.out.resize(depth_);
     for (std::size_t i = r.first; i < r.end; ++i) a.out[i].resize(absorbed_[i] ? dml::shape{0} : out[i]);
     if (widest > widest_) {
       for (auto& g : dgrad_) g.resize(static_cast<std::size_t>(widest));
@@ -365,21 +383,22 @@ class basic_network {
     return {w_ptrs_.data() + layout_.first_slot[layer], g_ptrs_.data() + layout_.first_slot[layer]};
   }
   // A relu fused into the linear before it shares that layer's output buffer.
-  static tensor_view<T, Space> output_of(activation_set& a, std::size_t i) {
+  tensor_view<T, Space> output_of(activation_set& a, std::size_t i) const {
     if (absorbed_[i]) return {a.out[i - 1].data(), a.out[i - 1].shape()};
     return a.out[i].view();
   }
-  // Layer I's input: the float input itself for a first layer that takes floats, else of type T.
+  // The input of layer `index` of element I: the float input itself for a first layer that takes
+  // floats, else of type T.
   template <std::size_t I>
-  auto layer_input(std::size_t first) {
+  auto layer_input(std::size_t index, std::size_t first) {
     activation_set& a = *active_;
     if constexpr (I == 0 && (first_takes_float || std::same_as<T, float>)) {
       return a.input_float;
     } else if constexpr (I == 0) {
       return a.input.cview();
     } else {
-      if (I == first) return a.input.cview();
-      return tensor_view<const T, Space>(output_of(a, I - 1));
+      if (index == first) return a.input.cview();
+      return tensor_view<const T, Space>(output_of(a, index - 1));
     }
   }
   static constexpr bool first_takes_float = requires { requires std::tuple_element_t<0, std::tuple<Layers...>>::float_input; };
@@ -388,79 +407,105 @@ class basic_network {
   // linear followed by relu: the GEMM applies the relu in its epilogue and the relu layer's forward is skipped.
   template <std::size_t I>
   static constexpr bool fuses_relu() {
-    if constexpr (I + 1 < depth)
+    if constexpr (I + 1 < elements)
       return is_linear_v<std::tuple_element_t<I, layer_types>> && std::is_same_v<std::tuple_element_t<I + 1, layer_types>, relu>;
     else
       return false;
   }
 
- public:
-  // absorbed[i]: layer i is a relu that the linear before it applies; a range may not start there.
-  static constexpr std::array<bool, depth> absorbed_ = []<std::size_t... I>(std::index_sequence<I...>) {
-    return std::array<bool, depth>{(I > 0 && fuses_relu<(I > 0 ? I - 1 : 0)>())...};
-  }(std::make_index_sequence<depth>{});
-
- private:
-  template <std::size_t I>
-  void forward_layer(context c, layer_range r) {
-    if (!r.contains(I)) return;
-    c.layer = I;
-    const auto& l = std::get<I>(model_.layers);
-    activation_set& a = *active_;
-    if (hooks_) hooks_->before_forward(I);
-    // A fused pair cut at the range's end still fuses: the relu's output is the linear's.
-    if constexpr (fuses_relu<I>())
-      l.template forward<Space>(c, params_of(I), layer_input<I>(r.first), output_of(a, I), epilogue::relu);
-    else if (!absorbed_[I])
-      l.template forward<Space>(c, params_of(I), layer_input<I>(r.first), output_of(a, I));
-  }
-
+  // Element I's layer, or each member of a stack (last first in backward). Written without lambdas over
+  // the pack: nvcc 13 rejects a pack used inside a lambda within a fold.
   template <std::size_t... I>
   void run_forward(context c, layer_range r, std::index_sequence<I...>) {
-    (forward_layer<I>(c, r), ...);
+    (forward_element<I>(c, r), ...);
+  }
+  template <std::size_t I>
+  void forward_element(const context& c, layer_range r) {
+    const auto& e = std::get<I>(model_.layers);
+    if constexpr (is_stack_v<std::remove_cvref_t<decltype(e)>>) {
+      for (std::size_t j = 0; j < e.layers.size(); ++j) forward_layer<I>(e.layers[j], first_[I] + j, c, r);
+    } else {
+      forward_layer<I>(e, first_[I], c, r);
+    }
+  }
+  template <std::size_t I, class L>
+  void forward_layer(const L& l, std::size_t index, context c, layer_range r) {
+    if (!r.contains(index)) return;
+    c.layer = index;
+    activation_set& a = *active_;
+    c.saved = reinterpret_cast<std::byte*>(a.saved[index].data());
+    if (hooks_) hooks_->before_forward(index);
+    // A fused pair cut at the range's end still fuses: the relu's output is the linear's.
+    if constexpr (fuses_relu<I>())
+      l.template forward<Space>(c, params_of(index), layer_input<I>(index, r.first), output_of(a, index), epilogue::relu);
+    else if (!absorbed_[index])
+      l.template forward<Space>(c, params_of(index), layer_input<I>(index, r.first), output_of(a, index));
   }
 
   template <std::size_t... I>
   void run_backward(context c, layer_range r, std::index_sequence<I...>) {
-    (backward_layer<depth - 1 - I>(c, r), ...);
+    (backward_element<sizeof...(I) - 1 - I>(c, r), ...);
+  }
+  template <std::size_t I>
+  void backward_element(const context& c, layer_range r) {
+    const auto& e = std::get<I>(model_.layers);
+    if constexpr (is_stack_v<std::remove_cvref_t<decltype(e)>>) {
+      for (std::size_t j = e.layers.size(); j-- > 0;) backward_layer<I>(e.layers[j], first_[I] + j, c, r);
+    } else {
+      backward_layer<I>(e, first_[I], c, r);
+    }
   }
 
-  template <std::size_t I>
-  void backward_layer(context c, layer_range r) {
-    if (!r.contains(I)) return;
-    using L = std::tuple_element_t<I, layer_types>;
-    c.layer = I;
+  // Gradients that are one rank's part of a sum over the tensor group (sequence parallelism), summed
+  // once the step's last backward has written them.
+  void reduce_partial(std::size_t index, const context& c) {
+    if (!c.gradients_complete || !c.tp || c.tp->size() == 1) return;
+    for (std::size_t s = layout_.first_slot[index]; s < layout_.first_slot[index + 1]; ++s)
+      if (layout_.slots[s].spec.partial_over_tensor_group) c.tp->all_reduce(typed_ptr(g_ptrs_[s]), layout_.slots[s].shape.numel());
+  }
+
+  template <std::size_t I, class L>
+  void backward_layer(const L& l, std::size_t index, context c, layer_range r) {
+    if (!r.contains(index)) return;
+    c.layer = index;
     activation_set& a = *active_;
-    const auto& l = std::get<I>(model_.layers);
-    const auto x = layer_input<I>(r.first);
-    const auto y = tensor_view<const T, Space>(output_of(a, I));
+    c.saved = reinterpret_cast<std::byte*>(a.saved[index].data());
+    const auto x = layer_input<I>(index, r.first);
+    const auto y = tensor_view<const T, Space>(output_of(a, index));
     if (part_ == backward_part::weight) {  // only splitting layers have work left
       if constexpr (splits_backward_v<L>) {
         c.weight_grads = true;
-        l.template backward<Space>(c, params_of(I), x, y, a.dy[I].cview(), tensor_view<T, Space>{nullptr, x.shape});
-        a.dy[I] = {};
+        l.template backward<Space>(c, params_of(index), x, y, a.dy[index].cview(), tensor_view<T, Space>{nullptr, x.shape});
+        a.dy[index] = {};
+        reduce_partial(index, c);
       }
-      if (hooks_) hooks_->after_backward(I);
+      if (hooks_) hooks_->after_backward(index);
       return;
     }
-    if (hooks_) hooks_->before_backward(I);
+    if (hooks_) hooks_->before_backward(index);
     // The first layer's input gradient is wasted work unless the caller wants it.
-    const bool need_dx = I > r.first || want_input_grad_;
-    T* dx_data = need_dx ? dgrad_[I % 2].data() : nullptr;
+    const bool need_dx = index > r.first || want_input_grad_;
+    T* dx_data = need_dx ? dgrad_[index % 2].data() : nullptr;
     tensor_view<T, Space> dx{dx_data, x.shape};
+    bool weights_later = false;
     if constexpr (splits_backward_v<L>) {
       if (part_ == backward_part::input) {
         c.weight_grads = false;
-        a.dy[I].resize(current_dy_.shape);
-        dml::copy_n(current_dy_.data, static_cast<std::size_t>(current_dy_.numel()), a.dy[I].data());
+        weights_later = true;
+        a.dy[index].resize(current_dy_.shape);
+        dml::copy_n(current_dy_.data, static_cast<std::size_t>(current_dy_.numel()), a.dy[index].data());
       }
     }
-    l.template backward<Space>(c, params_of(I), x, y, current_dy_, dx);
+    l.template backward<Space>(c, params_of(index), x, y, current_dy_, dx);
+    if (!weights_later) reduce_partial(index, c);
     current_dy_ = tensor_view<const T, Space>(dx_data, x.shape);
-    if (hooks_ && part_ == backward_part::full) hooks_->after_backward(I);
+    if (hooks_ && part_ == backward_part::full) hooks_->after_backward(index);
   }
 
   model_type model_;
+  std::size_t depth_;
+  std::vector<bool> absorbed_;
+  std::array<std::size_t, elements> first_{};  // flat index of each element's first layer
   param_layout layout_;
   buffer<T, Space> params_, grads_;
   std::vector<T*> w_ptrs_, g_ptrs_;

@@ -34,11 +34,11 @@ struct pipeline_options {
 // into the linear before it never starts a stage.
 template <class Net>
 std::vector<nn::layer_range> stage_chunks(const typename Net::model_type& model, const pipeline_options& o, int rank) {
-  constexpr std::size_t depth = Net::depth;
+  const std::size_t depth = model.depth();
   const std::size_t n = static_cast<std::size_t>(o.stages) * static_cast<std::size_t>(o.virtual_stages);
   if (n == 1) return {{0, depth}};
-  std::vector<bool> cuttable(depth);
-  for (std::size_t l = 0; l < depth; ++l) cuttable[l] = !Net::absorbed_[l];
+  std::vector<bool> cuttable = Net::absorbed_layers(model);
+  cuttable.flip();
   std::vector<std::size_t> first;
   if (!o.cuts.empty()) {
     if (o.cuts.size() + 1 != n)
@@ -50,11 +50,13 @@ std::vector<nn::layer_range> stage_chunks(const typename Net::model_type& model,
     for (const auto& [layer, spec] : model.parameters()) cost[layer] += static_cast<double>(spec.shape.numel());
     const auto& head = std::get<0>(model.layers);
     std::int64_t width = 1;
-    if constexpr (requires { head.in; }) width = head.in;
+    if constexpr (requires { head.input_width(); }) width = head.input_width();
+    else if constexpr (requires { head.in; }) width = head.in;
     dml::shape x{o.cost_rows, width};
-    std::size_t l = 0;
-    std::apply([&](const auto&... layer) { ((x = layer.output_shape(x), cost[l++] += static_cast<double>(x.numel())), ...); },
-               model.layers);
+    model.for_each_layer([&](std::size_t l, const auto& layer) {
+      x = layer.output_shape(x);
+      cost[l] += static_cast<double>(x.numel());
+    });
     first = balance_stages(cost, static_cast<int>(n), cuttable);
   }
   std::vector<nn::layer_range> out;
@@ -104,8 +106,11 @@ class pipeline {
   };
 
   // pp: the pipeline group (rank r holds stage r); null for one stage.
-  pipeline(Comm* pp, Net& net, int stages, int rank, std::vector<nn::layer_range> chunks, bool recompute, event_log& log)
-      : pp_(pp), net_(net), stages_(stages), rank_(rank), chunks_(std::move(chunks)), recompute_(recompute), log_(log) {}
+  // tp: the tensor-parallel group the layers talk to (null without tensor parallelism).
+  pipeline(Comm* pp, Net& net, int stages, int rank, std::vector<nn::layer_range> chunks, bool recompute, event_log& log,
+           nn::tensor_group* tp = nullptr)
+      : pp_(pp), net_(net), stages_(stages), rank_(rank), chunks_(std::move(chunks)), recompute_(recompute), log_(log),
+        tp_(tp) {}
 
   std::span<const nn::layer_range> chunks() const { return chunks_; }
   int stages() const { return stages_; }
@@ -138,13 +143,16 @@ class pipeline {
     } else if (stage_of(v - 1) == rank_) {  // one stage holding several chunks: handed over in memory
       copy_into(m.acts.input, micro(a.micro, a.chunk - 1).activation_out.cview());
     }
-    auto out = net_.forward_range(chunks_[static_cast<std::size_t>(a.chunk)], m.acts, context(a.micro, false), hooks);
+    auto out = net_.forward_range(chunks_[static_cast<std::size_t>(a.chunk)], m.acts, context(a.micro, false, false), hooks);
     float loss = 0.f;
     if (v == last_virtual_stage()) {
+      // A row of x may hold several labelled positions (a sequence's tokens): the loss is their mean.
+      const std::int64_t per = hi > lo ? out.rows() / (hi - lo) : 1;
       m.gradient_in.resize(out.shape);
-      row_loss_.resize(static_cast<std::size_t>(out.rows()));
-      loss = loss_fn_.template forward_backward<Space>(out, run_.y + lo, m.gradient_in.view(), row_loss_.data(),
-                                                        run_.global_batch, run_.loss_scale);
+      row_loss_.resize(static_cast<std::size_t>(nn::cross_entropy_scratch(out.rows(), tp_)));
+      loss = loss_fn_.template forward_backward<Space>(out, run_.y + lo * per, m.gradient_in.view(), row_loss_.data(),
+                                                        run_.global_batch * per, run_.loss_scale, tp_);
+      if (tp_ && tp_->rank() > 0) loss = 0.f;  // every rank of the group holds it: counted once
     } else {
       m.activation_send.wait();
       copy_into(m.activation_out, out);
@@ -164,9 +172,12 @@ class pipeline {
                                                                : nn::backward_part::weight;
     if (part != nn::backward_part::weight && v < last_virtual_stage() && stage_of(v + 1) == rank_)
       copy_into(m.gradient_in, micro(a.micro, a.chunk + 1).gradient_out.cview());
-    if (recompute_ && part != nn::backward_part::weight) net_.forward_range(range, m.acts, context(a.micro, false), hooks);
+    if (recompute_ && part != nn::backward_part::weight)
+      net_.forward_range(range, m.acts, context(a.micro, false, false), hooks);
     log_(event_kind::backward_begin);
-    auto dx = net_.backward_range(range, m.acts, m.gradient_in.cview(), context(a.micro, accumulate), part, v > 0, hooks);
+    // hooks are given to the backward that completes the chunk's gradients (see train/trainer.hpp).
+    auto dx = net_.backward_range(range, m.acts, m.gradient_in.cview(), context(a.micro, accumulate, hooks != nullptr),
+                                  part, v > 0, hooks);
     log_(event_kind::backward_end);
     if (v > 0 && part != nn::backward_part::weight) {
       m.gradient_send.wait();
@@ -210,8 +221,13 @@ class pipeline {
       if (v == 0) net_.set_input(a, x);
       else if (stage_of(v - 1) != rank_) receive_into(a.input, net_.shapes(x.shape)[range.first - 1], tag(false, v, 0), stage_of(v - 1));
       else copy_into(a.input, handoff_.cview());
-      auto out = net_.forward_range(range, a, {.training = false}, hooks);
-      if (v == last_virtual_stage()) count = nn::count_correct<Space>(out, y);
+      auto out = net_.forward_range(range, a, {.training = false, .tp = tp_}, hooks);
+      if (v == last_virtual_stage()) {
+        if (tp_ && tp_->size() > 1)
+          fail<invalid_argument>("dml::trainer::correct: counts the largest logit of whole rows; a vocabulary-parallel "
+                                 "head holds 1/", tp_->size(), " of each row");
+        count = nn::count_correct<Space>(out, y);
+      }
       else if (stage_of(v + 1) != rank_)
         pp_->send(std::span<const T>(out.data, static_cast<std::size_t>(out.numel())), stage_of(v + 1), tag(false, v + 1, 0));
       else copy_into(handoff_, out);
@@ -266,9 +282,9 @@ class pipeline {
     return s;
   }
   // Dropout masks follow (seed, step, layer, global row): a micro-batch starts at its global row.
-  nn::context context(std::int64_t m, bool accumulate) const {
+  nn::context context(std::int64_t m, bool accumulate, bool complete) const {
     return {.training = true, .seed = run_.seed, .step = run_.step, .row_offset = run_.first_row + rows_of(m).first,
-            .accumulate = accumulate};
+            .accumulate = accumulate, .tp = tp_, .gradients_complete = complete};
   }
 
   Comm* pp_;
@@ -280,6 +296,7 @@ class pipeline {
   batch run_;
   std::map<std::pair<std::int64_t, int>, micro_state> micro_;
   tensor<T, Space> handoff_;
+  nn::tensor_group* tp_;
   nn::softmax_cross_entropy loss_fn_;
   buffer<float, Space> row_loss_;
   std::int64_t live_bytes_ = 0, peak_bytes_ = 0, live_sets_ = 0, peak_sets_ = 0;

@@ -120,7 +120,7 @@ class data_parallel : public nn::layer_hooks {
         seed_(o.seed) {
     if (!(o.bucket_mb > 0)) fail<invalid_argument>("dml::trainer: expected bucket_mb > 0, found ", o.bucket_mb);
     target_ = static_cast<std::int64_t>(o.bucket_mb * 1024.0 * 1024.0 / sizeof(float));
-    auto plan = make_buckets(net_.layout(), Net::depth, target_, ranks_, o.chunks);
+    auto plan = make_buckets(net_.layout(), net_.depth(), target_, ranks_, o.chunks);
     buckets_ = std::move(plan.buckets);
     layer_bucket_ = std::move(plan.layer_bucket);
     shard_ = net_.layout().total / ranks_;

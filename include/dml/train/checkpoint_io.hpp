@@ -73,7 +73,7 @@ std::vector<std::vector<checkpoint_range>> every_rank_pieces(const Net& net, con
   for (int p = 0; p < o.stages; ++p) {
     const auto chunks = parallel::stage_chunks<Net>(net.model(), o, p);
     const auto layout = nn::make_layout(net.model(), net.layout().padding_unit, chunks);
-    const auto plan = parallel::make_buckets(layout, Net::depth, bucket_target, dp, chunks);
+    const auto plan = parallel::make_buckets(layout, net.depth(), bucket_target, dp, chunks);
     for (int d = 0; d < dp; ++d) out.push_back(checkpoint_pieces<StateSlots>(layout, plan.buckets, d));
   }
   return out;

@@ -25,6 +25,11 @@ struct trainer_options {
   std::int64_t cost_rows = 64;
   std::string schedule;  // by name ("gpipe", "1f1b", "interleaved:2", "zb") or a CSV file; empty: the policy's
   bool recompute = false;  // keep only each stage's inputs; recompute its forward inside backward
+  // Tensor parallelism (Megatron): groups of tensor_parallel consecutive ranks split every layer that has a
+  // tensor-parallel form (nn::gpt's); sequence_parallel also splits the regions between them by tokens. The
+  // world is tensor_parallel × data-parallel × pipeline_stages ranks.
+  int tensor_parallel = 1;
+  bool sequence_parallel = false;
 };
 
 struct step_result {

@@ -1,0 +1,715 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/nn/gpt.hpp — a GPT as a layer sequence: embeddings, a stack of pre-LayerNorm blocks, a final LayerNorm
+// and LM head; each layer also runs as one rank's part of Megatron tensor (and sequence) parallelism.
+// Sits on nn/attention.hpp, nn/tensor_group.hpp and core/gemm.hpp; nn::gpt(config) builds the sequential.
+//
+// Parameter names and layouts are nanoGPT's state dict without its "transformer." prefix (wte.weight,
+// h.{i}.attn.c_attn.weight, ...; Linear weights [out, in]), so weights move to PyTorch and back.
+//
+// Tensor parallelism (split.ranks = p): c_attn and c_fc are column-parallel (heads, and 4C, split), c_proj
+// row-parallel, the embedding and LM head vocabulary-parallel; each half-block makes one all-reduce in
+// forward and one in backward. Sequence parallelism (split.sequence): between those regions a rank holds
+// rows [r·N/p, (r+1)·N/p) of the micro-batch's N = B·T tokens, carried as shape [B, T/p, C]; all-gathers
+// and reduce-scatters replace the all-reduces, and LayerNorm, dropout and residuals run on 1/p of the tokens.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "dml/core/algorithm.hpp"
+#include "dml/core/cast.hpp"
+#include "dml/core/gemm.hpp"
+#include "dml/core/rng.hpp"
+#include "dml/nn/activation.hpp"
+#include "dml/nn/attention.hpp"
+#include "dml/nn/layer.hpp"
+#include "dml/nn/layernorm.hpp"
+#include "dml/nn/sequential.hpp"
+
+namespace dml::nn {
+
+struct gpt_config {
+  std::int64_t vocab = 256;    // byte-level text: 256
+  std::int64_t seq = 256;      // the longest sequence (wpe's rows)
+  std::int64_t layers = 2;
+  std::int64_t d_model = 128;
+  std::int64_t heads = 4;
+  float dropout = 0.f;         // after the embeddings and on both residual branches, as nanoGPT
+  bool bias = false;           // biases in every Linear but lm_head, and in the LayerNorms (nanoGPT's bias=False)
+  float eps = 1e-5f;
+};
+
+// This rank's part of a tensor-parallel group of `ranks`; `sequence`: sequence parallelism too.
+struct tensor_split {
+  int ranks = 1, rank = 0;
+  bool sequence = false;
+  friend bool operator==(const tensor_split&, const tensor_split&) = default;
+};
+
+namespace kernels {
+// y = LayerNorm(x) with optional bias; keeps each row's mean and 1/σ for backward.
+template <class T>
+struct layernorm_keep {
+  const T *x, *w, *b;  // b may be null
+  T* y;
+  row_stats* stats;
+  std::int64_t n;
+  float eps;
+  DML_HOST_DEVICE void operator()(std::int64_t row) const {
+    const T* xr = x + row * n;
+    T* yr = y + row * n;
+    const row_stats s = layernorm_stats(xr, n, eps);
+    stats[row] = s;
+    for (std::int64_t j = 0; j < n; ++j)
+      yr[j] = T(layernorm_affine(static_cast<float>(xr[j]), s, static_cast<float>(w[j]), b ? static_cast<float>(b[j]) : 0.f));
+  }
+};
+// dx = add + LayerNorm's input gradient (add: the residual path's gradient, or null), from kept statistics.
+template <class T>
+struct layernorm_backward_add {
+  const T *x, *w, *dy, *add;
+  const row_stats* stats;
+  T* dx;
+  std::int64_t n;
+  DML_HOST_DEVICE void operator()(std::int64_t row) const {
+    const T* xr = x + row * n;
+    const T* dyr = dy + row * n;
+    const row_stats s = stats[row];
+    float sum_g = 0.f, sum_gx = 0.f;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const float g = static_cast<float>(dyr[j]) * static_cast<float>(w[j]);
+      sum_g += g;
+      sum_gx += g * layernorm_xhat(static_cast<float>(xr[j]), s);
+    }
+    const float inv_n = 1.f / static_cast<float>(n);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const float d = layernorm_dx(static_cast<float>(dyr[j]), static_cast<float>(w[j]),
+                                   layernorm_xhat(static_cast<float>(xr[j]), s), s.rstd, sum_g, sum_gx, inv_n);
+      dx[row * n + j] = T(d + (add ? static_cast<float>(add[row * n + j]) : 0.f));
+    }
+  }
+};
+// dw[j] (+)= Σ_rows dy·x̂, db[j] (+)= Σ_rows dy (db may be null); one column per call.
+template <class T>
+struct layernorm_param_grads {
+  const T *x, *dy;
+  const row_stats* stats;
+  T *dw, *db;
+  std::int64_t rows, n;
+  bool accumulate;
+  DML_HOST_DEVICE void operator()(std::int64_t j) const {
+    float gw = 0.f, gb = 0.f;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float d = static_cast<float>(dy[r * n + j]);
+      gw += d * layernorm_xhat(static_cast<float>(x[r * n + j]), stats[r]);
+      gb += d;
+    }
+    dw[j] = T(accumulate ? static_cast<float>(dw[j]) + gw : gw);
+    if (db) db[j] = T(accumulate ? static_cast<float>(db[j]) + gb : gb);
+  }
+};
+
+// Inverted dropout keyed by the element's place in the global batch: global token row g, column j.
+struct token_dropout {
+  rng_stream rng;
+  float keep;              // 1: no dropout
+  std::uint64_t first_row; // global token row of local row 0
+  std::int64_t n;          // columns
+  DML_HOST_DEVICE float scale(std::int64_t i) const {
+    if (keep >= 1.f) return 1.f;
+    const std::uint64_t row = first_row + static_cast<std::uint64_t>(i / n);
+    return rng.uniform(row * static_cast<std::uint64_t>(n) + static_cast<std::uint64_t>(i % n)) < keep ? 1.f / keep : 0.f;
+  }
+};
+// out = residual + dropout(branch + bias): the end of each half-block (and the embeddings' sum).
+template <class T>
+struct residual_dropout {
+  const T *residual, *branch, *bias;  // residual, bias may be null
+  T* out;
+  token_dropout drop;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    const float v = static_cast<float>(branch[i]) + (bias ? static_cast<float>(bias[i % drop.n]) : 0.f);
+    out[i] = T((residual ? static_cast<float>(residual[i]) : 0.f) + v * drop.scale(i));
+  }
+};
+template <class T>
+struct dropout_grad {
+  const T* dy;
+  T* out;
+  token_dropout drop;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const { out[i] = T(static_cast<float>(dy[i]) * drop.scale(i)); }
+};
+// Sum over rows of a [rows, n] matrix into (or onto) v[n]; one column per call.
+template <class T>
+struct column_sum {
+  const T* x;
+  T* v;
+  std::int64_t rows, n;
+  bool accumulate;
+  DML_HOST_DEVICE void operator()(std::int64_t j) const {
+    float s = accumulate ? static_cast<float>(v[j]) : 0.f;
+    for (std::int64_t r = 0; r < rows; ++r) s += static_cast<float>(x[r * n + j]);
+    v[j] = T(s);
+  }
+};
+template <class T>
+struct gelu_backward_inplace {
+  const T* f;
+  T* d;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    d[i] = T(static_cast<float>(d[i]) * gelu_tanh::derivative(static_cast<float>(f[i])));
+  }
+};
+// y[t, j] = (wte rows this rank holds)[id_t, j] (0 for ids outside them) + wpe[pos_t, j], positions and
+// ids read for local rows; wpe may be null (added after the reduction).
+template <class T>
+struct embed_tokens {
+  const float* ids;
+  const T *wte, *wpe;
+  T* y;
+  std::int64_t n, seq, first_id, ids_held;  // seq: tokens per sequence
+  std::int64_t first_token;                 // token row of y's row 0 within the micro-batch
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    const std::int64_t t = i / n, j = i % n, token = first_token + t;
+    const std::int64_t id = static_cast<std::int64_t>(ids[token]) - first_id;
+    float v = id >= 0 && id < ids_held ? static_cast<float>(wte[id * n + j]) : 0.f;
+    if (wpe) v += static_cast<float>(wpe[(token % seq) * n + j]);
+    y[i] = T(v);
+  }
+};
+// dwte rows this rank holds, one column per call: Σ over tokens with that id.
+template <class T>
+struct embed_wte_grad {
+  const float* ids;
+  const T* dy;
+  T* dw;
+  std::int64_t tokens, n, first_id, ids_held;
+  bool accumulate;
+  DML_HOST_DEVICE void operator()(std::int64_t j) const {
+    if (!accumulate)
+      for (std::int64_t r = 0; r < ids_held; ++r) dw[r * n + j] = T(0.f);
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      const std::int64_t id = static_cast<std::int64_t>(ids[t]) - first_id;
+      if (id < 0 || id >= ids_held) continue;
+      T& g = dw[id * n + j];
+      g = T(static_cast<float>(g) + static_cast<float>(dy[t * n + j]));
+    }
+  }
+};
+// dwpe[pos, j] (+)= Σ over local token rows at that position (sequences of t tokens); one (pos, j) per call.
+template <class T>
+struct embed_wpe_grad {
+  const T* dy;
+  T* dw;
+  std::int64_t rows, n, t, first_token;
+  bool accumulate;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    const std::int64_t pos = i / n, j = i % n;
+    float s = accumulate ? static_cast<float>(dw[i]) : 0.f;
+    if (pos < t) {  // local row r holds token first_token + r, at position (first_token + r) % t
+      for (std::int64_t r = ((pos - first_token) % t + t) % t; r < rows; r += t) s += static_cast<float>(dy[r * n + j]);
+    }
+    dw[i] = T(s);
+  }
+};
+}  // namespace kernels
+
+namespace detail {
+// Carves 64-byte-aligned arrays out of one block of bytes; with a null base it only counts.
+struct carver {
+  std::byte* base = nullptr;
+  std::int64_t used = 0;
+  template <class U>
+  U* take(std::int64_t n) {
+    U* p = base ? reinterpret_cast<U*>(base + used) : nullptr;
+    used += (n * static_cast<std::int64_t>(sizeof(U)) + 63) / 64 * 64;
+    return p;
+  }
+};
+
+// The row-major products of a Linear with weight W [out, in].
+template <execution_space S, class T>
+void linear_forward(std::int64_t rows, std::int64_t in, std::int64_t out, const T* x, const T* w, const T* bias, T* y) {
+  gemm<S>({.ta = trans::n, .tb = trans::t, .m = rows, .n = out, .k = in, .a = x, .lda = in, .b = w, .ldb = in, .c = y,
+           .ldc = out, .bias = bias ? const_typed_ptr(bias) : nullptr});
+}
+template <execution_space S, class T>
+void linear_weight_grad(std::int64_t rows, std::int64_t in, std::int64_t out, const T* x, const T* dy, T* dw, bool accumulate) {
+  gemm<S>({.ta = trans::t, .tb = trans::n, .m = out, .n = in, .k = rows, .a = dy, .lda = out, .b = x, .ldb = in, .c = dw,
+           .ldc = in, .beta = accumulate ? 1.f : 0.f});
+}
+template <execution_space S, class T>
+void linear_input_grad(std::int64_t rows, std::int64_t in, std::int64_t out, const T* dy, const T* w, T* dx) {
+  gemm<S>({.ta = trans::n, .tb = trans::n, .m = rows, .n = in, .k = out, .a = dy, .lda = out, .b = w, .ldb = in, .c = dx,
+           .ldc = in});
+}
+
+// The tensor-parallel plumbing every GPT layer shares.
+struct split_part {
+  tensor_split split{};
+
+  int ranks() const { return split.ranks; }
+  bool sequence() const { return split.sequence && split.ranks > 1; }
+  // A [rows, cols] parameter split along `axis` in `blocks` blocks (a whole one when ranks == 1).
+  param_shard shard(std::int64_t rows, std::int64_t cols, int axis, int blocks = 1) const {
+    return {.rows = rows, .cols = cols, .axis = axis, .blocks = blocks, .rank = split.rank, .ranks = split.ranks};
+  }
+  static void check_divides(const char* kind, const char* what, std::int64_t n, int ranks) {
+    if (ranks > 1 && n % ranks != 0)
+      fail<invalid_argument>("dml::nn::", kind, ": tensor parallelism over ", ranks, " ranks needs ", what,
+                             " divisible by ", ranks, ", found ", n);
+  }
+  void check_split(const char* kind) const {
+    if (split.ranks < 1 || split.rank < 0 || split.rank >= split.ranks)
+      fail<invalid_argument>("dml::nn::", kind, ": expected 0 <= rank < ranks, found rank ", split.rank, " of ", split.ranks);
+  }
+  static void check_group(const char* kind, const context& c, int ranks) {
+    if (ranks > 1 && (!c.tp || c.tp->size() != ranks))
+      fail<invalid_argument>("dml::nn::", kind, ": split over ", ranks, " tensor-parallel ranks but the context's group has ",
+                             c.tp ? c.tp->size() : 0, " (a trainer with tensor parallelism sets it)");
+  }
+  // Full rows from this rank's token rows (sequence parallel: all-gather); otherwise `part` already is.
+  template <class T>
+  const T* gather(const context& c, const T* part, T* full, std::int64_t n) const {
+    if (!sequence()) return part;
+    c.tp->all_gather(const_typed_ptr(part), typed_ptr(full), n);
+    return full;
+  }
+  // Sums a partial [N, cols] result over the group: into `part` rows (sequence parallel: reduce-scatter),
+  // else in place; returns where the sum is.
+  template <class T>
+  T* reduce(const context& c, T* full, T* part, std::int64_t part_n) const {
+    if (sequence()) {
+      c.tp->reduce_scatter(const_typed_ptr(full), typed_ptr(part), part_n);
+      return part;
+    }
+    if (split.ranks > 1) c.tp->all_reduce(typed_ptr(full), part_n);
+    return full;
+  }
+};
+
+inline rng_stream dropout_stream(const context& c, std::uint64_t which) {
+  return {c.seed ^ (0x9e3779b97f4a7c15ull * (which + 1)), (c.step << 16) ^ c.layer};
+}
+}  // namespace detail
+
+// Token and position embeddings, then dropout: ids [B, T] (floats) → [B, T, C] ([B, T/p, C] sequence-parallel).
+// wte is vocabulary-parallel: a rank holds rows [r·V/p, (r+1)·V/p), looks up the ids it holds and the group
+// sums (one all-reduce, or reduce-scatter under sequence parallelism).
+struct gpt_embedding : detail::split_part {
+  static constexpr std::int64_t static_in = dynamic;
+  static constexpr std::int64_t static_out = dynamic;
+  static constexpr const char* kind = "gpt_embedding";
+  static constexpr bool float_input = true;
+  static constexpr bool uses_row_index = true;
+  std::string prefix;  // parameters are "wte.weight", "wpe.weight"
+  std::int64_t vocab = 0, seq = 0, dim = 0;
+  float dropout = 0.f;
+
+  explicit gpt_embedding(const gpt_config& g) : vocab(g.vocab), seq(g.seq), dim(g.d_model), dropout(g.dropout) {
+    if (vocab <= 0 || seq <= 0 || dim <= 0)
+      fail<invalid_argument>("dml::nn::gpt_embedding: sizes must be positive, found vocab ", vocab, ", seq ", seq, ", d_model ", dim);
+  }
+  void set_split(tensor_split s) {
+    split = s;
+    check_split(kind);
+    check_divides(kind, "the vocabulary", vocab, s.ranks);
+  }
+  std::int64_t input_width() const { return seq; }
+
+  std::vector<param_spec> parameters() const {
+    // nanoGPT: normal(0, 0.02) for both tables.
+    const std::int64_t v = vocab / ranks();
+    return {{"wte.weight", {v, dim}, init_kind::normal, 0.f, 0.02f, shard(vocab, dim, 0)},
+            {"wpe.weight", {seq, dim}, init_kind::normal, 0.f, 0.02f, {}, sequence()}};
+  }
+  dml::shape output_shape(dml::shape x) const {
+    if (x.rank != 2 || x[1] < 1 || x[1] > seq)
+      fail<shape_error>("dml::nn::gpt_embedding: expected token ids [batch, T] with 1 <= T <= ", seq, ", found shape ", x);
+    if (sequence() && x[1] % ranks() != 0)
+      fail<shape_error>("dml::nn::gpt_embedding: sequence parallelism over ", ranks(), " ranks needs T divisible by ",
+                        ranks(), ", found T = ", x[1]);
+    return {x[0], sequence() ? x[1] / ranks() : x[1], dim};
+  }
+  // Forward sums every token's lookups there (sequence parallel); backward keeps the dropout gradient of this
+  // rank's rows, and every token's under sequence parallelism.
+  std::int64_t workspace_size(dml::shape x) const { return x.numel() * dim * (sequence() ? 2 : 1); }
+
+  template <execution_space S, class Id, class T>
+  void forward(const context& c, layer_params<T> p, tensor_view<const Id, S> x, tensor_view<T, S> y) const {
+    static_assert(std::same_as<Id, float>, "dml::nn::gpt_embedding: ids arrive as floats");
+    check_group(kind, c, ranks());
+    if constexpr (std::same_as<S, host>) check_ids(x);
+    const std::int64_t tokens = x.numel(), mine = y.rows(), first_id = vocab / ranks() * split.rank;
+    const auto drop = dropout_of(c, x.shape[1], y.shape);
+    if (ranks() == 1) {
+      for_each_index<S>(mine * dim, kernels::embed_tokens<T>{x.data, p.w[0], p.w[1], y.data, dim, x.shape[1], 0, vocab, 0});
+      if (drop.keep < 1.f) for_each_index<S>(mine * dim, kernels::residual_dropout<T>{nullptr, y.data, nullptr, y.data, drop});
+      return;
+    }
+    // Each rank looks up the ids it holds for every token; the group sums; positions and dropout follow.
+    T* full = sequence() ? reinterpret_cast<T*>(c.workspace) : y.data;
+    for_each_index<S>(tokens * dim, kernels::embed_tokens<T>{x.data, p.w[0], nullptr, full, dim, x.shape[1], first_id,
+                                                             vocab / ranks(), 0});
+    T* sum = reduce(c, full, y.data, mine * dim);
+    const std::int64_t first_token = sequence() ? mine * split.rank : 0;
+    for_each_index<S>(mine * dim, kernels::embed_tokens<T>{x.data, static_cast<const T*>(nullptr), p.w[1], y.data, dim,
+                                                          x.shape[1], 0, 0, first_token});
+    for_each_index<S>(mine * dim, kernels::residual_dropout<T>{y.data, sum, nullptr, y.data, drop});
+  }
+  template <execution_space S, class Id, class T, class Dx>
+  void backward(const context& c, layer_params<T> p, tensor_view<const Id, S> x, tensor_view<const T, S>,
+                tensor_view<const T, S> dy, tensor_view<Dx, S>) const {
+    const std::int64_t tokens = x.numel(), mine = dy.rows(), first_id = vocab / ranks() * split.rank;
+    const std::int64_t first_token = sequence() ? mine * split.rank : 0;
+    const auto drop = dropout_of(c, x.shape[1], dy.shape);
+    // The gradient of the sum before dropout, this rank's token rows; then every token's (sequence parallel).
+    T* d = reinterpret_cast<T*>(c.workspace);
+    T* mine_d = sequence() ? d + tokens * dim : d;
+    for_each_index<S>(mine * dim, kernels::dropout_grad<T>{dy.data, mine_d, drop});
+    for_each_index<S>(seq * dim, kernels::embed_wpe_grad<T>{mine_d, p.g[1], mine, dim, x.shape[1], first_token, c.accumulate});
+    const T* all = gather(c, static_cast<const T*>(mine_d), d, mine * dim);
+    for_each_index<S>(dim, kernels::embed_wte_grad<T>{x.data, all, p.g[0], tokens, dim, first_id, vocab / ranks(), c.accumulate});
+  }
+
+ private:
+  kernels::token_dropout dropout_of(const context& c, std::int64_t t, const dml::shape& y) const {
+    const std::int64_t first = sequence() ? y.rows() * split.rank : 0;
+    return {detail::dropout_stream(c, 0), c.training ? 1.f - dropout : 1.f,
+            static_cast<std::uint64_t>(c.row_offset * t + first), dim};
+  }
+  template <class Id>
+  void check_ids(tensor_view<const Id, host> x) const {
+    for (std::int64_t t = 0; t < x.numel(); ++t) {
+      const float id = static_cast<float>(x.data[t]);
+      if (!(id >= 0.f && id < static_cast<float>(vocab)) || id != static_cast<float>(static_cast<std::int64_t>(id)))
+        fail<invalid_argument>("dml::nn::gpt_embedding: expected integer token ids in [0, ", vocab, "), found ", id,
+                               " at position ", t);
+    }
+  }
+};
+
+// Sizes of one call of a block or head on input [B, T or T/p, C].
+struct gpt_dims {
+  std::int64_t b = 0, t = 0, n = 0, n_local = 0;  // sequences, tokens per sequence, tokens, this rank's token rows
+};
+
+// A pre-LayerNorm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x)), dropout on both branches.
+// Heads are split over the tensor group (c_attn column-parallel, c_proj row-parallel), and so is the MLP's
+// 4C (c_fc column-parallel, c_proj row-parallel).
+struct gpt_block : detail::split_part {
+  static constexpr std::int64_t static_in = dynamic;
+  static constexpr std::int64_t static_out = dynamic;
+  static constexpr bool preserves_width = true;
+  static constexpr bool uses_row_index = true;
+  static constexpr const char* kind = "gpt_block";
+  std::int64_t dim = 0, heads = 0, layers = 1;
+  float dropout = 0.f, eps = 1e-5f;
+  bool bias = false;
+
+  explicit gpt_block(const gpt_config& g)
+      : dim(g.d_model), heads(g.heads), layers(g.layers), dropout(g.dropout), eps(g.eps), bias(g.bias) {
+    if (dim <= 0 || heads <= 0 || dim % heads != 0)
+      fail<invalid_argument>("dml::nn::gpt_block: expected d_model a positive multiple of heads, found d_model ", dim,
+                             " and heads ", heads);
+  }
+  void set_split(tensor_split s) {
+    split = s;
+    check_split(kind);
+    check_divides(kind, "the heads", heads, s.ranks);
+    check_divides(kind, "4·d_model", 4 * dim, s.ranks);
+  }
+
+  std::vector<param_spec> parameters() const {
+    const std::int64_t c = dim, p = ranks();
+    const float std_proj = 0.02f / std::sqrt(2.f * static_cast<float>(layers));  // nanoGPT's scaled residual init
+    const bool sp = sequence();
+    std::vector<param_spec> out;
+    auto norm = [&](const char* name) {
+      out.push_back({std::string(name) + ".weight", {c}, init_kind::ones, 0.f, 0.f, {}, sp});
+      if (bias) out.push_back({std::string(name) + ".bias", {c}, init_kind::zeros, 0.f, 0.f, {}, sp});
+    };
+    auto column = [&](const char* name, std::int64_t width, int blocks) {
+      out.push_back({std::string(name) + ".weight", {width / p, c}, init_kind::normal, 0.f, 0.02f, shard(width, c, 0, blocks)});
+      if (bias) out.push_back({std::string(name) + ".bias", {width / p}, init_kind::zeros, 0.f, 0.f, shard(width, 1, 0, blocks)});
+    };
+    auto row = [&](const char* name, std::int64_t width) {
+      out.push_back({std::string(name) + ".weight", {c, width / p}, init_kind::normal, 0.f, std_proj, shard(c, width, 1)});
+      if (bias) out.push_back({std::string(name) + ".bias", {c}, init_kind::zeros, 0.f, 0.f, {}, sp});
+    };
+    norm("ln_1");
+    column("attn.c_attn", 3 * c, 3);
+    row("attn.c_proj", c);
+    norm("ln_2");
+    column("mlp.c_fc", 4 * c, 1);
+    row("mlp.c_proj", 4 * c);
+    return out;
+  }
+  dml::shape output_shape(dml::shape x) const {
+    if (x.rank != 3 || x[2] != dim)
+      fail<shape_error>("dml::nn::gpt_block: expected [batch, T, ", dim, "], found shape ", x);
+    return x;
+  }
+  std::int64_t saved_bytes(dml::shape x, std::size_t value_bytes) const {
+    detail::carver k;
+    saved_parts(k, dims(x), value_bytes);
+    return k.used;
+  }
+  std::int64_t workspace_size(dml::shape x) const {
+    detail::carver k;
+    work_parts(k, dims(x), 4);  // floats: enough for any working type
+    return k.used / 4;
+  }
+
+  template <execution_space S, class T>
+  void forward(const context& c, layer_params<T> p, tensor_view<const T, S> x, tensor_view<T, S> y) const {
+    check_group(kind, c, ranks());
+    const gpt_dims d = dims(x.shape);
+    const std::int64_t C = dim, cp = dim / ranks(), fp = 4 * dim / ranks(), nl = d.n_local;
+    const auto sv = saved_parts<T>(c.saved, d);
+    const auto ws = work_parts<T>(c.workspace, d);
+    const auto w = weights(p.w);
+    // attention half
+    for_each_index<S>(nl, kernels::layernorm_keep<T>{x.data, w.ln1_w, w.ln1_b, sv.h1, sv.stats1, C, eps});
+    const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full1, nl * C);
+    detail::linear_forward<S>(d.n, C, 3 * cp, h1, w.qkv_w, w.qkv_b, sv.qkv);
+    causal_attention_forward<S>(attention(d), static_cast<const T*>(sv.qkv), sv.probs, sv.att);
+    detail::linear_forward<S>(d.n, cp, C, static_cast<const T*>(sv.att), w.proj_w, static_cast<const T*>(nullptr), ws.full2);
+    const T* r1 = reduce(c, ws.full2, ws.part, nl * C);
+    for_each_index<S>(nl * C, kernels::residual_dropout<T>{x.data, r1, w.proj_b, sv.x2, drop(c, d, 1)});
+    // MLP half
+    for_each_index<S>(nl, kernels::layernorm_keep<T>{sv.x2, w.ln2_w, w.ln2_b, sv.h2, sv.stats2, C, eps});
+    const T* h2 = gather(c, static_cast<const T*>(sv.h2), ws.full1, nl * C);
+    detail::linear_forward<S>(d.n, C, fp, h2, w.fc_w, w.fc_b, sv.f);
+    for_each_index<S>(d.n * fp, kernels::gelu_forward<T>{sv.f, sv.g});
+    detail::linear_forward<S>(d.n, fp, C, static_cast<const T*>(sv.g), w.fc2_w, static_cast<const T*>(nullptr), ws.full2);
+    const T* r2 = reduce(c, ws.full2, ws.part, nl * C);
+    for_each_index<S>(nl * C, kernels::residual_dropout<T>{sv.x2, r2, w.fc2_b, y.data, drop(c, d, 2)});
+  }
+
+  template <execution_space S, class T>
+  void backward(const context& c, layer_params<T> p, tensor_view<const T, S> x, tensor_view<const T, S>,
+                tensor_view<const T, S> dy, tensor_view<T, S> dx) const {
+    const gpt_dims d = dims(x.shape);
+    const std::int64_t C = dim, cp = dim / ranks(), fp = 4 * dim / ranks(), nl = d.n_local;
+    const auto sv = saved_parts<T>(c.saved, d);
+    const auto ws = work_parts<T>(c.workspace, d);
+    const auto w = weights(p.w);
+    const auto g = weights(p.g);
+    const bool acc = c.accumulate;
+    // MLP half: y = x2 + dropout(c_proj(gelu(c_fc(ln_2(x2)))) + b)
+    for_each_index<S>(nl * C, kernels::dropout_grad<T>{dy.data, ws.part_a, drop(c, d, 2)});
+    if (g.fc2_b) for_each_index<S>(C, kernels::column_sum<T>{ws.part_a, g.fc2_b, nl, C, acc});
+    const T* dm = gather(c, static_cast<const T*>(ws.part_a), ws.full1, nl * C);
+    detail::linear_weight_grad<S>(d.n, fp, C, static_cast<const T*>(sv.g), dm, g.fc2_w, acc);
+    detail::linear_input_grad<S>(d.n, fp, C, dm, w.fc2_w, ws.big);
+    for_each_index<S>(d.n * fp, kernels::gelu_backward_inplace<T>{sv.f, ws.big});
+    if (g.fc_b) for_each_index<S>(fp, kernels::column_sum<T>{ws.big, g.fc_b, d.n, fp, acc});
+    const T* h2 = gather(c, static_cast<const T*>(sv.h2), ws.full2, nl * C);
+    detail::linear_weight_grad<S>(d.n, C, fp, h2, static_cast<const T*>(ws.big), g.fc_w, acc);
+    detail::linear_input_grad<S>(d.n, C, fp, static_cast<const T*>(ws.big), w.fc_w, ws.full3);
+    const T* dh2 = reduce(c, ws.full3, ws.part_b, nl * C);
+    for_each_index<S>(C, kernels::layernorm_param_grads<T>{sv.x2, dh2, sv.stats2, g.ln2_w, g.ln2_b, nl, C, acc});
+    for_each_index<S>(nl, kernels::layernorm_backward_add<T>{sv.x2, w.ln2_w, dh2, dy.data, sv.stats2, ws.dx2, C});
+    // attention half: x2 = x + dropout(c_proj(attn(c_attn(ln_1(x)))) + b)
+    for_each_index<S>(nl * C, kernels::dropout_grad<T>{ws.dx2, ws.part_a, drop(c, d, 1)});
+    if (g.proj_b) for_each_index<S>(C, kernels::column_sum<T>{ws.part_a, g.proj_b, nl, C, acc});
+    const T* dp = gather(c, static_cast<const T*>(ws.part_a), ws.full1, nl * C);
+    detail::linear_weight_grad<S>(d.n, cp, C, static_cast<const T*>(sv.att), dp, g.proj_w, acc);
+    detail::linear_input_grad<S>(d.n, cp, C, dp, w.proj_w, ws.datt);
+    causal_attention_backward<S>(attention(d), static_cast<const T*>(sv.qkv), static_cast<const T*>(sv.probs),
+                                 static_cast<const T*>(ws.datt), ws.dqkv, ws.scratch);
+    if (g.qkv_b) for_each_index<S>(3 * cp, kernels::column_sum<T>{ws.dqkv, g.qkv_b, d.n, 3 * cp, acc});
+    const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full2, nl * C);
+    detail::linear_weight_grad<S>(d.n, C, 3 * cp, h1, static_cast<const T*>(ws.dqkv), g.qkv_w, acc);
+    detail::linear_input_grad<S>(d.n, C, 3 * cp, static_cast<const T*>(ws.dqkv), w.qkv_w, ws.full3);
+    const T* dh1 = reduce(c, ws.full3, ws.part_b, nl * C);
+    for_each_index<S>(C, kernels::layernorm_param_grads<T>{x.data, dh1, sv.stats1, g.ln1_w, g.ln1_b, nl, C, acc});
+    if (dx.data)
+      for_each_index<S>(nl, kernels::layernorm_backward_add<T>{x.data, w.ln1_w, dh1, ws.dx2, sv.stats1, dx.data, C});
+  }
+
+ private:
+  gpt_dims dims(const dml::shape& x) const {
+    const std::int64_t t = sequence() ? x[1] * ranks() : x[1];
+    return {x[0], t, x[0] * t, x[0] * x[1]};
+  }
+  attention_shape attention(const gpt_dims& d) const {
+    return {.batch = d.b, .seq = d.t, .heads = heads / ranks(), .head_dim = dim / heads};
+  }
+  kernels::token_dropout drop(const context& c, const gpt_dims& d, std::uint64_t which) const {
+    const std::int64_t first = sequence() ? d.n_local * split.rank : 0;
+    return {detail::dropout_stream(c, which), c.training ? 1.f - dropout : 1.f,
+            static_cast<std::uint64_t>(c.row_offset * d.t + first), dim};
+  }
+  // The parameters (or gradients) by role; biases null without bias.
+  template <class T>
+  struct roles {
+    T *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fc2_w, *fc2_b;
+  };
+  template <class T>
+  roles<T> weights(T* const* v) const {
+    std::size_t i = 0;
+    auto next = [&](bool present) { return present ? v[i++] : static_cast<T*>(nullptr); };
+    roles<T> r{};
+    r.ln1_w = next(true), r.ln1_b = next(bias), r.qkv_w = next(true), r.qkv_b = next(bias);
+    r.proj_w = next(true), r.proj_b = next(bias), r.ln2_w = next(true), r.ln2_b = next(bias);
+    r.fc_w = next(true), r.fc_b = next(bias), r.fc2_w = next(true), r.fc2_b = next(bias);
+    return r;
+  }
+  // What forward keeps for backward: LayerNorm outputs of this rank's rows (re-gathered in backward under
+  // sequence parallelism, as Korthikanti et al. do), q k v, the attention probabilities and output, the
+  // residual between the halves, and c_fc's output before and after GELU.
+  template <class T>
+  struct saved_set {
+    kernels::row_stats *stats1, *stats2;
+    T *h1, *qkv, *probs, *att, *x2, *h2, *f, *g;
+  };
+  template <class T>
+  saved_set<T> saved_parts(std::byte* base, const gpt_dims& d) const {
+    detail::carver k{base};
+    return saved_parts<T>(k, d);
+  }
+  template <class T>
+  saved_set<T> saved_parts(detail::carver& k, const gpt_dims& d) const {
+    const std::int64_t C = dim, cp = dim / ranks(), fp = 4 * dim / ranks();
+    saved_set<T> s{};
+    s.stats1 = k.take<kernels::row_stats>(d.n_local);
+    s.stats2 = k.take<kernels::row_stats>(d.n_local);
+    s.h1 = k.take<T>(d.n_local * C);
+    s.qkv = k.take<T>(d.n * 3 * cp);
+    s.probs = k.take<T>(attention_saved_size(attention(d)));
+    s.att = k.take<T>(d.n * cp);
+    s.x2 = k.take<T>(d.n_local * C);
+    s.h2 = k.take<T>(d.n_local * C);
+    s.f = k.take<T>(d.n * fp);
+    s.g = k.take<T>(d.n * fp);
+    return s;
+  }
+  void saved_parts(detail::carver& k, const gpt_dims& d, std::size_t value_bytes) const {
+    if (value_bytes == 2) saved_parts<bf16>(k, d);
+    else saved_parts<float>(k, d);
+  }
+  template <class T>
+  struct work_set {
+    T *full1, *full2, *full3, *part, *part_a, *part_b, *dx2, *big, *datt, *dqkv, *scratch;
+  };
+  template <class T>
+  work_set<T> work_parts(float* base, const gpt_dims& d) const {
+    detail::carver k{reinterpret_cast<std::byte*>(base)};
+    return work_parts<T>(k, d);
+  }
+  template <class T>
+  work_set<T> work_parts(detail::carver& k, const gpt_dims& d) const {
+    const std::int64_t C = dim, cp = dim / ranks(), fp = 4 * dim / ranks();
+    work_set<T> w{};
+    w.full1 = k.take<T>(d.n * C);
+    w.full2 = k.take<T>(d.n * C);
+    w.full3 = k.take<T>(d.n * C);
+    w.part = w.part_a = k.take<T>(d.n_local * C);
+    w.part_b = k.take<T>(d.n_local * C);
+    w.dx2 = k.take<T>(d.n_local * C);
+    w.big = k.take<T>(d.n * fp);
+    w.datt = k.take<T>(d.n * cp);
+    w.dqkv = k.take<T>(d.n * 3 * cp);
+    w.scratch = k.take<T>(attention_scratch_size(attention(d)));
+    return w;
+  }
+  void work_parts(detail::carver& k, const gpt_dims& d, std::size_t) const { work_parts<float>(k, d); }
+};
+
+// The final LayerNorm and the LM head: [B, T or T/p, C] → logits [B, T, V/p] (a rank's vocabulary columns;
+// softmax_cross_entropy with the tensor group takes them as they are, never gathering the vocabulary).
+struct gpt_head : detail::split_part {
+  static constexpr std::int64_t static_in = dynamic;
+  static constexpr std::int64_t static_out = dynamic;
+  static constexpr const char* kind = "gpt_head";
+  std::string prefix;  // parameters are "ln_f.weight", "lm_head.weight"
+  std::int64_t vocab = 0, dim = 0;
+  float eps = 1e-5f;
+  bool bias = false;
+
+  explicit gpt_head(const gpt_config& g) : vocab(g.vocab), dim(g.d_model), eps(g.eps), bias(g.bias) {}
+  void set_split(tensor_split s) {
+    split = s;
+    check_split(kind);
+    check_divides(kind, "the vocabulary", vocab, s.ranks);
+  }
+  std::vector<param_spec> parameters() const {
+    std::vector<param_spec> out{{"ln_f.weight", {dim}, init_kind::ones, 0.f, 0.f, {}, sequence()}};
+    if (bias) out.push_back({"ln_f.bias", {dim}, init_kind::zeros, 0.f, 0.f, {}, sequence()});
+    out.push_back({"lm_head.weight", {vocab / ranks(), dim}, init_kind::normal, 0.f, 0.02f, shard(vocab, dim, 0)});
+    return out;
+  }
+  dml::shape output_shape(dml::shape x) const {
+    if (x.rank != 3 || x[2] != dim) fail<shape_error>("dml::nn::gpt_head: expected [batch, T, ", dim, "], found shape ", x);
+    return {x[0], sequence() ? x[1] * ranks() : x[1], vocab / ranks()};
+  }
+  std::int64_t saved_bytes(dml::shape x, std::size_t value_bytes) const {
+    const std::int64_t nl = x.rows(), n = sequence() ? nl * ranks() : 0;
+    return (nl * static_cast<std::int64_t>(sizeof(kernels::row_stats)) + 63) / 64 * 64 +
+           ((nl + n) * dim * static_cast<std::int64_t>(value_bytes) + 63) / 64 * 64;
+  }
+  std::int64_t workspace_size(dml::shape x) const { return x.rows() * dim * (ranks() + 1) + 32; }
+
+  template <execution_space S, class T>
+  void forward(const context& c, layer_params<T> p, tensor_view<const T, S> x, tensor_view<T, S> y) const {
+    check_group(kind, c, ranks());
+    const std::int64_t nl = x.rows(), n = y.rows();
+    auto [stats, hs, hfull] = kept<T>(c.saved, nl);
+    for_each_index<S>(nl, kernels::layernorm_keep<T>{x.data, p.w[0], bias ? p.w[1] : nullptr, hs, stats, dim, eps});
+    const T* h = gather(c, static_cast<const T*>(hs), hfull, nl * dim);
+    detail::linear_forward<S>(n, dim, vocab / ranks(), h, p.w[bias ? 2 : 1], static_cast<const T*>(nullptr), y.data);
+  }
+  template <execution_space S, class T>
+  void backward(const context& c, layer_params<T> p, tensor_view<const T, S> x, tensor_view<const T, S>,
+                tensor_view<const T, S> dy, tensor_view<T, S> dx) const {
+    const std::int64_t nl = x.rows(), n = dy.rows(), v = vocab / ranks();
+    auto [stats, hs, hfull] = kept<T>(c.saved, nl);
+    const T* h = sequence() ? hfull : hs;
+    T* full = reinterpret_cast<T*>(c.workspace);
+    T* part = full + n * dim;
+    const std::size_t wi = bias ? 2 : 1;
+    detail::linear_weight_grad<S>(n, dim, v, h, dy.data, p.g[wi], c.accumulate);
+    detail::linear_input_grad<S>(n, dim, v, dy.data, p.w[wi], full);
+    const T* dh = reduce(c, full, part, nl * dim);
+    for_each_index<S>(dim, kernels::layernorm_param_grads<T>{x.data, dh, stats, p.g[0], bias ? p.g[1] : nullptr, nl, dim,
+                                                             c.accumulate});
+    if (dx.data)
+      for_each_index<S>(nl, kernels::layernorm_backward_add<T>{x.data, p.w[0], dh, static_cast<const T*>(nullptr), stats,
+                                                               dx.data, dim});
+  }
+
+ private:
+  // ln_f's statistics and output (this rank's rows), and the gathered output under sequence parallelism.
+  template <class T>
+  std::tuple<kernels::row_stats*, T*, T*> kept(std::byte* base, std::int64_t nl) const {
+    detail::carver k{base};
+    auto* stats = k.take<kernels::row_stats>(nl);
+    T* hs = k.take<T>(nl * dim);
+    T* hfull = sequence() ? k.take<T>(nl * ranks() * dim) : nullptr;
+    return {stats, hs, hfull};
+  }
+};
+
+// A GPT as a sequence of layers: embeddings, blocks h.0 … h.{layers−1}, final LayerNorm and LM head.
+inline auto gpt(const gpt_config& g) {
+  if (g.layers < 1) fail<invalid_argument>("dml::nn::gpt: expected at least one layer, found ", g.layers);
+  std::vector<gpt_block> blocks(static_cast<std::size_t>(g.layers), gpt_block(g));
+  return sequential{gpt_embedding(g), stack<gpt_block>{"h", std::move(blocks)}, gpt_head(g)};
+}
+using gpt_model = decltype(gpt(gpt_config{}));
+
+// Gives every layer of a model that can run as one rank's part of a tensor-parallel group its part.
+template <class... L>
+void set_tensor_split(sequential<L...>& model, tensor_split s) {
+  // Layers without a tensor-parallel form run replicated: every rank of the group computes all of them.
+  model.for_each_layer([&](std::size_t, auto& l) {
+    if constexpr (requires { l.set_split(s); }) l.set_split(s);
+  });
+}
+
+}  // namespace dml::nn

@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: Apache-2.0
+// tests/nn/test_gpt.cpp — the GPT layers: gradients against central finite differences, names, shapes, errors.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "dml/nn/gpt.hpp"
+#include "dml/nn/loss.hpp"
+#include "dml/nn/network.hpp"
+
+namespace {
+
+using namespace dml;
+
+std::vector<float> random_vector(std::size_t n, unsigned seed, float lo = -1.f, float hi = 1.f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+std::vector<float> random_ids(std::size_t n, int vocab, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(rng() % static_cast<unsigned>(vocab));
+  return v;
+}
+
+struct fd_report {
+  double max_rel = 0;
+  int checked = 0;
+};
+
+// loss = Σ y·r; analytic gradients of every parameter (sampled) and of the input against differences.
+template <class... L>
+fd_report gradcheck(nn::sequential<L...> model, shape xs, std::vector<float> x, bool check_input, float h,
+                    nn::context c = {}) {
+  nn::network<host, L...> net(model, 7);
+  // Parameters well away from zero so LayerNorm weights etc. carry signal.
+  for (auto& w : net.params()) w += 0.f;
+  const shape ys = model.output_shape(xs);
+  const auto r = random_vector(static_cast<std::size_t>(ys.numel()), 99);
+  auto probe = [&] {
+    auto y = net.forward(tensor_view<const float>(x.data(), xs), c);
+    double s = 0;
+    for (std::int64_t i = 0; i < y.numel(); ++i) s += double(y.data[i]) * r[i];
+    return s;
+  };
+  probe();
+  auto dx = net.backward(tensor_view<const float>(r.data(), ys), c, check_input);
+  std::vector<float> grad_x(dx.data, dx.data + (check_input ? dx.numel() : 0));
+  std::vector<float> grads(net.grads().begin(), net.grads().end());
+  fd_report rep;
+  std::string where;
+  auto compare = [&](float analytic, double numeric) {
+    // The floor sits above the float rounding of Σ y·r over a step of 2h.
+    const double rel = std::abs(analytic - numeric) / std::max(1e-2, std::abs(numeric) + std::abs(analytic));
+    if (rel > 3e-3) MESSAGE(where << " analytic " << analytic << " numeric " << numeric);
+    rep.max_rel = std::max(rep.max_rel, rel);
+    ++rep.checked;
+  };
+  for (const auto& slot : net.layout().slots) {
+    float* w = net.params().data() + slot.offset;
+    const std::int64_t n = slot.shape.numel();
+    for (std::int64_t i = 0; i < n; i += std::max<std::int64_t>(1, n / 29)) {
+      const float keep = w[i];
+      w[i] = keep + h;
+      const double up = probe();
+      w[i] = keep - h;
+      const double down = probe();
+      w[i] = keep;
+      where = slot.name + "[" + std::to_string(i) + "]";
+      compare(grads[static_cast<std::size_t>(slot.offset + i)], (up - down) / (2.0 * h));
+    }
+  }
+  if (check_input)
+    for (std::size_t i = 0; i < x.size(); i += std::max<std::size_t>(1, x.size() / 37)) {
+      const float keep = x[i];
+      x[i] = keep + h;
+      const double up = probe();
+      x[i] = keep - h;
+      const double down = probe();
+      x[i] = keep;
+      where = "x[" + std::to_string(i) + "]";
+      compare(grad_x[i], (up - down) / (2.0 * h));
+    }
+  return rep;
+}
+
+nn::gpt_config small(bool bias = false, float dropout = 0.f) {
+  return {.vocab = 11, .seq = 6, .layers = 2, .d_model = 8, .heads = 2, .dropout = dropout, .bias = bias};
+}
+
+}  // namespace
+
+TEST_CASE("gpt_block: every parameter and the input match finite differences, with and without biases") {
+  for (bool bias : {false, true}) {
+    auto g = small(bias);
+    auto rep = gradcheck(nn::sequential{nn::gpt_block(g)}, {2, 5, 8}, random_vector(80, 3), true, 1e-2f);
+    MESSAGE("gpt_block bias=" << bias << " max_rel_diff=" << rep.max_rel << " over " << rep.checked);
+    CHECK(rep.checked > 150);
+    CHECK(rep.max_rel < 5e-3);
+  }
+}
+
+TEST_CASE("gpt_block with dropout: backward applies forward's masks") {
+  nn::context c{.training = true, .seed = 5, .step = 2, .row_offset = 3};
+  auto rep = gradcheck(nn::sequential{nn::gpt_block(small(true, 0.3f))}, {2, 4, 8}, random_vector(64, 4), true, 1e-2f, c);
+  MESSAGE("gpt_block dropout max_rel_diff=" << rep.max_rel);
+  CHECK(rep.max_rel < 5e-3);
+}
+
+TEST_CASE("gpt embedding, blocks and head: whole-model gradients through the cross-entropy") {
+  auto g = small(true, 0.1f);
+  auto model = nn::gpt(g);
+  CHECK(model.depth() == 4);
+  nn::network<host, nn::gpt_embedding, nn::stack<nn::gpt_block>, nn::gpt_head> net(model, 3);
+  const shape xs{2, 5};
+  auto ids = random_ids(10, 11, 8);
+  std::vector<std::int32_t> labels(10);
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>((i * 7 + 3) % 11);
+  nn::context c{.training = true, .seed = 1, .step = 1};
+  std::vector<float> dlogits(10 * 11), row(10);
+  auto loss = [&](bool grad) {
+    auto y = net.forward(tensor_view<const float>(ids.data(), xs), c);
+    CHECK(y.shape == shape{2, 5, 11});
+    return nn::softmax_cross_entropy{}.forward_backward<host>(y, labels.data(),
+                                                               tensor_view<float>(grad ? dlogits.data() : nullptr, y.shape),
+                                                               row.data());
+  };
+  const float l0 = loss(true);
+  CHECK(std::abs(l0 - std::log(11.f)) < 0.5f);
+  net.backward(tensor_view<const float>(dlogits.data(), {2, 5, 11}), c);
+  std::vector<float> grads(net.grads().begin(), net.grads().end());
+  double worst = 0;
+  int checked = 0;
+  // The residual stream starts at the embeddings' scale (σ 0.02), where LayerNorm is far from linear: a
+  // small step, and a floor that sits above float rounding of the loss.
+  const float h = 2e-3f;
+  for (const auto& slot : net.layout().slots) {
+    float* w = net.params().data() + slot.offset;
+    for (std::int64_t i = 0; i < slot.shape.numel(); i += std::max<std::int64_t>(1, slot.shape.numel() / 11)) {
+      const float keep = w[i];
+      w[i] = keep + h;
+      const double up = loss(false);
+      w[i] = keep - h;
+      const double down = loss(false);
+      w[i] = keep;
+      const double num = (up - down) / (2.0 * h), ana = grads[static_cast<std::size_t>(slot.offset + i)];
+      const double rel = std::abs(ana - num) / std::max(2e-2, std::abs(num) + std::abs(ana));
+      if (rel > 1e-2) MESSAGE(slot.name << "[" << i << "] analytic " << ana << " numeric " << num);
+      worst = std::max(worst, rel);
+      ++checked;
+    }
+  }
+  MESSAGE("gpt max_rel_diff=" << worst << " over " << checked);
+  CHECK(checked > 100);
+  CHECK(worst < 1e-2);
+}
+
+TEST_CASE("gpt parameter names follow nanoGPT's state dict") {
+  auto names = [](const nn::gpt_config& g) {
+    std::vector<std::string> out;
+    for (const auto& [l, spec] : nn::gpt(g).parameters()) out.push_back(spec.name);
+    return out;
+  };
+  auto g = small();
+  g.layers = 1;
+  CHECK(names(g) == std::vector<std::string>{"wte.weight", "wpe.weight", "h.0.ln_1.weight", "h.0.attn.c_attn.weight",
+                                             "h.0.attn.c_proj.weight", "h.0.ln_2.weight", "h.0.mlp.c_fc.weight",
+                                             "h.0.mlp.c_proj.weight", "ln_f.weight", "lm_head.weight"});
+  g.bias = true;
+  g.layers = 2;
+  const auto b = names(g);
+  CHECK(b.size() == 2 + 2 * 12 + 3);
+  CHECK(b[3] == "h.0.ln_1.bias");
+  CHECK(b[14] == "h.1.ln_1.weight");
+  CHECK(b.back() == "lm_head.weight");
+}
+
+TEST_CASE("gpt: shapes and divisibility errors say what was expected") {
+  auto g = small();
+  auto model = nn::gpt(g);
+  CHECK_THROWS_WITH_AS(model.output_shape({2, 7}), doctest::Contains("1 <= T <= 6"), shape_error);
+  nn::gpt_block b(g);
+  CHECK_THROWS_WITH_AS(b.set_split({.ranks = 4}), doctest::Contains("needs the heads divisible by 4, found 2"),
+                       invalid_argument);
+  nn::gpt_embedding e(g);
+  CHECK_THROWS_WITH_AS(e.set_split({.ranks = 2}), doctest::Contains("the vocabulary divisible by 2, found 11"),
+                       invalid_argument);
+  CHECK_THROWS_WITH_AS(nn::gpt_block(nn::gpt_config{.d_model = 10, .heads = 4}), doctest::Contains("multiple of heads"),
+                       invalid_argument);
+}
