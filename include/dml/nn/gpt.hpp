@@ -42,12 +42,6 @@ struct gpt_config {
   float eps = 1e-5f;
 };
 
-// This rank's part of a tensor-parallel group of `ranks`; `sequence`: sequence parallelism too.
-struct tensor_split {
-  int ranks = 1, rank = 0;
-  bool sequence = false;
-  friend bool operator==(const tensor_split&, const tensor_split&) = default;
-};
 
 namespace kernels {
 // y = LayerNorm(x) with optional bias; keeps each row's mean and 1/σ for backward.
@@ -178,6 +172,18 @@ struct embed_tokens {
     float v = id >= 0 && id < ids_held ? static_cast<float>(wte[id * n + j]) : 0.f;
     if (wpe) v += static_cast<float>(wpe[(token % seq) * n + j]);
     y[i] = T(v);
+  }
+};
+// y = dropout(sum + wpe[position]) for local token rows (sum may be y).
+template <class T>
+struct add_positions {
+  const T *sum, *wpe;
+  T* y;
+  std::int64_t n, t, first_token;  // t: tokens per sequence
+  token_dropout drop;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    const std::int64_t pos = (first_token + i / n) % t;
+    y[i] = T((static_cast<float>(sum[i]) + static_cast<float>(wpe[pos * n + i % n])) * drop.scale(i));
   }
 };
 // dwte rows this rank holds, one column per call: Σ over tokens with that id.
@@ -334,7 +340,7 @@ struct gpt_embedding : detail::split_part {
                         ranks(), ", found T = ", x[1]);
     return {x[0], sequence() ? x[1] / ranks() : x[1], dim};
   }
-  // Forward sums every token's lookups there (sequence parallel); backward keeps the dropout gradient of this
+  // Forward sums every token's lookups there (tensor parallel); backward keeps the dropout gradient of this
   // rank's rows, and every token's under sequence parallelism.
   std::int64_t workspace_size(dml::shape x) const { return x.numel() * dim * (sequence() ? 2 : 1); }
 
@@ -351,14 +357,12 @@ struct gpt_embedding : detail::split_part {
       return;
     }
     // Each rank looks up the ids it holds for every token; the group sums; positions and dropout follow.
-    T* full = sequence() ? reinterpret_cast<T*>(c.workspace) : y.data;
+    T* full = reinterpret_cast<T*>(c.workspace);
     for_each_index<S>(tokens * dim, kernels::embed_tokens<T>{x.data, p.w[0], nullptr, full, dim, x.shape[1], first_id,
                                                              vocab / ranks(), 0});
-    T* sum = reduce(c, full, y.data, mine * dim);
+    const T* sum = reduce(c, full, y.data, mine * dim);
     const std::int64_t first_token = sequence() ? mine * split.rank : 0;
-    for_each_index<S>(mine * dim, kernels::embed_tokens<T>{x.data, static_cast<const T*>(nullptr), p.w[1], y.data, dim,
-                                                          x.shape[1], 0, 0, first_token});
-    for_each_index<S>(mine * dim, kernels::residual_dropout<T>{y.data, sum, nullptr, y.data, drop});
+    for_each_index<S>(mine * dim, kernels::add_positions<T>{sum, p.w[1], y.data, dim, x.shape[1], first_token, drop});
   }
   template <execution_space S, class Id, class T, class Dx>
   void backward(const context& c, layer_params<T> p, tensor_view<const Id, S> x, tensor_view<const T, S>,
@@ -702,14 +706,5 @@ inline auto gpt(const gpt_config& g) {
   return sequential{gpt_embedding(g), stack<gpt_block>{"h", std::move(blocks)}, gpt_head(g)};
 }
 using gpt_model = decltype(gpt(gpt_config{}));
-
-// Gives every layer of a model that can run as one rank's part of a tensor-parallel group its part.
-template <class... L>
-void set_tensor_split(sequential<L...>& model, tensor_split s) {
-  // Layers without a tensor-parallel form run replicated: every rank of the group computes all of them.
-  model.for_each_layer([&](std::size_t, auto& l) {
-    if constexpr (requires { l.set_split(s); }) l.set_split(s);
-  });
-}
 
 }  // namespace dml::nn

@@ -78,6 +78,14 @@ struct context {
   bool gradients_complete = true;
 };
 
+// This rank's part of a tensor-parallel group of `ranks`; `sequence`: sequence parallelism too. Layers
+// with a tensor-parallel form take it in `void set_split(tensor_split)` (see nn/gpt.hpp).
+struct tensor_split {
+  int ranks = 1, rank = 0;
+  bool sequence = false;
+  friend bool operator==(const tensor_split&, const tensor_split&) = default;
+};
+
 // A layer's parameters and their gradients: pointers into the flat buffers, in spec order, of the
 // network's working type (float, or bf16/fp16 under mixed precision).
 template <class T = float>

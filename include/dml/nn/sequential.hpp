@@ -178,4 +178,13 @@ class sequential {
 template <class... L>
 sequential(L...) -> sequential<L...>;
 
+// Gives every layer that has a tensor-parallel form (`set_split`) its part; the others run replicated:
+// every rank of the group computes all of them.
+template <class... L>
+void set_tensor_split(sequential<L...>& model, tensor_split s) {
+  model.for_each_layer([&](std::size_t, auto& l) {
+    if constexpr (requires { l.set_split(s); }) l.set_split(s);
+  });
+}
+
 }  // namespace dml::nn

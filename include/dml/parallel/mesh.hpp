@@ -149,14 +149,16 @@ class mesh {
   Comm tp_, dp_, pp_, ep_, edp_;
 };
 
-// The dp × pp mesh of a trainer with `stages` pipeline stages over world, or none for one stage.
+// The tp × dp × pp mesh of a trainer with `tp` tensor-parallel ranks and `stages` pipeline stages over
+// world, or none when both are 1 (the world is the data-parallel group).
 template <comm::communicator Comm>
-std::optional<mesh<Comm>> pipeline_mesh(Comm& world, int stages) {
-  if (stages < 1 || world.size() % stages != 0)
-    fail<invalid_argument>("dml::trainer: expected pipeline_stages >= 1 dividing the group's ", world.size(),
-                           " ranks, found ", stages);
-  if (stages == 1) return std::nullopt;
-  return std::optional<mesh<Comm>>(std::in_place, world, mesh_shape{.dp = world.size() / stages, .pp = stages});
+std::optional<mesh<Comm>> trainer_mesh(Comm& world, int tp, int stages) {
+  if (tp < 1 || stages < 1 || world.size() % (tp * stages) != 0)
+    fail<invalid_argument>("dml::trainer: expected tensor_parallel × pipeline_stages to divide the group's ", world.size(),
+                           " ranks, found tensor_parallel ", tp, " and pipeline_stages ", stages);
+  if (tp == 1 && stages == 1) return std::nullopt;
+  return std::optional<mesh<Comm>>(std::in_place, world,
+                                   mesh_shape{.tp = tp, .dp = world.size() / (tp * stages), .pp = stages});
 }
 
 }  // namespace dml::parallel

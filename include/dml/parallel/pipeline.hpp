@@ -65,29 +65,6 @@ std::vector<nn::layer_range> stage_chunks(const typename Net::model_type& model,
   return out;
 }
 
-// Every stage's parameters (`mine`, in its stage layout) in the whole model's layout: each stage fills
-// its slots and the pipeline group sums the rest in (collective over pp).
-template <class Space, class Comm>
-std::vector<float> whole_model(Comm& pp, const nn::param_layout& stage, const nn::param_layout& whole,
-                               std::span<const float> mine) {
-  buffer<float, Space> full(static_cast<std::size_t>(whole.total));
-  fill_n<Space>(full.data(), whole.total, 0.f);
-  for (const auto& s : stage.slots)
-    dml::copy_n(mine.data() + s.offset, static_cast<std::size_t>(s.shape.numel()), full.data() + whole.slots[s.id].offset);
-  pp.all_reduce(full.span(), comm::reduce_op::sum);
-  std::vector<float> out(full.size());
-  dml::copy_n(full.data(), out.size(), out.data());
-  return out;
-}
-// The stage's slots of a whole-model parameter vector, in the stage layout.
-inline std::vector<float> stage_part(const nn::param_layout& stage, const nn::param_layout& whole,
-                                     std::span<const float> full) {
-  std::vector<float> mine(static_cast<std::size_t>(stage.total), 0.f);
-  for (const auto& s : stage.slots)
-    std::copy_n(full.data() + whole.slots[s.id].offset, s.shape.numel(), mine.data() + s.offset);
-  return mine;
-}
-
 // One rank of a pipeline: its chunks of the network, the activations of every (micro-batch, chunk) in
 // flight, and the sends and receives between stages. Sends are non-blocking (several micro-batches in
 // flight); a receive blocks until its message is there, as schedule::check assumes.

@@ -18,6 +18,7 @@
 #include "dml/parallel/mesh.hpp"
 #include "dml/parallel/pipeline.hpp"
 #include "dml/parallel/policy.hpp"
+#include "dml/parallel/tensor.hpp"
 #include "dml/train/checkpoint_io.hpp"
 #include "dml/train/options.hpp"
 
@@ -44,6 +45,7 @@ struct engine_base {
   virtual std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) = 0;
   virtual const schedule::table& schedule_table(std::int64_t micro_batches) = 0;
   virtual std::pair<std::int64_t, std::int64_t> activation_peaks() const = 0;  // bytes, sets
+  virtual const nn::tensor_group* tensor_parallel_group() const = 0;            // null without tensor parallelism
 };
 
 using make_schedule = std::function<schedule::table(int stages, int micro_batches)>;
@@ -57,17 +59,22 @@ class engine final : public engine_base<Space> {
 
  public:
   engine(Comm& world, const nn::sequential<Layers...>& model, trainer_options opt, Optimizer optimizer, make_schedule made)
-      : world_(world), opt_(std::move(opt)), optimizer_(optimizer), made_(std::move(made)), mesh_(parallel::pipeline_mesh(world, opt_.pipeline_stages)),
-        dp_(opt_.pipeline_stages == 1 ? world : mesh_->dp()), schedules_(), log_(opt_.record_events),
-        net_(model, opt_.seed, with_chunks(sync_type::network_options(dp_.size()), model)),
-        full_layout_(opt_.pipeline_stages == 1 ? net_.layout() : nn::make_layout(model, net_.layout().padding_unit)),
+      : world_(world), opt_(std::move(opt)), optimizer_(optimizer), made_(std::move(made)),
+        mesh_(parallel::trainer_mesh(world, opt_.tensor_parallel, opt_.pipeline_stages)), dp_(mesh_ ? mesh_->dp() : world),
+        tp_(tensor_group()), schedules_(), log_(opt_.record_events),
+        net_(tensor_part(model), opt_.seed, with_chunks(sync_type::network_options(dp_.size()), model)),
+        full_layout_(mesh_ ? nn::make_layout(model, net_.layout().padding_unit) : net_.layout()),
         sync_(dp_, net_, {.seed = opt_.seed, .bucket_mb = opt_.bucket_mb, .chunks = chunks_, .log = &log_}),
         pipe_(opt_.pipeline_stages == 1 ? nullptr : &mesh_->pp(), net_, opt_.pipeline_stages, pp_rank(), chunks_,
-              opt_.recompute, log_) {
+              opt_.recompute, log_, tp_.get()) {
     if (opt_.micro_batches < 1) fail<invalid_argument>("dml::trainer: expected micro_batches >= 1, found ", opt_.micro_batches);
     if (opt_.pipeline_stages > 1 && sync_type::reduces_every_backward)
       fail<invalid_argument>("dml::trainer: pipeline stages compose with replicate or zero<1> across data-parallel "
                              "ranks; found ", Sharding::name, " with ", opt_.pipeline_stages, " stages");
+    if (opt_.tensor_parallel > 1 && opt_.clip_norm > 0.f)
+      fail<invalid_argument>("dml::trainer: gradient clipping with tensor parallelism is not supported yet (the norm "
+                             "must count replicated parameters once); found clip_norm ", opt_.clip_norm, " with tensor_parallel ",
+                             opt_.tensor_parallel);
     if constexpr (Precision::loss_scaling) scaler_ = optim::loss_scaler({.init_scale = opt_.initial_loss_scale});
     schedule_of(opt_.micro_batches);  // a bad schedule fails here, before any work
   }
@@ -127,14 +134,16 @@ class engine final : public engine_base<Space> {
   }
   std::vector<float> full_parameters() override {
     if (!mesh_) return sync_.parameters();
-    return parallel::whole_model<Space>(mesh_->pp(), net_.layout(), full_layout_, sync_.parameters());
+    return parallel::whole_model<Space>(net_.layout(), full_layout_, sync_.parameters(), mesh_->tp_rank(), mesh_->tp(),
+                                        mesh_->pp());
   }
   void load_full_parameters(std::span<const float> full) override {
     if (static_cast<std::int64_t>(full.size()) != full_layout_.total)
       fail<shape_error>("dml::trainer: expected ", full_layout_.total, " parameters (padding included), found ", full.size());
     if (!mesh_) return sync_.load_parameters(full);
-    sync_.load_parameters(parallel::stage_part(net_.layout(), full_layout_, full));
+    sync_.load_parameters(parallel::part_of_whole(net_.layout(), full_layout_, full));
   }
+  const nn::tensor_group* tensor_parallel_group() const override { return tp_.get(); }
   memory_report memory() const override { return sync_.memory(); }
   // The whole model's layout, whatever stage this rank runs: what full_parameters fills.
   const nn::param_layout& layout() const override { return full_layout_; }
@@ -145,6 +154,7 @@ class engine final : public engine_base<Space> {
   std::pair<std::int64_t, std::int64_t> activation_peaks() const override { return {pipe_.peak_bytes(), pipe_.peak_sets()}; }
 
   void save_checkpoint(const std::filesystem::path& dir, const std::map<std::string, std::string>& user) override {
+    refuse_tensor_parallel_checkpoint();
     auto info = description();
     info.user = user;
     put_trainer_meta(info, optimizer_step_, Precision::loss_scaling ? &scaler_ : nullptr);
@@ -152,6 +162,7 @@ class engine final : public engine_base<Space> {
     save_sharded<Space, Optimizer::state_slots>(world_, sync_, dp_.rank(), dir, std::move(info), ranges);
   }
   std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) override {
+    refuse_tensor_parallel_checkpoint();
     auto info = load_sharded<Optimizer::state_slots>(world_, sync_, dp_.rank(), net_.layout(), dir, description());
     step_ = info.step;
     opt_.seed = info.seed;  // dropout masks follow (seed, step)
@@ -162,6 +173,21 @@ class engine final : public engine_base<Space> {
 
  private:
   int pp_rank() const { return mesh_ ? mesh_->pp_rank() : 0; }
+  void refuse_tensor_parallel_checkpoint() const {
+    if (opt_.tensor_parallel > 1)
+      fail<invalid_argument>("dml::trainer: sharded checkpoints of tensor-parallel runs are not supported yet; save "
+                             "full_parameters() with train::save_weights instead");
+  }
+  // This rank's part of the model: layers with a tensor-parallel form hold 1/tp of their parameters.
+  nn::sequential<Layers...> tensor_part(nn::sequential<Layers...> model) const {
+    if (opt_.tensor_parallel > 1)
+      nn::set_tensor_split(model, {.ranks = opt_.tensor_parallel, .rank = mesh_->tp_rank(), .sequence = opt_.sequence_parallel});
+    return model;
+  }
+  std::unique_ptr<parallel::tensor_group<Comm>> tensor_group() {
+    if (opt_.tensor_parallel == 1) return nullptr;
+    return std::make_unique<parallel::tensor_group<Comm>>(mesh_->tp());
+  }
   nn::network_options with_chunks(nn::network_options o, const nn::sequential<Layers...>& model) {
     virtual_stages_ = make_table(std::max<std::int64_t>(opt_.micro_batches, 1)).virtual_stages;
     chunks_ = parallel::stage_chunks<net_type>(model, pipeline_options(), pp_rank());
@@ -218,8 +244,9 @@ class engine final : public engine_base<Space> {
   trainer_options opt_;
   Optimizer optimizer_;
   make_schedule made_;
-  std::optional<parallel::mesh<Comm>> mesh_;  // dp × pp groups, when there is a pipeline
+  std::optional<parallel::mesh<Comm>> mesh_;  // tp × dp × pp groups, with tensor or pipeline parallelism
   Comm& dp_;                                  // the data-parallel group of this rank's stage
+  std::unique_ptr<parallel::tensor_group<Comm>> tp_;  // what the layers talk to, with tensor parallelism
   std::map<std::int64_t, schedule::table> schedules_;
   parallel::event_log log_;
   int virtual_stages_ = 1;
@@ -282,6 +309,8 @@ class trainer {
   // Of the last step on this rank: the most activation bytes and (micro-batch, chunk) sets held at once.
   std::int64_t peak_activation_bytes() const { return engine_->activation_peaks().first; }
   std::int64_t peak_in_flight() const { return engine_->activation_peaks().second; }
+  // The tensor-parallel group the layers talk to, with its per-pass call counts; null without one.
+  const nn::tensor_group* tensor_parallel_group() const { return engine_->tensor_parallel_group(); }
 
   // Sharded checkpoint of parameters, optimizer state, step and seed, with the caller's position in
   // `user_meta`: writes dir/step-<step>/, then points dir/latest at it (train/checkpoint.hpp). Collective.
