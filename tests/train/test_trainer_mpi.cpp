@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "dml/comm/mpi.hpp"
+#include "gpt_fixture.hpp"
 #include "trainer_fixture.hpp"
 
 using namespace trainer_fixture;
@@ -43,5 +44,22 @@ TEST_CASE("comm::mpi: pipeline schedules x stages equal one rank") {
     CAPTURE(sched);
     CAPTURE(world.size());
     check_same(ref, train_ranks<parallel::replicate>(world, o, model), 1e-5);
+  }
+}
+
+// A GPT over processes: every dp × tp × pp layout of the world (np 4: tp 4; tp 2 × dp 2; tp 2 × pp 2, each with
+// and without sequence parallelism; np 2: tp 2) against one rank, dropout on.
+TEST_CASE("comm::mpi: tensor, sequence, pipeline and data parallelism of a GPT equal one rank") {
+  environment();
+  comm::mpi world;
+  comm::mpi alone = world.split(world.rank(), 0);
+  const auto ref = gpt_fixture::train_gpt<parallel::replicate, optim::adamw>(alone, {}, gpt_fixture::config());
+  const int n = world.size();
+  for (const gpt_fixture::layout l : {gpt_fixture::layout{.tp = n}, gpt_fixture::layout{.tp = n, .sp = true},
+                                      gpt_fixture::layout{.tp = 2, .dp = n / 2}, gpt_fixture::layout{.tp = 2, .pp = n / 2, .sp = true}}) {
+    if (l.size() != n) continue;
+    CAPTURE(l.name());
+    gpt_fixture::check_same(ref, gpt_fixture::train_gpt<parallel::replicate, optim::adamw>(world, l, gpt_fixture::config()),
+                            l.name());
   }
 }

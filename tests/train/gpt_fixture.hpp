@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: Apache-2.0
+// tests/train/gpt_fixture.hpp — a small GPT, text with something to learn, and a training loop over any
+// communicator and dp × tp × pp layout, shared by the comm::local and MPI tensor-parallel tests.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "dml/dml.hpp"
+#include "dml/nn/gpt.hpp"
+#include "dml/train/text.hpp"
+
+namespace gpt_fixture {
+
+using namespace dml;
+
+constexpr std::int64_t batch = 8, seq = 16;
+constexpr int steps = 20;
+
+inline nn::gpt_config config(std::int64_t layers = 2, float dropout = 0.1f) {
+  return {.vocab = 32, .seq = seq, .layers = layers, .d_model = 32, .heads = 4, .dropout = dropout};
+}
+inline const train::text_corpus& corpus() {
+  static const train::text_corpus text = [] {
+    std::vector<std::uint8_t> bytes(4096);
+    const rng_stream rng{3, 1};
+    // Some structure to learn: each byte depends on the one before it.
+    std::uint8_t prev = 0;
+    for (std::size_t i = 0; i < bytes.size(); ++i)
+      prev = bytes[i] = static_cast<std::uint8_t>((prev * 5 + (rng.uniform(i) < 0.3f ? 7 : 1)) % 32);
+    return train::text_corpus(bytes);
+  }();
+  return text;
+}
+
+struct layout {
+  int tp = 1, pp = 1, dp = 1;
+  bool sp = false;
+  int size() const { return tp * pp * dp; }
+  std::string name() const {
+    return "tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " + std::to_string(dp) + (sp ? " sp" : "");
+  }
+};
+
+struct result {
+  std::vector<float> losses;
+  std::vector<float> params;  // the whole model, padding stripped
+  std::int64_t peak_activation_bytes = 0;
+  std::int64_t forward_calls = 0, backward_calls = 0;
+  std::array<std::int64_t, 4> forward_ops{}, backward_ops{};
+};
+
+// Trains on comm (of l.size() ranks) and returns what its rank 0 saw (every rank returns its own record).
+template <class... P, class C>
+result train_gpt(C& c, const layout& l, const nn::gpt_config& g, int n_steps = steps, std::int64_t micro = 0) {
+  result out;
+  const auto model = nn::gpt(g);
+  train::trainer_options o;
+  o.seed = 9;
+  o.pipeline_stages = l.pp;
+  o.tensor_parallel = l.tp;
+  o.sequence_parallel = l.sp;
+  o.micro_batches = micro > 0 ? micro : (l.pp > 1 ? 2 : 1);
+  trainer<P...> t(c, model, o, optim::adamw({.lr = 3e-3f}));
+  const int dp_rank = c.rank() / l.tp % l.dp;
+  const std::int64_t first = batch * dp_rank / l.dp, rows = batch * (dp_rank + 1) / l.dp - first;
+  std::vector<float> x(static_cast<std::size_t>(rows * seq));
+  std::vector<std::int32_t> y(x.size());
+  for (int s = 1; s <= n_steps; ++s) {
+    corpus().batch(4, static_cast<std::uint64_t>(s), first, rows, seq, x.data(), y.data());
+    out.losses.push_back(t.step(tensor_view<const float>(x.data(), {rows, seq}), y.data(), batch).loss);
+  }
+  const auto params = t.full_parameters();
+  for (const auto& slot : t.layout().slots)
+    out.params.insert(out.params.end(), params.begin() + slot.offset, params.begin() + slot.offset + slot.shape.numel());
+  out.peak_activation_bytes = t.peak_activation_bytes();
+  if (const auto* group = t.tensor_parallel_group()) {
+    out.forward_calls = group->calls(nn::pass::forward);
+    out.backward_calls = group->calls(nn::pass::backward);
+    for (int op = 0; op < 4; ++op) {
+      out.forward_ops[op] = group->calls(nn::pass::forward, static_cast<nn::group_op>(op));
+      out.backward_ops[op] = group->calls(nn::pass::backward, static_cast<nn::group_op>(op));
+    }
+  }
+  return out;
+}
+
+inline void check_same(const result& ref, const result& got, const std::string& what) {
+  REQUIRE(ref.losses.size() == got.losses.size());
+  REQUIRE(ref.params.size() == got.params.size());
+  double worst = 0, worst_w = 0;
+  for (std::size_t i = 0; i < ref.losses.size(); ++i)
+    worst = std::max(worst, std::abs(double(ref.losses[i]) - got.losses[i]) / std::abs(double(ref.losses[i])));
+  for (std::size_t i = 0; i < ref.params.size(); ++i)
+    worst_w = std::max(worst_w, double(std::abs(ref.params[i] - got.params[i])));
+  MESSAGE(what << ": max_rel_loss_diff=" << worst << " max_abs_param_diff=" << worst_w);
+  CHECK(worst <= 1e-5);
+  CHECK(worst_w <= 1e-5);
+}
+
+}  // namespace gpt_fixture
