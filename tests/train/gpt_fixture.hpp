@@ -54,9 +54,15 @@ struct result {
   std::array<std::int64_t, 4> forward_ops{}, backward_ops{};
 };
 
+// Where a run resumes from and what it saves at its end (empty: neither).
+struct checkpoints {
+  std::string load, save;
+};
+
 // Trains on comm (of l.size() ranks) and returns what its rank 0 saw (every rank returns its own record).
 template <class... P, class C>
-result train_gpt(C& c, const layout& l, const nn::gpt_config& g, int n_steps = steps, std::int64_t micro = 0) {
+result train_gpt(C& c, const layout& l, const nn::gpt_config& g, int n_steps = steps, std::int64_t micro = 0,
+                 const checkpoints& ck = {}) {
   result out;
   const auto model = nn::gpt(g);
   train::trainer_options o;
@@ -70,10 +76,12 @@ result train_gpt(C& c, const layout& l, const nn::gpt_config& g, int n_steps = s
   const std::int64_t first = batch * dp_rank / l.dp, rows = batch * (dp_rank + 1) / l.dp - first;
   std::vector<float> x(static_cast<std::size_t>(rows * seq));
   std::vector<std::int32_t> y(x.size());
-  for (int s = 1; s <= n_steps; ++s) {
+  const int first_step = ck.load.empty() ? 1 : (t.load_checkpoint(ck.load), static_cast<int>(t.steps()) + 1);
+  for (int s = first_step; s < first_step + n_steps; ++s) {
     corpus().batch(4, static_cast<std::uint64_t>(s), first, rows, seq, x.data(), y.data());
     out.losses.push_back(t.step(tensor_view<const float>(x.data(), {rows, seq}), y.data(), batch).loss);
   }
+  if (!ck.save.empty()) t.save_checkpoint(ck.save);
   const auto params = t.full_parameters();
   for (const auto& slot : t.layout().slots)
     out.params.insert(out.params.end(), params.begin() + slot.offset, params.begin() + slot.offset + slot.shape.numel());

@@ -135,7 +135,7 @@ TEST_CASE("pipeline: bad layouts fail with what was expected") {
     auto o = options();
     o.pipeline_stages = 2;
     CHECK_THROWS_WITH_AS(trainer<parallel::replicate>(c, make_deep_model(0.f), o),
-                         doctest::Contains("dividing the group's 3 ranks, found 2"), invalid_argument);
+                         doctest::Contains("to divide the group's 3 ranks, found tensor_parallel 1 and pipeline_stages 2"), invalid_argument);
   });
   comm::local::run(2, [&](comm::local& c) {
     auto o = options();

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "../temp_dir.hpp"
 #include "gpt_fixture.hpp"
 
 namespace {
@@ -16,10 +17,11 @@ using namespace gpt_fixture;
 
 // Trains on l.size() local ranks; rank 0's record.
 template <class... P>
-result run_layout(const layout& l, const nn::gpt_config& g, int n_steps = steps, std::int64_t micro = 0) {
+result run_layout(const layout& l, const nn::gpt_config& g, int n_steps = steps, std::int64_t micro = 0,
+                  const checkpoints& ck = {}) {
   result out;
   comm::local::run(l.size(), [&](comm::local& c) {
-    auto r = train_gpt<P...>(c, l, g, n_steps, micro);
+    auto r = train_gpt<P...>(c, l, g, n_steps, micro, ck);
     if (c.rank() == 0) out = std::move(r);
   });
   return out;
@@ -115,4 +117,22 @@ TEST_CASE("tensor-parallel layouts that do not divide say so") {
                          trainer<parallel::replicate, optim::adamw> t(c, odd_vocab, {.tensor_parallel = 4});
                        }),
                        doctest::Contains("the vocabulary divisible by 4, found 30"), invalid_argument);
+}
+
+TEST_CASE("checkpoints written by any dp × tp × pp layout resume in any other") {
+  const auto whole = run_layout<parallel::replicate, optim::adamw>({}, config(), 12);
+  const std::vector<float> tail(whole.losses.begin() + 6, whole.losses.end());
+  const layout layouts[] = {{}, {.tp = 2}, {.tp = 2, .pp = 2, .sp = true}, {.tp = 4, .dp = 2}, {.tp = 2, .dp = 2}};
+  for (const auto& from : layouts)
+    for (const auto& to : layouts) {
+      if (from.size() == 1 && to.size() == 1) continue;
+      if (from.tp == to.tp && from.pp == to.pp && from.dp == to.dp) continue;
+      dml_test::temp_dir dir;
+      run_layout<parallel::replicate, optim::adamw>(from, config(), 6, 0, {.save = dir.path.string()});
+      auto resumed = run_layout<parallel::replicate, optim::adamw>(to, config(), 6, 0, {.load = dir.path.string()});
+      CAPTURE(from.name());
+      CAPTURE(to.name());
+      resumed.losses.insert(resumed.losses.begin(), whole.losses.begin(), whole.losses.begin() + 6);
+      check_same(whole, resumed, from.name() + " -> " + to.name());
+    }
 }

@@ -452,6 +452,16 @@ inline void check_files(const std::filesystem::path& path, const checkpoint_inde
   }
 }
 
+// The key of each range in its rank file: the tensor's name, and "name@begin" for a second range of the same
+// tensor in one file (a tensor-parallel part of a matrix split along its columns is one range per row).
+inline std::vector<std::string> stored_names(const std::vector<checkpoint_range>& ranges) {
+  std::vector<std::string> out;
+  std::map<std::string_view, int> seen;
+  for (const auto& r : ranges)
+    out.push_back(seen[r.tensor]++ == 0 ? r.tensor : dml::detail::cat(r.tensor, "@", r.begin));
+  return out;
+}
+
 // Opens a rank file and checks it against its index entry: the tensors, their shapes and the checksum.
 inline safetensors_file open_shard(const checkpoint_index& x, const checkpoint_file& f) {
   auto file = safetensors_file::open(x.dir / f.name);
@@ -460,13 +470,15 @@ inline safetensors_file open_shard(const checkpoint_index& x, const checkpoint_f
     fail<format_error>(p, ": expected ", f.ranges.size(), " tensors as the index lists, found ",
                        file.tensors().size());
   checksum64 sum;
-  for (const auto& r : f.ranges) {
-    if (!file.contains(r.tensor)) fail<format_error>(p, ": expected a tensor '", r.tensor, "', found none");
-    const auto& t = file.at(r.tensor);
+  const auto keys = stored_names(f.ranges);
+  for (std::size_t i = 0; i < f.ranges.size(); ++i) {
+    const auto& r = f.ranges[i];
+    if (!file.contains(keys[i])) fail<format_error>(p, ": expected a tensor '", keys[i], "', found none");
+    const auto& t = file.at(keys[i]);
     if (t.dtype != dml::dtype::f32 || t.shape.size() != 1 || t.shape[0] != r.end - r.begin)
-      fail<format_error>(p, ": tensor '", r.tensor, "': expected F32 of shape [", r.end - r.begin, "], found ",
+      fail<format_error>(p, ": tensor '", keys[i], "': expected F32 of shape [", r.end - r.begin, "], found ",
                          dml::dtype_name(t.dtype), " of shape ", shape_text(t.shape));
-    sum.add(file.bytes(r.tensor));
+    sum.add(file.bytes(keys[i]));
   }
   if (sum.h != f.checksum)
     fail<format_error>(p, ": checksum ", hex64(sum.h), " does not match ", hex64(f.checksum),
@@ -558,9 +570,10 @@ void write_checkpoint(Comm& comm, const std::filesystem::path& dir, checkpoint_i
       std::vector<tensor_ref> refs;
       checksum64 sum;
       nlohmann::json listed = nlohmann::json::array();
+      const auto keys = detail::stored_names(my);
       for (std::size_t i = 0; i < my.size(); ++i) {
         const auto& r = my[i];
-        refs.push_back(make_tensor_ref(r.tensor, std::span<const float>(data[i], static_cast<std::size_t>(r.end - r.begin)),
+        refs.push_back(make_tensor_ref(keys[i], std::span<const float>(data[i], static_cast<std::size_t>(r.end - r.begin)),
                                        {r.end - r.begin}));
         sum.add(refs.back().data);
         listed.push_back({r.tensor, r.begin, r.end});
@@ -623,6 +636,8 @@ checkpoint_info read_checkpoint(Comm& comm, const std::filesystem::path& dir, co
     for (std::size_t f = 0; f < x.files.size(); ++f)
       for (std::size_t r = 0; r < x.files[f].ranges.size(); ++r) where[x.files[f].ranges[r].tensor].emplace_back(f, r);
     std::map<std::size_t, safetensors_file> open;
+    std::vector<std::vector<std::string>> keys;
+    for (const auto& f : x.files) keys.push_back(detail::stored_names(f.ranges));
     for (std::size_t i = 0; i < need.size(); ++i) {
       const auto& q = need[i];
       std::int64_t filled = 0;
@@ -632,7 +647,7 @@ checkpoint_info read_checkpoint(Comm& comm, const std::filesystem::path& dir, co
         if (b >= e) continue;
         auto it = open.find(f);
         if (it == open.end()) it = open.emplace(f, open_shard(x, x.files[f])).first;
-        const auto bytes = it->second.bytes(q.tensor);
+        const auto bytes = it->second.bytes(keys[f][r]);
         std::memcpy(out[i] + (b - q.begin), bytes.data() + (b - have.begin) * sizeof(float),
                     static_cast<std::size_t>(e - b) * sizeof(float));
         filled += e - b;

@@ -54,27 +54,52 @@ inline std::int64_t take_trainer_meta(checkpoint_info& info, optim::loss_scaler*
   return optimizer_step;
 }
 
-// The (tensor, element range) pieces that data-parallel rank r of a stage writes: its part of every
-// bucket, parameters (k = −1) and each state slot, in the order save_sharded passes their data.
+// Elements [begin, end) of a slot as ranges of the whole parameter: f(whole_begin, whole_end, local_begin) for
+// each run. A tensor-parallel part (`shard` of tensor rank tp_rank) maps to several runs, a whole one to one.
+template <class F>
+void whole_runs(nn::param_shard shard, int tp_rank, std::int64_t begin, std::int64_t end, F&& f) {
+  shard.rank = shard.sharded() ? tp_rank : 0;
+  for (std::int64_t i = begin; i < end;) {
+    const std::int64_t w = shard.whole_index(i);
+    std::int64_t j = i + 1;
+    while (j < end && shard.whole_index(j) == w + (j - i)) ++j;
+    f(w, w + (j - i), i);
+    i = j;
+  }
+}
+// Tensor ranks other than 0 hold copies of the parameters that are not split: only rank 0 writes them.
+inline bool writes_slot(const nn::param_slot& s, int tp_rank) { return tp_rank == 0 || s.spec.shard.sharded(); }
+
+// The (tensor, element range) pieces that data-parallel rank r of a stage (tensor rank tp_rank) writes: its
+// part of every bucket, parameters (k = −1) and each state slot, as whole-parameter ranges, in the order
+// save_sharded passes their data.
 template <int StateSlots>
-std::vector<checkpoint_range> checkpoint_pieces(const nn::param_layout& L, std::span<const parallel::bucket> buckets, int r) {
+std::vector<checkpoint_range> checkpoint_pieces(const nn::param_layout& L, std::span<const parallel::bucket> buckets, int r,
+                                                int tp_rank = 0) {
   std::vector<checkpoint_range> out;
-  for (const auto& p : parallel::owned_pieces(L, buckets, r))
-    for (int k = -1; k < StateSlots; ++k) out.push_back({checkpoint_tensor_name(k, L.slots[p.slot].name), p.begin, p.end});
+  for (const auto& p : parallel::owned_pieces(L, buckets, r)) {
+    const auto& slot = L.slots[p.slot];
+    if (!writes_slot(slot, tp_rank)) continue;
+    for (int k = -1; k < StateSlots; ++k)
+      whole_runs(slot.spec.shard, tp_rank, p.begin, p.end, [&](std::int64_t b, std::int64_t e, std::int64_t) {
+        out.push_back({checkpoint_tensor_name(k, slot.name), b, e});
+      });
+  }
   return out;
 }
 
-// Every rank's pieces of a dp × pp run, in world-rank order (dp rank fastest): each stage's layout and
-// buckets, made as that stage's ranks made them.
+// Every rank's pieces of a tp × dp × pp run, in world-rank order (tensor rank fastest, then dp): each stage's
+// layout and buckets, made as that stage's ranks made them (tensor ranks' parts have equal shapes).
 template <int StateSlots, class Net>
 std::vector<std::vector<checkpoint_range>> every_rank_pieces(const Net& net, const parallel::pipeline_options& o,
-                                                             int dp, std::int64_t bucket_target) {
+                                                             int dp, std::int64_t bucket_target, int tp = 1) {
   std::vector<std::vector<checkpoint_range>> out;
   for (int p = 0; p < o.stages; ++p) {
     const auto chunks = parallel::stage_chunks<Net>(net.model(), o, p);
     const auto layout = nn::make_layout(net.model(), net.layout().padding_unit, chunks);
     const auto plan = parallel::make_buckets(layout, net.depth(), bucket_target, dp, chunks);
-    for (int d = 0; d < dp; ++d) out.push_back(checkpoint_pieces<StateSlots>(layout, plan.buckets, d));
+    for (int d = 0; d < dp; ++d)
+      for (int t = 0; t < tp; ++t) out.push_back(checkpoint_pieces<StateSlots>(layout, plan.buckets, d, t));
   }
   return out;
 }
@@ -84,10 +109,17 @@ std::vector<std::vector<checkpoint_range>> every_rank_pieces(const Net& net, con
 // only). ranges: every rank of comm's pieces (checkpoint_pieces); dp_rank: this rank's within its stage.
 template <class Space, int StateSlots, class Comm, class Sync>
 void save_sharded(Comm& comm, Sync& sync, int dp_rank, const std::filesystem::path& dir, checkpoint_info info,
-                  const std::vector<std::vector<checkpoint_range>>& ranges) {
+                  const std::vector<std::vector<checkpoint_range>>& ranges, const nn::param_layout& L, int tp_rank = 0) {
   std::vector<const float*> data;
-  for (const auto& p : sync.owned_pieces(dp_rank))
-    for (int k = -1; k < StateSlots; ++k) data.push_back(sync.held(k, p));
+  for (const auto& p : sync.owned_pieces(dp_rank)) {
+    const auto& slot = L.slots[p.slot];
+    if (!writes_slot(slot, tp_rank)) continue;
+    for (int k = -1; k < StateSlots; ++k) {
+      const float* held = sync.held(k, p);
+      whole_runs(slot.spec.shard, tp_rank, p.begin, p.end,
+                 [&](std::int64_t, std::int64_t, std::int64_t local) { data.push_back(held + (local - p.begin)); });
+    }
+  }
   // The writer reads host memory: a device trainer stages its pieces first.
   std::vector<std::vector<float>> staged;
   if constexpr (!std::same_as<Space, host>) {
@@ -105,22 +137,22 @@ void save_sharded(Comm& comm, Sync& sync, int dp_rank, const std::filesystem::pa
 // the rank's pieces. Everything lands in scratch first, so a failed load leaves the sharding as it was.
 template <int StateSlots, class Comm, class Sync>
 checkpoint_info load_sharded(Comm& comm, Sync& sync, int dp_rank, const nn::param_layout& L,
-                             const std::filesystem::path& dir, const checkpoint_info& want) {
+                             const std::filesystem::path& dir, const checkpoint_info& want, int tp_rank = 0) {
   const auto mine = sync.owned_pieces(dp_rank);
   std::vector<checkpoint_range> need;
   std::vector<float*> dst;
+  auto add = [&](int k, const nn::param_slot& s, std::int64_t begin, std::int64_t end, float* to) {
+    whole_runs(s.spec.shard, tp_rank, begin, end, [&](std::int64_t b, std::int64_t e, std::int64_t local) {
+      need.push_back({checkpoint_tensor_name(k, s.name), b, e});
+      dst.push_back(to + (local - begin));
+    });
+  };
   for (int k = -1; k < StateSlots; ++k) {
     if (sync.loads_pieces(k)) {
-      for (const auto& p : mine) {
-        need.push_back({checkpoint_tensor_name(k, L.slots[p.slot].name), p.begin, p.end});
-        dst.push_back(sync.held(k, p));
-      }
+      for (const auto& p : mine) add(k, L.slots[p.slot], p.begin, p.end, sync.held(k, p));
     } else {
       float* base = sync.whole(k);
-      for (const auto& s : L.slots) {
-        need.push_back({checkpoint_tensor_name(k, s.name), 0, s.shape.numel()});
-        dst.push_back(base + s.offset);
-      }
+      for (const auto& s : L.slots) add(k, s, 0, s.shape.numel(), base + s.offset);
     }
   }
   std::size_t total = 0;

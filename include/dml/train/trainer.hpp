@@ -62,7 +62,7 @@ class engine final : public engine_base<Space> {
       : world_(world), opt_(std::move(opt)), optimizer_(optimizer), made_(std::move(made)),
         mesh_(parallel::trainer_mesh(world, opt_.tensor_parallel, opt_.pipeline_stages)), dp_(mesh_ ? mesh_->dp() : world),
         tp_(tensor_group()), schedules_(), log_(opt_.record_events),
-        net_(tensor_part(model), opt_.seed, with_chunks(sync_type::network_options(dp_.size()), model)),
+        net_(tensor_part(model), opt_.seed, with_chunks(sync_type::network_options(dp_.size()), tensor_part(model))),
         full_layout_(mesh_ ? nn::make_layout(model, net_.layout().padding_unit) : net_.layout()),
         sync_(dp_, net_, {.seed = opt_.seed, .bucket_mb = opt_.bucket_mb, .chunks = chunks_, .log = &log_}),
         pipe_(opt_.pipeline_stages == 1 ? nullptr : &mesh_->pp(), net_, opt_.pipeline_stages, pp_rank(), chunks_,
@@ -154,16 +154,15 @@ class engine final : public engine_base<Space> {
   std::pair<std::int64_t, std::int64_t> activation_peaks() const override { return {pipe_.peak_bytes(), pipe_.peak_sets()}; }
 
   void save_checkpoint(const std::filesystem::path& dir, const std::map<std::string, std::string>& user) override {
-    refuse_tensor_parallel_checkpoint();
     auto info = description();
     info.user = user;
     put_trainer_meta(info, optimizer_step_, Precision::loss_scaling ? &scaler_ : nullptr);
-    const auto ranges = every_rank_pieces<Optimizer::state_slots>(net_, pipeline_options(), dp_.size(), sync_.bucket_target());
-    save_sharded<Space, Optimizer::state_slots>(world_, sync_, dp_.rank(), dir, std::move(info), ranges);
+    const auto ranges = every_rank_pieces<Optimizer::state_slots>(net_, pipeline_options(), dp_.size(), sync_.bucket_target(),
+                                                                  opt_.tensor_parallel);
+    save_sharded<Space, Optimizer::state_slots>(world_, sync_, dp_.rank(), dir, std::move(info), ranges, net_.layout(), tp_rank());
   }
   std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) override {
-    refuse_tensor_parallel_checkpoint();
-    auto info = load_sharded<Optimizer::state_slots>(world_, sync_, dp_.rank(), net_.layout(), dir, description());
+    auto info = load_sharded<Optimizer::state_slots>(world_, sync_, dp_.rank(), net_.layout(), dir, description(), tp_rank());
     step_ = info.step;
     opt_.seed = info.seed;  // dropout masks follow (seed, step)
     optimizer_step_ = take_trainer_meta(info, Precision::loss_scaling ? &scaler_ : nullptr);
@@ -173,11 +172,7 @@ class engine final : public engine_base<Space> {
 
  private:
   int pp_rank() const { return mesh_ ? mesh_->pp_rank() : 0; }
-  void refuse_tensor_parallel_checkpoint() const {
-    if (opt_.tensor_parallel > 1)
-      fail<invalid_argument>("dml::trainer: sharded checkpoints of tensor-parallel runs are not supported yet; save "
-                             "full_parameters() with train::save_weights instead");
-  }
+  int tp_rank() const { return mesh_ ? mesh_->tp_rank() : 0; }
   // This rank's part of the model: layers with a tensor-parallel form hold 1/tp of their parameters.
   nn::sequential<Layers...> tensor_part(nn::sequential<Layers...> model) const {
     if (opt_.tensor_parallel > 1)
