@@ -48,6 +48,7 @@ struct layout {
 
 struct result {
   std::vector<float> losses;
+  std::vector<double> grad_norms;
   std::vector<float> params;  // the whole model, padding stripped
   std::int64_t peak_activation_bytes = 0;
   std::int64_t forward_calls = 0, backward_calls = 0;
@@ -71,6 +72,7 @@ result train_gpt(C& c, const layout& l, const nn::gpt_config& g, int n_steps = s
   o.tensor_parallel = l.tp;
   o.sequence_parallel = l.sp;
   o.micro_batches = micro > 0 ? micro : (l.pp > 1 ? 2 : 1);
+  o.clip_norm = 0.5f;  // clipping acts in most steps: the norm must count every parameter once
   trainer<P...> t(c, model, o, optim::adamw({.lr = 3e-3f}));
   const int dp_rank = c.rank() / l.tp % l.dp;
   const std::int64_t first = batch * dp_rank / l.dp, rows = batch * (dp_rank + 1) / l.dp - first;
@@ -79,7 +81,9 @@ result train_gpt(C& c, const layout& l, const nn::gpt_config& g, int n_steps = s
   const int first_step = ck.load.empty() ? 1 : (t.load_checkpoint(ck.load), static_cast<int>(t.steps()) + 1);
   for (int s = first_step; s < first_step + n_steps; ++s) {
     corpus().batch(4, static_cast<std::uint64_t>(s), first, rows, seq, x.data(), y.data());
-    out.losses.push_back(t.step(tensor_view<const float>(x.data(), {rows, seq}), y.data(), batch).loss);
+    const auto r = t.step(tensor_view<const float>(x.data(), {rows, seq}), y.data(), batch);
+    out.losses.push_back(r.loss);
+    out.grad_norms.push_back(r.grad_norm);
   }
   if (!ck.save.empty()) t.save_checkpoint(ck.save);
   const auto params = t.full_parameters();
@@ -105,7 +109,11 @@ inline void check_same(const result& ref, const result& got, const std::string& 
     worst = std::max(worst, std::abs(double(ref.losses[i]) - got.losses[i]) / std::abs(double(ref.losses[i])));
   for (std::size_t i = 0; i < ref.params.size(); ++i)
     worst_w = std::max(worst_w, double(std::abs(ref.params[i] - got.params[i])));
-  MESSAGE(what << ": max_rel_loss_diff=" << worst << " max_abs_param_diff=" << worst_w);
+  double worst_norm = 0;
+  for (std::size_t i = 0; i < ref.grad_norms.size() && i < got.grad_norms.size(); ++i)
+    worst_norm = std::max(worst_norm, std::abs(ref.grad_norms[i] - got.grad_norms[i]) / ref.grad_norms[i]);
+  MESSAGE(what << ": max_rel_loss_diff=" << worst << " max_abs_param_diff=" << worst_w << " max_rel_grad_norm_diff=" << worst_norm);
+  CHECK(worst_norm <= 1e-5);
   CHECK(worst <= 1e-5);
   CHECK(worst_w <= 1e-5);
 }

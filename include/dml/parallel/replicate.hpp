@@ -50,7 +50,13 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
     this->current_ = -1;
   }
 
-  double grad_squared_norm() { return optim::squared_norm<Space>(net_.grads().data(), net_.layout().total); }
+  // skip[s]: leave slot s out (a tensor rank's copy of a parameter that rank 0 counts).
+  double grad_squared_norm(const std::vector<bool>& skip = {}) {
+    double n = optim::squared_norm<Space>(net_.grads().data(), net_.layout().total);
+    for (std::size_t s = 0; s < skip.size(); ++s)
+      if (skip[s]) n -= optim::squared_norm<Space>(net_.grad(s), net_.layout().slots[s].shape.numel());
+    return n;
+  }
   bool has_overflow() const { return optim::has_nonfinite<Space>(net_.grads().data(), net_.layout().total); }
 
   // One fused pass: unscale and clip (grad_scale), the update of the float weights, and under mixed

@@ -110,7 +110,14 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     current_ = -1;
   }
 
-  double grad_squared_norm() { return optim::squared_norm<Space>(shard_grads_.data(), shard_); }
+  // skip[s]: leave slot s out (a tensor rank's copy of a parameter that rank 0 counts).
+  double grad_squared_norm(const std::vector<bool>& skip = {}) {
+    double n = optim::squared_norm<Space>(shard_grads_.data(), shard_);
+    if (!skip.empty())
+      for (const auto& p : this->owned_pieces(this->rank_))
+        if (skip[p.slot]) n -= optim::squared_norm<Space>(shard_grads_.data() + p.shard, p.end - p.begin);
+    return n;
+  }
   bool has_overflow() const { return optim::has_nonfinite<Space>(shard_grads_.data(), shard_); }
 
   // One fused pass per range: unscale and clip, the update of the float weights, and under mixed

@@ -71,10 +71,6 @@ class engine final : public engine_base<Space> {
     if (opt_.pipeline_stages > 1 && sync_type::reduces_every_backward)
       fail<invalid_argument>("dml::trainer: pipeline stages compose with replicate or zero<1> across data-parallel "
                              "ranks; found ", Sharding::name, " with ", opt_.pipeline_stages, " stages");
-    if (opt_.tensor_parallel > 1 && opt_.clip_norm > 0.f)
-      fail<invalid_argument>("dml::trainer: gradient clipping with tensor parallelism is not supported yet (the norm "
-                             "must count replicated parameters once); found clip_norm ", opt_.clip_norm, " with tensor_parallel ",
-                             opt_.tensor_parallel);
     if constexpr (Precision::loss_scaling) scaler_ = optim::loss_scaler({.init_scale = opt_.initial_loss_scale});
     schedule_of(opt_.micro_batches);  // a bad schedule fails here, before any work
   }
@@ -173,6 +169,11 @@ class engine final : public engine_base<Space> {
  private:
   int pp_rank() const { return mesh_ ? mesh_->pp_rank() : 0; }
   int tp_rank() const { return mesh_ ? mesh_->tp_rank() : 0; }
+  const std::vector<bool>& unsplit_slots() {
+    if (unsplit_.empty())
+      for (const auto& s : net_.layout().slots) unsplit_.push_back(!s.spec.shard.sharded());
+    return unsplit_;
+  }
   // This rank's part of the model: layers with a tensor-parallel form hold 1/tp of their parameters.
   nn::sequential<Layers...> tensor_part(nn::sequential<Layers...> model) const {
     if (opt_.tensor_parallel > 1)
@@ -216,8 +217,11 @@ class engine final : public engine_base<Space> {
     float scale = 1.f;
     if (opt_.clip_norm > 0.f) {
       // Sharded gradients sum over every rank; replicated ones once per stage, over the stages.
-      const double local = sync_.grad_squared_norm();
-      out.grad_norm = std::sqrt(sync_type::sharded_gradients ? sync_.sum(world_, local) : mesh_ ? sync_.sum(mesh_->pp(), local) : local);
+      // Sharded gradients sum over every rank; replicated ones once per stage and tensor rank. Tensor ranks
+      // other than 0 leave out their copies of the parameters that are not split.
+      const double local = tp_rank() > 0 ? sync_.grad_squared_norm(unsplit_slots()) : sync_.grad_squared_norm();
+      out.grad_norm = std::sqrt(sync_type::sharded_gradients ? sync_.sum(world_, local)
+                                : mesh_ ? sync_.sum(mesh_->pp(), sync_.sum(mesh_->tp(), local)) : local);
       out.grad_norm /= loss_scale();  // the norm of the true gradients, not of the scaled ones
       scale = optim::clip_scale(out.grad_norm, opt_.clip_norm);
     }
@@ -252,6 +256,7 @@ class engine final : public engine_base<Space> {
   parallel::pipeline<Space, Comm, net_type> pipe_;
   optim::loss_scaler scaler_;
   std::int64_t step_ = 0, optimizer_step_ = 0;  // steps taken; updates applied (fp16 skips some)
+  std::vector<bool> unsplit_;  // per slot of this rank: a parameter that tensor parallelism does not split
 };
 
 }  // namespace detail
