@@ -193,3 +193,43 @@ TEST_CASE("gpt: shapes and divisibility errors say what was expected") {
   CHECK_THROWS_WITH_AS(nn::gpt_block(nn::gpt_config{.d_model = 10, .heads = 4}), doctest::Contains("multiple of heads"),
                        invalid_argument);
 }
+
+TEST_CASE("tied LM head: both copies start equal, and their summed gradients are the shared weight's") {
+  auto g = small(false, 0.f);
+  g.tie_weights = true;
+  auto model = nn::gpt(g);
+  nn::network<host, nn::gpt_embedding, nn::stack<nn::gpt_block>, nn::gpt_head> net(model, 4);
+  const auto& wte = net.layout().find("wte.weight");
+  const auto& head = net.layout().find("lm_head.weight");
+  CHECK(head.init_id == wte.id);
+  const std::int64_t n = wte.shape.numel();
+  float* w = net.params().data();
+  for (std::int64_t i = 0; i < n; ++i) REQUIRE(w[wte.offset + i] == w[head.offset + i]);
+  auto ids = random_ids(10, 11, 3);
+  std::vector<std::int32_t> labels(10);
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>((i * 3 + 1) % 11);
+  std::vector<float> dlogits(10 * 11), row(10);
+  auto loss = [&](bool grad) {
+    auto y = net.forward(tensor_view<const float>(ids.data(), {2, 5}));
+    return nn::softmax_cross_entropy{}.forward_backward<host>(y, labels.data(),
+                                                               tensor_view<float>(grad ? dlogits.data() : nullptr, y.shape),
+                                                               row.data());
+  };
+  loss(true);
+  net.backward(tensor_view<const float>(dlogits.data(), {2, 5, 11}));
+  std::vector<float> grads(net.grads().begin(), net.grads().end());
+  double worst = 0;
+  const float h = 2e-3f;
+  for (std::int64_t i = 0; i < n; i += 7) {
+    const float keep = w[wte.offset + i];
+    w[wte.offset + i] = w[head.offset + i] = keep + h;  // the one shared weight moves
+    const double up = loss(false);
+    w[wte.offset + i] = w[head.offset + i] = keep - h;
+    const double down = loss(false);
+    w[wte.offset + i] = w[head.offset + i] = keep;
+    const double num = (up - down) / (2.0 * h), ana = double(grads[wte.offset + i]) + grads[head.offset + i];
+    worst = std::max(worst, std::abs(ana - num) / std::max(2e-2, std::abs(num) + std::abs(ana)));
+  }
+  MESSAGE("tied max_rel_diff=" << worst);
+  CHECK(worst < 1e-2);
+}

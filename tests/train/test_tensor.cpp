@@ -136,3 +136,30 @@ TEST_CASE("checkpoints written by any dp × tp × pp layout resume in any other"
       check_same(whole, resumed, from.name() + " -> " + to.name());
     }
 }
+
+TEST_CASE("a tied LM head and token embedding stay one parameter in every layout") {
+  auto g = config();
+  g.tie_weights = true;
+  const auto one = run_layout<parallel::replicate, optim::adamw>({}, g);
+  // The two copies start equal and take the same updates.
+  const auto model = nn::gpt(g);
+  const auto whole = nn::make_layout(model);
+  std::int64_t wte = 0, head = 0, at = 0;
+  for (const auto& s : whole.slots) {
+    if (s.name == "wte.weight") wte = at;
+    if (s.name == "lm_head.weight") head = at;
+    at += s.shape.numel();
+  }
+  const std::int64_t n = g.vocab * g.d_model;
+  double apart = 0;
+  for (std::int64_t i = 0; i < n; ++i) apart = std::max(apart, double(std::abs(one.params[wte + i] - one.params[head + i])));
+  CHECK(apart == 0.0);
+  // Tying changes training: an untied model learns differently.
+  const auto untied = run_layout<parallel::replicate, optim::adamw>({}, config(), 3);
+  CHECK(std::abs(untied.losses[2] - one.losses[2]) > 1e-4);
+  for (const layout l : {layout{.tp = 2}, layout{.pp = 2}, layout{.tp = 2, .pp = 2, .dp = 2, .sp = true}})
+    check_same(one, run_layout<parallel::replicate, optim::adamw>(l, g), "tied, " + l.name());
+  auto sharded = [&] { run_layout<parallel::zero<1>, optim::adamw>(layout{.dp = 2}, g, 1); };
+  CHECK_THROWS_WITH_AS(sharded(), doctest::Contains("tied parameters (lm_head.weight) need whole gradients"),
+                       invalid_argument);
+}

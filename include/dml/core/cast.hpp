@@ -61,7 +61,19 @@ struct cast {
   To* dst;
   DML_HOST_DEVICE void operator()(std::int64_t i) const { dst[i] = To(static_cast<float>(src[i])); }
 };
+template <float_like From>
+struct accumulate {
+  const From* src;
+  float* dst;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const { dst[i] += static_cast<float>(src[i]); }
+};
 }  // namespace kernels
+
+// dst[i] += float(src[i]) for i in [0, n).
+template <execution_space Space, float_like From>
+void accumulate_n(const From* src, float* dst, std::int64_t n) {
+  for_each_index<Space>(n, kernels::accumulate<From>{src, dst});
+}
 
 // dst[i] = To(src[i]) for i in [0, n), rounding to nearest even where To is narrower. src and dst
 // must not overlap unless they are the same pointer with From == To.

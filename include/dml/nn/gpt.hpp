@@ -39,6 +39,7 @@ struct gpt_config {
   std::int64_t heads = 4;
   float dropout = 0.f;         // after the embeddings and on both residual branches, as nanoGPT
   bool bias = false;           // biases in every Linear but lm_head, and in the LayerNorms (nanoGPT's bias=False)
+  bool tie_weights = false;    // lm_head.weight tied to wte.weight (nanoGPT, GPT-2)
   float eps = 1e-5f;
 };
 
@@ -636,7 +637,9 @@ struct gpt_head : detail::split_part {
   float eps = 1e-5f;
   bool bias = false;
 
-  explicit gpt_head(const gpt_config& g) : vocab(g.vocab), dim(g.d_model), eps(g.eps), bias(g.bias) {}
+  bool tied = false;
+
+  explicit gpt_head(const gpt_config& g) : vocab(g.vocab), dim(g.d_model), eps(g.eps), bias(g.bias), tied(g.tie_weights) {}
   void set_split(tensor_split s) {
     split = s;
     check_split(kind);
@@ -645,7 +648,8 @@ struct gpt_head : detail::split_part {
   std::vector<param_spec> parameters() const {
     std::vector<param_spec> out{{"ln_f.weight", {dim}, init_kind::ones, 0.f, 0.f, {}, sequence()}};
     if (bias) out.push_back({"ln_f.bias", {dim}, init_kind::zeros, 0.f, 0.f, {}, sequence()});
-    out.push_back({"lm_head.weight", {vocab / ranks(), dim}, init_kind::normal, 0.f, 0.02f, shard(vocab, dim, 0)});
+    out.push_back({"lm_head.weight", {vocab / ranks(), dim}, init_kind::normal, 0.f, 0.02f, shard(vocab, dim, 0), false,
+                   tied ? "wte.weight" : ""});
     return out;
   }
   dml::shape output_shape(dml::shape x) const {

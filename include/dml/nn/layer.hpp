@@ -51,6 +51,9 @@ struct param_spec {
   // The gradient is this rank's part of a sum over the tensor group (a parameter that sees a slice of
   // the sequence under sequence parallelism): the network sums it over the group once it is complete.
   bool partial_over_tensor_group = false;
+  // Tied to another parameter of the model (its full name, e.g. "wte.weight"): this one starts from the same
+  // values and a trainer sums the two gradients, so both stay equal (GPT's LM head and token embedding).
+  std::string tied_to;
 };
 
 // What every layer call sees besides its tensors.

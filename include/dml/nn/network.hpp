@@ -28,7 +28,8 @@ struct param_slot {
   std::size_t layer = 0;
   std::int64_t offset = 0;
   param_spec spec;
-  std::size_t id = 0;  // index among all the model's parameters: its initial values follow (seed, id)
+  std::size_t id = 0;       // index among all the model's parameters
+  std::size_t init_id = 0;  // its initial values follow (seed, init_id): its own id, or a tied parameter's
 };
 
 // Layers [first, end) of a sequential: a pipeline stage, or one chunk of an interleaved one.
@@ -73,13 +74,20 @@ param_layout make_layout(const sequential<Layers...>& model, std::int64_t alignm
   out.first_slot.assign(depth + 1, 0);
   std::int64_t offset = 0;
   std::size_t id = 0;
-  for (auto& [layer, spec] : model.parameters()) {
+  const auto all = model.parameters();
+  auto id_of = [&](const std::string& name, const std::string& tied) {
+    for (std::size_t i = 0; i < all.size(); ++i)
+      if (all[i].second.name == tied) return i;
+    fail<invalid_argument>("dml::nn::make_layout: parameter '", name, "' is tied to '", tied, "', which the model lacks");
+  };
+  for (auto& [layer, spec] : all) {
     if (!holds(layer)) {
       ++id;
       continue;
     }
     const std::int64_t n = spec.shape.numel();
-    out.slots.push_back({spec.name, spec.shape, layer, offset, spec, id++});
+    const std::size_t init_id = spec.tied_to.empty() ? id : id_of(spec.name, spec.tied_to);
+    out.slots.push_back({spec.name, spec.shape, layer, offset, spec, id++, init_id});
     offset += (n + alignment - 1) / alignment * alignment;
     out.numel += n;
   }
@@ -227,7 +235,7 @@ class basic_network {
     fill_n<Space>(params_.data(), layout_.total, T(0.f));
     for (std::size_t i = 0; i < layout_.slots.size(); ++i) {
       const auto& s = layout_.slots[i];
-      for_each_index<Space>(s.shape.numel(), kernels::init_param<T>{rng_stream{seed, s.id}, s.spec.init, s.spec.a,
+      for_each_index<Space>(s.shape.numel(), kernels::init_param<T>{rng_stream{seed, s.init_id}, s.spec.init, s.spec.a,
                                                                     s.spec.b, w_ptrs_[i], s.spec.shard});
     }
   }
@@ -249,7 +257,7 @@ class basic_network {
   // trainer that keeps only part of a parameter.
   void init_range(std::uint64_t seed, std::size_t s, std::int64_t begin, std::int64_t end, float* out) const {
     const auto& slot = layout_.slots[s];
-    for_each_index<Space>(end - begin, kernels::init_param_range{rng_stream{seed, slot.id}, slot.spec.init,
+    for_each_index<Space>(end - begin, kernels::init_param_range{rng_stream{seed, slot.init_id}, slot.spec.init,
                                                                  slot.spec.a, slot.spec.b, out, begin, slot.spec.shard});
   }
 

@@ -71,6 +71,10 @@ class engine final : public engine_base<Space> {
     if (opt_.pipeline_stages > 1 && sync_type::reduces_every_backward)
       fail<invalid_argument>("dml::trainer: pipeline stages compose with replicate or zero<1> across data-parallel "
                              "ranks; found ", Sharding::name, " with ", opt_.pipeline_stages, " stages");
+    find_tied();
+    if (!tied_.empty() && sync_type::sharded_gradients)
+      fail<invalid_argument>("dml::trainer: tied parameters (", full_layout_.slots[tied_[0].whole].name, ") need whole "
+                             "gradients on each rank to sum; use replicate, not ", Sharding::name);
     if constexpr (Precision::loss_scaling) scaler_ = optim::loss_scaler({.init_scale = opt_.initial_loss_scale});
     schedule_of(opt_.micro_batches);  // a bad schedule fails here, before any work
   }
@@ -169,10 +173,42 @@ class engine final : public engine_base<Space> {
  private:
   int pp_rank() const { return mesh_ ? mesh_->pp_rank() : 0; }
   int tp_rank() const { return mesh_ ? mesh_->tp_rank() : 0; }
-  const std::vector<bool>& unsplit_slots() {
-    if (unsplit_.empty())
-      for (const auto& s : net_.layout().slots) unsplit_.push_back(!s.spec.shard.sharded());
-    return unsplit_;
+
+  // Tied parameters (GPT's LM head and token embedding): each copy takes the sum of both gradients, so both
+  // take the same updates. The copies may sit on different pipeline stages; the pipeline group sums.
+  struct tie {
+    std::size_t whole;          // the tied parameter's slot in the whole model
+    std::ptrdiff_t mine, to;    // its slot and its target's on this rank, or −1
+  };
+  void find_tied() {
+    auto local = [&](std::size_t id) {
+      for (std::size_t i = 0; i < net_.layout().slots.size(); ++i)
+        if (net_.layout().slots[i].id == id) return static_cast<std::ptrdiff_t>(i);
+      return std::ptrdiff_t{-1};
+    };
+    for (const auto& s : full_layout_.slots)
+      if (!s.spec.tied_to.empty()) tied_.push_back({s.id, local(s.id), local(s.init_id)});
+  }
+  void tie_gradients() {
+    for (const auto& t : tied_) {
+      // A stage that holds neither copy adds zeros to the pipeline's sum; the copies are split like wte.
+      const std::ptrdiff_t held = t.mine >= 0 ? t.mine : t.to;
+      const std::int64_t count = held >= 0 ? net_.layout().slots[static_cast<std::size_t>(held)].shape.numel()
+                                           : full_layout_.slots[t.whole].shape.numel() / opt_.tensor_parallel;
+      buffer<float, Space> sum(static_cast<std::size_t>(count));
+      fill_n<Space>(sum.data(), count, 0.f);
+      for (auto slot : {t.mine, t.to})
+        if (slot >= 0) accumulate_n<Space>(static_cast<const T*>(net_.grad(static_cast<std::size_t>(slot))), sum.data(), count);
+      if (mesh_ && mesh_->pp_size() > 1) mesh_->pp().all_reduce(sum.span(), comm::reduce_op::sum);
+      for (auto slot : {t.mine, t.to})
+        if (slot >= 0) cast_n<Space>(sum.data(), net_.grad(static_cast<std::size_t>(slot)), count);
+    }
+  }
+  const std::vector<bool>& uncounted_slots() {
+    if (uncounted_.empty())
+      for (const auto& s : net_.layout().slots)
+        uncounted_.push_back((tp_rank() > 0 && !s.spec.shard.sharded()) || !s.spec.tied_to.empty());
+    return uncounted_;
   }
   // This rank's part of the model: layers with a tensor-parallel form hold 1/tp of their parameters.
   nn::sequential<Layers...> tensor_part(nn::sequential<Layers...> model) const {
@@ -214,12 +250,13 @@ class engine final : public engine_base<Space> {
   // ---- the step's tail: loss over every rank, clipping, loss scaling, the update
   step_result update(float local_loss) {
     step_result out{.loss = sync_.sum(world_, local_loss)};  // only last stages hold a loss
+    tie_gradients();
     float scale = 1.f;
     if (opt_.clip_norm > 0.f) {
       // Sharded gradients sum over every rank; replicated ones once per stage, over the stages.
       // Sharded gradients sum over every rank; replicated ones once per stage and tensor rank. Tensor ranks
-      // other than 0 leave out their copies of the parameters that are not split.
-      const double local = tp_rank() > 0 ? sync_.grad_squared_norm(unsplit_slots()) : sync_.grad_squared_norm();
+      // other than 0 leave out their copies of the parameters that are not split, and a tied copy is left out.
+      const double local = sync_.grad_squared_norm(uncounted_slots());
       out.grad_norm = std::sqrt(sync_type::sharded_gradients ? sync_.sum(world_, local)
                                 : mesh_ ? sync_.sum(mesh_->pp(), sync_.sum(mesh_->tp(), local)) : local);
       out.grad_norm /= loss_scale();  // the norm of the true gradients, not of the scaled ones
@@ -256,7 +293,8 @@ class engine final : public engine_base<Space> {
   parallel::pipeline<Space, Comm, net_type> pipe_;
   optim::loss_scaler scaler_;
   std::int64_t step_ = 0, optimizer_step_ = 0;  // steps taken; updates applied (fp16 skips some)
-  std::vector<bool> unsplit_;  // per slot of this rank: a parameter that tensor parallelism does not split
+  std::vector<bool> uncounted_;  // per slot of this rank: left out of the gradient norm (counted elsewhere)
+  std::vector<tie> tied_;
 };
 
 }  // namespace detail
