@@ -703,6 +703,20 @@ struct gpt_head : detail::split_part {
   }
 };
 
+// Where a configuration is known at compile time, its fit to a tensor-parallel degree is checked there:
+//     constexpr nn::gpt_config cfg{.vocab = 256, .layers = 6, .d_model = 384, .heads = 6};
+//     static_assert(nn::check_tensor_parallel<cfg, 4>());   // fails: 6 heads do not split over 4 ranks
+template <gpt_config G, int TP>
+consteval bool check_tensor_parallel() {
+  static_assert(TP >= 1, "dml::nn::gpt: the tensor-parallel degree is at least 1");
+  static_assert(G.heads % TP == 0, "dml::nn::gpt: tensor parallelism splits whole heads: make heads a multiple of TP");
+  static_assert(G.d_model % TP == 0 && (4 * G.d_model) % TP == 0,
+                "dml::nn::gpt: tensor parallelism splits d_model and 4·d_model: make d_model a multiple of TP");
+  static_assert(G.vocab % TP == 0,
+                "dml::nn::gpt: the embedding and LM head are vocabulary-parallel: make vocab a multiple of TP (pad it)");
+  return true;
+}
+
 // A GPT as a sequence of layers: embeddings, blocks h.0 … h.{layers−1}, final LayerNorm and LM head.
 inline auto gpt(const gpt_config& g) {
   if (g.layers < 1) fail<invalid_argument>("dml::nn::gpt: expected at least one layer, found ", g.layers);
