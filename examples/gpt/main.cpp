@@ -1,0 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+// examples/gpt/main.cpp — train a byte-level GPT on a text file on the host.
+#include "train_gpt.hpp"
+
+int main(int argc, char** argv) { return gpt_example::main(argc, argv); }

@@ -1,0 +1,439 @@
+// SPDX-License-Identifier: Apache-2.0
+// examples/gpt/train_gpt.hpp — train a byte-level GPT on a text file, then sample from it.
+// Flags: see usage() below. Prints a progress line every few steps and ends with final_loss=... tokens_per_s=...
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iomanip>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dml/dml.hpp"
+#include "dml/nn/gpt.hpp"
+#include "dml/train/text.hpp"
+#include "dml/train/weights.hpp"
+
+namespace gpt_example {
+
+struct options {
+  // model
+  std::int64_t layers = 2, d_model = 128, heads = 4, seq = 64, vocab = 256;
+  float dropout = 0.f;
+  bool bias = false;
+  // training
+  std::int64_t batch = 16;  // global sequences per step
+  std::int64_t steps = 500;
+  float lr = 3e-3f;
+  std::int64_t warmup = -1;  // -1: steps / 10 (at most 100)
+  float clip = 0.f;          // global gradient norm; 0: no clipping (the defaults train as well without)
+  std::uint64_t seed = 1;
+  std::string precision = "fp32";
+  // layout
+  int ranks = 1;
+  std::string comm = "local";  // local | mpi (launched by mpirun; ranks = the MPI world)
+  int dp = 0, tp = 1, pp = 1;  // dp 0: ranks / (tp · pp)
+  bool sp = false;
+  std::int64_t microbatches = 1;
+  std::string schedule;  // gpipe | 1f1b | interleaved:V | zb | FILE.csv; empty: the default
+  bool recompute = false;
+  // One thread per rank by default: at these sizes a second OpenMP thread gains little, and loses badly
+  // when another process shares the cores (its threads spin at every barrier).
+  int threads = 1;
+  // files and output
+  std::string text;  // empty: dml::train::default_text_path
+  double holdout = 0.1;  // the text's tail kept for val_loss; 0: none
+  std::string init, save, log;
+  std::int64_t print_every = 0;  // 0: about 20 lines per run
+  std::int64_t sample = 0;
+  std::optional<std::string> prompt;
+  std::optional<float> temperature;  // absent or 0: greedy
+};
+
+inline void usage(std::FILE* out) {
+  std::fputs(
+      "usage: gpt [--text FILE] [--layers N] [--d-model N] [--heads N] [--seq N] [--vocab N] [--dropout X] [--bias]\n"
+      "           [--batch N] [--steps N] [--lr X] [--warmup N] [--clip X] [--seed N] [--precision fp32|bf16]\n"
+      "           [--ranks N] [--comm local|mpi] [--dp N] [--tp N] [--pp N] [--sp] [--microbatches M]\n"
+      "           [--schedule gpipe|1f1b|interleaved:V|zb|FILE.csv] [--recompute] [--threads N]\n"
+      "           [--init FILE.safetensors] [--save FILE.safetensors] [--log FILE.csv] [--holdout X]\n"
+      "           [--print-every N] [--sample N] [--prompt TEXT] [--temperature X]\n"
+      "Trains a GPT on the bytes of a text file (default: the GNU GPL version 3 that Debian ships in\n"
+      "/usr/share/common-licenses/GPL-3), one byte per token. --batch is the global number of sequences of\n"
+      "--seq bytes per step; the ranks are tp x dp x pp (tensor-parallel ranks fastest), and every layout\n"
+      "trains the model one rank does. The last --holdout of the text is never trained on: val_loss is\n"
+      "measured there. --sample N writes N bytes after --prompt (default: the text's first 16 bytes),\n"
+      "greedy unless --temperature is given. Under mpirun, pass --comm mpi. --clip X clips the global\n"
+      "gradient norm (off by default).\n",
+      out);
+}
+
+template <class T>
+T parse_number(std::string_view flag, const std::string& text) {
+  try {
+    std::size_t used = 0;
+    T v{};
+    if constexpr (std::is_floating_point_v<T>) v = static_cast<T>(std::stod(text, &used));
+    else if constexpr (std::is_unsigned_v<T>) {
+      if (!text.empty() && text[0] == '-') throw std::invalid_argument(text);
+      v = static_cast<T>(std::stoull(text, &used));
+    } else v = static_cast<T>(std::stoll(text, &used));
+    if (used == text.size() && !text.empty()) return v;
+  } catch (const std::exception&) {
+  }
+  dml::fail<dml::invalid_argument>(flag, ": expected a number, found '", text, "'");
+}
+
+inline options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) dml::fail<dml::invalid_argument>(a, ": expected a value after it, found the end of the line");
+      return argv[++i];
+    };
+    auto i64 = [&] { return parse_number<std::int64_t>(a, value()); };
+    auto int32 = [&] { return parse_number<int>(a, value()); };
+    if (a == "--layers") o.layers = i64();
+    else if (a == "--d-model") o.d_model = i64();
+    else if (a == "--heads") o.heads = i64();
+    else if (a == "--seq") o.seq = i64();
+    else if (a == "--vocab") o.vocab = i64();
+    else if (a == "--dropout") o.dropout = parse_number<float>(a, value());
+    else if (a == "--bias") o.bias = true;
+    else if (a == "--batch") o.batch = i64();
+    else if (a == "--steps") o.steps = i64();
+    else if (a == "--lr") o.lr = parse_number<float>(a, value());
+    else if (a == "--warmup") o.warmup = i64();
+    else if (a == "--clip") o.clip = parse_number<float>(a, value());
+    else if (a == "--seed") o.seed = parse_number<std::uint64_t>(a, value());
+    else if (a == "--precision") o.precision = value();
+    else if (a == "--ranks") o.ranks = int32();
+    else if (a == "--comm") o.comm = value();
+    else if (a == "--dp") o.dp = int32();
+    else if (a == "--tp") o.tp = int32();
+    else if (a == "--pp") o.pp = int32();
+    else if (a == "--sp") o.sp = true;
+    else if (a == "--microbatches") o.microbatches = i64();
+    else if (a == "--schedule") o.schedule = value();
+    else if (a == "--recompute") o.recompute = true;
+    else if (a == "--threads") o.threads = int32();
+    else if (a == "--text") o.text = value();
+    else if (a == "--holdout") o.holdout = parse_number<double>(a, value());
+    else if (a == "--init") o.init = value();
+    else if (a == "--save") o.save = value();
+    else if (a == "--log") o.log = value();
+    else if (a == "--print-every") o.print_every = i64();
+    else if (a == "--sample") o.sample = i64();
+    else if (a == "--prompt") o.prompt = value();
+    else if (a == "--temperature") o.temperature = parse_number<float>(a, value());
+    else if (a == "--help" || a == "-h") {
+      usage(stdout);
+      std::exit(0);
+    } else dml::fail<dml::invalid_argument>("unknown flag '", a, "'; see --help");
+  }
+  if (o.layers < 1 || o.d_model < 1 || o.heads < 1 || o.seq < 1 || o.vocab < 1)
+    dml::fail<dml::invalid_argument>("expected --layers, --d-model, --heads, --seq and --vocab >= 1; found ", o.layers,
+                                     ", ", o.d_model, ", ", o.heads, ", ", o.seq, ", ", o.vocab);
+  if (o.d_model % o.heads != 0)
+    dml::fail<dml::invalid_argument>("--d-model: expected a multiple of --heads ", o.heads, ", found ", o.d_model);
+  if (!(o.dropout >= 0.f && o.dropout < 1.f))
+    dml::fail<dml::invalid_argument>("--dropout: expected a probability in [0, 1), found ", o.dropout);
+  if (o.batch < 1 || o.steps < 0 || o.lr < 0.f || o.clip < 0.f)
+    dml::fail<dml::invalid_argument>("expected --batch >= 1, --steps >= 0, --lr >= 0 and --clip >= 0; found ", o.batch,
+                                     ", ", o.steps, ", ", o.lr, ", ", o.clip);
+  if (o.precision != "fp32" && o.precision != "bf16")
+    dml::fail<dml::invalid_argument>("--precision: expected fp32 or bf16, found '", o.precision, "'");
+  if (o.comm != "local" && o.comm != "mpi")
+    dml::fail<dml::invalid_argument>("--comm: expected local or mpi, found '", o.comm, "'");
+  if (o.ranks < 1 || o.tp < 1 || o.pp < 1 || o.dp < 0 || o.microbatches < 1 || o.threads < 1)
+    dml::fail<dml::invalid_argument>("expected --ranks, --tp, --pp, --dp, --microbatches and --threads >= 1; "
+                                     "found ", o.ranks, ", ", o.tp, ", ", o.pp, ", ", o.dp, ", ", o.microbatches, ", ",
+                                     o.threads);
+  if (!(o.holdout >= 0.0 && o.holdout < 1.0))
+    dml::fail<dml::invalid_argument>("--holdout: expected a fraction in [0, 1), found ", o.holdout);
+  if (o.sample < 0 || o.print_every < 0)
+    dml::fail<dml::invalid_argument>("expected --sample >= 0 and --print-every >= 0; found ", o.sample, ", ",
+                                     o.print_every);
+  if (o.temperature && !(*o.temperature >= 0.f))
+    dml::fail<dml::invalid_argument>("--temperature: expected a value >= 0, found ", *o.temperature);
+  if (o.sp && o.tp == 1)
+    dml::fail<dml::invalid_argument>("--sp splits the sequence over the tensor-parallel ranks: expected --tp > 1, found 1");
+  return o;
+}
+
+// The data-parallel degree of a world of `world` ranks: --dp, or what --tp and --pp leave.
+inline int data_parallel(const options& o, int world) {
+  const int dp = o.dp > 0 ? o.dp : world / (o.tp * o.pp);
+  if (dp < 1 || o.tp * dp * o.pp != world)
+    dml::fail<dml::invalid_argument>("layout: expected --tp × --dp × --pp = the ", world, " ranks, found ", o.tp, " × ",
+                                     o.dp > 0 ? std::to_string(o.dp) : "(" + std::to_string(world) + " / " +
+                                                                             std::to_string(o.tp * o.pp) + ")",
+                                     " × ", o.pp);
+  if (o.batch < dp)
+    dml::fail<dml::invalid_argument>("--batch: expected at least one sequence per data-parallel rank (", dp,
+                                     "), found ", o.batch);
+  return dp;
+}
+
+// The text, split into what is trained on and the held-out tail, with every byte checked against --vocab.
+struct corpus {
+  std::string path;
+  dml::train::text_corpus all, train;
+  std::optional<dml::train::text_corpus> val;
+};
+
+inline corpus load_corpus(const options& o) {
+  const std::string path = o.text.empty() ? dml::train::default_text_path : o.text;
+  auto all = dml::train::text_corpus::load(path);
+  const auto bytes = all.bytes();
+  for (std::size_t i = 0; i < bytes.size(); ++i)
+    if (bytes[i] >= o.vocab)
+      dml::fail<dml::invalid_argument>(path, ": byte ", static_cast<int>(bytes[i]), " at offset ", i,
+                                       " is not a token of the vocabulary: expected bytes < --vocab ", o.vocab,
+                                       " (--vocab 256 takes any byte)");
+  if (o.holdout == 0.0) {
+    if (o.seq >= all.size())
+      dml::fail<dml::invalid_argument>("--seq: expected fewer than the text's ", all.size(), " bytes, found ", o.seq);
+    auto train = all;
+    return {path, std::move(all), std::move(train), std::nullopt};
+  }
+  auto [train, val] = all.split(o.holdout);
+  if (o.seq >= val.size())
+    dml::fail<dml::invalid_argument>("--seq: the held-out tail of ", path, " (--holdout ", o.holdout, ") has ", val.size(),
+                                     " bytes; expected --seq below that, found ", o.seq,
+                                     " (lower --seq, raise --holdout, or --holdout 0)");
+  return {path, std::move(all), std::move(train), std::move(val)};
+}
+
+inline dml::nn::gpt_config model_config(const options& o) {
+  return {.vocab = o.vocab, .seq = o.seq, .layers = o.layers, .d_model = o.d_model, .heads = o.heads,
+          .dropout = o.dropout, .bias = o.bias};
+}
+
+// Linear warmup, then cosine decay to a tenth of --lr at the last step.
+inline float learning_rate(const options& o, std::int64_t step) {
+  const std::int64_t warmup = o.warmup >= 0 ? o.warmup : std::min<std::int64_t>(100, o.steps / 10);
+  return dml::optim::warmup_cosine{o.lr, warmup, std::max<std::int64_t>(o.steps, 1), o.lr / 10}(step);
+}
+
+// The whole model on one rank, for what comes after training: val_loss and sampling. Parameters are
+// copied by name, so the trainer's layout (its padding, its stages) does not matter.
+class inference_model {
+ public:
+  using network = dml::nn::network<dml::host, dml::nn::gpt_embedding, dml::nn::stack<dml::nn::gpt_block>,
+                                   dml::nn::gpt_head>;
+
+  inference_model(const dml::nn::gpt_config& g, const dml::nn::param_layout& from, std::span<const float> full)
+      : vocab_(g.vocab), seq_(g.seq), net_(dml::nn::gpt(g), 0) {
+    for (const auto& s : net_.layout().slots) {
+      const auto& f = from.find(s.name);
+      if (!(f.shape == s.shape))
+        dml::fail<dml::shape_error>("gpt: parameter ", s.name, " has shape ", f.shape, " in the trainer, expected ",
+                                    s.shape);
+      std::copy_n(full.data() + f.offset, s.shape.numel(), net_.params().data() + s.offset);
+    }
+  }
+
+  // Mean cross-entropy per token of `rows` windows of the text (fixed windows: seed 0, step 0).
+  double loss(const dml::train::text_corpus& text, std::int64_t rows) {
+    std::vector<float> x(static_cast<std::size_t>(rows * seq_));
+    std::vector<std::int32_t> y(x.size());
+    text.batch(0, 0, 0, rows, seq_, x.data(), y.data());
+    auto logits = net_.forward(dml::tensor_view<const float>(x.data(), {rows, seq_}), {.training = false});
+    std::vector<float> row_loss(x.size());
+    return dml::nn::softmax_cross_entropy{}.forward_backward<dml::host>(
+        logits, y.data(), dml::tensor_view<float>(nullptr, logits.shape), row_loss.data());
+  }
+
+  // n tokens after `prompt`, each from the logits of the last position over the last seq tokens:
+  // the most likely one, or one drawn from softmax(logits / temperature).
+  std::string generate(std::string_view prompt, std::int64_t n, float temperature, std::uint64_t seed) {
+    std::vector<float> tokens;
+    for (const char ch : prompt) tokens.push_back(static_cast<float>(static_cast<unsigned char>(ch)));
+    std::string out;
+    const dml::rng_stream rng{seed, 0x5a4d504cull};  // its own stream: not the training windows' or dropout's
+    std::vector<double> p(static_cast<std::size_t>(vocab_));
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t t = std::min<std::int64_t>(seq_, static_cast<std::int64_t>(tokens.size()));
+      const float* window = tokens.data() + (tokens.size() - static_cast<std::size_t>(t));
+      auto logits = net_.forward(dml::tensor_view<const float>(window, {1, t}), {.training = false});
+      const float* last = logits.data + (t - 1) * vocab_;
+      std::int64_t next = std::max_element(last, last + vocab_) - last;
+      if (temperature > 0.f) {
+        const double top = last[next];
+        double sum = 0;
+        for (std::int64_t v = 0; v < vocab_; ++v) sum += p[static_cast<std::size_t>(v)] = std::exp((last[v] - top) / temperature);
+        double u = static_cast<double>(rng.uniform(static_cast<std::uint64_t>(i))) * sum;
+        for (next = 0; next + 1 < vocab_ && u >= p[static_cast<std::size_t>(next)]; ++next) u -= p[static_cast<std::size_t>(next)];
+      }
+      tokens.push_back(static_cast<float>(next));
+      out.push_back(static_cast<char>(static_cast<unsigned char>(next)));
+    }
+    return out;
+  }
+
+ private:
+  std::int64_t vocab_, seq_;
+  network net_;
+};
+
+inline constexpr std::int64_t val_rows = 64;
+
+// Every rank runs this with its communicator; rank 0 prints and writes files.
+template <class Precision, class Comm>
+int run_trainer(const options& o, Comm& comm, const corpus& text) {
+  const int world = comm.size(), rank = comm.rank();
+  const int dp = data_parallel(o, world);
+  // World rank = tp + TP·(dp + DP·pp): all ranks of one tensor and pipeline group pass one dp rank's rows.
+  const int dp_rank = (rank / o.tp) % dp;
+  const std::int64_t first = o.batch * dp_rank / dp, rows = o.batch * (dp_rank + 1) / dp - first;
+  const auto config = model_config(o);
+  const auto model = dml::nn::gpt(config);
+
+  dml::train::trainer_options to;
+  to.seed = o.seed;
+  to.micro_batches = o.microbatches;
+  to.pipeline_stages = o.pp;
+  to.schedule = o.schedule;
+  to.recompute = o.recompute;
+  to.clip_norm = o.clip;
+  to.tensor_parallel = o.tp;
+  to.sequence_parallel = o.sp;
+  to.lr = [&o](std::int64_t s) { return learning_rate(o, s); };
+  dml::trainer<dml::parallel::replicate, dml::optim::adamw, Precision> trainer(comm, model, to,
+                                                                               dml::optim::adamw({.lr = o.lr}));
+  if (!o.init.empty()) {
+    std::vector<float> full(static_cast<std::size_t>(trainer.layout().total));
+    dml::train::load_weights(trainer.layout(), full, o.init);
+    trainer.load_full_parameters(full);
+  }
+  std::ofstream log;
+  if (rank == 0) {
+    if (!o.log.empty()) {
+      log.open(o.log);
+      if (!log) dml::fail<dml::io_error>(o.log, ": cannot open for writing");
+      log << "step,loss\n" << std::fixed << std::setprecision(6);
+    }
+    std::printf("text: %s, %lld bytes (%lld trained on, %lld held out), byte tokens, vocabulary %lld\n",
+                text.path.c_str(), static_cast<long long>(text.all.size()), static_cast<long long>(text.train.size()),
+                static_cast<long long>(text.val ? text.val->size() : 0), static_cast<long long>(o.vocab));
+    std::printf("model: gpt, %lld layers, d_model %lld, %lld heads, seq %lld, %lld parameters%s%s\n",
+                static_cast<long long>(o.layers), static_cast<long long>(o.d_model), static_cast<long long>(o.heads),
+                static_cast<long long>(o.seq), static_cast<long long>(trainer.layout().numel), o.bias ? ", biases" : "",
+                o.init.empty() ? "" : (", from " + o.init).c_str());
+    char clip[32] = "no clipping";
+    if (o.clip > 0.f) std::snprintf(clip, sizeof clip, "clip %g", static_cast<double>(o.clip));
+    std::printf("training: %lld steps of %lld sequences (%lld tokens), adamw lr=%g (warmup, cosine to lr/10), %s, "
+                "dropout %g, %s\n",
+                static_cast<long long>(o.steps), static_cast<long long>(o.batch), static_cast<long long>(o.batch * o.seq),
+                static_cast<double>(o.lr), clip, static_cast<double>(o.dropout), Precision::name);
+    std::printf("layout: %d %s rank(s) = tp %d%s × dp %d × pp %d, %lld micro-batch(es)%s%s%s; %d thread(s) per rank; "
+                "gemm %s\n",
+                world, o.comm.c_str(), o.tp, o.sp ? " (sequence parallel)" : "", dp, o.pp,
+                static_cast<long long>(o.microbatches), o.schedule.empty() ? "" : ", schedule ", o.schedule.c_str(),
+                o.recompute ? ", recompute" : "", dml::thread_budget(),
+                dml::host_gemm_impl(o.batch * o.seq / world, o.d_model, 4 * o.d_model,
+                                    dml::dtype_v<typename Precision::type>).c_str());
+    std::fflush(stdout);
+  }
+
+  std::vector<float> x(static_cast<std::size_t>(rows * o.seq));
+  std::vector<std::int32_t> y(x.size());
+  const std::int64_t every = o.print_every > 0 ? o.print_every : std::max<std::int64_t>(1, o.steps / 20);
+  const auto start = std::chrono::steady_clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  float loss = std::nanf("");
+  for (std::int64_t step = 1; step <= o.steps; ++step) {
+    text.train.batch(o.seed, static_cast<std::uint64_t>(step), first, rows, o.seq, x.data(), y.data());
+    loss = trainer.step(dml::tensor_view<const float>(x.data(), {rows, o.seq}), y.data(), o.batch).loss;
+    if (rank == 0) {
+      if (log) log << step << ',' << loss << '\n';
+      if (step == 1 || step % every == 0 || step == o.steps) {
+        const double s = seconds();
+        std::printf("step %lld/%lld loss=%.4f lr=%.2e tokens_per_s=%.0f\n", static_cast<long long>(step),
+                    static_cast<long long>(o.steps), static_cast<double>(loss), static_cast<double>(learning_rate(o, step)),
+                    s > 0 ? static_cast<double>(step * o.batch * o.seq) / s : 0.0);
+        std::fflush(stdout);
+      }
+    }
+  }
+  const double train_seconds = seconds();
+  if (log) log.close();
+
+  const auto full = trainer.full_parameters();  // collective
+  if (rank != 0) return 0;
+  if (!o.save.empty()) dml::train::save_weights(trainer.layout(), full, o.save);
+  inference_model net(config, trainer.layout(), full);
+  std::printf("final_loss=%.4f", static_cast<double>(loss));
+  if (text.val) std::printf(" val_loss=%.4f", net.loss(*text.val, val_rows));
+  std::printf(" tokens_per_s=%.0f seconds=%.1f\n",
+              train_seconds > 0 ? static_cast<double>(o.steps * o.batch * o.seq) / train_seconds : 0.0, train_seconds);
+  if (!o.save.empty()) std::printf("saved %s\n", o.save.c_str());
+  if (o.sample > 0) {
+    const auto head = text.all.bytes().first(std::min<std::size_t>(16, text.all.bytes().size()));
+    const std::string prompt = o.prompt ? *o.prompt : std::string(head.begin(), head.end());
+    if (prompt.empty()) dml::fail<dml::invalid_argument>("--prompt: expected at least one byte, found none");
+    for (const char ch : prompt)
+      if (static_cast<unsigned char>(ch) >= o.vocab)
+        dml::fail<dml::invalid_argument>("--prompt: byte ", static_cast<int>(static_cast<unsigned char>(ch)),
+                                         " is not a token: expected bytes < --vocab ", o.vocab);
+    const float temperature = o.temperature.value_or(0.f);
+    char how[64] = "greedy";
+    if (temperature > 0.f)
+      std::snprintf(how, sizeof how, "temperature %g, seed %llu", static_cast<double>(temperature),
+                    static_cast<unsigned long long>(o.seed));
+    std::printf("sample (%s): %lld bytes after a prompt of %zu bytes:\n", how, static_cast<long long>(o.sample),
+                prompt.size());
+    const std::string out = net.generate(prompt, o.sample, temperature, o.seed);
+    std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fputc('\n', stdout);
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+template <class Comm>
+int run(const options& o, Comm& comm, const corpus& text) {
+  if (o.precision == "bf16") return run_trainer<dml::precision::bf16>(o, comm, text);
+  return run_trainer<dml::precision::fp32>(o, comm, text);
+}
+
+#if defined(DML_EXAMPLE_WITH_MPI)
+int run_mpi(const options& o, const corpus& text);
+#endif
+
+inline int main(int argc, char** argv) {
+  try {
+    const options o = parse(argc, argv);
+    const corpus text = load_corpus(o);
+    if (o.comm == "mpi") {
+#if defined(DML_EXAMPLE_WITH_MPI)
+      return run_mpi(o, text);
+#else
+      dml::fail<dml::invalid_argument>("--comm mpi: this build has no MPI");
+#endif
+    }
+    data_parallel(o, o.ranks);  // a bad layout fails here, before any rank starts
+    int status = 0;
+    dml::comm::local::run(o.ranks, [&](dml::comm::local& comm) {
+      dml::set_thread_budget(o.threads);
+      const int s = run(o, comm, text);
+      if (comm.rank() == 0) status = s;
+    });
+    return status;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "gpt: error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace gpt_example
