@@ -1,0 +1,550 @@
+// SPDX-License-Identifier: Apache-2.0
+// benchmarks/gpt_throughput.cpp — training tokens/s of nn::gpt (AdamW) for each layout (one rank fp32 and bf16,
+// tensor parallel with and without sequence parallelism, data parallel, pipeline) beside PyTorch running the same
+// model (gpt_throughput_torch.py) and this machine's one-core GEMM roofline, all measured in the same run.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dml/dml.hpp"
+#include "dml/nn/gpt.hpp"
+
+#ifndef DML_GPT_TORCH_SCRIPT
+#  define DML_GPT_TORCH_SCRIPT "benchmarks/gpt_throughput_torch.py"
+#endif
+
+namespace {
+
+struct options {
+  std::int64_t layers = 6, d_model = 384, heads = 6, seq = 256, vocab = 256;
+  std::int64_t batch = 8;  // global batch: sequences per step over all data-parallel ranks
+  std::int64_t steps = 5, warmup = 2, microbatches = 4;
+  int threads = 1;  // per rank, dml and PyTorch alike
+  int repeats = 1;  // runs per layout (and per PyTorch thread count); the fastest is kept
+  float lr = 3e-4f;
+  std::vector<std::string> layouts;  // empty: every layout that fits the machine
+  std::string json, python = "/usr/bin/python3", torch_script = DML_GPT_TORCH_SCRIPT;
+  bool torch = true;
+};
+
+// One way to run the model: tp × dp × pp comm::local ranks.
+struct layout {
+  std::string name;
+  int tp = 1, dp = 1, pp = 1;
+  bool sp = false, bf16 = false;
+  int ranks() const { return tp * dp * pp; }
+};
+const std::vector<layout>& known_layouts() {
+  static const std::vector<layout> all{{"1", 1, 1, 1, false, false},    {"1-bf16", 1, 1, 1, false, true},
+                                       {"tp2", 2, 1, 1, false, false},  {"tp2-sp", 2, 1, 1, true, false},
+                                       {"dp2", 1, 2, 1, false, false},  {"pp2", 1, 1, 2, false, false}};
+  return all;
+}
+
+using clock_type = std::chrono::steady_clock;
+double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+
+// CPU time of the whole machine and of this process, to report how busy other processes kept the cores.
+struct load_meter {
+  double machine_busy = 0, machine_total = 0, self = 0;
+  static load_meter now() {
+    load_meter m;
+    if (std::FILE* f = std::fopen("/proc/stat", "r")) {
+      unsigned long long v[8] = {};
+      if (std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                      &v[6], &v[7]) == 8) {
+        const double tick = double(sysconf(_SC_CLK_TCK));
+        for (auto x : v) m.machine_total += double(x) / tick;
+        m.machine_busy = m.machine_total - double(v[3] + v[4]) / tick;  // less idle and iowait
+      }
+      std::fclose(f);
+    }
+    // This process and the children it has waited for (the PyTorch runs).
+    for (const int who : {RUSAGE_SELF, RUSAGE_CHILDREN}) {
+      rusage u{};
+      getrusage(who, &u);
+      m.self += double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+    }
+    return m;
+  }
+  // Share of the machine's CPU time that other processes used since `start`; −1: unknown.
+  static double others_since(const load_meter& start) {
+    const load_meter end = now();
+    const double total = end.machine_total - start.machine_total;
+    if (total <= 0) return -1;
+    return std::max(0.0, (end.machine_busy - start.machine_busy) - (end.self - start.self)) / total;
+  }
+};
+
+// CPU seconds the calling thread has run: a rank that waits for a core (or sleeps in a collective) does not count.
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+std::string load_average() {
+  std::string s = "?";
+  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f)) {
+      s = buf;
+      const auto third = s.find(' ', s.find(' ', s.find(' ') + 1) + 1);  // the three averages
+      s = s.substr(0, third);
+    }
+    std::fclose(f);
+  }
+  return s;
+}
+
+// Where rank 0's time went in one traced step: GEMMs of the Linear layers, GEMMs inside attention
+// (q·kᵀ, P·v and their gradients, [T, T] × head_dim), and everything else (softmax, LayerNorm, GELU,
+// embeddings, cross-entropy, AdamW, casts, communication and waiting).
+struct step_profile {
+  double step = 0, linear = 0, attention = 0;
+  double linear_flop = 0, attention_flop = 0;
+  int calls = 0;
+  double other() const { return step - linear - attention; }
+};
+
+struct result {
+  layout l;
+  bool ran = false;
+  std::string skipped;  // why a layout could not run
+  double tokens_per_s = 0, step_ms = 0, others = -1;
+  double on_cpu = 0;  // Σ over ranks of the rank threads' CPU seconds in the timed steps / (wall seconds × ranks)
+  std::int64_t peak_bytes = 0, state_bytes = 0;  // largest over ranks
+  step_profile profile;
+  float loss = 0;
+};
+
+// Token ids of global sequences [first, first + rows) and their next-token labels, from Philox.
+void synthetic_rows(const options& o, std::int64_t first, std::int64_t rows, std::vector<float>& x,
+                    std::vector<std::int32_t>& y) {
+  const std::int64_t t = o.seq;
+  x.resize(static_cast<std::size_t>(rows * t));
+  y.resize(x.size());
+  const dml::rng_stream rng{42, 7};
+  const auto token = [&](std::int64_t row, std::int64_t j) {
+    return static_cast<std::int32_t>(rng.block(static_cast<std::uint64_t>(row * (t + 1) + j))[0] % o.vocab);
+  };
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < t; ++j) {
+      x[static_cast<std::size_t>(r * t + j)] = static_cast<float>(token(first + r, j));
+      y[static_cast<std::size_t>(r * t + j)] = token(first + r, j + 1);
+    }
+}
+
+dml::nn::gpt_config model_config(const options& o) {
+  return {.vocab = o.vocab, .seq = o.seq, .layers = o.layers, .d_model = o.d_model, .heads = o.heads};
+}
+
+step_profile classify(const std::vector<dml::gemm_call>& calls, double step_seconds, const options& o) {
+  step_profile p;
+  p.step = step_seconds;
+  const std::int64_t t = o.seq, hd = o.d_model / o.heads;
+  for (const auto& c : calls) {
+    const auto& g = c.args;
+    const bool attention = g.m == t && ((g.n == t && g.k == hd) || (g.n == hd && g.k == t));
+    const double flop = 2.0 * double(g.m) * double(g.n) * double(g.k);
+    (attention ? p.attention : p.linear) += c.seconds;
+    (attention ? p.attention_flop : p.linear_flop) += flop;
+    ++p.calls;
+  }
+  return p;
+}
+
+template <class Precision>
+void run_rank(dml::comm::local& comm, const options& o, const layout& l, result& res, std::mutex& mu) {
+  dml::set_thread_budget(o.threads);
+  dml::train::trainer_options to;
+  to.seed = 1;
+  to.tensor_parallel = l.tp;
+  to.sequence_parallel = l.sp;
+  to.pipeline_stages = l.pp;
+  to.micro_batches = l.pp > 1 ? o.microbatches : 1;
+  const auto model = dml::nn::gpt(model_config(o));
+  dml::trainer<dml::parallel::replicate, dml::optim::adamw, Precision> t(comm, model, to, dml::optim::adamw({.lr = o.lr}));
+  // World rank = tp rank + TP·(dp rank + DP·pp rank): every tp and pp rank of a data-parallel rank passes its rows.
+  const int dp_rank = comm.rank() / l.tp % l.dp;
+  const std::int64_t first = o.batch * dp_rank / l.dp, rows = o.batch * (dp_rank + 1) / l.dp - first;
+  std::vector<float> x;
+  std::vector<std::int32_t> y;
+  synthetic_rows(o, first, rows, x, y);
+  const dml::tensor_view<const float> xv(x.data(), {rows, o.seq});
+  for (std::int64_t s = 0; s < o.warmup; ++s) t.step(xv, y.data(), o.batch);
+  // One traced step (not timed): rank 0's GEMMs with their shapes and times.
+  std::vector<dml::gemm_call> calls;
+  comm.barrier();
+  dml::detail::host_gemm_trace = &calls;
+  auto t0 = clock_type::now();
+  t.step(xv, y.data(), o.batch);
+  const double traced = seconds_since(t0);
+  dml::detail::host_gemm_trace = nullptr;
+  comm.barrier();
+  t0 = clock_type::now();
+  const double cpu0 = thread_cpu_seconds();
+  float loss = 0;
+  for (std::int64_t s = 0; s < o.steps; ++s) loss = t.step(xv, y.data(), o.batch).loss;
+  const double cpu = thread_cpu_seconds() - cpu0;
+  comm.barrier();
+  const double secs = seconds_since(t0);
+  std::lock_guard lk(mu);
+  res.on_cpu += cpu / (secs * l.ranks());
+  res.peak_bytes = std::max(res.peak_bytes, t.peak_activation_bytes());
+  res.state_bytes = std::max(res.state_bytes, t.memory().total());
+  if (comm.rank() == 0) {
+    res.tokens_per_s = double(o.batch * o.seq * o.steps) / secs;
+    res.step_ms = 1e3 * secs / double(o.steps);
+    res.profile = classify(calls, traced, o);
+    res.loss = loss;
+  }
+}
+
+result run_layout(const options& o, const layout& l) {
+  result res;
+  res.l = l;
+  std::mutex mu;
+  const load_meter start = load_meter::now();
+  try {
+    dml::comm::local::run(l.ranks(), [&](dml::comm::local& comm) {
+      if (l.bf16) run_rank<dml::precision::bf16>(comm, o, l, res, mu);
+      else run_rank<dml::precision::fp32>(comm, o, l, res, mu);
+    });
+    res.ran = true;
+  } catch (const std::exception& e) {
+    res.skipped = e.what();
+  }
+  res.others = load_meter::others_since(start);
+  return res;
+}
+
+// GFLOP/s of C[m, n] = A[m, k]·B[k, n] (A, B of type T, C f32) on one core: on `lib` (f32), or through the
+// dispatch (16-bit inputs).
+template <class T>
+double gemm_gflops(std::int64_t m, std::int64_t n, std::int64_t k, const dml::host_gemm_library* lib) {
+  std::vector<T> a(static_cast<std::size_t>(m * k), T(0.5f)), b(static_cast<std::size_t>(k * n), T(0.25f));
+  std::vector<float> c(static_cast<std::size_t>(m * n));
+  const dml::gemm_args g{.m = m, .n = n, .k = k, .a = a.data(), .lda = k, .b = b.data(), .ldb = n, .c = c.data(), .ldc = n};
+  const auto run = [&] { lib ? dml::host_gemm_on(*lib, g) : dml::gemm<dml::host>(g); };
+  for (int i = 0; i < 3; ++i) run();
+  // The fastest of five timings of at least 0.1 s: other processes only ever slow a timing down.
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    int iters = 0;
+    const auto t0 = clock_type::now();
+    while (seconds_since(t0) < 0.1 || iters < 3) {
+      run();
+      ++iters;
+    }
+    best = std::max(best, 2.0 * double(m) * double(n) * double(k) * iters / seconds_since(t0) / 1e9);
+  }
+  return best;
+}
+
+// Runs gpt_throughput_torch.py with `threads` threads; its tokens/s, or −1 (and why) if it did not run.
+double torch_tokens_per_s(const options& o, int threads, std::string& info, double& on_cpu) {
+  const std::string cmd = o.python + " " + o.torch_script + " --layers " + std::to_string(o.layers) + " --d-model " +
+                          std::to_string(o.d_model) + " --heads " + std::to_string(o.heads) + " --seq " +
+                          std::to_string(o.seq) + " --vocab " + std::to_string(o.vocab) + " --batch " +
+                          std::to_string(o.batch) + " --steps " + std::to_string(o.steps) + " --warmup " +
+                          std::to_string(o.warmup) + " --threads " + std::to_string(threads) + " --lr " +
+                          std::to_string(o.lr) + " 2>&1";
+  std::FILE* p = popen(cmd.c_str(), "r");
+  if (!p) {
+    info = "could not start: " + cmd;
+    return -1;
+  }
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int rc = pclose(p);
+  const auto field = [&](const std::string& key) -> std::string {
+    const auto at = out.rfind("\"" + key + "\": ");
+    if (at == std::string::npos) return {};
+    auto from = at + key.size() + 4;
+    if (out[from] == '"') {
+      ++from;
+      return out.substr(from, out.find('"', from) - from);
+    }
+    return out.substr(from, out.find_first_of(",}", from) - from);
+  };
+  const std::string rate = field("tokens_per_s");
+  if (rc != 0 || rate.empty()) {
+    info = "failed (" + cmd + "): " + out.substr(out.size() > 400 ? out.size() - 400 : 0);
+    return -1;
+  }
+  info = "PyTorch " + field("version") + ", " + field("blas");
+  const std::string cpu = field("cpu_seconds"), secs = field("seconds");
+  on_cpu = cpu.empty() || secs.empty() ? -1.0 : std::stod(cpu) / (std::stod(secs) * threads);
+  return std::stod(rate);
+}
+
+std::vector<std::string> split_list(const std::string& v) {
+  std::vector<std::string> out;
+  for (std::size_t pos = 0; pos <= v.size();) {
+    const std::size_t comma = std::min(v.find(',', pos), v.size());
+    if (comma > pos) out.push_back(v.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return out;
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto next = [&] {
+      if (i + 1 >= argc) dml::fail<dml::invalid_argument>(a, ": expected a value");
+      return std::string(argv[++i]);
+    };
+    if (a == "--layers") o.layers = std::stoll(next());
+    else if (a == "--d-model") o.d_model = std::stoll(next());
+    else if (a == "--heads") o.heads = std::stoll(next());
+    else if (a == "--seq") o.seq = std::stoll(next());
+    else if (a == "--batch") o.batch = std::stoll(next());
+    else if (a == "--steps") o.steps = std::stoll(next());
+    else if (a == "--warmup") o.warmup = std::stoll(next());
+    else if (a == "--microbatches") o.microbatches = std::stoll(next());
+    else if (a == "--threads") o.threads = std::stoi(next());
+    else if (a == "--repeats") o.repeats = std::stoi(next());
+    else if (a == "--lr") o.lr = std::stof(next());
+    else if (a == "--layouts") {
+      const std::string v = next();
+      o.layouts = v == "all" ? std::vector<std::string>{} : split_list(v);
+    } else if (a == "--json") o.json = next();
+    else if (a == "--python") o.python = next();
+    else if (a == "--torch-script") o.torch_script = next();
+    else if (a == "--no-torch") o.torch = false;
+    else dml::fail<dml::invalid_argument>("unknown flag '", a,
+                                          "'; flags: --layouts 1,1-bf16,tp2,tp2-sp,dp2,pp2|all --layers L --d-model C "
+                                          "--heads H --seq T --batch B (global sequences) --steps N --warmup N "
+                                          "--microbatches M (pp) --threads N (per rank) --repeats N --lr X --json FILE "
+                                          "--python PATH --torch-script PATH --no-torch");
+  }
+  if (o.layers < 1 || o.d_model < 1 || o.heads < 1 || o.seq < 1 || o.batch < 1 || o.steps < 1 || o.warmup < 0 ||
+      o.threads < 1 || o.microbatches < 1 || o.repeats < 1)
+    dml::fail<dml::invalid_argument>("expected positive --layers --d-model --heads --seq --batch --steps --threads "
+                                     "--microbatches --repeats and --warmup >= 0");
+  if (o.d_model % o.heads != 0)
+    dml::fail<dml::invalid_argument>("--d-model: expected a multiple of --heads ", o.heads, ", found ", o.d_model);
+  for (const auto& name : o.layouts)
+    if (std::none_of(known_layouts().begin(), known_layouts().end(), [&](const layout& l) { return l.name == name; }))
+      dml::fail<dml::invalid_argument>("--layouts: unknown layout '", name, "'; expected 1, 1-bf16, tp2, tp2-sp, dp2, pp2");
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const options o = parse(argc, argv);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<layout> layouts;
+  for (const auto& l : known_layouts()) {
+    const bool named = std::find(o.layouts.begin(), o.layouts.end(), l.name) != o.layouts.end();
+    if (o.layouts.empty() ? l.ranks() * o.threads <= cores : named) layouts.push_back(l);
+  }
+  const std::int64_t C = o.d_model, L = o.layers, T = o.seq, V = o.vocab, tokens = o.batch * o.seq;
+  // FLOPs per token: 6 per weight that multiplies (forward 2, backward 4) over every parameter but the two
+  // embedding tables (the blocks' 12C² + 2C each, ln_f and the untied lm_head), plus attention's
+  // q·kᵀ and P·v, 12·L·T·C (the full T × T products, as dml and PyTorch both compute them).
+  const double n_params = double(L) * double(12 * C * C + 2 * C) + double(C) + double(V * C);
+  const double flop_per_token = 6.0 * n_params + 12.0 * double(L * T * C);
+  const std::string cpu = dml::host_cpu_model();
+
+  std::printf("# %s, %d core(s); load average %s at start\n", cpu.c_str(), cores, load_average().c_str());
+  std::printf("# GPT: vocab %lld, seq %lld, %lld layers, d_model %lld, %lld heads (no biases, untied head), AdamW "
+              "lr %g; global batch %lld sequences = %lld tokens; %lld steps after %lld warm-up, best of %d; %d thread(s) "
+              "per rank\n",
+              static_cast<long long>(V), static_cast<long long>(T), static_cast<long long>(L), static_cast<long long>(C),
+              static_cast<long long>(o.heads), double(o.lr), static_cast<long long>(o.batch),
+              static_cast<long long>(tokens), static_cast<long long>(o.steps), static_cast<long long>(o.warmup),
+              o.repeats, o.threads);
+  std::printf("# FLOPs per token = 6 N + 12 L T C = 6 x %.3fM + %.3fM = %.2f MFLOP (N: parameters but wte and wpe)\n",
+              n_params / 1e6, 12.0 * double(L * T * C) / 1e6, flop_per_token / 1e6);
+  std::fflush(stdout);
+
+  // PyTorch, once per thread count an fp32 layout uses (ranks × threads per rank), before dml's layouts.
+  struct torch_run {
+    int threads = 0;
+    double rate = -1, on_cpu = -1;
+  };
+  std::vector<torch_run> torch_rates;
+  if (o.torch) {
+    for (const auto& l : layouts) {
+      const int th = l.ranks() * o.threads;
+      if (l.bf16 || std::any_of(torch_rates.begin(), torch_rates.end(), [&](auto& p) { return p.threads == th; }))
+        continue;
+      std::string info;
+      double rate = -1, others = -1, on_cpu = -1;
+      for (int i = 0; i < o.repeats; ++i) {
+        const load_meter start = load_meter::now();
+        double cpu = -1;
+        const double r = torch_tokens_per_s(o, th, info, cpu);
+        if (r > rate) {
+          rate = r;
+          on_cpu = cpu;
+          others = load_meter::others_since(start);
+        }
+        if (r < 0) break;
+      }
+      torch_rates.push_back({th, rate, on_cpu});
+      if (rate > 0)
+        std::printf("# PyTorch, %d thread(s): %.1f tokens/s, on CPU %.0f%% of its threads' time (%s; other processes "
+                    "%.0f%% of the machine)\n",
+                    th, rate, 100.0 * on_cpu, info.c_str(), 100.0 * others);
+      else
+        std::printf("# PyTorch, %d thread(s): %s\n", th, info.c_str());
+      std::fflush(stdout);
+    }
+  }
+  const auto torch_of = [&](int th) {
+    for (const auto& r : torch_rates)
+      if (r.threads == th) return r;
+    return torch_run{};
+  };
+  const auto torch_rate = [&](int th) { return torch_of(th).rate; };
+
+  std::vector<result> results;
+  for (const auto& l : layouts) {
+    result best = run_layout(o, l);
+    for (int i = 1; i < o.repeats && best.ran; ++i) {
+      result r = run_layout(o, l);
+      if (r.tokens_per_s > best.tokens_per_s) best = std::move(r);
+    }
+    results.push_back(std::move(best));
+  }
+
+  // The roofline: the model's dominant GEMM shape (c_fc: m = B·T, n = 4C, k = C) on one core, f32 on the
+  // fastest library found, bf16 through the dispatch where oneDNN has a native bf16 kernel here.
+  dml::set_thread_budget(1);
+  const std::int64_t gm = tokens, gn = 4 * C, gk = C;
+  double f32_roof = 0;
+  std::string f32_lib;
+  std::printf("# GEMM roofline, one core, m x n x k = %lldx%lldx%lld (B*T x 4C x C):", static_cast<long long>(gm),
+              static_cast<long long>(gn), static_cast<long long>(gk));
+  for (const auto& [lib, name] : dml::host_gemm_libraries()) {
+    const double r = gemm_gflops<float>(gm, gn, gk, &lib);
+    std::printf(" %s %.1f;", std::string(dml::to_string(lib)).c_str(), r);
+    if (r > f32_roof) {
+      f32_roof = r;
+      f32_lib = std::string(dml::to_string(lib)) + " (" + name + ")";
+    }
+  }
+  const bool bf16_native = dml::host_gemm_native(dml::dtype::bf16);
+  const double bf16_roof = bf16_native ? gemm_gflops<dml::bf16>(gm, gn, gk, nullptr) : 0.0;
+  std::printf(" GFLOP/s f32\n# f32 roofline %.1f GFLOP/s per core on %s; oneDNN f32 kernel %s\n", f32_roof,
+              f32_lib.c_str(), dml::host_gemm_impl(gm, gn, gk, dml::dtype::f32).c_str());
+  if (bf16_native)
+    std::printf("# bf16 roofline %.1f GFLOP/s per core, oneDNN kernel %s\n", bf16_roof,
+                dml::host_gemm_impl(gm, gn, gk, dml::dtype::bf16).c_str());
+  else
+    std::printf("# bf16: no native bf16 GEMM on this CPU (%s); bf16 runs are held to the f32 roofline\n",
+                dml::host_gemm_impl(gm, gn, gk, dml::dtype::bf16).c_str());
+
+  std::printf("%-8s %5s %3s %3s %3s %11s %11s %7s %6s %9s %8s %6s %6s %6s %6s %6s %7s\n", "layout", "ranks", "tp",
+              "dp", "pp", "tokens/s", "torch tok/s", "ratio", "MFU", "peak MiB", "step ms", "gemm", "attn", "other",
+              "on-cpu", "others", "loss");
+  std::FILE* json = o.json.empty() ? nullptr : std::fopen(o.json.c_str(), "w");
+  if (!o.json.empty() && !json) dml::fail("--json: cannot write ", o.json);
+  for (const auto& r : results) {
+    if (!r.ran) {
+      std::printf("# %s skipped: %s\n", r.l.name.c_str(), r.skipped.c_str());
+      continue;
+    }
+    const int used = r.l.ranks() * o.threads;
+    const double roof = (r.l.bf16 && bf16_native ? bf16_roof : f32_roof) * used;
+    const double mfu = r.tokens_per_s * flop_per_token / (roof * 1e9);
+    const double tr = r.l.bf16 ? -1.0 : torch_rate(used);
+    const auto& p = r.profile;
+    char ratio[16] = "-", trs[24] = "-";
+    if (tr > 0) {
+      std::snprintf(ratio, sizeof ratio, "%.2fx", r.tokens_per_s / tr);
+      std::snprintf(trs, sizeof trs, "%.1f", tr);
+    }
+    std::printf("%-8s %5d %3d %3d %3d %11.1f %11s %7s %5.1f%% %9.1f %8.1f %5.1f%% %5.1f%% %5.1f%% %5.0f%% %5.0f%% "
+                "%7.4f\n",
+                r.l.name.c_str(), r.l.ranks(), r.l.tp, r.l.dp, r.l.pp, r.tokens_per_s, trs, ratio, 100.0 * mfu,
+                double(r.peak_bytes) / (1 << 20), r.step_ms, 100.0 * p.linear / p.step, 100.0 * p.attention / p.step,
+                100.0 * p.other() / p.step, 100.0 * r.on_cpu, 100.0 * r.others, double(r.loss));
+    if (json) {
+      std::fprintf(json,
+                   "{\"layout\":\"%s\",\"cpu\":\"%s\",\"ranks\":%d,\"tp\":%d,\"dp\":%d,\"pp\":%d,\"sequence_parallel\":%s,"
+                   "\"precision\":\"%s\",\"threads_per_rank\":%d,\"layers\":%lld,\"d_model\":%lld,\"heads\":%lld,"
+                   "\"seq\":%lld,\"batch\":%lld,\"microbatches\":%lld,\"steps\":%lld,\"tokens_per_s\":%.1f,"
+                   "\"step_ms\":%.2f,\"flop_per_token\":%.0f,\"roofline_gflops_per_core\":%.1f,"
+                   "\"mfu_vs_gemm_roofline\":%.4f,\"peak_bytes\":%lld,\"state_bytes\":%lld,"
+                   "\"linear_gemm_share\":%.4f,\"attention_gemm_share\":%.4f,\"other_share\":%.4f,"
+                   "\"on_cpu_share\":%.3f,\"other_processes_cpu_share\":%.3f",
+                   r.l.name.c_str(), cpu.c_str(), r.l.ranks(), r.l.tp, r.l.dp, r.l.pp, r.l.sp ? "true" : "false",
+                   r.l.bf16 ? "bf16" : "fp32", o.threads, static_cast<long long>(L), static_cast<long long>(C),
+                   static_cast<long long>(o.heads), static_cast<long long>(T), static_cast<long long>(o.batch),
+                   static_cast<long long>(r.l.pp > 1 ? o.microbatches : 1), static_cast<long long>(o.steps),
+                   r.tokens_per_s, r.step_ms, flop_per_token, roof / used, mfu, static_cast<long long>(r.peak_bytes),
+                   static_cast<long long>(r.state_bytes), p.linear / p.step, p.attention / p.step, p.other() / p.step,
+                   r.on_cpu, r.others);
+      if (tr > 0) std::fprintf(json, ",\"torch_tokens_per_s\":%.1f,\"ratio_vs_torch\":%.3f", tr, r.tokens_per_s / tr);
+      std::fprintf(json, "}\n");
+    }
+  }
+  if (json) std::fclose(json);
+  std::printf("# columns: ratio = dml / PyTorch fp32 with the same threads in all (bf16 rows: none); MFU = tokens/s x "
+              "FLOPs per token / (roofline x cores used); gemm, attn, other = rank 0's time in one traced step in "
+              "Linear GEMMs, attention GEMMs, and everything else (softmax, LayerNorm, GELU, embeddings, loss, AdamW, "
+              "communication, waiting); on-cpu = CPU time of the rank threads / (wall time x ranks) in the timed steps (below "
+              "100%%: waiting for a core or for another rank); others = other processes' share of the machine's CPU "
+              "during the layout\n");
+  for (const auto& r : results)
+    if (r.ran && (r.l.name == "1" || r.l.name == "1-bf16")) {
+      const auto& p = r.profile;
+      std::printf("# %s: traced step %.1f ms: Linear GEMMs %.1f ms at %.1f GFLOP/s, attention GEMMs %.1f ms at %.1f "
+                  "GFLOP/s (%d GEMM calls), other %.1f ms\n",
+                  r.l.name.c_str(), 1e3 * p.step, 1e3 * p.linear, p.linear > 0 ? p.linear_flop / p.linear / 1e9 : 0.0,
+                  1e3 * p.attention, p.attention > 0 ? p.attention_flop / p.attention / 1e9 : 0.0, p.calls,
+                  1e3 * p.other());
+    }
+
+  // The issue's goals, where the layouts they need ran.
+  const auto find = [&](const char* name) -> const result* {
+    for (const auto& r : results)
+      if (r.ran && r.l.name == name) return &r;
+    return nullptr;
+  };
+  const result* one = find("1");
+  if (one) {
+    const double tr = torch_rate(o.threads);
+    if (tr > 0)
+      std::printf("# goal, one rank fp32 >= 2x PyTorch: %.2fx: %s\n", one->tokens_per_s / tr,
+                  one->tokens_per_s >= 2 * tr ? "met" : "not met");
+    // On a shared machine: both runs' tokens per second of CPU time, which time-sharing affects far less.
+    const torch_run t1 = torch_of(o.threads);
+    if (o.threads == 1 && tr > 0 && t1.on_cpu > 0 && one->on_cpu > 0)
+      std::printf("# per CPU-second of their one thread: dml %.1f, PyTorch %.1f tokens, %.2fx\n",
+                  one->tokens_per_s / one->on_cpu, tr / t1.on_cpu, (one->tokens_per_s / one->on_cpu) / (tr / t1.on_cpu));
+    const double mfu = one->tokens_per_s * flop_per_token / (f32_roof * o.threads * 1e9);
+    std::printf("# goal, one rank fp32 >= 60%% of the GEMM roofline: %.1f%%: %s\n", 100.0 * mfu,
+                mfu >= 0.6 ? "met" : "not met");
+    if (const result* b = find("1-bf16"))
+      std::printf("# goal, bf16 faster than fp32%s: %.2fx: %s\n",
+                  bf16_native ? " (this CPU has bf16 dot products)" : " (no native bf16 GEMM here: not expected)",
+                  b->tokens_per_s / one->tokens_per_s, b->tokens_per_s > one->tokens_per_s ? "met" : "not met");
+    for (const char* name : {"tp2", "tp2-sp"})
+      if (const result* t = find(name))
+        std::printf("# goal, %s on 2 ranks >= 1.4x one rank: %.2fx: %s\n", name, t->tokens_per_s / one->tokens_per_s,
+                    t->tokens_per_s >= 1.4 * one->tokens_per_s ? "met" : "not met");
+  }
+  std::printf("# load average %s at the end\n", load_average().c_str());
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "gpt_throughput: error: %s\n", e.what());
+  return 1;
+}
