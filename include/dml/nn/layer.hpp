@@ -53,7 +53,7 @@ struct param_spec {
   bool partial_over_tensor_group = false;
   // Tied to another parameter of the model (its full name, e.g. "wte.weight"): this one starts from the same
   // values and a trainer sums the two gradients, so both stay equal (GPT's LM head and token embedding).
-  std::string tied_to;
+  std::string tied_to{};
 };
 
 // What every layer call sees besides its tensors.
