@@ -11,6 +11,7 @@
 #include "dml/core/dtype.hpp"
 #include "dml/core/error.hpp"
 #include "dml/core/gemm.hpp"
+#include "dml/core/math.hpp"
 #include "dml/core/rng.hpp"
 #include "dml/core/space.hpp"
 #include "dml/core/tensor.hpp"

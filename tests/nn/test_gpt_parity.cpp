@@ -146,9 +146,10 @@ void check_parity(bool bias) {
 
   const double worst_loss = loss_diff(ours.losses, theirs.losses, what + " fp32");
   // Final weights, tensor by tensor, relative to the tensor's largest magnitude. Float sums in other orders
-  // differ in the last bits of each gradient, and Adam's normalised step carries that into the weights: worst
-  // seen 2.4e-5 (c_attn.weight and c_fc.weight of the first block); 1e-4 leaves room for other
-  // GEMM kernels, while a wrong gradient moves a weight by up to lr = 3e-3 a step, 0.1 of a 0.03-scale tensor.
+  // differ in the last bits of each gradient (and dml's vectorised exp and tanh differ from libm's by ~1e-7),
+  // and Adam's normalised step carries that into the weights, most where a gradient is near zero: worst seen
+  // 1.6e-4 (c_fc.weight of the first block); 5e-4 leaves room for other GEMM kernels, while a wrong gradient
+  // moves a weight by up to lr = 3e-3 a step, 0.1 of a 0.03-scale tensor.
   // The key third of c_attn.bias is held apart: softmax ignores a shift common to a query's scores, so its
   // true gradient is exactly zero and both sides step on round-off, which Adam's normalised step may blow up
   // to lr a step (seen: 7.8e-4 of the tensor's scale); there it is checked loosely, that nothing else moves it.
@@ -173,7 +174,7 @@ void check_parity(bool bias) {
           bias ? "; key bias max_rel_weight_diff=" + std::to_string(worst_key_bias) : std::string());
   CHECK(ours.losses.back() < ours.losses.front());  // it trains at all
   CHECK(worst_loss <= 1e-4);
-  CHECK(worst_w <= 1e-4);
+  CHECK(worst_w <= 5e-4);
   CHECK(worst_key_bias <= 1e-2);
 
   // bf16: parameters, activations and gradients in bf16 with float master weights; its losses track fp32's

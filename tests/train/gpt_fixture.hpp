@@ -57,7 +57,7 @@ struct result {
 
 // Where a run resumes from and what it saves at its end (empty: neither).
 struct checkpoints {
-  std::string load, save;
+  std::string load{}, save{};
 };
 
 // Trains on comm (of l.size() ranks) and returns what its rank 0 saw (every rank returns its own record).
@@ -101,7 +101,9 @@ result train_gpt(C& c, const layout& l, const nn::gpt_config& g, int n_steps = s
   return out;
 }
 
-inline void check_same(const result& ref, const result& got, const std::string& what) {
+// param_bound: Adam turns rounding-level differences in a near-zero gradient into steps of up to lr, so
+// parameters agree less tightly than losses where gradients are summed in another order (tied copies).
+inline void check_same(const result& ref, const result& got, const std::string& what, double param_bound = 1e-5) {
   REQUIRE(ref.losses.size() == got.losses.size());
   REQUIRE(ref.params.size() == got.params.size());
   double worst = 0, worst_w = 0;
@@ -115,7 +117,7 @@ inline void check_same(const result& ref, const result& got, const std::string& 
   MESSAGE(what << ": max_rel_loss_diff=" << worst << " max_abs_param_diff=" << worst_w << " max_rel_grad_norm_diff=" << worst_norm);
   CHECK(worst_norm <= 1e-5);
   CHECK(worst <= 1e-5);
-  CHECK(worst_w <= 1e-5);
+  CHECK(worst_w <= param_bound);
 }
 
 }  // namespace gpt_fixture

@@ -107,6 +107,29 @@ void for_each_index(std::int64_t n, F f) {
   }
 }
 
+// f(r) for every row r in [0, n), rows split across the rank's threads but not vectorised across: for row
+// functors whose inner loops over a row vectorise themselves (DML_SIMD_SUM, DML_SIMD_MAX).
+namespace detail {
+template <class F>
+DML_HOST_CLONES void host_for_each_row(std::int64_t n, F f) {
+#if defined(_OPENMP)
+  const int threads = thread_budget();
+  if (threads > 1 && n > 1) {
+#  pragma omp parallel for schedule(static) num_threads(threads)
+    for (std::int64_t r = 0; r < n; ++r) f(r);
+    return;
+  }
+#endif
+  for (std::int64_t r = 0; r < n; ++r) f(r);
+}
+}  // namespace detail
+template <execution_space Space, class F>
+void for_each_row(std::int64_t n, F f) {
+  if (n <= 0) return;
+  if constexpr (std::same_as<Space, host>) detail::host_for_each_row(n, f);
+  else for_each_index<Space>(n, f);
+}
+
 // reduce(op, init, f(0), ..., f(n-1)); op must be associative and commutative. On the host each thread
 // folds one contiguous chunk and the chunks are folded in order, so a result depends on the thread
 // budget only through the grouping of the sum (Thrust's OpenMP reduce trips UBSan, hence plain loops).

@@ -22,6 +22,19 @@
 #  define DML_HAS_CUDA 0
 #endif
 
+// An inner loop of a row functor that vectorises on the host as a sum (or max) reduction: float sums
+// only vectorise when the reassociation is allowed. Nothing on the device, where a thread runs the row.
+#if defined(__CUDA_ARCH__) || !defined(_OPENMP)
+#  define DML_SIMD_SUM(var)
+#  define DML_SIMD_MAX(var)
+#  define DML_SIMD
+#else
+#  define DML_SIMD_SUM(var) _Pragma(DML_STRINGIFY(omp simd reduction(+ : var)))
+#  define DML_SIMD_MAX(var) _Pragma(DML_STRINGIFY(omp simd reduction(max : var)))
+#  define DML_SIMD _Pragma("omp simd")
+#endif
+#define DML_STRINGIFY(x) #x
+
 // Pull Thrust's host back ends without CUB's CUDA headers when g++ compiles.
 #if !defined(__CUDACC__) && !defined(THRUST_DEVICE_SYSTEM)
 #  define THRUST_DEVICE_SYSTEM THRUST_DEVICE_SYSTEM_CPP

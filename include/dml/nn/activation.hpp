@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "dml/core/algorithm.hpp"
+#include "dml/core/math.hpp"
 #include "dml/nn/layer.hpp"
 
 namespace dml::nn {
@@ -35,12 +36,12 @@ struct gelu_tanh {
   static constexpr float k0 = 0.7978845608028654f;  // √(2/π)
   static constexpr float k1 = 0.044715f;
   DML_HOST_DEVICE static float value(float x) {
-    const float t = tanhf(k0 * (x + k1 * x * x * x));
+    const float t = fast_tanh(k0 * (x + k1 * x * x * x));
     return 0.5f * x * (1.f + t);
   }
   DML_HOST_DEVICE static float derivative(float x) {
     const float u = k0 * (x + k1 * x * x * x);
-    const float t = tanhf(u);
+    const float t = fast_tanh(u);
     const float du = k0 * (1.f + 3.f * k1 * x * x);
     return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du;
   }

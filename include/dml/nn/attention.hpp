@@ -12,6 +12,7 @@
 #include "dml/core/dtype.hpp"
 #include "dml/core/error.hpp"
 #include "dml/core/gemm.hpp"
+#include "dml/core/math.hpp"
 #include "dml/core/space.hpp"
 
 namespace dml::nn {
@@ -47,11 +48,14 @@ struct causal_softmax_row {
     T* row = p + r * seq;
     const std::int64_t n = r % seq + 1;  // columns s <= t
     float mx = scale * static_cast<float>(row[0]);
+    DML_SIMD_MAX(mx)
     for (std::int64_t s = 1; s < n; ++s) mx = attention_max(mx, scale * static_cast<float>(row[s]));
     float sum = 0.f;
-    for (std::int64_t s = 0; s < n; ++s) sum += expf(scale * static_cast<float>(row[s]) - mx);
+    DML_SIMD_SUM(sum)
+    for (std::int64_t s = 0; s < n; ++s) sum += fast_exp(scale * static_cast<float>(row[s]) - mx);
     const float inv = 1.f / sum;
-    for (std::int64_t s = 0; s < n; ++s) row[s] = T(expf(scale * static_cast<float>(row[s]) - mx) * inv);
+    DML_SIMD
+    for (std::int64_t s = 0; s < n; ++s) row[s] = T(fast_exp(scale * static_cast<float>(row[s]) - mx) * inv);
     for (std::int64_t s = n; s < seq; ++s) row[s] = T(0.f);
   }
 };
@@ -69,7 +73,9 @@ struct causal_softmax_backward_row {
     T* dr = d + r * seq;
     const std::int64_t n = r % seq + 1;
     float dot = 0.f;
+    DML_SIMD_SUM(dot)
     for (std::int64_t s = 0; s < n; ++s) dot += static_cast<float>(dr[s]) * static_cast<float>(pr[s]);
+    DML_SIMD
     for (std::int64_t s = 0; s < n; ++s)
       dr[s] = T(attention_softmax_grad(static_cast<float>(pr[s]), static_cast<float>(dr[s]), dot, scale));
     for (std::int64_t s = n; s < seq; ++s) dr[s] = T(0.f);
@@ -111,7 +117,7 @@ void causal_softmax_rows(T* p, std::int64_t rows, std::int64_t seq, float scale)
     causal_softmax_cuda(p, rows, seq, scale);
   else
 #endif
-    for_each_index<S>(rows, kernels::causal_softmax_row<T>{p, seq, scale});
+    for_each_row<S>(rows, kernels::causal_softmax_row<T>{p, seq, scale});
 }
 template <execution_space S, class T>
 void causal_softmax_backward_rows(const T* p, T* d, std::int64_t rows, std::int64_t seq, float scale) {
@@ -120,7 +126,7 @@ void causal_softmax_backward_rows(const T* p, T* d, std::int64_t rows, std::int6
     causal_softmax_backward_cuda(p, d, rows, seq, scale);
   else
 #endif
-    for_each_index<S>(rows, kernels::causal_softmax_backward_row<T>{p, d, seq, scale});
+    for_each_row<S>(rows, kernels::causal_softmax_backward_row<T>{p, d, seq, scale});
 }
 }  // namespace detail
 
