@@ -367,8 +367,11 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   const double train_seconds = seconds();
   if (log) log.close();
 
+  const auto mem = trainer.memory();  // rank 0's: its stage and its tensor-parallel part
   const auto full = trainer.full_parameters();  // collective
   if (rank != 0) return 0;
+  std::printf("memory per rank (rank 0): params %.2f MiB, grads %.2f, optimizer %.2f, activations at peak %.2f\n",
+              mem.params / 1048576.0, mem.grads / 1048576.0, mem.optimizer / 1048576.0, mem.activations / 1048576.0);
   if (!o.save.empty()) dml::train::save_weights(trainer.layout(), full, o.save);
   inference_model net(config, trainer.layout(), full);
   std::printf("final_loss=%.4f", static_cast<double>(loss));

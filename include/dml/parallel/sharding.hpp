@@ -35,6 +35,9 @@ struct memory_report {
   std::int64_t padded = 0;       // parameters including padding to equal, aligned per-rank parts
   std::int64_t params = 0, grads = 0, optimizer = 0;  // bytes held for the whole run
   std::int64_t buffers = 0;      // bytes of staging and gather buffers (ZeRO-2/3)
+  // Bytes of activations at the last step's peak: layer outputs and what layers keep for backward, of every
+  // micro-batch in flight (filled by the trainer; not part of total(), which is the model state).
+  std::int64_t activations = 0;
   std::int64_t total() const { return params + grads + optimizer + buffers; }
 };
 

@@ -144,7 +144,11 @@ class engine final : public engine_base<Space> {
     sync_.load_parameters(parallel::part_of_whole(net_.layout(), full_layout_, full));
   }
   const nn::tensor_group* tensor_parallel_group() const override { return tp_.get(); }
-  memory_report memory() const override { return sync_.memory(); }
+  memory_report memory() const override {
+    auto m = sync_.memory();
+    m.activations = pipe_.peak_bytes();
+    return m;
+  }
   // The whole model's layout, whatever stage this rank runs: what full_parameters fills.
   const nn::param_layout& layout() const override { return full_layout_; }
   const std::vector<event>& events() const override { return log_.events(); }
