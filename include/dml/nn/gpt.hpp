@@ -45,68 +45,6 @@ struct gpt_config {
 
 
 namespace kernels {
-// y = LayerNorm(x) with optional bias; keeps each row's mean and 1/σ for backward.
-template <class T>
-struct layernorm_keep {
-  const T *x, *w, *b;  // b may be null
-  T* y;
-  row_stats* stats;
-  std::int64_t n;
-  float eps;
-  DML_HOST_DEVICE void operator()(std::int64_t row) const {
-    const T* xr = x + row * n;
-    T* yr = y + row * n;
-    const row_stats s = layernorm_stats(xr, n, eps);
-    stats[row] = s;
-    for (std::int64_t j = 0; j < n; ++j)
-      yr[j] = T(layernorm_affine(static_cast<float>(xr[j]), s, static_cast<float>(w[j]), b ? static_cast<float>(b[j]) : 0.f));
-  }
-};
-// dx = add + LayerNorm's input gradient (add: the residual path's gradient, or null), from kept statistics.
-template <class T>
-struct layernorm_backward_add {
-  const T *x, *w, *dy, *add;
-  const row_stats* stats;
-  T* dx;
-  std::int64_t n;
-  DML_HOST_DEVICE void operator()(std::int64_t row) const {
-    const T* xr = x + row * n;
-    const T* dyr = dy + row * n;
-    const row_stats s = stats[row];
-    float sum_g = 0.f, sum_gx = 0.f;
-    for (std::int64_t j = 0; j < n; ++j) {
-      const float g = static_cast<float>(dyr[j]) * static_cast<float>(w[j]);
-      sum_g += g;
-      sum_gx += g * layernorm_xhat(static_cast<float>(xr[j]), s);
-    }
-    const float inv_n = 1.f / static_cast<float>(n);
-    for (std::int64_t j = 0; j < n; ++j) {
-      const float d = layernorm_dx(static_cast<float>(dyr[j]), static_cast<float>(w[j]),
-                                   layernorm_xhat(static_cast<float>(xr[j]), s), s.rstd, sum_g, sum_gx, inv_n);
-      dx[row * n + j] = T(d + (add ? static_cast<float>(add[row * n + j]) : 0.f));
-    }
-  }
-};
-// dw[j] (+)= Σ_rows dy·x̂, db[j] (+)= Σ_rows dy (db may be null); one column per call.
-template <class T>
-struct layernorm_param_grads {
-  const T *x, *dy;
-  const row_stats* stats;
-  T *dw, *db;
-  std::int64_t rows, n;
-  bool accumulate;
-  DML_HOST_DEVICE void operator()(std::int64_t j) const {
-    float gw = 0.f, gb = 0.f;
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const float d = static_cast<float>(dy[r * n + j]);
-      gw += d * layernorm_xhat(static_cast<float>(x[r * n + j]), stats[r]);
-      gb += d;
-    }
-    dw[j] = T(accumulate ? static_cast<float>(dw[j]) + gw : gw);
-    if (db) db[j] = T(accumulate ? static_cast<float>(db[j]) + gb : gb);
-  }
-};
-
 // Inverted dropout keyed by the element's place in the global batch: global token row g, column j.
 struct token_dropout {
   rng_stream rng;
@@ -478,7 +416,7 @@ struct gpt_block : detail::split_part {
     const auto ws = work_parts<T>(c.workspace, d);
     const auto w = weights(p.w);
     // attention half
-    for_each_index<S>(nl, kernels::layernorm_keep<T>{x.data, w.ln1_w, w.ln1_b, sv.h1, sv.stats1, C, eps});
+    for_each_index<S>(nl, kernels::layernorm_forward<T>{x.data, w.ln1_w, w.ln1_b, sv.h1, sv.stats1, C, eps});
     const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full1, nl * C);
     detail::linear_forward<S>(d.n, C, 3 * cp, h1, w.qkv_w, w.qkv_b, sv.qkv);
     causal_attention_forward<S>(attention(d), static_cast<const T*>(sv.qkv), sv.probs, sv.att);
@@ -486,7 +424,7 @@ struct gpt_block : detail::split_part {
     const T* r1 = reduce(c, ws.full2, ws.part, nl * C);
     for_each_index<S>(nl * C, kernels::residual_dropout<T>{x.data, r1, w.proj_b, sv.x2, drop(c, d, 1)});
     // MLP half
-    for_each_index<S>(nl, kernels::layernorm_keep<T>{sv.x2, w.ln2_w, w.ln2_b, sv.h2, sv.stats2, C, eps});
+    for_each_index<S>(nl, kernels::layernorm_forward<T>{sv.x2, w.ln2_w, w.ln2_b, sv.h2, sv.stats2, C, eps});
     const T* h2 = gather(c, static_cast<const T*>(sv.h2), ws.full1, nl * C);
     detail::linear_forward<S>(d.n, C, fp, h2, w.fc_w, w.fc_b, sv.f);
     for_each_index<S>(d.n * fp, kernels::gelu_forward<T>{sv.f, sv.g});
@@ -517,8 +455,8 @@ struct gpt_block : detail::split_part {
     detail::linear_weight_grad<S>(d.n, C, fp, h2, static_cast<const T*>(ws.big), g.fc_w, acc);
     detail::linear_input_grad<S>(d.n, C, fp, static_cast<const T*>(ws.big), w.fc_w, ws.full3);
     const T* dh2 = reduce(c, ws.full3, ws.part_b, nl * C);
-    for_each_index<S>(C, kernels::layernorm_param_grads<T>{sv.x2, dh2, sv.stats2, g.ln2_w, g.ln2_b, nl, C, acc});
-    for_each_index<S>(nl, kernels::layernorm_backward_add<T>{sv.x2, w.ln2_w, dh2, dy.data, sv.stats2, ws.dx2, C});
+    for_each_index<S>(C, kernels::layernorm_backward_params<T>{sv.x2, dh2, sv.stats2, g.ln2_w, g.ln2_b, nl, C, acc});
+    for_each_index<S>(nl, kernels::layernorm_backward_input<T>{sv.x2, w.ln2_w, dh2, dy.data, sv.stats2, ws.dx2, C});
     // attention half: x2 = x + dropout(c_proj(attn(c_attn(ln_1(x)))) + b)
     for_each_index<S>(nl * C, kernels::dropout_grad<T>{ws.dx2, ws.part_a, drop(c, d, 1)});
     if (g.proj_b) for_each_index<S>(C, kernels::column_sum<T>{ws.part_a, g.proj_b, nl, C, acc});
@@ -532,9 +470,9 @@ struct gpt_block : detail::split_part {
     detail::linear_weight_grad<S>(d.n, C, 3 * cp, h1, static_cast<const T*>(ws.dqkv), g.qkv_w, acc);
     detail::linear_input_grad<S>(d.n, C, 3 * cp, static_cast<const T*>(ws.dqkv), w.qkv_w, ws.full3);
     const T* dh1 = reduce(c, ws.full3, ws.part_b, nl * C);
-    for_each_index<S>(C, kernels::layernorm_param_grads<T>{x.data, dh1, sv.stats1, g.ln1_w, g.ln1_b, nl, C, acc});
+    for_each_index<S>(C, kernels::layernorm_backward_params<T>{x.data, dh1, sv.stats1, g.ln1_w, g.ln1_b, nl, C, acc});
     if (dx.data)
-      for_each_index<S>(nl, kernels::layernorm_backward_add<T>{x.data, w.ln1_w, dh1, ws.dx2, sv.stats1, dx.data, C});
+      for_each_index<S>(nl, kernels::layernorm_backward_input<T>{x.data, w.ln1_w, dh1, ws.dx2, sv.stats1, dx.data, C});
   }
 
  private:
@@ -668,7 +606,7 @@ struct gpt_head : detail::split_part {
     check_group(kind, c, ranks());
     const std::int64_t nl = x.rows(), n = y.rows();
     auto [stats, hs, hfull] = kept<T>(c.saved, nl);
-    for_each_index<S>(nl, kernels::layernorm_keep<T>{x.data, p.w[0], bias ? p.w[1] : nullptr, hs, stats, dim, eps});
+    for_each_index<S>(nl, kernels::layernorm_forward<T>{x.data, p.w[0], bias ? p.w[1] : nullptr, hs, stats, dim, eps});
     const T* h = gather(c, static_cast<const T*>(hs), hfull, nl * dim);
     detail::linear_forward<S>(n, dim, vocab / ranks(), h, p.w[bias ? 2 : 1], static_cast<const T*>(nullptr), y.data);
   }
@@ -684,11 +622,11 @@ struct gpt_head : detail::split_part {
     detail::linear_weight_grad<S>(n, dim, v, h, dy.data, p.g[wi], c.accumulate);
     detail::linear_input_grad<S>(n, dim, v, dy.data, p.w[wi], full);
     const T* dh = reduce(c, full, part, nl * dim);
-    for_each_index<S>(dim, kernels::layernorm_param_grads<T>{x.data, dh, stats, p.g[0], bias ? p.g[1] : nullptr, nl, dim,
+    for_each_index<S>(dim, kernels::layernorm_backward_params<T>{x.data, dh, stats, p.g[0], bias ? p.g[1] : nullptr, nl, dim,
                                                              c.accumulate});
     if (dx.data)
-      for_each_index<S>(nl, kernels::layernorm_backward_add<T>{x.data, p.w[0], dh, static_cast<const T*>(nullptr), stats,
-                                                               dx.data, dim});
+      for_each_index<S>(nl, kernels::layernorm_backward_input<T>{x.data, p.w[0], dh, static_cast<const T*>(nullptr), stats,
+                                                                 dx.data, dim});
   }
 
  private:

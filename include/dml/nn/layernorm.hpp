@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/nn/layernorm.hpp — layer normalisation over the last dimension with affine weight and bias.
-// Sits on core/algorithm.hpp; statistics are recomputed in backward, so the layer keeps no state.
+// Sits on core/algorithm.hpp; statistics are recomputed in backward, so the layer keeps no state (nn::gpt's
+// layers keep them instead, through the same kernels).
 #pragma once
 
 #include <cmath>
@@ -34,44 +35,48 @@ DML_HOST_DEVICE row_stats layernorm_stats(const T* x, std::int64_t n, float eps)
   return {mean, layernorm_rstd(var, n, eps)};
 }
 
-// T: the working type of activations and parameters; arithmetic in float.
+// T: the working type of activations and parameters; arithmetic in float. b may be null (no bias); stats,
+// when not null, keeps each row's mean and 1/σ for backward.
 template <class T>
 struct layernorm_forward {
   const T *x, *w, *b;
   T* y;
+  row_stats* stats;
   std::int64_t n;
   float eps;
   DML_HOST_DEVICE void operator()(std::int64_t row) const {
     const T* xr = x + row * n;
     T* yr = y + row * n;
     const row_stats s = layernorm_stats(xr, n, eps);
+    if (stats) stats[row] = s;
     for (std::int64_t j = 0; j < n; ++j)
-      yr[j] = T(layernorm_affine(static_cast<float>(xr[j]), s, static_cast<float>(w[j]), static_cast<float>(b[j])));
+      yr[j] = T(layernorm_affine(static_cast<float>(xr[j]), s, static_cast<float>(w[j]), b ? static_cast<float>(b[j]) : 0.f));
   }
 };
 
-// dx = rstd · (dy·w − mean(dy·w) − x̂ · mean(dy·w·x̂))
+// dx = add + rstd · (dy·w − mean(dy·w) − x̂ · mean(dy·w·x̂)), from each row's statistics; add (a residual
+// path's gradient) may be null.
 template <class T>
 struct layernorm_backward_input {
-  const T *x, *w, *dy;
+  const T *x, *w, *dy, *add;
+  const row_stats* stats;
   T* dx;
   std::int64_t n;
-  float eps;
   DML_HOST_DEVICE void operator()(std::int64_t row) const {
     const T* xr = x + row * n;
     const T* dyr = dy + row * n;
-    T* dxr = dx + row * n;
-    const row_stats s = layernorm_stats(xr, n, eps);
+    const row_stats s = stats[row];
     float sum_g = 0.f, sum_gx = 0.f;
     for (std::int64_t j = 0; j < n; ++j) {
       const float g = static_cast<float>(dyr[j]) * static_cast<float>(w[j]);
       sum_g += g;
-      sum_gx += g * (static_cast<float>(xr[j]) - s.mean) * s.rstd;
+      sum_gx += g * layernorm_xhat(static_cast<float>(xr[j]), s);
     }
     const float inv_n = 1.f / static_cast<float>(n);
     for (std::int64_t j = 0; j < n; ++j) {
-      dxr[j] = T(layernorm_dx(static_cast<float>(dyr[j]), static_cast<float>(w[j]),
-                              layernorm_xhat(static_cast<float>(xr[j]), s), s.rstd, sum_g, sum_gx, inv_n));
+      const float d = layernorm_dx(static_cast<float>(dyr[j]), static_cast<float>(w[j]),
+                                   layernorm_xhat(static_cast<float>(xr[j]), s), s.rstd, sum_g, sum_gx, inv_n);
+      dx[row * n + j] = T(d + (add ? static_cast<float>(add[row * n + j]) : 0.f));
     }
   }
 };
@@ -85,7 +90,7 @@ struct layernorm_row_stats {
   DML_HOST_DEVICE void operator()(std::int64_t row) const { stats[row] = layernorm_stats(x + row * n, n, eps); }
 };
 
-// dw[j] = Σ_rows dy·x̂, db[j] = Σ_rows dy; one column per call, so writers never collide.
+// dw[j] (+)= Σ_rows dy·x̂, db[j] (+)= Σ_rows dy (db may be null); one column per call, so writers never collide.
 template <class T>
 struct layernorm_backward_params {
   const T *x, *dy;
@@ -97,11 +102,11 @@ struct layernorm_backward_params {
     float gw = 0.f, gb = 0.f;
     for (std::int64_t r = 0; r < rows; ++r) {
       const float d = static_cast<float>(dy[r * n + j]);
-      gw += d * (static_cast<float>(x[r * n + j]) - stats[r].mean) * stats[r].rstd;
+      gw += d * layernorm_xhat(static_cast<float>(x[r * n + j]), stats[r]);
       gb += d;
     }
     dw[j] = T(accumulate ? static_cast<float>(dw[j]) + gw : gw);
-    db[j] = T(accumulate ? static_cast<float>(db[j]) + gb : gb);
+    if (db) db[j] = T(accumulate ? static_cast<float>(db[j]) + gb : gb);
   }
 };
 }  // namespace kernels
@@ -145,7 +150,7 @@ struct layernorm {
       return;
     }
 #endif
-    for_each_index<S>(x.rows(), kernels::layernorm_forward<T>{x.data, p.w[0], p.w[1], y.data, features, eps});
+    for_each_index<S>(x.rows(), kernels::layernorm_forward<T>{x.data, p.w[0], p.w[1], y.data, nullptr, features, eps});
   }
   template <execution_space S, class T>
   void backward(const context& c, layer_params<T> p, tensor_view<const T, S> x, tensor_view<const T, S>,
@@ -162,8 +167,8 @@ struct layernorm {
     for_each_index<S>(features, kernels::layernorm_backward_params<T>{x.data, dy.data, stats, p.g[0], p.g[1],
                                                                       x.rows(), features, c.accumulate});
     if (dx.data)
-      for_each_index<S>(x.rows(),
-                        kernels::layernorm_backward_input<T>{x.data, p.w[0], dy.data, dx.data, features, eps});
+      for_each_index<S>(x.rows(), kernels::layernorm_backward_input<T>{x.data, p.w[0], dy.data, nullptr, stats, dx.data,
+                                                                      features});
   }
 };
 
