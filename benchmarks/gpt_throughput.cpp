@@ -11,12 +11,12 @@
 #include <thread>
 #include <vector>
 
-#include <sys/resource.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "dml/dml.hpp"
 #include "dml/nn/gpt.hpp"
+
+#include "bench_common.hpp"
 
 #ifndef DML_GPT_TORCH_SCRIPT
 #  define DML_GPT_TORCH_SCRIPT "benchmarks/gpt_throughput_torch.py"
@@ -50,40 +50,13 @@ const std::vector<layout>& known_layouts() {
   return all;
 }
 
-using clock_type = std::chrono::steady_clock;
-double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
-
-// CPU time of the whole machine and of this process, to report how busy other processes kept the cores.
-struct load_meter {
-  double machine_busy = 0, machine_total = 0, self = 0;
-  static load_meter now() {
-    load_meter m;
-    if (std::FILE* f = std::fopen("/proc/stat", "r")) {
-      unsigned long long v[8] = {};
-      if (std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
-                      &v[6], &v[7]) == 8) {
-        const double tick = double(sysconf(_SC_CLK_TCK));
-        for (auto x : v) m.machine_total += double(x) / tick;
-        m.machine_busy = m.machine_total - double(v[3] + v[4]) / tick;  // less idle and iowait
-      }
-      std::fclose(f);
-    }
-    // This process and the children it has waited for (the PyTorch runs).
-    for (const int who : {RUSAGE_SELF, RUSAGE_CHILDREN}) {
-      rusage u{};
-      getrusage(who, &u);
-      m.self += double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-    }
-    return m;
-  }
-  // Share of the machine's CPU time that other processes used since `start`; −1: unknown.
-  static double others_since(const load_meter& start) {
-    const load_meter end = now();
-    const double total = end.machine_total - start.machine_total;
-    if (total <= 0) return -1;
-    return std::max(0.0, (end.machine_busy - start.machine_busy) - (end.self - start.self)) / total;
-  }
-};
+using dml_bench::clock_type;
+using dml_bench::flag_value;
+using dml_bench::load_meter;
+using dml_bench::seconds_since;
+using dml_bench::split_list;
+using dml_bench::step_trace;
+using dml_bench::trace_step;
 
 // CPU seconds the calling thread has run: a rank that waits for a core (or sleeps in a collective) does not count.
 double thread_cpu_seconds() {
@@ -183,15 +156,10 @@ void run_rank(dml::comm::local& comm, const options& o, const layout& l, result&
   const dml::tensor_view<const float> xv(x.data(), {rows, o.seq});
   for (std::int64_t s = 0; s < o.warmup; ++s) t.step(xv, y.data(), o.batch);
   // One traced step (not timed): rank 0's GEMMs with their shapes and times.
-  std::vector<dml::gemm_call> calls;
   comm.barrier();
-  dml::detail::host_gemm_trace = &calls;
-  auto t0 = clock_type::now();
-  t.step(xv, y.data(), o.batch);
-  const double traced = seconds_since(t0);
-  dml::detail::host_gemm_trace = nullptr;
+  const step_trace traced = trace_step([&] { t.step(xv, y.data(), o.batch); });
   comm.barrier();
-  t0 = clock_type::now();
+  const auto t0 = clock_type::now();
   const double cpu0 = thread_cpu_seconds();
   float loss = 0;
   for (std::int64_t s = 0; s < o.steps; ++s) loss = t.step(xv, y.data(), o.batch).loss;
@@ -205,7 +173,7 @@ void run_rank(dml::comm::local& comm, const options& o, const layout& l, result&
   if (comm.rank() == 0) {
     res.tokens_per_s = double(o.batch * o.seq * o.steps) / secs;
     res.step_ms = 1e3 * secs / double(o.steps);
-    res.profile = classify(calls, traced, o);
+    res.profile = classify(traced.calls, traced.seconds, o);
     res.loss = loss;
   }
 }
@@ -289,24 +257,11 @@ double torch_tokens_per_s(const options& o, int threads, std::string& info, doub
   return std::stod(rate);
 }
 
-std::vector<std::string> split_list(const std::string& v) {
-  std::vector<std::string> out;
-  for (std::size_t pos = 0; pos <= v.size();) {
-    const std::size_t comma = std::min(v.find(',', pos), v.size());
-    if (comma > pos) out.push_back(v.substr(pos, comma - pos));
-    pos = comma + 1;
-  }
-  return out;
-}
-
 options parse(int argc, char** argv) {
   options o;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
-    auto next = [&] {
-      if (i + 1 >= argc) dml::fail<dml::invalid_argument>(a, ": expected a value");
-      return std::string(argv[++i]);
-    };
+    const auto next = [&] { return flag_value(argc, argv, i); };
     if (a == "--layers") o.layers = std::stoll(next());
     else if (a == "--d-model") o.d_model = std::stoll(next());
     else if (a == "--heads") o.heads = std::stoll(next());

@@ -34,16 +34,11 @@ os.environ["OMP_NUM_THREADS"] = str(ARGS.threads)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "nn"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "nn"))
+from bench_torch_common import blas_library  # noqa: E402
 from gpt_reference import Gpt  # noqa: E402
-
-
-def blas_library():
-    with open("/proc/self/maps") as f:
-        for line in f:
-            if "blas" in line and ".so" in line:
-                return line.split()[-1]
-    return "unknown"
 
 
 def main():

@@ -15,10 +15,9 @@
 #include <tuple>
 #include <vector>
 
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include "dml/dml.hpp"
+
+#include "bench_common.hpp"
 
 namespace {
 
@@ -34,8 +33,12 @@ struct options {
   bool recompute = false, json = false;
 };
 
-using clock_type = std::chrono::steady_clock;
-double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+using dml_bench::clock_type;
+using dml_bench::flag_value;
+using dml_bench::load_meter;
+using dml_bench::seconds_since;
+using dml_bench::split_list;
+using dml_bench::synthetic_batch;
 
 // What one rank saw in each measured step.
 struct rank_figures {
@@ -205,15 +208,6 @@ double bubble_formula(const std::string& schedule, int k, std::int64_t m) {
   return -1;
 }
 
-// Rows of data-parallel rank `dp_rank`: the same generator as train_throughput's synthetic batch.
-void synthetic_batch(std::int64_t rows, int dp_rank, std::vector<float>& x, std::vector<std::int32_t>& y) {
-  x.resize(static_cast<std::size_t>(rows * 784));
-  y.resize(static_cast<std::size_t>(rows));
-  const dml::rng_stream rng{42, static_cast<std::uint64_t>(dp_rank)};
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = rng.uniform(i);
-  for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int32_t>(rng.block(1u << 30 | i)[0] % 10);
-}
-
 // One configuration: pp × dp comm::local ranks (threads, one BLAS thread each) step a pipeline trainer.
 result run_config(const options& o, const std::string& schedule, int pp, int dp, std::int64_t m, bool recompute) {
   result res;
@@ -264,35 +258,6 @@ result run_config(const options& o, const std::string& schedule, int pp, int dp,
   return res;
 }
 
-// CPU time of the whole machine and of this process, to report how busy other processes kept the cores.
-struct load_meter {
-  double machine_busy = 0, machine_total = 0, self = 0;
-  static load_meter now() {
-    load_meter m;
-    if (std::FILE* f = std::fopen("/proc/stat", "r")) {
-      unsigned long long v[8] = {};
-      if (std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
-                      &v[6], &v[7]) == 8) {
-        const double tick = double(sysconf(_SC_CLK_TCK));
-        for (auto x : v) m.machine_total += double(x) / tick;
-        m.machine_busy = m.machine_total - double(v[3] + v[4]) / tick;  // less idle and iowait
-      }
-      std::fclose(f);
-    }
-    rusage u{};
-    getrusage(RUSAGE_SELF, &u);
-    m.self = double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-    return m;
-  }
-  // Share of the machine's CPU time that other processes used between `start` and now; −1: unknown.
-  static double others_since(const load_meter& start) {
-    const load_meter end = now();
-    const double total = end.machine_total - start.machine_total;
-    if (total <= 0) return -1;
-    return std::max(0.0, (end.machine_busy - start.machine_busy) - (end.self - start.self)) / total;
-  }
-};
-
 // The fastest of o.repeats runs: other processes on a shared machine only ever slow a run down.
 // Each run notes how much of the machine other processes took meanwhile.
 result best_of(const options& o, const std::string& schedule, int pp, int dp, std::int64_t m, bool recompute) {
@@ -306,24 +271,11 @@ result best_of(const options& o, const std::string& schedule, int pp, int dp, st
   return best;
 }
 
-std::vector<std::string> split_list(const std::string& v) {
-  std::vector<std::string> out;
-  for (std::size_t pos = 0; pos <= v.size();) {
-    const std::size_t comma = std::min(v.find(',', pos), v.size());
-    if (comma > pos) out.push_back(v.substr(pos, comma - pos));
-    pos = comma + 1;
-  }
-  return out;
-}
-
 options parse(int argc, char** argv) {
   options o;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
-    auto next = [&] {
-      if (i + 1 >= argc) dml::fail<dml::invalid_argument>(a, ": expected a value");
-      return std::string(argv[++i]);
-    };
+    const auto next = [&] { return flag_value(argc, argv, i); };
     if (a == "--hidden") {
       o.hidden.clear();
       for (const auto& w : split_list(next())) o.hidden.push_back(std::stoll(w));

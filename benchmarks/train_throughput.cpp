@@ -11,6 +11,8 @@
 
 #include "dml/dml.hpp"
 
+#include "bench_common.hpp"
+
 namespace {
 
 struct options {
@@ -23,24 +25,13 @@ struct options {
   bool json = false;
 };
 
-using clock_type = std::chrono::steady_clock;
-double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
-
-// One step's GEMMs, traced on rank 0 (dml::detail::host_gemm_trace), and that step's wall time.
-struct step_trace {
-  std::vector<dml::gemm_call> calls;
-  double seconds = 0;
-};
-template <class Step>
-step_trace trace_step(Step&& step) {
-  step_trace t;
-  dml::detail::host_gemm_trace = &t.calls;
-  const auto t0 = clock_type::now();
-  step();
-  t.seconds = seconds_since(t0);
-  dml::detail::host_gemm_trace = nullptr;
-  return t;
-}
+using dml_bench::clock_type;
+using dml_bench::flag_value;
+using dml_bench::seconds_since;
+using dml_bench::split_list;
+using dml_bench::step_trace;
+using dml_bench::synthetic_batch;
+using dml_bench::trace_step;
 
 // GFLOP/s of one problem shape on one library (or, for 16-bit inputs, through the dispatch), on
 // fresh buffers, over at least 0.2 s.
@@ -145,11 +136,9 @@ double samples_per_second(const dml::nn::sequential<L...>& model, const options&
   dml::optim::state<dml::optim::adamw> state(net.layout().total);
   dml::nn::softmax_cross_entropy loss_fn;
   const std::int64_t in = 784;
-  std::vector<float> x(static_cast<std::size_t>(o.batch * in));
-  std::vector<std::int32_t> y(static_cast<std::size_t>(o.batch));
-  const dml::rng_stream rng{42, 0};
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = rng.uniform(i);
-  for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int32_t>(rng.block(1u << 30 | i)[0] % 10);
+  std::vector<float> x;
+  std::vector<std::int32_t> y;
+  synthetic_batch(o.batch, 0, x, y);
   dml::tensor<float> dlogits({o.batch, 10});
   std::vector<float> row_loss(static_cast<std::size_t>(o.batch));
   auto step = [&](std::int64_t s) {
@@ -172,15 +161,6 @@ struct parallel_result {
   double hidden_fraction = -1;  // share of gradient communication overlapped with backward
   step_trace trace;             // rank 0's GEMMs in one step
 };
-
-// Synthetic rows for one rank (the same generator as the single-network path).
-void synthetic_batch(std::int64_t batch, int rank, std::vector<float>& x, std::vector<std::int32_t>& y) {
-  x.resize(static_cast<std::size_t>(batch * 784));
-  y.resize(static_cast<std::size_t>(batch));
-  const dml::rng_stream rng{42, static_cast<std::uint64_t>(rank)};
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = rng.uniform(i);
-  for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int32_t>(rng.block(1u << 30 | i)[0] % 10);
-}
 
 // Steps a trainer; returns wall-clock samples/s over all ranks (rank 0's clock, between barriers).
 template <class Sharding, class Precision, class Model>
@@ -212,18 +192,10 @@ options parse(int argc, char** argv) {
   options o;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
-    auto next = [&] {
-      if (i + 1 >= argc) dml::fail<dml::invalid_argument>(a, ": expected a value");
-      return std::string(argv[++i]);
-    };
+    const auto next = [&] { return flag_value(argc, argv, i); };
     if (a == "--hidden") {
       o.hidden.clear();
-      const std::string v = next();
-      for (std::size_t pos = 0; pos < v.size();) {
-        const std::size_t comma = std::min(v.find(',', pos), v.size());
-        o.hidden.push_back(std::stoll(v.substr(pos, comma - pos)));
-        pos = comma + 1;
-      }
+      for (const auto& w : split_list(next())) o.hidden.push_back(std::stoll(w));
     } else if (a == "--batch") o.batch = std::stoll(next());
     else if (a == "--steps") o.steps = std::stoll(next());
     else if (a == "--warmup") o.warmup = std::stoll(next());

@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import time
 
 
@@ -31,6 +32,9 @@ os.environ.setdefault("OMP_NUM_THREADS", str(ARGS.threads))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_torch_common import blas_library  # noqa: E402
 
 
 def make_model(hidden):
@@ -75,14 +79,6 @@ def ddp_worker(rank, ranks, a, port, out):
     if rank == 0:
         out.put(secs)
     dist.destroy_process_group()
-
-
-def blas_library():
-    with open("/proc/self/maps") as f:
-        for line in f:
-            if "blas" in line and ".so" in line:
-                return line.split()[-1]
-    return "unknown"
 
 
 def main():
