@@ -70,12 +70,13 @@ class text_corpus {
   std::span<const std::uint8_t> bytes() const { return bytes_; }
 
   // The start of sequence `index` of the global batch of step `step`: uniform over [0, size()-seq-1],
-  // so that the window and its next tokens fit. Philox block `index` of stream (seed, step) gives 64
-  // bits; their remainder's bias is below n/2^64, nothing next to sampling noise.
+  // so that the window and its next tokens fit. Philox block `index` of stream (seed, 2^62 + step) gives
+  // 64 bits (streams below 2^62 are parameters' initial values, which the same seed draws); their
+  // remainder's bias is below n/2^64, nothing next to sampling noise.
   std::int64_t position(std::uint64_t seed, std::uint64_t step, std::int64_t index, std::int64_t seq) const {
     check_seq(seq, "position");
     const std::uint64_t n = static_cast<std::uint64_t>(size() - seq);
-    const auto w = rng_stream{seed, step}.block(static_cast<std::uint64_t>(index));
+    const auto w = rng_stream{seed, (std::uint64_t{1} << 62) + step}.block(static_cast<std::uint64_t>(index));
     const std::uint64_t r = (std::uint64_t(w[0]) << 32) | w[1];
     return static_cast<std::int64_t>(r % n);
   }
