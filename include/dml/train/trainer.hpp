@@ -201,10 +201,11 @@ class engine final : public engine_base<Space> {
                                            : full_layout_.slots[t.whole].shape.numel() / opt_.tensor_parallel;
       buffer<float, Space> sum(static_cast<std::size_t>(count));
       fill_n<Space>(sum.data(), count, 0.f);
-      for (auto slot : {t.mine, t.to})
+      const std::ptrdiff_t copies[] = {t.mine, t.to};  // an array: nvcc's host pass cannot range over a braced list
+      for (auto slot : copies)
         if (slot >= 0) accumulate_n<Space>(static_cast<const T*>(net_.grad(static_cast<std::size_t>(slot))), sum.data(), count);
       if (mesh_ && mesh_->pp_size() > 1) mesh_->pp().all_reduce(sum.span(), comm::reduce_op::sum);
-      for (auto slot : {t.mine, t.to})
+      for (auto slot : copies)
         if (slot >= 0) cast_n<Space>(sum.data(), net_.grad(static_cast<std::size_t>(slot)), count);
     }
   }
