@@ -101,9 +101,10 @@ result train_gpt(C& c, const layout& l, const nn::gpt_config& g, int n_steps = s
   return out;
 }
 
-// param_bound: Adam turns rounding-level differences in a near-zero gradient into steps of up to lr, so
-// parameters agree less tightly than losses where gradients are summed in another order (tied copies).
-inline void check_same(const result& ref, const result& got, const std::string& what, double param_bound = 1e-5) {
+// Losses to 1e-5 relative (the bound; seen: 2.6e-7) and gradient norms to 1e-5 (seen: 2e-6). Parameters
+// to 1e-4 absolute (seen: 5e-5), lr being 3e-3: a layout sums gradients in another order, and Adam's normalised
+// step turns rounding-level differences in a near-zero gradient into steps of up to lr.
+inline void check_same(const result& ref, const result& got, const std::string& what, double param_bound = 1e-4) {
   REQUIRE(ref.losses.size() == got.losses.size());
   REQUIRE(ref.params.size() == got.params.size());
   double worst = 0, worst_w = 0;

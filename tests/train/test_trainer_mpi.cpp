@@ -60,9 +60,7 @@ TEST_CASE("comm::mpi: tensor, sequence, pipeline and data parallelism of a GPT e
                                       gpt_fixture::layout{.tp = 2, .dp = n / 2}, gpt_fixture::layout{.tp = 2, .pp = n / 2, .sp = true}}) {
     if (l.size() != n || (n == 4 && l.tp == 4 && !l.sp)) continue;
     CAPTURE(l.name());
-    // Parameters to 1e-4: across processes the reference and the run reduce in other orders (gradient norms
-    // agree to ~1e-6), which Adam's normalised steps carry into near-zero-gradient weights.
     gpt_fixture::check_same(ref, gpt_fixture::train_gpt<parallel::replicate, optim::adamw>(world, l, gpt_fixture::config()),
-                            l.name(), 1e-4);
+                            l.name());
   }
 }
