@@ -77,6 +77,8 @@ struct request_state {
   virtual ~request_state() = default;
   virtual bool test() = 0;  // true once complete; throws the operation's error
   virtual void wait() = 0;  // throws the operation's error
+  // A receive not yet matched withdraws and returns true; anything else returns false (then wait()).
+  virtual bool cancel() { return false; }
 };
 }  // namespace detail
 
@@ -113,6 +115,18 @@ class request {
   }
   // True once wait() or a successful test() has retired the operation.
   bool done() const noexcept { return !state_; }
+  // Withdraws a receive that no message has matched yet (MPI_Cancel), so its buffer may go away; any other
+  // operation, or a receive already matched, is waited for, ignoring errors. The request is done after.
+  void cancel() noexcept {
+    if (!state_) return;
+    bool withdrawn = false;
+    try {
+      withdrawn = state_->cancel();
+    } catch (...) {
+    }
+    if (!withdrawn) finish_quietly();
+    state_.reset();
+  }
 
  private:
   void finish_quietly() noexcept {

@@ -257,6 +257,13 @@ struct recv_request final : request_state {
   void finish() {
     if (!p->error.empty()) throw invalid_argument(p->error);
   }
+  bool cancel() override {
+    std::lock_guard lk(g->m);
+    if (p->done) return false;
+    g->posted[rank].remove(p.get());
+    p.reset();
+    return true;
+  }
   bool test() override {
     std::unique_lock lk(g->m);
     if (!p->done && g->w->aborted.load()) g->fail_aborted(lk, "recv", rank);

@@ -425,6 +425,7 @@ struct request_state_mpi final : request_state {
   const char* op = "";
   std::function<void(const MPI_Status&)> after;  // avg division, in-place moves, count checks
   std::vector<int> keep;                          // counts and displacements MPI reads until done
+  bool receive = false;                           // a point-to-point receive, which cancel() may withdraw
 
   void finish(const MPI_Status& st) {
     if (after) {
@@ -447,6 +448,12 @@ struct request_state_mpi final : request_state {
       DML_CHECK_MPI(MPI_Wait(&req, &st));
     }
     finish(st);
+  }
+  bool cancel() override {
+    if (!receive) return false;
+    MPI_Status st;
+    if (MPI_Cancel(&req) != MPI_SUCCESS || MPI_Wait(&req, &st) != MPI_SUCCESS) return false;
+    return true;  // withdrawn, or matched before the cancel took: either way nothing is pending
   }
 };
 
@@ -802,6 +809,7 @@ class mpi {
   request irecv(std::span<T> data, int peer, int tag) {
     check_rank(peer, "recv", "peer");
     auto s = state("recv");
+    s->receive = true;
     DML_CHECK_MPI(MPI_Irecv(data.data(), count<T>(data.size(), "recv"), dt<T>(), peer, tag, comm_, &s->req));
     s->after = [n = data.size(), peer, tag](const MPI_Status& st) { check_received<T>(st, n, peer, tag); };
     return request(std::move(s));
