@@ -15,6 +15,7 @@
 #include "dml/nn/mlp.hpp"
 #include "dml/parallel/param_server.hpp"
 #include "dml/train/downpour.hpp"
+#include "ps_fixture.hpp"
 
 using namespace dml;
 namespace ps = dml::parallel::ps;
@@ -22,33 +23,9 @@ namespace ps = dml::parallel::ps;
 namespace {
 
 using comm_t = comm::local;
+using namespace ps_fixture;
 
 comm::local::options quick(int seconds = 120) { return {std::chrono::seconds(seconds)}; }
-
-// A separable 4-class problem: class c's mean is at 2·e_c in 16 dimensions, plus noise.
-train::dataset blobs(std::int64_t n, std::uint64_t seed) {
-  train::dataset d;
-  d.images = tensor<float>(shape{n, 16});
-  d.labels.resize(std::size_t(n));
-  std::mt19937 g(static_cast<unsigned>(seed));
-  std::normal_distribution<float> noise(0.f, 0.7f);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const int c = int(i % 4);
-    d.labels[std::size_t(i)] = c;
-    for (int j = 0; j < 16; ++j) d.images.data()[i * 16 + j] = noise(g) + (j == c ? 2.f : 0.f);
-  }
-  return d;
-}
-
-template <class... L>
-auto make_net(const nn::sequential<L...>& m, std::uint64_t seed) {
-  return std::make_unique<nn::basic_network<host, float, L...>>(m, seed);
-}
-
-auto small_model() {
-  const std::int64_t hidden[] = {32};
-  return nn::mlp<1>(16, hidden, 4);
-}
 
 }  // namespace
 
@@ -149,38 +126,7 @@ TEST_CASE("bsp with SGD gives synchronous data parallel's losses") {
   const int workers = 3;
   const std::int64_t batch = 8, steps = 30;
   const float lr = 0.2f;
-  // The reference: one rank, global batches of workers × batch rows in the sampler's order, plain SGD.
-  std::vector<double> want;
-  {
-    auto net_ptr = make_net(small_model(), 3);
-    auto& net = *net_ptr;
-    const train::sampler smp(train.size(), batch * workers, 3, true, true);
-    nn::softmax_cross_entropy xent;
-    for (std::int64_t s = 0; s < steps; ++s) {
-      const auto order = smp.order(std::uint64_t(s / smp.batches_per_epoch()));
-      // Each worker's mean loss, averaged: the global batch's mean, as the workers report it.
-      double loss = 0;
-      std::vector<float> grad(net.grads().size(), 0.f);
-      for (int w = 0; w < workers; ++w) {
-        const auto idx = train::sampler::slice(order, s % smp.batches_per_epoch(), smp.batch, w, workers);
-        std::vector<float> x;
-        std::vector<std::int32_t> y;
-        for (auto i : idx) {
-          x.insert(x.end(), train.images.data() + i * 16, train.images.data() + (i + 1) * 16);
-          y.push_back(train.labels[std::size_t(i)]);
-        }
-        net.zero_grad();
-        auto logits = net.forward(tensor_view<const float>(x.data(), {std::int64_t(idx.size()), 16}));
-        tensor<float> dl(logits.shape);
-        std::vector<float> rl(idx.size());
-        loss += xent.forward_backward<host>(logits, y.data(), dl.view(), rl.data());
-        net.backward(dl.cview());
-        for (std::size_t i = 0; i < grad.size(); ++i) grad[i] += net.grads()[i] / float(workers);
-      }
-      want.push_back(loss / workers);
-      for (std::size_t i = 0; i < grad.size(); ++i) net.params()[i] -= lr * grad[i];
-    }
-  }
+  const auto want = sync_losses(train, workers, batch, steps, lr, 3);
   std::mutex m;
   std::vector<std::vector<double>> got(static_cast<std::size_t>(workers), std::vector<double>(static_cast<std::size_t>(steps)));
   ps::options o;
