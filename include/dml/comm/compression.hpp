@@ -1,0 +1,464 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/comm/compression.hpp — compression filters with error feedback: dense, threshold, top-k and 1-bit messages.
+// Sits on core/; parallel::param_server encodes what it pushes and pulls with them. See DESIGN.md §2 and §4.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <charconv>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "dml/core/config.hpp"
+#include "dml/core/error.hpp"
+
+namespace dml::comm {
+
+static_assert(std::endian::native == std::endian::little,
+              "dml::comm filters: messages are little-endian; big-endian hosts need byte swaps");
+
+// A filter turns an accumulator (this round's values plus what earlier rounds did not send: error
+// feedback) into a self-delimiting message, and subtracts what it sent, so the accumulator keeps
+// exactly what the receiver has not seen. Over many rounds nothing is lost, only delayed.
+//
+//   f.encode(acc, out)   appends one message to out; acc -= what the message carries
+//   f.decode(in, dst)    dst += the values of the message at the front of in; returns its bytes
+//   f.name()             the spelling any_filter::parse reads back: "none", "topk:0.01", ...
+//
+// Every message opens with a 9-byte header: u8 kind, u32 n (the length of the encoded vector) and
+// u32 count (the entries it carries: n for none and onebit, the (u32 index, f32 value) pairs for
+// significant and topk). decode checks the kind, that n is dst.size(), that the payload fits in `in`
+// and that every index is below n, and throws invalid_argument before touching dst if one fails.
+// Filters hold only their parameters: encode and decode are const, so threads may share one.
+enum class filter_kind : std::uint8_t { none = 1, significant = 2, topk = 3, onebit = 4 };
+
+constexpr std::string_view name(filter_kind k) {
+  switch (k) {
+    case filter_kind::none: return "none";
+    case filter_kind::significant: return "significant";
+    case filter_kind::topk: return "topk";
+    case filter_kind::onebit: return "onebit";
+  }
+  return "?";
+}
+
+inline constexpr std::size_t message_header_bytes = 9;
+
+template <class F>
+concept has_filter_name = requires(const F& f) {
+  { f.name() } -> std::convertible_to<std::string>;
+};
+template <class F>
+concept has_encode = requires(F& f, std::span<float> acc, std::vector<std::byte>& out) { f.encode(acc, out); };
+template <class F>
+concept has_decode = requires(const F& f, std::span<const std::byte> in, std::span<float> dst) {
+  { f.decode(in, dst) } -> std::same_as<std::size_t>;
+};
+template <class F>
+concept filter = has_filter_name<F> && has_encode<F> && has_decode<F>;
+
+// static_assert(diagnose_filter<F>()) names the first missing operation.
+template <class F>
+consteval bool diagnose_filter() {
+  static_assert(has_filter_name<F>, "dml: a filter needs `std::string name() const`");
+  static_assert(has_encode<F>, "dml: a filter needs `encode(std::span<float> acc, std::vector<std::byte>& out)`");
+  static_assert(has_decode<F>,
+                "dml: a filter needs `std::size_t decode(std::span<const std::byte> in, std::span<float> dst)` "
+                "(static or const)");
+  return true;
+}
+
+namespace detail {
+
+template <class T>
+DML_HOST_DEVICE void wire_put(std::byte* p, T v) {
+  std::memcpy(p, &v, sizeof v);
+}
+template <class T>
+DML_HOST_DEVICE T wire_get(const std::byte* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// Indices travel as u32, so one message covers at most 2^32 - 1 entries.
+inline std::uint32_t message_length(std::size_t n, const char* where) {
+  if (n > std::numeric_limits<std::uint32_t>::max())
+    fail<invalid_argument>(where, ": expected at most ", std::numeric_limits<std::uint32_t>::max(),
+                           " entries per message, found ", n);
+  return static_cast<std::uint32_t>(n);
+}
+
+// Appends the header and room for the payload; returns where the payload starts.
+inline std::byte* append_message(std::vector<std::byte>& out, filter_kind kind, std::uint32_t n,
+                                 std::uint32_t count, std::size_t payload_bytes) {
+  const std::size_t at = out.size();
+  out.resize(at + message_header_bytes + payload_bytes);
+  std::byte* p = out.data() + at;
+  p[0] = static_cast<std::byte>(kind);
+  wire_put(p + 1, n);
+  wire_put(p + 5, count);
+  return p + message_header_bytes;
+}
+
+struct message_header {
+  std::uint32_t n, count;
+};
+
+inline message_header read_header(std::span<const std::byte> in, filter_kind expected, std::size_t dst_size,
+                                  const char* where) {
+  if (in.size() < message_header_bytes)
+    fail<invalid_argument>(where, ": expected a message of at least ", message_header_bytes,
+                           " bytes (its header), found ", in.size());
+  const auto kind = static_cast<unsigned>(in[0]);
+  if (kind != static_cast<unsigned>(expected)) {
+    const auto found = static_cast<filter_kind>(kind);
+    if (kind >= 1 && kind <= 4)
+      fail<invalid_argument>(where, ": expected a ", comm::name(expected), " message (kind ",
+                             static_cast<unsigned>(expected), "), found a ", comm::name(found), " message (kind ", kind,
+                             ")");
+    fail<invalid_argument>(where, ": expected a ", comm::name(expected), " message (kind ",
+                           static_cast<unsigned>(expected), "), found kind ", kind, ", which no dml filter writes");
+  }
+  const message_header h{wire_get<std::uint32_t>(in.data() + 1), wire_get<std::uint32_t>(in.data() + 5)};
+  if (h.n != dst_size)
+    fail<invalid_argument>(where, ": expected a message of ", dst_size, " entries (the destination's size), found one of ",
+                           h.n);
+  return h;
+}
+
+inline void check_fits(std::span<const std::byte> in, std::uint64_t need, const char* what, const char* where) {
+  if (in.size() < need)
+    fail<invalid_argument>(where, ": expected ", need, " bytes (", what, "), found ", in.size());
+}
+
+// bit32[t] == 1 << t, loaded rather than shifted so that onebit's loops vectorise on any x86-64.
+inline constexpr std::uint32_t bit32[32] = {
+    1u << 0,  1u << 1,  1u << 2,  1u << 3,  1u << 4,  1u << 5,  1u << 6,  1u << 7,  1u << 8,  1u << 9,  1u << 10,
+    1u << 11, 1u << 12, 1u << 13, 1u << 14, 1u << 15, 1u << 16, 1u << 17, 1u << 18, 1u << 19, 1u << 20, 1u << 21,
+    1u << 22, 1u << 23, 1u << 24, 1u << 25, 1u << 26, 1u << 27, 1u << 28, 1u << 29, 1u << 30, 1u << 31};
+
+// Shortest text that reads back to the same value, so parse(f.name()) == f.
+template <class T>
+std::string shortest(T v) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+// The sparse filters' common wire form: (u32 index, f32 value) pairs, indices ascending.
+inline std::size_t decode_pairs(std::span<const std::byte> in, std::span<float> dst, filter_kind kind,
+                                const char* where) {
+  const message_header h = read_header(in, kind, dst.size(), where);
+  if (h.count > h.n)
+    fail<invalid_argument>(where, ": expected at most ", h.n, " entries, found ", h.count);
+  const std::uint64_t need = message_header_bytes + 8 * std::uint64_t{h.count};
+  check_fits(in, need, "header + 8 per entry", where);
+  const std::byte* p = in.data() + message_header_bytes;
+  // Check every index before adding any value, so a bad message leaves dst as it was.
+  for (std::uint32_t j = 0; j < h.count; ++j) {
+    const auto i = wire_get<std::uint32_t>(p + 8 * std::size_t{j});
+    if (i >= h.n)
+      fail<invalid_argument>(where, ": expected indices below ", h.n, ", found ", i, " in entry ", j);
+  }
+  for (std::uint32_t j = 0; j < h.count; ++j) {
+    const std::byte* e = p + 8 * std::size_t{j};
+    dst[wire_get<std::uint32_t>(e)] += wire_get<float>(e + 4);
+  }
+  return static_cast<std::size_t>(need);
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// none: every entry, 4 bytes each; the accumulator ends all zeros.
+struct no_filter {
+  static constexpr filter_kind kind = filter_kind::none;
+
+  std::string name() const { return "none"; }
+
+  void encode(std::span<float> acc, std::vector<std::byte>& out) const {
+    const std::uint32_t n = detail::message_length(acc.size(), "dml::comm::no_filter::encode");
+    std::byte* p = detail::append_message(out, kind, n, n, 4 * std::size_t{n});
+    if (n == 0) return;
+    std::memcpy(p, acc.data(), 4 * std::size_t{n});
+    std::fill(acc.begin(), acc.end(), 0.f);
+  }
+
+  static std::size_t decode(std::span<const std::byte> in, std::span<float> dst) {
+    constexpr const char* where = "dml::comm::no_filter::decode";
+    const detail::message_header h = detail::read_header(in, kind, dst.size(), where);
+    if (h.count != h.n)
+      fail<invalid_argument>(where, ": expected a count equal to the length ", h.n, ", found ", h.count);
+    const std::uint64_t need = message_header_bytes + 4 * std::uint64_t{h.n};
+    detail::check_fits(in, need, "header + 4 per entry", where);
+    const std::byte* p = in.data() + message_header_bytes;
+    float* d = dst.data();
+    DML_SIMD
+    for (std::size_t i = 0; i < h.n; ++i) d[i] += detail::wire_get<float>(p + 4 * i);
+    return static_cast<std::size_t>(need);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// significant: the entries with |acc_i| > threshold (Strom 2015), as (index, value) pairs. A NaN is
+// always sent: a diverging run then shows at the receiver instead of hiding in the residual.
+struct significant_filter {
+  static constexpr filter_kind kind = filter_kind::significant;
+  float threshold = 0.f;
+
+  std::string name() const { return "significant:" + detail::shortest(threshold); }
+
+  void encode(std::span<float> acc, std::vector<std::byte>& out) const {
+    check();
+    const std::uint32_t n = detail::message_length(acc.size(), "dml::comm::significant_filter::encode");
+    float* a = acc.data();
+    const float t = threshold;
+    // Count first, so the message is sized once and the pairs are written in one pass.
+    std::size_t count = 0;
+    DML_SIMD_SUM(count)
+    for (std::size_t i = 0; i < n; ++i) count += !(std::abs(a[i]) <= t);
+    std::byte* p = detail::append_message(out, kind, n, static_cast<std::uint32_t>(count), 8 * count);
+    for (std::uint32_t i = 0; i < n; ++i) {
+      if (std::abs(a[i]) <= t) continue;
+      detail::wire_put(p, i);
+      detail::wire_put(p + 4, a[i]);
+      a[i] = 0.f;
+      p += 8;
+    }
+  }
+
+  static std::size_t decode(std::span<const std::byte> in, std::span<float> dst) {
+    return detail::decode_pairs(in, dst, kind, "dml::comm::significant_filter::decode");
+  }
+
+  void check() const {
+    if (!(threshold >= 0.f) || !std::isfinite(threshold))
+      fail<invalid_argument>("dml::comm::significant_filter: expected a finite threshold >= 0, found ", threshold);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// topk: the k entries largest in magnitude (Aji & Heafield 2017), as (index, value) pairs with
+// indices ascending. k >= 1 is a count per message; 0 < k < 1 a fraction of acc.size(), at least 1.
+struct topk_filter {
+  static constexpr filter_kind kind = filter_kind::topk;
+  double k = 1;
+
+  std::string name() const { return "topk:" + detail::shortest(k); }
+
+  // How many entries a message about n values carries.
+  std::size_t entries(std::size_t n) const {
+    check();
+    if (n == 0) return 0;
+    if (k >= static_cast<double>(n)) return n;
+    if (k >= 1) return static_cast<std::size_t>(k);
+    return std::max<std::size_t>(1, static_cast<std::size_t>(k * static_cast<double>(n)));
+  }
+
+  void encode(std::span<float> acc, std::vector<std::byte>& out) const {
+    const std::uint32_t n = detail::message_length(acc.size(), "dml::comm::topk_filter::encode");
+    const std::size_t count = entries(n);
+    float* a = acc.data();
+    std::vector<std::uint32_t> chosen(count);
+    if (count == n) {
+      for (std::uint32_t i = 0; i < n; ++i) chosen[i] = i;
+    } else if (count > 0) {
+      // One 64-bit key per entry: |a_i|'s bits (ordered as the magnitudes are, NaN above infinity)
+      // over the complement of i, so equal magnitudes prefer the lower index. Keys are distinct, so
+      // the chosen set does not depend on how nth_element breaks ties, and no comparison chases an
+      // index back into acc.
+      std::vector<std::uint64_t> keys(n);
+      std::uint64_t* kp = keys.data();
+      DML_SIMD
+      for (std::uint32_t i = 0; i < n; ++i) {
+        const std::uint32_t mag = std::bit_cast<std::uint32_t>(a[i]) & 0x7fffffffu;
+        kp[i] = (std::uint64_t{mag} << 32) | (0xffffffffu - i);
+      }
+      const auto kth = keys.begin() + static_cast<std::ptrdiff_t>(count - 1);
+      std::nth_element(keys.begin(), kth, keys.end(), std::greater<>{});
+      for (std::size_t j = 0; j < count; ++j) chosen[j] = 0xffffffffu - static_cast<std::uint32_t>(keys[j]);
+      std::sort(chosen.begin(), chosen.end());
+    }
+    std::byte* p = detail::append_message(out, kind, n, static_cast<std::uint32_t>(count), 8 * count);
+    for (std::size_t j = 0; j < count; ++j) {
+      const std::uint32_t i = chosen[j];
+      detail::wire_put(p + 8 * j, i);
+      detail::wire_put(p + 8 * j + 4, a[i]);
+      a[i] = 0.f;
+    }
+  }
+
+  static std::size_t decode(std::span<const std::byte> in, std::span<float> dst) {
+    return detail::decode_pairs(in, dst, kind, "dml::comm::topk_filter::decode");
+  }
+
+  void check() const {
+    if (!(k > 0) || !std::isfinite(k) || (k >= 1 && k != std::floor(k)))
+      fail<invalid_argument>("dml::comm::topk_filter: expected k a whole count >= 1 or a fraction 0 < k < 1, found ",
+                             k);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// onebit: 1-bit SGD (Seide et al. 2014). One bit per entry, set where acc_i < 0, packed LSB first,
+// then two reconstruction values: the mean of the non-negative entries and the mean of the negative
+// ones. The receiver adds mean_pos or mean_neg per entry; the sender subtracts the same.
+// Payload: f32 mean_pos, f32 mean_neg, ceil(n / 8) bytes of bits (unused high bits of the last zero).
+struct onebit_filter {
+  static constexpr filter_kind kind = filter_kind::onebit;
+
+  std::string name() const { return "onebit"; }
+
+  void encode(std::span<float> acc, std::vector<std::byte>& out) const {
+    const std::uint32_t n = detail::message_length(acc.size(), "dml::comm::onebit_filter::encode");
+    float* a = acc.data();
+    // min of a local copy, not a select on the sign nor min of a[i] by reference: GCC 12 turns
+    // those into a branch that random signs mispredict half the time (12x slower at 4M entries).
+    double sum_all = 0, sum_neg = 0;
+    std::size_t n_neg = 0;
+#if defined(_OPENMP)
+#  pragma omp simd reduction(+ : sum_all, sum_neg, n_neg)
+#endif
+    for (std::size_t i = 0; i < n; ++i) {
+      const float x = a[i];
+      sum_all += double{x};
+      sum_neg += double{std::min(x, 0.f)};
+      n_neg += x < 0.f;
+    }
+    const std::size_t n_pos = n - n_neg;
+    const double sum_pos = sum_all - sum_neg;
+    const float mean_pos = n_pos ? static_cast<float>(sum_pos / static_cast<double>(n_pos)) : 0.f;
+    const float mean_neg = n_neg ? static_cast<float>(sum_neg / static_cast<double>(n_neg)) : 0.f;
+
+    std::byte* p = detail::append_message(out, kind, n, n, 8 + (std::size_t{n} + 7) / 8);
+    detail::wire_put(p, mean_pos);
+    detail::wire_put(p + 4, mean_neg);
+    // Whole 32-entry words first (little-endian, so byte-wise they are LSB first), then the tail
+    // bit by bit into bytes that resize() zeroed. The bits are disjoint, so their sum is their or.
+    std::byte* bits = p + 8;
+    const std::size_t words = n / 32;
+    for (std::size_t w = 0; w < words; ++w) {
+      const float* aw = a + 32 * w;
+      std::uint32_t word = 0;
+      DML_SIMD_SUM(word)
+      for (unsigned t = 0; t < 32; ++t) word += aw[t] < 0.f ? detail::bit32[t] : 0u;
+      detail::wire_put(bits + 4 * w, word);
+    }
+    for (std::size_t i = 32 * words; i < n; ++i)
+      if (a[i] < 0.f) bits[i / 8] |= static_cast<std::byte>(1u << (i % 8));
+    DML_SIMD
+    for (std::size_t i = 0; i < n; ++i) {
+      const float x = a[i];
+      a[i] = x - (x < 0.f ? mean_neg : mean_pos);
+    }
+  }
+
+  static std::size_t decode(std::span<const std::byte> in, std::span<float> dst) {
+    constexpr const char* where = "dml::comm::onebit_filter::decode";
+    const detail::message_header h = detail::read_header(in, kind, dst.size(), where);
+    if (h.count != h.n)
+      fail<invalid_argument>(where, ": expected a count equal to the length ", h.n, ", found ", h.count);
+    const std::size_t n = h.n;
+    const std::uint64_t need = message_header_bytes + 8 + (std::uint64_t{h.n} + 7) / 8;
+    detail::check_fits(in, need, "header + 8 + one bit per entry", where);
+    const std::byte* p = in.data() + message_header_bytes;
+    const float mean_pos = detail::wire_get<float>(p), mean_neg = detail::wire_get<float>(p + 4);
+    const auto* bits = reinterpret_cast<const unsigned char*>(p + 8);
+    if (n % 8 != 0 && (bits[n / 8] >> (n % 8)) != 0)
+      fail<invalid_argument>(where, ": expected zero padding bits after entry ", n, ", found byte ",
+                             unsigned{bits[n / 8]});
+    // 32 entries per little-endian word (bit t of the word is entry 32w + t, as the bytes are LSB
+    // first), tested against a table of masks: the loop vectorises without a per-entry byte gather
+    // or per-lane shifts, which x86-64 has only from AVX2 on.
+    float* d = dst.data();
+    const std::size_t words = n / 32;
+    for (std::size_t w = 0; w < words; ++w) {
+      const auto word = detail::wire_get<std::uint32_t>(p + 8 + 4 * w);
+      float* dw = d + 32 * w;
+      DML_SIMD
+      for (unsigned t = 0; t < 32; ++t) dw[t] += (word & detail::bit32[t]) ? mean_neg : mean_pos;
+    }
+    for (std::size_t i = 32 * words; i < n; ++i) d[i] += ((bits[i >> 3] >> (i & 7)) & 1u) ? mean_neg : mean_pos;
+    return static_cast<std::size_t>(need);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// any_filter: a filter chosen at run time, from a flag. decode accepts only the kind it holds, as
+// each filter does, so a sender and a receiver configured differently fail on the first message.
+class any_filter {
+ public:
+  using variant_type = std::variant<no_filter, significant_filter, topk_filter, onebit_filter>;
+
+  any_filter() = default;
+  template <class F>
+    requires std::same_as<F, no_filter> || std::same_as<F, significant_filter> || std::same_as<F, topk_filter> ||
+             std::same_as<F, onebit_filter>
+  any_filter(F f) : f_(std::move(f)) {}
+
+  // "none", "significant:T" (T >= 0), "topk:K" (K >= 1 whole, or 0 < K < 1) or "onebit".
+  static any_filter parse(std::string_view spec) {
+    constexpr const char* where = "dml::comm::any_filter::parse";
+    if (spec == "none") return no_filter{};
+    if (spec == "onebit") return onebit_filter{};
+    const auto colon = spec.find(':');
+    const std::string_view head = spec.substr(0, colon);
+    const std::string_view arg = colon == std::string_view::npos ? std::string_view{} : spec.substr(colon + 1);
+    if (colon != std::string_view::npos && head == "significant") {
+      float t = 0;
+      if (!read_number(arg, t) || !(t >= 0.f) || !std::isfinite(t))
+        fail<invalid_argument>(where, ": expected significant:T with a finite threshold T >= 0, found '", spec, "'");
+      return significant_filter{t};
+    }
+    if (colon != std::string_view::npos && head == "topk") {
+      double k = 0;
+      if (!read_number(arg, k) || !(k > 0) || !std::isfinite(k) || (k >= 1 && k != std::floor(k)))
+        fail<invalid_argument>(where, ": expected topk:K with K a whole count >= 1 or a fraction 0 < K < 1, found '",
+                               spec, "'");
+      return topk_filter{k};
+    }
+    fail<invalid_argument>(where, ": expected none, significant:T, topk:K or onebit, found '", spec, "'");
+  }
+
+  std::string name() const {
+    return std::visit([](const auto& f) { return f.name(); }, f_);
+  }
+  filter_kind kind() const {
+    return std::visit([](const auto& f) { return std::decay_t<decltype(f)>::kind; }, f_);
+  }
+  void encode(std::span<float> acc, std::vector<std::byte>& out) const {
+    std::visit([&](const auto& f) { f.encode(acc, out); }, f_);
+  }
+  std::size_t decode(std::span<const std::byte> in, std::span<float> dst) const {
+    return std::visit([&](const auto& f) { return f.decode(in, dst); }, f_);
+  }
+  const variant_type& variant() const noexcept { return f_; }
+
+ private:
+  template <class T>
+  static bool read_number(std::string_view s, T& x) {
+    const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
+    return !s.empty() && ec == std::errc{} && p == s.data() + s.size();
+  }
+
+  variant_type f_;
+};
+
+static_assert(filter<no_filter> && filter<significant_filter> && filter<topk_filter> && filter<onebit_filter> &&
+              filter<any_filter>);
+
+}  // namespace dml::comm
