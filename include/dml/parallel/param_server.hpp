@@ -105,16 +105,32 @@ struct header {
 inline constexpr int header_tag = 0x5053;   // "PS"
 inline constexpr int payload_tag = 0x5054;
 
-// Payload writing and bounds-checked reading.
-struct writer {
-  std::vector<std::byte> b;
-  template <class T>
-  void put(const T& v) {
-    const auto* p = reinterpret_cast<const std::byte*>(&v);
-    b.insert(b.end(), p, p + sizeof(T));
-  }
-  void put(std::span<const std::byte> s) { b.insert(b.end(), s.begin(), s.end()); }
-};
+// Payload writing (appending to a byte vector) and bounds-checked reading.
+template <class T>
+void put(std::vector<std::byte>& b, const T& v) {
+  const auto n = b.size();
+  b.resize(n + sizeof(T));
+  std::memcpy(b.data() + n, &v, sizeof(T));
+}
+inline void put_bytes(std::vector<std::byte>& b, const void* p, std::size_t bytes) {
+  if (bytes == 0) return;
+  const auto n = b.size();
+  b.resize(n + bytes);
+  std::memcpy(b.data() + n, p, bytes);
+}
+// An entry is (u32 range, u8 kind, u32 length, bytes): open_entry writes the head, whose length
+// close_entry fills in once the body has been appended in place.
+inline std::size_t open_entry(std::vector<std::byte>& b, std::uint32_t range, std::uint8_t kind) {
+  put(b, range);
+  put(b, kind);
+  put(b, std::uint32_t(0));
+  return b.size();
+}
+inline void close_entry(std::vector<std::byte>& b, std::size_t body) {
+  const auto n = std::uint32_t(b.size() - body);
+  std::memcpy(b.data() + body - sizeof(n), &n, sizeof(n));
+}
+
 struct reader {
   std::span<const std::byte> s;
   std::size_t at = 0;
@@ -139,6 +155,9 @@ struct reader {
   bool done() const { return at == s.size(); }
 };
 
+using bytes_ptr = std::shared_ptr<const std::vector<std::byte>>;
+inline bytes_ptr share(std::vector<std::byte> b) { return std::make_shared<const std::vector<std::byte>>(std::move(b)); }
+
 // A node's transport: one header receive posted per peer it listens to, payloads fetched as headers name
 // them, sends non-blocking and retired as they complete. Finishing is a protocol of its own (finish()), so
 // no receive is ever left posted and no send left unmatched, whichever nodes died.
@@ -161,14 +180,14 @@ class endpoint {
   int rank() const { return rank_; }
   int size() const { return comm_.size(); }
 
-  void send(int peer, header h, std::vector<std::byte> payload = {}) {
+  // The payload is shared, not copied: a sender may keep it to send again elsewhere.
+  void send(int peer, header h, bytes_ptr payload = {}) {
     auto m = std::make_unique<out_msg>();
-    h.bytes = std::int64_t(payload.size());
+    h.bytes = payload ? std::int64_t(payload->size()) : 0;
     m->h = h;
     m->payload = std::move(payload);
     m->hr = comm_.isend(std::span<const header>(&m->h, 1), peer, header_tag);
-    if (!m->payload.empty())
-      m->pr = comm_.isend(std::span<const std::byte>(m->payload), peer, payload_tag);
+    if (h.bytes > 0) m->pr = comm_.isend(std::span<const std::byte>(*m->payload), peer, payload_tag);
     sent_[peer] = clock::now();
     out_.push_back(std::move(m));
   }
@@ -186,8 +205,9 @@ class endpoint {
       any = true;
       heard_[p] = clock::now();
       const header h = in.h;
-      std::vector<std::byte> payload(static_cast<std::size_t>(h.bytes));
-      if (h.bytes > 0) comm_.recv(std::span<std::byte>(payload), p, payload_tag);
+      if (payload_.size() < std::size_t(h.bytes)) payload_.resize(std::size_t(h.bytes));
+      const auto payload = std::span<std::byte>(payload_).first(std::size_t(h.bytes));
+      if (h.bytes > 0) comm_.recv(payload, p, payload_tag);
       if (h.type == std::int64_t(msg::bye)) {
         ++byes_;
       } else {
@@ -235,7 +255,7 @@ class endpoint {
   };
   struct out_msg {
     header h;
-    std::vector<std::byte> payload;
+    bytes_ptr payload;
     comm::request hr, pr;
   };
   void post(int p) {
@@ -252,6 +272,7 @@ class endpoint {
   std::vector<inbound> in_;
   std::deque<std::unique_ptr<out_msg>> out_;
   std::vector<clock::time_point> heard_, sent_;
+  std::vector<std::byte> payload_;  // the last payload received, handed out as a span
   int byes_ = 0;
 };
 
@@ -365,8 +386,7 @@ class server {
   };
   struct forward_part {
     int dest;
-    std::vector<std::byte> entries;  // the encoded entries, kept until acknowledged so they can be re-sent
-    std::vector<std::uint32_t> ranges;
+    detail::bytes_ptr entries;  // the encoded entries, kept until acknowledged so they can be re-sent
   };
   struct forwarding {
     int origin;
@@ -397,9 +417,9 @@ class server {
   }
 
   void reply_error(int peer, const detail::header& h, const std::string& what) {
-    detail::writer w;
-    w.put(std::span(reinterpret_cast<const std::byte*>(what.data()), what.size()));
-    ep_.send(peer, {std::int64_t(detail::msg::error), h.id}, std::move(w.b));
+    std::vector<std::byte> b;
+    detail::put_bytes(b, what.data(), what.size());
+    ep_.send(peer, {std::int64_t(detail::msg::error), h.id}, detail::share(std::move(b)));
   }
 
   void handle(int peer, const detail::header& h, std::span<const std::byte> payload) {
@@ -489,51 +509,41 @@ class server {
   // A push from a worker or a forward from the previous server of the chains: apply what is new, pass every
   // entry on to the next live server of its chain, acknowledge upstream once all of those have.
   void on_update(int peer, const detail::header& h, std::span<const std::byte> payload) {
-    const int w = int(h.worker);
+    const bool from_worker = is_worker(peer);
+    const int w = from_worker ? worker_index(peer) : int(h.worker);
     if (w < 0 || w >= workers_)
       fail<invalid_argument>("dml::parallel::ps: expected a worker index in [0, ", workers_, "), found ", w);
     std::vector<std::vector<float>> grads;
     const auto es = parse_entries(peer, h, payload, grads);
     for (std::size_t i = 0; i < es.size(); ++i) apply(es[i], w, std::uint64_t(h.seq), std::move(grads[i]));
-    const bool from_worker = is_worker(peer);
     forwarding f{peer, h.id, from_worker ? detail::msg::push_ack : detail::msg::forward_ack, w, h.seq, {}};
-    if (from_worker) {
-      if (h.type == std::int64_t(detail::msg::push)) ++pushes_;
-    }
-    // Group the entries by the next live server of their chains after this one.
-    std::map<int, forward_part> by_dest;
-    for (const auto& e : es) {
-      const int next = successor(e.range);
-      if (next < 0) continue;
-      auto& part = by_dest[next];
-      part.dest = next;
-      part.ranges.push_back(e.range);
-      append_entry(part.entries, e);
-    }
-    for (auto& [dest, part] : by_dest) {
-      const std::int64_t id = ++next_forward_;
-      send_forward(id, f, part);
-      f.parts.emplace(id, std::move(part));
-    }
+    dispatch(f, payload);
     if (f.parts.empty()) acknowledge(f);
     else forwards_.push_back(std::move(f));
     serve_waiting();
   }
 
-  static void append_entry(std::vector<std::byte>& out, const entry& e) {
-    detail::writer w;
-    w.put(e.range);
-    w.put(e.kind);
-    w.put(std::uint32_t(e.bytes.size()));
-    w.put(e.bytes);
-    out.insert(out.end(), w.b.begin(), w.b.end());
-  }
-
-  void send_forward(std::int64_t id, const forwarding& f, const forward_part& part) {
-    detail::header fh{std::int64_t(detail::msg::forward), id, f.seq};
-    fh.worker = f.worker;
-    fh.dead = detail::mask_of(dead_servers_);
-    ep_.send(part.dest, fh, part.entries);
+  // Passes the entries on, each to the next live server of its chain after this one (a tail keeps them).
+  void dispatch(forwarding& f, std::span<const std::byte> entries) {
+    std::map<int, std::vector<std::byte>> by_dest;
+    detail::reader rd{entries};
+    while (!rd.done()) {
+      const auto from = rd.at;
+      const auto range = rd.get<std::uint32_t>("a range id");
+      rd.get<std::uint8_t>("an entry kind");
+      rd.take(rd.get<std::uint32_t>("an entry length"), "an entry");
+      const int next = successor(range);
+      if (next >= 0) detail::put_bytes(by_dest[next], entries.data() + from, rd.at - from);
+    }
+    for (auto& [dest, bytes] : by_dest) {
+      const std::int64_t id = ++next_forward_;
+      detail::header fh{std::int64_t(detail::msg::forward), id, f.seq};
+      fh.worker = f.worker;
+      fh.dead = detail::mask_of(dead_servers_);
+      forward_part part{dest, detail::share(std::move(bytes))};
+      ep_.send(dest, fh, part.entries);
+      f.parts.emplace(id, std::move(part));
+    }
   }
 
   void acknowledge(const forwarding& f) { ep_.send(f.origin, {std::int64_t(f.ack), f.origin_id}); }
@@ -647,30 +657,26 @@ class server {
 
   void answer(const waiting_pull& wp) {
     const int w = worker_index(wp.peer);
-    detail::writer out;
+    std::vector<std::byte> out;
     for (auto r : wp.ranges) {
       auto& s = state_[r];
       auto& view = s.view[std::size_t(w)];
-      std::vector<std::byte> bytes;
-      std::uint8_t mode = 0;  // 0: the values, which replace the worker's copy; 1: a filtered change to add
-      if (pull_filter_.kind() == comm::filter_kind::none || view.empty()) {
-        bytes.resize(s.value.size() * sizeof(float));
-        std::memcpy(bytes.data(), s.value.data(), bytes.size());
+      // Mode 0: the values, which replace the worker's copy; 1: a filtered change to add to it.
+      const bool whole = pull_filter_.kind() == comm::filter_kind::none || view.empty();
+      const auto body = detail::open_entry(out, r, whole ? 0 : 1);
+      if (whole) {
+        detail::put_bytes(out, s.value.data(), s.value.size() * sizeof(float));
         if (pull_filter_.kind() != comm::filter_kind::none) view = s.value;
       } else {
-        mode = 1;
         std::vector<float> change(s.value.size());
         for (std::size_t i = 0; i < change.size(); ++i) change[i] = s.value[i] - view[i];
-        pull_filter_.encode(std::span<float>(change), bytes);
-        pull_filter_.decode(bytes, std::span<float>(view));  // the worker adds exactly this
+        pull_filter_.encode(std::span<float>(change), out);
+        // The worker adds exactly what was sent.
+        pull_filter_.decode(std::span<const std::byte>(out).subspan(body), std::span<float>(view));
       }
-      out.put(r);
-      out.put(mode);
-      out.put(std::uint32_t(bytes.size()));
-      out.put(std::span<const std::byte>(bytes));
+      detail::close_entry(out, body);
     }
-    ++pulls_;
-    ep_.send(wp.peer, {std::int64_t(detail::msg::pull_reply), wp.h.id}, std::move(out.b));
+    ep_.send(wp.peer, {std::int64_t(detail::msg::pull_reply), wp.h.id}, detail::share(std::move(out)));
   }
 
   void serve_waiting() {
@@ -716,27 +722,9 @@ class server {
       for (auto& [id, part] : it->parts)
         if (part.dest == s) lost.push_back(id);
       for (auto id : lost) {
-        forward_part old = std::move(it->parts[id]);
+        const auto old = it->parts[id].entries;
         it->parts.erase(id);
-        std::map<int, forward_part> by_dest;
-        detail::reader rd{old.entries};
-        while (!rd.done()) {
-          entry e;
-          e.range = rd.get<std::uint32_t>("a range id");
-          e.kind = rd.get<std::uint8_t>("an entry kind");
-          e.bytes = rd.take(rd.get<std::uint32_t>("an entry length"), "an entry");
-          const int next = successor(e.range);
-          if (next < 0) continue;
-          auto& part = by_dest[next];
-          part.dest = next;
-          part.ranges.push_back(e.range);
-          append_entry(part.entries, e);
-        }
-        for (auto& [dest, part] : by_dest) {
-          const std::int64_t nid = ++next_forward_;
-          send_forward(nid, *it, part);
-          it->parts.emplace(nid, std::move(part));
-        }
+        dispatch(*it, *old);
       }
       if (it->parts.empty()) {
         acknowledge(*it);
@@ -767,19 +755,20 @@ class server {
     }
   }
   void on_stats(int peer, const detail::header& h) {
-    detail::writer out;
+    std::vector<std::byte> out;
     for (std::uint32_t r = 0; r < state_.size(); ++r) {
       const auto& s = state_[r];
       if (!s.held) continue;
-      out.put(r);
-      out.put(s.max_lead);
+      detail::put(out, r);
+      detail::put(out, s.max_lead);
       for (int w = 0; w < workers_; ++w) {
-        out.put(s.clock[std::size_t(w)]);
-        out.put(std::uint32_t(s.applied[std::size_t(w)].size()));
-        for (auto q : s.applied[std::size_t(w)]) out.put(q);
+        const auto& seen = s.applied[std::size_t(w)];
+        detail::put(out, s.clock[std::size_t(w)]);
+        detail::put(out, std::uint32_t(seen.size()));
+        detail::put_bytes(out, seen.data(), seen.size() * sizeof(std::uint64_t));
       }
     }
-    ep_.send(peer, {std::int64_t(detail::msg::stats_reply), h.id}, std::move(out.b));
+    ep_.send(peer, {std::int64_t(detail::msg::stats_reply), h.id}, detail::share(std::move(out)));
   }
 
   options opt_;
@@ -792,7 +781,7 @@ class server {
   std::vector<bool> dead_servers_, dead_workers_, left_;
   std::list<forwarding> forwards_;
   std::list<waiting_pull> waiting_;
-  std::int64_t next_forward_ = 0, max_clock_ = 0, pushes_ = 0, pulls_ = 0;
+  std::int64_t next_forward_ = 0, max_clock_ = 0;
   bool stopped_ = false;
 };
 
@@ -830,7 +819,6 @@ class kv_worker {
   // Adds `grads` (the concatenation of the keys' gradients) to this worker's error-feedback residual and
   // sends what the push filter lets through. The servers apply it with their optimizer.
   std::int64_t push(std::span<const key> keys, std::span<const float> grads) {
-    ++seq_;
     return send_update(keys, grads, 0);
   }
 
@@ -838,6 +826,11 @@ class kv_worker {
   // every live worker has made at least pushes() - S pushes. With a pull filter, `out` must hold what the
   // last pull of these keys left there: filtered replies carry changes.
   std::int64_t pull(std::span<const key> keys, std::span<float> out) {
+    std::int64_t want = 0;
+    for (key k : keys) want += place_.table.length(k);
+    if (want != std::int64_t(out.size()))
+      fail<invalid_argument>("dml::parallel::ps::pull: expected ", want, " values for ", keys.size(), " keys, found ",
+                             out.size());
     auto req = make_request(false);
     req->out = out;
     std::int64_t at = 0;
@@ -845,15 +838,9 @@ class kv_worker {
       for (const auto& r : place_.table.ranges_of(k)) req->where[r.id] = at + r.offset;
       at += place_.table.length(k);
     }
-    if (at != std::int64_t(out.size()))
-      fail<invalid_argument>("dml::parallel::ps::pull: expected ", at, " values for ", keys.size(), " keys, found ",
-                             out.size());
     std::map<int, std::vector<std::byte>> parts;
     for (const auto& [r, off] : req->where) {
-      detail::writer w;
-      w.put(r);
-      auto& b = parts[primary(r)];
-      b.insert(b.end(), w.b.begin(), w.b.end());
+      detail::put(parts[primary(r)], r);
     }
     for (auto& [s, bytes] : parts) send_part(*req, s, std::move(bytes));
     ++traffic_.pulls;
@@ -920,7 +907,7 @@ class kv_worker {
  private:
   struct part {
     int server;
-    std::vector<std::byte> bytes;  // kept for a re-send to the next primary
+    detail::bytes_ptr bytes;  // kept for a re-send to the next primary
   };
   struct request {
     std::int64_t ts = 0;
@@ -962,38 +949,32 @@ class kv_worker {
   }
 
   std::int64_t send_update(std::span<const key> keys, std::span<const float> values, std::uint8_t kind) {
+    // Checked before the residual changes, so a refused push leaves no trace.
+    std::int64_t want = 0;
+    for (key k : keys) want += place_.table.length(k);
+    if (want != std::int64_t(values.size()))
+      fail<invalid_argument>("dml::parallel::ps::push: expected ", want, " values for ", keys.size(), " keys, found ",
+                             values.size());
+    if (kind == 0) ++seq_;
     auto req = make_request(true);
     std::map<int, std::vector<std::byte>> parts;
     std::int64_t at = 0;
     for (key k : keys) {
-      const std::int64_t len = place_.table.length(k);
-      if (at + len > std::int64_t(values.size()))
-        fail<invalid_argument>("dml::parallel::ps::push: expected at least ", at + len, " values for the keys named, found ",
-                               values.size());
       for (const auto& r : place_.table.ranges_of(k)) {
-        std::vector<std::byte> enc;
         const auto v = values.subspan(std::size_t(at + r.offset), std::size_t(r.length));
+        auto& b = parts[primary(r.id)];
+        const auto body = detail::open_entry(b, r.id, kind);
         if (kind == 0) {
           auto res = std::span<float>(residual_).subspan(std::size_t(r.flat), std::size_t(r.length));
           for (std::size_t i = 0; i < res.size(); ++i) res[i] += v[i];
-          push_filter_.encode(res, enc);
+          push_filter_.encode(res, b);
         } else {
-          enc.resize(v.size_bytes());
-          std::memcpy(enc.data(), v.data(), v.size_bytes());
+          detail::put_bytes(b, v.data(), v.size_bytes());
         }
-        detail::writer w;
-        w.put(r.id);
-        w.put(kind);
-        w.put(std::uint32_t(enc.size()));
-        w.put(std::span<const std::byte>(enc));
-        auto& b = parts[primary(r.id)];
-        b.insert(b.end(), w.b.begin(), w.b.end());
+        detail::close_entry(b, body);
       }
-      at += len;
+      at += place_.table.length(k);
     }
-    if (at != std::int64_t(values.size()))
-      fail<invalid_argument>("dml::parallel::ps::push: expected ", at, " values for ", keys.size(), " keys, found ",
-                             values.size());
     for (auto& [s, bytes] : parts) send_part(*req, s, std::move(bytes));
     if (kind == 0) ++traffic_.pushes;
     return req->ts;
@@ -1006,8 +987,9 @@ class kv_worker {
     h.worker = index_;
     h.dead = detail::mask_of(dead_);
     if (req.push && !req.stats) traffic_.bytes_pushed += std::int64_t(bytes.size());
-    ep_.send(s, h, bytes);
-    req.parts.emplace(id, part{s, std::move(bytes)});
+    auto shared = detail::share(std::move(bytes));
+    ep_.send(s, h, shared);
+    req.parts.emplace(id, part{s, std::move(shared)});
     owner_[id] = req.ts;
   }
 
@@ -1102,12 +1084,12 @@ class kv_worker {
       for (const auto& [id, p] : req->parts)
         if (p.server == s) lost.push_back(id);
       for (auto id : lost) {
-        part old = std::move(req->parts[id]);
+        const auto old = req->parts[id].bytes;
         req->parts.erase(id);
         owner_.erase(id);
         if (req->stats) continue;
         std::map<int, std::vector<std::byte>> regroup;
-        detail::reader rd{old.bytes};
+        detail::reader rd{*old};
         while (!rd.done()) {
           const auto from = rd.at;
           const auto r = rd.get<std::uint32_t>("a range id");
@@ -1115,8 +1097,7 @@ class kv_worker {
             rd.get<std::uint8_t>("an entry kind");
             rd.take(rd.get<std::uint32_t>("an entry length"), "an entry");
           }
-          auto& b = regroup[primary(r)];
-          b.insert(b.end(), old.bytes.begin() + std::ptrdiff_t(from), old.bytes.begin() + std::ptrdiff_t(rd.at));
+          detail::put_bytes(regroup[primary(r)], old->data() + from, rd.at - from);
         }
         for (auto& [to, bytes] : regroup) send_part(*req, to, std::move(bytes));
         // A pull's new primary has no record of this worker's copy: it answers with whole values.
