@@ -4,6 +4,7 @@
 #pragma once
 
 #include "dml/comm/communicator.hpp"
+#include "dml/comm/compression.hpp"
 #include "dml/comm/local.hpp"
 #include "dml/core/algorithm.hpp"
 #include "dml/core/buffer.hpp"
@@ -35,10 +36,13 @@
 #include "dml/optim/lr_schedule.hpp"
 #include "dml/optim/optimizer.hpp"
 #include "dml/optim/sgd.hpp"
+#include "dml/parallel/consistency.hpp"
 #include "dml/parallel/mesh.hpp"
+#include "dml/parallel/param_server.hpp"
 #include "dml/parallel/partition.hpp"
 #include "dml/parallel/policy.hpp"
 #include "dml/parallel/tensor.hpp"
+#include "dml/train/downpour.hpp"
 #include "dml/train/idx.hpp"
 #include "dml/train/progress.hpp"
 #include "dml/train/safetensors.hpp"
