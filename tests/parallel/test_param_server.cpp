@@ -65,6 +65,18 @@ TEST_CASE("the slicer never loses or duplicates a key, and the ring's chains are
   }
 }
 
+TEST_CASE("split_servers: the first ranks serve, the rest work, each side a group of its own") {
+  comm::local::run(5, [](comm_t& c) {
+    auto s = parallel::split_servers(c, 2);
+    CHECK(s.serves == (c.rank() < 2));
+    CHECK(s.side.size() == (s.serves ? 2 : 3));
+    CHECK(s.index == (s.serves ? c.rank() : c.rank() - 2));
+    CHECK(s.workers == 3);
+    CHECK_THROWS_WITH_AS(parallel::split_servers(c, 5), doctest::Contains("at least one must be a worker"),
+                         invalid_argument);
+  }, quick());
+}
+
 TEST_CASE("consistent hashing: adding a server moves only ranges onto it") {
   ps::key_table t(std::vector<std::int64_t>(40, 1000), 100);
   const ps::ring a(4), b(5);
@@ -257,16 +269,17 @@ TEST_CASE("a server stops mid-training: its ranges fail over to their replicas a
     d.epochs = 3;
     d.batch = 16;
     std::mutex m;
-    std::int64_t acked = 0, lost = 0;
-    double acc = 0;
+    double acked = 0, lost = 0, acc = 0;
     bool died = false;
     comm::local::run(o.servers + 3, [&](comm_t& c) {
       auto r = std::visit([&](auto p) { return train::downpour(c, small_model(), train, test, p, o, d); }, policy);
       std::lock_guard lk(m);
-      acked += r.acknowledged;
-      lost += r.lost;
-      died |= r.died;
-      if (!r.accuracy.empty()) acc = r.accuracy.back();
+      died |= r.died;  // the server's fault hook fired
+      if (!r.accuracy.empty()) {  // worker 0: the workers' totals
+        acc = r.accuracy.back();
+        acked = r.totals.acknowledged;
+        lost = r.totals.lost;
+      }
     }, quick());
     MESSAGE(consistency::to_string(policy), ": acknowledged ", acked, ", lost ", lost, ", accuracy ", acc);
     CHECK(died);

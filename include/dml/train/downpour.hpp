@@ -17,6 +17,7 @@
 #include "dml/nn/loss.hpp"
 #include "dml/nn/network.hpp"
 #include "dml/parallel/consistency.hpp"
+#include "dml/parallel/mesh.hpp"
 #include "dml/parallel/param_server.hpp"
 #include "dml/train/idx.hpp"
 #include "dml/train/sampler.hpp"
@@ -48,6 +49,11 @@ struct downpour_result {
   ps::traffic traffic;          // worker: what it pushed and pulled and how long it waited
   std::int64_t acknowledged = 0, lost = 0;  // worker: (range, push) pairs acknowledged, and missing from the
                                             // final primaries' logs (must be 0)
+  // Workers: the sums over every worker (one reduction over the workers' group at the end).
+  struct totals_t {
+    double acknowledged = 0, lost = 0, bytes_pushed = 0, bytes_pulled = 0, idle_s = 0, seconds = 0, stopped = 0;
+    double idle_fraction() const { return seconds > 0 ? idle_s / seconds : 0.0; }
+  } totals;
 };
 
 // The parameter-server keys of a model: one per parameter, spanning its slot of the flat buffer (padding
@@ -89,8 +95,9 @@ downpour_result downpour(C& world, const nn::sequential<Layers...>& model, const
   if (o.staleness == 0 && policy.push_every() != 1)
     fail<invalid_argument>("dml::train::downpour: bsp pushes every step, found push_every ", policy.push_every());
   const auto lengths = key_lengths(nn::make_layout(model));
+  auto side = parallel::split_servers(world, o.servers);
   downpour_result res;
-  if (world.rank() < o.servers) {
+  if (side.serves) {
     ps::server<C> srv(world, lengths, o);
     srv.serve();
     res.server = true;
@@ -133,8 +140,8 @@ downpour_result downpour(C& world, const nn::sequential<Layers...>& model, const
   for (; step < total; ++step) {
     if (me == d.die_worker && step == d.die_step) {
       res.died = true;
-      kv.die();
-      return res;
+      res.traffic = kv.stats();
+      break;
     }
     if (step % per_epoch == 0) order = smp.order(std::uint64_t(step / per_epoch));
     if (step % policy.pull_every() == 0) kv.wait(kv.pull(keys, net.params()));
@@ -170,22 +177,31 @@ downpour_result downpour(C& world, const nn::sequential<Layers...>& model, const
     const bool epoch_end = (step + 1) % per_epoch == 0;
     if (me == 0 && (d.eval_every > 0 ? (step + 1) % d.eval_every == 0 : epoch_end)) evaluate(step + 1);
   }
-  if (in_flight) {
-    kv.wait(in_flight);
-    acked.push_back(in_flight_seq);
-  }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   res.steps = step;
-  // Every acknowledged push must be in the log of each range's final primary.
-  for (const auto& rep : kv.report()) {
-    const auto& mine = rep.applied[std::size_t(me)];
-    for (auto q : acked) {
-      ++res.acknowledged;
-      if (!std::ranges::binary_search(mine, std::uint64_t(q))) ++res.lost;
+  if (res.died) {
+    kv.die();
+  } else {
+    if (in_flight) {
+      kv.wait(in_flight);
+      acked.push_back(in_flight_seq);
     }
+    // Every acknowledged push must be in the log of each range's final primary.
+    for (const auto& rep : kv.report()) {
+      const auto& mine = rep.applied[std::size_t(me)];
+      for (auto q : acked) {
+        ++res.acknowledged;
+        if (!std::ranges::binary_search(mine, std::uint64_t(q))) ++res.lost;
+      }
+    }
+    res.traffic = kv.stats();
+    kv.leave();
   }
-  res.traffic = kv.stats();
-  kv.leave();
+  auto& t = res.totals;
+  double v[7] = {double(res.acknowledged), double(res.lost), double(res.traffic.bytes_pushed),
+                 double(res.traffic.bytes_pulled), res.traffic.idle_s, res.seconds, res.died ? 1.0 : 0.0};
+  side.side.all_reduce(std::span<double>(v), comm::reduce_op::sum);
+  t = {v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
   return res;
 }
 
