@@ -191,11 +191,16 @@ struct no_filter {
   std::string name() const { return "none"; }
 
   void encode(std::span<float> acc, std::vector<std::byte>& out) const {
-    const std::uint32_t n = detail::message_length(acc.size(), "dml::comm::no_filter::encode");
+    encode_copy(acc, out);
+    std::fill(acc.begin(), acc.end(), 0.f);
+  }
+  // The same message, from values that need no accumulator: a dense filter sends everything, so a
+  // sender that keeps no residual (the parameter server's workers) copies once instead of three times.
+  static void encode_copy(std::span<const float> values, std::vector<std::byte>& out) {
+    const std::uint32_t n = detail::message_length(values.size(), "dml::comm::no_filter::encode");
     std::byte* p = detail::append_message(out, kind, n, n, 4 * std::size_t{n});
     if (n == 0) return;
-    std::memcpy(p, acc.data(), 4 * std::size_t{n});
-    std::fill(acc.begin(), acc.end(), 0.f);
+    std::memcpy(p, values.data(), 4 * std::size_t{n});
   }
 
   static std::size_t decode(std::span<const std::byte> in, std::span<float> dst) {

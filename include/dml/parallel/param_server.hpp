@@ -749,7 +749,8 @@ class server {
       if (now - ep_.heard(p) > opt_.timeout) {
         if (is_worker(p)) mark_worker_dead(worker_index(p), true);
         else mark_server_dead(p);
-      } else if (now - ep_.heard(p) > opt_.timeout / 4 && now - ep_.sent(p) > opt_.timeout / 4) {
+      } else if (!is_worker(p) && now - ep_.heard(p) > opt_.timeout / 4 && now - ep_.sent(p) > opt_.timeout / 4) {
+        // Servers answer pings; workers ping the servers themselves while they wait.
         ep_.send(p, {std::int64_t(detail::msg::ping)});
       }
     }
@@ -964,7 +965,9 @@ class kv_worker {
         const auto v = values.subspan(std::size_t(at + r.offset), std::size_t(r.length));
         auto& b = parts[primary(r.id)];
         const auto body = detail::open_entry(b, r.id, kind);
-        if (kind == 0) {
+        if (kind == 0 && push_filter_.kind() == comm::filter_kind::none) {
+          comm::no_filter{}.encode_copy(v, b);  // sends everything: no residual to keep
+        } else if (kind == 0) {
           auto res = std::span<float>(residual_).subspan(std::size_t(r.flat), std::size_t(r.length));
           for (std::size_t i = 0; i < res.size(); ++i) res[i] += v[i];
           push_filter_.encode(res, b);
