@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -31,6 +32,7 @@ namespace {
 namespace ps = dml::parallel::ps;
 using dml_bench::clock_type;
 using dml_bench::flag_value;
+using dml_bench::load_meter;
 using dml_bench::seconds_since;
 using dml_bench::split_list;
 
@@ -46,6 +48,10 @@ struct options {
   float lr = 0.02f;
   int slow_ms = -1;              // -1: derived from a measured normal step
   double slow_factor = 3.5;      // the slow worker's step, in normal steps, when slow_ms is derived
+  // fixed: the last worker is slow at every step (downpour_options::slow_worker_ms); rotating: worker
+  // (step / rotate_every) % workers is slow, so each worker straggles a quarter of the time.
+  std::vector<std::string> stragglers{"fixed"};
+  std::int64_t rotate_every = 4;
   std::int64_t eval_every = 0;   // 0: a fifth of an epoch
   double target = 0.85;
   std::vector<std::string> policies{"bsp", "ssp:1", "ssp:4", "ssp:16", "async"};
@@ -61,18 +67,20 @@ struct options {
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "ps_throughput: %s\n"
+  const bool help = why.empty();
+  std::fprintf(help ? stdout : stderr,
+               "%s%s"
                "usage: ps_throughput [--part staleness|filters|raw|all (a comma list too)] [--quick] [--json]\n"
                "  training: [--data DIR] [--hidden 256] [--epochs 3] [--steps N] [--batch 32 (per worker)]\n"
                "            [--optimizer adagrad|sgd] [--lr 0.02] [--eval-every N] [--target 0.85] [--max-range 65536]\n"
                "  staleness: [--policies bsp,ssp:1,ssp:4,ssp:16,async] [--slow-ms N (default: %.1f normal steps)]\n"
+               "             [--straggler fixed|rotating|fixed,rotating] [--rotate-every 4]\n"
                "  filters:   [--filters none,topk:0.01,onebit,significant:0.01] [--filter-policy ssp:4]\n"
                "             [--push-only (pulls unfiltered)]\n"
                "  raw:       [--raw-mb 64] [--raw-keys 4] [--raw-ranges 65536,4194304] [--raw-iters 8]\n"
                "             [--raw-repeats 2]\n",
-               why.c_str(), options{}.slow_factor);
-  std::exit(2);
+               help ? "" : "ps_throughput: ", help ? "" : (why + "\n").c_str(), options{}.slow_factor);
+  std::exit(help ? 0 : 2);
 }
 
 options parse(int argc, char** argv) {
@@ -95,6 +103,8 @@ options parse(int argc, char** argv) {
       else if (a == "--optimizer") o.optimizer = next();
       else if (a == "--lr") o.lr = std::stof(next());
       else if (a == "--slow-ms") o.slow_ms = std::stoi(next());
+      else if (a == "--straggler") o.stragglers = split_list(next());
+      else if (a == "--rotate-every") o.rotate_every = std::stoll(next());
       else if (a == "--eval-every") o.eval_every = std::stoll(next());
       else if (a == "--target") o.target = std::stod(next());
       else if (a == "--policies") o.policies = split_list(next());
@@ -112,7 +122,7 @@ options parse(int argc, char** argv) {
       else if (a == "--raw-repeats") o.raw_repeats = std::stoi(next());
       else if (a == "--quick") o.quick = true;
       else if (a == "--json") o.json = true;
-      else if (a == "--help" || a == "-h") usage("help");
+      else if (a == "--help" || a == "-h") usage("");
       else usage("unknown argument '" + a + "'");
     }
   } catch (const std::logic_error& e) {  // std::stoi and friends on text that is no number
@@ -129,6 +139,9 @@ options parse(int argc, char** argv) {
   }
   if (o.epochs < 1 || o.batch < 1 || o.hidden < 1 || o.steps < 0 || o.eval_every < 0 || o.max_range < 1)
     usage("expected --epochs, --batch, --hidden, --max-range >= 1 and --steps, --eval-every >= 0");
+  for (const auto& m : o.stragglers)
+    if (m != "fixed" && m != "rotating") usage("--straggler: expected fixed or rotating, found '" + m + "'");
+  if (o.rotate_every < 1) usage("--rotate-every: expected at least 1");
   if (o.raw_keys < 1 || o.raw_bytes < std::int64_t(4 * o.raw_keys) || o.raw_iters < 1 || o.raw_repeats < 1)
     usage("expected --raw-keys, --raw-iters, --raw-repeats >= 1 and --raw-mb of at least 4 bytes per key");
   for (const auto& p : o.policies) dml::consistency::parse(p);  // fails early on a misspelt policy
@@ -139,6 +152,29 @@ options parse(int argc, char** argv) {
 }
 
 bool wants(const options& o, const char* part) { return std::ranges::find(o.parts, part) != o.parts.end(); }
+
+// --json: one object per line, in addition to the tables; each part prints its lines after its tables.
+struct json_lines {
+  bool on = false;
+  std::vector<std::string> pending;
+  void add(const char* fmt, ...) __attribute__((format(printf, 2, 3))) {
+    if (!on) return;
+    va_list a, b;
+    va_start(a, fmt);
+    va_copy(b, a);
+    std::string line(std::size_t(std::vsnprintf(nullptr, 0, fmt, a)), '\0');
+    std::vsnprintf(line.data(), line.size() + 1, fmt, b);
+    va_end(b);
+    va_end(a);
+    pending.push_back(std::move(line));
+  }
+  void flush() {
+    for (const auto& l : pending) std::printf("%s\n", l.c_str());
+    pending.clear();
+    std::fflush(stdout);
+  }
+};
+json_lines json;
 
 // ---------------------------------------------------------------------------------------------------------
 // Training runs: train::downpour on servers + workers comm::local threads.
@@ -167,8 +203,9 @@ struct train_run {
     return nullptr;
   }
   double final_accuracy() const { return evals.empty() ? 0.0 : evals.back().accuracy; }
-  // Steps per second of worker 0 (a fast worker), whose loop includes its evaluations.
-  double fast_steps_per_s() const { return seconds.empty() || seconds[0] <= 0 ? 0.0 : double(steps[0]) / seconds[0]; }
+  // Worker w's steps per second (worker 0's loop includes its evaluations), and its share of time idle.
+  double steps_per_s(std::size_t w) const { return seconds[w] > 0 ? double(steps[w]) / seconds[w] : 0.0; }
+  double idle_of(std::size_t w) const { return seconds[w] > 0 ? idle[w] / seconds[w] : 0.0; }
 };
 
 struct data {
@@ -180,8 +217,10 @@ auto make_model(const options& o) {
   return dml::nn::mlp<1>(784, hidden, 10);
 }
 
+// slow_ms > 0 makes a worker sleep that long after some steps: the last worker after every step (fixed), or
+// worker (step / rotate_every) % workers (rotating).
 train_run train_once(const options& o, const data& d, const std::string& policy, const std::string& filter, int slow_ms,
-                     std::int64_t steps, std::int64_t eval_every) {
+                     bool rotating, std::int64_t steps, std::int64_t eval_every) {
   ps::options po;
   po.servers = o.servers;
   po.max_range = o.max_range;
@@ -193,7 +232,11 @@ train_run train_once(const options& o, const data& d, const std::string& policy,
   dpo.steps = steps;
   dpo.batch = o.batch;
   dpo.seed = 1;
-  dpo.slow_worker_ms = slow_ms;
+  dpo.slow_worker_ms = rotating ? 0 : slow_ms;
+  if (rotating && slow_ms > 0)
+    dpo.on_step = [&o, slow_ms](int worker, std::int64_t step, float) {
+      if ((step / o.rotate_every) % o.workers == worker) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
+    };
   dpo.eval_every = eval_every;
   train_run run;
   run.policy = policy;
@@ -245,7 +288,7 @@ std::string model_text(const options& o) {
 // A normal step: workers' mean seconds per step in a short async run with no slow worker and no evaluation.
 double normal_step_ms(const options& o, const data& d) {
   const std::int64_t steps = std::min<std::int64_t>(60, std::max<std::int64_t>(steps_per_epoch(o, d) - 1, 1));
-  const train_run r = train_once(o, d, "async", "none", 0, steps, 0);
+  const train_run r = train_once(o, d, "async", "none", 0, false, steps, 0);
   double s = 0;
   for (std::size_t w = 0; w < r.seconds.size(); ++w) s += r.seconds[w] / double(std::max<std::int64_t>(r.steps[w], 1));
   return 1e3 * s / double(r.seconds.size());
@@ -259,59 +302,103 @@ std::string time_text(const train_run& r, double target) {
   return b;
 }
 
+// The share of the machine's CPU time that other processes took since `start` (the machine may be shared).
+void print_others(const char* part, const load_meter& start) {
+  const double others = load_meter::others_since(start);
+  if (others < 0) return;
+  json.add("{\"part\":\"%s\",\"other_processes_cpu_share\":%.3f}", part, others);
+  std::printf("# other processes took %.0f%% of the machine's CPU time meanwhile\n", 100 * others);
+  std::fflush(stdout);
+}
+
 void part_staleness(const options& o, const data& d) {
   const std::int64_t steps = total_steps(o, d), every = eval_interval(o, d);
   const double step_ms = normal_step_ms(o, d);
   const int slow_ms = o.slow_ms >= 0 ? o.slow_ms : std::max(1, int(std::lround((o.slow_factor - 1) * step_ms)));
-  if (!o.json) {
+  {
     std::printf("#\n# part 1: staleness sweep, %s\n", model_text(o).c_str());
     std::printf("# %lld steps per worker (%.2f epochs), test accuracy (10000 images) on worker 0 every %lld steps\n",
                 static_cast<long long>(steps), double(steps) / double(steps_per_epoch(o, d)),
                 static_cast<long long>(every));
-    std::printf("# normal step %.2f ms (async, no slow worker, mean of the workers); worker %d sleeps %d ms per step: "
-                "about %.1f normal steps%s\n",
-                step_ms, o.workers - 1, slow_ms, (step_ms + slow_ms) / step_ms, o.slow_ms >= 0 ? " (--slow-ms)" : "");
-    std::printf("# idle = sum of the workers' time inside wait() / sum of their training seconds; t->%.0f%% = worker 0's "
-                "seconds at the first evaluation >= %.2f; final = worker 0's last evaluation\n",
-                100 * o.target, o.target);
-    std::printf("%8s %7s %12s %9s %9s %9s %12s %12s %6s\n", "policy", "idle", "t->target(s)", "step", "final",
-                "wall(s)", "w0 steps/s", "slow steps/s", "lost");
-    std::fflush(stdout);
-  } else {
-    std::printf("{\"part\":\"staleness\",\"normal_step_ms\":%.3f,\"slow_ms\":%d,\"steps\":%lld,\"eval_every\":%lld}\n",
-                step_ms, slow_ms, static_cast<long long>(steps), static_cast<long long>(every));
+    std::printf("# normal step %.2f ms (async, no slow worker, mean of the workers); a slow step sleeps %d ms more: about "
+                "%.1f normal steps%s\n",
+                step_ms, slow_ms, (step_ms + slow_ms) / step_ms, o.slow_ms >= 0 ? " (--slow-ms)" : "");
+    std::printf("# idle = sum of the workers' time inside wait() / sum of their training seconds (w0, w%d: the same for "
+                "one worker); t->%.0f%% = worker 0's seconds at its first evaluation >= %.2f, step = its step then; final "
+                "= worker 0's last evaluation; steps/s per worker; lost = acknowledged pushes missing at the servers\n",
+                o.workers - 1, 100 * o.target, o.target);
   }
-  for (const auto& policy : o.policies) {
-    const train_run r = train_once(o, d, policy, "none", slow_ms, steps, every);
-    const auto* hit = r.first_at(o.target);
-    const std::size_t slow = r.seconds.size() - 1;
-    const double slow_rate = r.seconds[slow] > 0 ? double(r.steps[slow]) / r.seconds[slow] : 0.0;
-    if (o.json) {
-      std::printf("{\"part\":\"staleness\",\"policy\":\"%s\",\"slow_ms\":%d,\"idle_fraction\":%.4f,"
-                  "\"target\":%.3f,\"time_to_target_s\":%s,\"step_at_target\":%lld,\"final_accuracy\":%.4f,"
-                  "\"wall_s\":%.3f,\"worker0_steps_per_s\":%.2f,\"slow_worker_steps_per_s\":%.2f,\"lost\":%lld,"
-                  "\"evals\":[",
-                  policy.c_str(), slow_ms, r.idle_fraction(), o.target,
-                  hit ? std::to_string(hit->seconds).c_str() : "null", static_cast<long long>(hit ? hit->step : -1),
-                  r.final_accuracy(), r.wall_s, r.fast_steps_per_s(), slow_rate, static_cast<long long>(r.lost));
-      for (std::size_t i = 0; i < r.evals.size(); ++i)
-        std::printf("%s[%lld,%.4f,%.3f]", i ? "," : "", static_cast<long long>(r.evals[i].step), r.evals[i].accuracy,
-                    r.evals[i].seconds);
-      std::printf("]}\n");
-    } else {
-      char step_s[24] = "-";
-      if (hit) std::snprintf(step_s, sizeof step_s, "%lld", static_cast<long long>(hit->step));
-      std::printf("%8s %6.1f%% %12s %9s %9.4f %9.1f %12.1f %12.1f %6lld\n", policy.c_str(), 100 * r.idle_fraction(),
-                  time_text(r, o.target).c_str(), step_s, r.final_accuracy(), r.wall_s, r.fast_steps_per_s(), slow_rate,
-                  static_cast<long long>(r.lost));
+  for (const auto& straggler : o.stragglers) {
+    const bool rotating = straggler == "rotating";
+    {
+      if (rotating)
+        std::printf("# straggler rotating: worker (step / %lld) %% %d sleeps after its step, so each worker is slow for "
+                    "%lld steps in every %lld\n",
+                    static_cast<long long>(o.rotate_every), o.workers, static_cast<long long>(o.rotate_every),
+                    static_cast<long long>(o.rotate_every * o.workers));
+      else
+        std::printf("# straggler fixed: worker %d sleeps at every step (downpour_options::slow_worker_ms)\n", o.workers - 1);
+      std::printf("%8s %7s %7s %7s %12s %6s %7s %8s %10s %10s %5s\n", "policy", "idle", "w0",
+                  dml::detail::cat("w", o.workers - 1).c_str(), "t->target(s)", "step", "final", "wall(s)", "w0 step/s",
+                  dml::detail::cat("w", o.workers - 1, " step/s").c_str(), "lost");
+      json.add("{\"part\":\"staleness\",\"straggler\":\"%s\",\"rotate_every\":%lld,\"normal_step_ms\":%.3f,"
+               "\"slow_ms\":%d,\"steps\":%lld,\"eval_every\":%lld,\"model\":\"%s\"}",
+               straggler.c_str(), static_cast<long long>(o.rotate_every), step_ms, slow_ms,
+               static_cast<long long>(steps), static_cast<long long>(every), model_text(o).c_str());
     }
     std::fflush(stdout);
+    const load_meter start = load_meter::now();
+    std::vector<double> idles;
+    bool all_reached = true;
+    for (const auto& policy : o.policies) {
+      const train_run r = train_once(o, d, policy, "none", slow_ms, rotating, steps, every);
+      const auto* hit = r.first_at(o.target);
+      const std::size_t last = r.seconds.size() - 1;
+      idles.push_back(r.idle_fraction());
+      all_reached = all_reached && hit;
+      char step_s[24] = "-";
+      if (hit) std::snprintf(step_s, sizeof step_s, "%lld", static_cast<long long>(hit->step));
+      std::printf("%8s %6.1f%% %6.1f%% %6.1f%% %12s %6s %7.4f %8.1f %10.1f %10.1f %5lld\n", policy.c_str(),
+                  100 * r.idle_fraction(), 100 * r.idle_of(0), 100 * r.idle_of(last), time_text(r, o.target).c_str(),
+                  step_s, r.final_accuracy(), r.wall_s, r.steps_per_s(0), r.steps_per_s(last),
+                  static_cast<long long>(r.lost));
+      std::string per_worker, evals;
+      for (std::size_t w = 0; w <= last; ++w)
+        per_worker += dml::detail::cat(w ? "," : "", "{\"idle_fraction\":", r.idle_of(w), ",\"steps_per_s\":",
+                                       r.steps_per_s(w), "}");
+      for (std::size_t i = 0; i < r.evals.size(); ++i)
+        evals += dml::detail::cat(i ? "," : "", "[", r.evals[i].step, ",", r.evals[i].accuracy, ",", r.evals[i].seconds, "]");
+      json.add("{\"part\":\"staleness\",\"straggler\":\"%s\",\"policy\":\"%s\",\"slow_ms\":%d,"
+               "\"idle_fraction\":%.4f,\"workers\":[%s],\"target\":%.3f,\"time_to_target_s\":%s,"
+               "\"step_at_target\":%s,\"final_accuracy\":%.4f,\"wall_s\":%.3f,\"lost\":%lld,"
+               "\"evals_step_accuracy_seconds\":[%s]}",
+               straggler.c_str(), policy.c_str(), slow_ms, r.idle_fraction(), per_worker.c_str(), o.target,
+               hit ? dml::detail::cat(hit->seconds).c_str() : "null", hit ? step_s : "null", r.final_accuracy(),
+               r.wall_s, static_cast<long long>(r.lost), evals.c_str());
+      std::fflush(stdout);
+    }
+    if (idles.size() > 1) {
+      // In the order the policies were listed (growing bounds by default): the last idle share below the first,
+      // and none more than 2 points (run-to-run noise) above the one before.
+      bool falls = idles.back() < idles.front();
+      std::string seq;
+      for (std::size_t i = 0; i < idles.size(); ++i) {
+        falls = falls && (i == 0 || idles[i] <= idles[i - 1] + 0.02);
+        char cell[32];
+        std::snprintf(cell, sizeof cell, "%s%.1f%%", i ? ", " : "", 100 * idles[i]);
+        seq += cell;
+      }
+      std::printf("# goal, idle falls as the bound grows (%s): %s; every policy reaches %.2f: %s\n", seq.c_str(),
+                  falls ? "met" : "not met", o.target, all_reached ? "met" : "not met");
+    }
+    print_others("staleness", start);
+    json.flush();
   }
 }
 
 void part_filters(const options& o, const data& d) {
   const std::int64_t steps = total_steps(o, d), every = eval_interval(o, d);
-  if (!o.json) {
+  {
     std::printf("#\n# part 2: filters, %s, %s, no slow worker, %lld steps per worker, max_range %lld\n",
                 model_text(o).c_str(), o.filter_policy.c_str(), static_cast<long long>(steps),
                 static_cast<long long>(o.max_range));
@@ -322,9 +409,11 @@ void part_filters(const options& o, const data& d) {
                 "final", "diff", "wall(s)", "t->target(s)");
     std::fflush(stdout);
   }
+  const load_meter start = load_meter::now();
   double base_push = 0, base_pull = 0, base_acc = -1;
+  std::vector<std::string> goals;
   for (const auto& f : o.filters) {
-    const train_run r = train_once(o, d, o.filter_policy, f, 0, steps, every);
+    const train_run r = train_once(o, d, o.filter_policy, f, 0, false, steps, every);
     if (base_acc < 0) {  // the first filter listed (none by default) is the reference
       base_push = double(r.bytes_pushed);
       base_pull = double(r.bytes_pulled);
@@ -333,20 +422,32 @@ void part_filters(const options& o, const data& d) {
     const double push_ratio = r.bytes_pushed ? base_push / double(r.bytes_pushed) : 0.0;
     const double pull_ratio = r.bytes_pulled ? base_pull / double(r.bytes_pulled) : 0.0;
     const double diff = 100 * (r.final_accuracy() - base_acc);
-    if (o.json) {
-      std::printf("{\"part\":\"filters\",\"filter\":\"%s\",\"policy\":\"%s\",\"pull_filtered\":%s,\"bytes_pushed\":%lld,"
-                  "\"bytes_pulled\":%lld,\"push_ratio\":%.3f,\"pull_ratio\":%.3f,\"final_accuracy\":%.4f,"
-                  "\"accuracy_diff_points\":%.3f,\"wall_s\":%.3f,\"lost\":%lld}\n",
-                  f.c_str(), o.filter_policy.c_str(), o.pull_filter ? "true" : "false",
-                  static_cast<long long>(r.bytes_pushed), static_cast<long long>(r.bytes_pulled), push_ratio, pull_ratio,
-                  r.final_accuracy(), diff, r.wall_s, static_cast<long long>(r.lost));
-    } else {
-      std::printf("%18s %12.2f %7.1fx %12.2f %7.1fx %9.4f %+9.2f %9.1f %12s\n", f.c_str(), double(r.bytes_pushed) / 1e6,
-                  push_ratio, double(r.bytes_pulled) / 1e6, pull_ratio, r.final_accuracy(), diff, r.wall_s,
-                  time_text(r, o.target).c_str());
-    }
+    std::printf("%18s %12.2f %7.1fx %12.2f %7.1fx %9.4f %+9.2f %9.1f %12s\n", f.c_str(), double(r.bytes_pushed) / 1e6,
+                push_ratio, double(r.bytes_pulled) / 1e6, pull_ratio, r.final_accuracy(), diff, r.wall_s,
+                time_text(r, o.target).c_str());
     std::fflush(stdout);
+    json.add("{\"part\":\"filters\",\"filter\":\"%s\",\"policy\":\"%s\",\"pull_filtered\":%s,\"max_range\":%lld,"
+             "\"steps\":%lld,\"bytes_pushed\":%lld,\"bytes_pulled\":%lld,\"push_ratio\":%.3f,\"pull_ratio\":%.3f,"
+             "\"final_accuracy\":%.4f,\"accuracy_diff_points\":%.3f,\"wall_s\":%.3f,\"lost\":%lld}",
+             f.c_str(), o.filter_policy.c_str(), o.pull_filter ? "true" : "false", static_cast<long long>(o.max_range),
+             static_cast<long long>(steps), static_cast<long long>(r.bytes_pushed),
+             static_cast<long long>(r.bytes_pulled), push_ratio, pull_ratio, r.final_accuracy(), diff, r.wall_s,
+             static_cast<long long>(r.lost));
+    const auto kind = dml::comm::any_filter::parse(f).kind();
+    if (f != o.filters.front() &&
+        (kind == dml::comm::filter_kind::topk || kind == dml::comm::filter_kind::onebit)) {
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "# goal, %s: %.1fx fewer bytes pushed than %s (>= 30x: %s), final accuracy %+.2f points (within 1: "
+                    "%s)",
+                    f.c_str(), push_ratio, o.filters.front().c_str(), push_ratio >= 30 ? "met" : "not met", diff,
+                    std::abs(diff) <= 1 ? "met" : "not met");
+      goals.push_back(line);
+    }
   }
+  for (const auto& g : goals) std::printf("%s\n", g.c_str());
+  print_others("filters", start);
+  json.flush();
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -458,25 +559,33 @@ void part_raw(const options& o) {
   const std::size_t bytes = std::size_t(o.raw_bytes / 4) * 4, count = bytes / 4;
   const int ranks = o.raw_servers + o.raw_workers;
   const int copies = int(std::clamp<std::size_t>((std::size_t(1) << 30) / bytes, 3, 64));
+  const load_meter start = load_meter::now();
   const double memcpy1 = memcpy_gbs(bytes, copies);
+  // all_reduce before and after the parameter server, the faster kept, so that both see the same machine load.
   allreduce_result ar;
-  dml::comm::local::run(ranks, [&](dml::comm::local& c) {
-    const auto r = measure_all_reduce(c, count, o.quick ? 2 : 5, o.quick ? 1 : 3);
-    if (c.rank() == 0) ar = r;
-  });
+  ar.time_us = 1e300;
+  const auto all_reduce_once = [&] {
+    dml::comm::local::run(ranks, [&](dml::comm::local& c) {
+      const auto r = measure_all_reduce(c, count, o.quick ? 2 : 5, o.quick ? 1 : 2);
+      if (c.rank() == 0 && r.time_us < ar.time_us) ar = r;
+    });
+  };
+  all_reduce_once();
   std::vector<raw_row> rows;
   for (auto mr : o.raw_ranges) rows.push_back(measure_ps(o, mr));
-  if (o.json) {
-    std::printf("{\"part\":\"raw\",\"op\":\"memcpy\",\"threads\":1,\"bytes\":%zu,\"gbs\":%.3f}\n", bytes, memcpy1);
-    std::printf("{\"part\":\"raw\",\"op\":\"all_reduce\",\"comm\":\"local\",\"ranks\":%d,\"bytes\":%zu,\"time_us\":%.1f,"
-                "\"algbw_gbs\":%.3f,\"busbw_gbs\":%.3f}\n",
-                ranks, bytes, ar.time_us, ar.algbw, ar.busbw);
-  } else {
+  all_reduce_once();
+  json.add("{\"part\":\"raw\",\"op\":\"memcpy\",\"threads\":1,\"bytes\":%zu,\"gbs\":%.3f}", bytes, memcpy1);
+  json.add("{\"part\":\"raw\",\"op\":\"all_reduce\",\"comm\":\"local\",\"ranks\":%d,\"bytes\":%zu,\"time_us\":%.1f,"
+           "\"algbw_gbs\":%.3f,\"busbw_gbs\":%.3f}",
+           ranks, bytes, ar.time_us, ar.algbw, ar.busbw);
+  {
     std::printf("#\n# part 3: raw push/pull bandwidth, a %.0f MiB model (%zu floats as %d keys), %d servers + %d workers "
                 "on comm::local, no filter, async, server sgd\n",
                 double(bytes) / 1048576.0, count, o.raw_keys, o.raw_servers, o.raw_workers);
     std::printf("# roofline: memcpy of %zu bytes, one thread: %.2f GB/s\n", bytes, memcpy1);
-    std::printf("# baseline: comm::local all_reduce on %d ranks (threads), out of place\n", ranks);
+    std::printf("# baseline: comm::local all_reduce on %d ranks (threads), out of place, busbw = algbw x 2(n-1)/n; timed "
+                "before and after the parameter server, the faster kept\n",
+                ranks);
     std::printf("# %10s %12s %6s %6s %12s %12s %12s\n", "size", "count", "type", "redop", "time(us)", "algbw(GB/s)",
                 "busbw(GB/s)");
     std::printf("  %10zu %12zu %6s %6s %12.1f %12.2f %12.2f\n", bytes, count, "float", "sum", ar.time_us, ar.algbw,
@@ -495,20 +604,17 @@ void part_raw(const options& o) {
     }
     for (std::size_t w = 0; w < r.push_s.size(); ++w) {
       const double push = double(bytes) / r.push_s[w] / 1e9, pull = double(bytes) / r.pull_s[w] / 1e9;
-      if (o.json) {
-        std::printf("{\"part\":\"raw\",\"op\":\"ps\",\"max_range\":%lld,\"ranges\":%zu,\"worker\":%zu,\"bytes\":%zu,"
-                    "\"push_s\":%.6f,\"push_gbs\":%.3f,\"pull_s\":%.6f,\"pull_gbs\":%.3f,\"push_vs_busbw\":%.4f,"
-                    "\"pull_vs_busbw\":%.4f}\n",
-                    static_cast<long long>(r.max_range), r.ranges, w, bytes, r.push_s[w], push, r.pull_s[w], pull,
-                    push / ar.busbw, pull / ar.busbw);
-      } else {
-        std::printf("  %9lld %7zu %15s %7zu %10.1f %10.2f %6.0f%% %10.1f %10.2f %6.0f%%\n",
-                    static_cast<long long>(r.max_range), r.ranges, split.c_str(), w, 1e3 * r.push_s[w], push,
-                    100 * push / ar.busbw, 1e3 * r.pull_s[w], pull, 100 * pull / ar.busbw);
-      }
+      std::printf("  %9lld %7zu %15s %7zu %10.1f %10.2f %6.0f%% %10.1f %10.2f %6.0f%%\n",
+                  static_cast<long long>(r.max_range), r.ranges, split.c_str(), w, 1e3 * r.push_s[w], push,
+                  100 * push / ar.busbw, 1e3 * r.pull_s[w], pull, 100 * pull / ar.busbw);
+      json.add("{\"part\":\"raw\",\"op\":\"ps\",\"max_range\":%lld,\"ranges\":%zu,\"worker\":%zu,\"bytes\":%zu,"
+               "\"push_s\":%.6f,\"push_gbs\":%.3f,\"pull_s\":%.6f,\"pull_gbs\":%.3f,\"push_vs_busbw\":%.4f,"
+               "\"pull_vs_busbw\":%.4f}",
+               static_cast<long long>(r.max_range), r.ranges, w, bytes, r.push_s[w], push, r.pull_s[w], pull,
+               push / ar.busbw, pull / ar.busbw);
     }
   }
-  if (!o.json && !rows.empty()) {
+  if (!rows.empty()) {
     double worst = 1e300;
     for (const auto& r : rows)
       for (std::size_t w = 0; w < r.push_s.size(); ++w)
@@ -516,7 +622,8 @@ void part_raw(const options& o) {
     std::printf("# goal, push and pull >= 50%% of all_reduce busbw (%.2f GB/s) per worker: slowest %.2f GB/s = %.0f%%: %s\n",
                 ar.busbw, worst, 100 * worst / ar.busbw, worst >= 0.5 * ar.busbw ? "met" : "not met");
   }
-  std::fflush(stdout);
+  print_others("raw", start);
+  json.flush();
 }
 
 }  // namespace
@@ -525,8 +632,14 @@ int main(int argc, char** argv) try {
   const options o = parse(argc, argv);
   const std::string cpu = dml::host_cpu_model();
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (o.json) std::printf("{\"cpu\":\"%s\",\"cores\":%d,\"quick\":%s}\n", cpu.c_str(), cores, o.quick ? "true" : "false");
-  else std::printf("# %s, %d core(s)%s\n", cpu.c_str(), cores, o.quick ? "; --quick: a smoke run, not a measurement" : "");
+  json.on = o.json;
+  double load[3] = {-1, -1, -1};
+  getloadavg(load, 3);
+  std::printf("# %s, %d core(s); load average %.2f %.2f %.2f at start%s\n", cpu.c_str(), cores, load[0], load[1], load[2],
+              o.quick ? "; --quick: a smoke run, not a measurement" : "");
+  json.add("{\"cpu\":\"%s\",\"cores\":%d,\"quick\":%s,\"load_average\":%.2f}", cpu.c_str(), cores,
+           o.quick ? "true" : "false", load[0]);
+  json.flush();
   std::fflush(stdout);
   const auto t0 = clock_type::now();
   bool skipped = false;
@@ -537,16 +650,17 @@ int main(int argc, char** argv) try {
       d.test = dml::train::load_mnist(o.data, dml::train::split::test);
     } catch (const dml::io_error& e) {
       // No data set: the training parts cannot run (Debian's dataset-fashion-mnist provides it).
-      std::printf(o.json ? "{\"skipped\":\"staleness,filters\",\"why\":\"no data set in %s\"}\n"
-                         : "# staleness and filters skipped: no Fashion-MNIST in %s (--data DIR)\n",
-                  o.data.c_str());
+      std::printf("# staleness and filters skipped: %s (--data DIR)\n", e.what());
+      json.add("{\"skipped\":[\"staleness\",\"filters\"],\"data\":\"%s\"}", o.data.c_str());
+      json.flush();
       skipped = true;
     }
     if (!skipped && wants(o, "staleness")) part_staleness(o, d);
     if (!skipped && wants(o, "filters")) part_filters(o, d);
   }
   if (wants(o, "raw")) part_raw(o);
-  if (!o.json) std::printf("# %.1f s in all\n", seconds_since(t0));
+  getloadavg(load, 3);
+  std::printf("# %.1f s in all; load average %.2f %.2f %.2f at the end\n", seconds_since(t0), load[0], load[1], load[2]);
   return skipped ? 77 : 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "ps_throughput: error: %s\n", e.what());
