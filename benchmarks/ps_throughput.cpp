@@ -9,7 +9,6 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <mutex>
 #include <numeric>
 #include <span>
@@ -49,15 +48,16 @@ struct options {
   int slow_ms = -1;              // -1: derived from a measured normal step
   double slow_factor = 3.5;      // the slow worker's step, in normal steps, when slow_ms is derived
   // fixed: the last worker is slow at every step (downpour_options::slow_worker_ms); rotating: worker
-  // (step / rotate_every) % workers is slow, so each worker straggles a quarter of the time.
-  std::vector<std::string> stragglers{"fixed"};
+  // (step / rotate_every) % workers is slow, so each worker straggles one run of rotate_every steps in `workers`.
+  std::vector<std::string> stragglers{"fixed", "rotating"};
   std::int64_t rotate_every = 4;
   std::int64_t eval_every = 0;   // 0: a fifth of an epoch
   double target = 0.85;
   std::vector<std::string> policies{"bsp", "ssp:1", "ssp:4", "ssp:16", "async"};
   std::vector<std::string> filters{"none", "topk:0.01", "onebit", "significant:0.01"};
   std::string filter_policy = "ssp:4";
-  bool pull_filter = true;          // the pull direction is filtered alike
+  // filtered: pulls go through the same filter as pushes; dense: pulls carry whole values.
+  std::vector<std::string> pulls{"filtered", "dense"};
   std::int64_t max_range = 1 << 16;
   std::int64_t raw_bytes = std::int64_t(64) << 20;
   int raw_keys = 4, raw_workers = 2, raw_servers = 2;
@@ -73,10 +73,10 @@ struct options {
                "usage: ps_throughput [--part staleness|filters|raw|all (a comma list too)] [--quick] [--json]\n"
                "  training: [--data DIR] [--hidden 256] [--epochs 3] [--steps N] [--batch 32 (per worker)]\n"
                "            [--optimizer adagrad|sgd] [--lr 0.02] [--eval-every N] [--target 0.85] [--max-range 65536]\n"
-               "  staleness: [--policies bsp,ssp:1,ssp:4,ssp:16,async] [--slow-ms N (default: %.1f normal steps)]\n"
-               "             [--straggler fixed|rotating|fixed,rotating] [--rotate-every 4]\n"
+               "  staleness: [--policies bsp,ssp:1,ssp:4,ssp:16,async] [--slow-ms N (default: a slow step of %.1f normal steps)]\n"
+               "             [--straggler fixed,rotating (either or both)] [--rotate-every 4]\n"
                "  filters:   [--filters none,topk:0.01,onebit,significant:0.01] [--filter-policy ssp:4]\n"
-               "             [--push-only (pulls unfiltered)]\n"
+               "             [--pulls filtered,dense (either or both: pulls through the filter, or whole values)]\n"
                "  raw:       [--raw-mb 64] [--raw-keys 4] [--raw-ranges 65536,4194304] [--raw-iters 8]\n"
                "             [--raw-repeats 2]\n",
                help ? "" : "ps_throughput: ", help ? "" : (why + "\n").c_str(), options{}.slow_factor);
@@ -86,9 +86,10 @@ struct options {
 options parse(int argc, char** argv) {
   options o;
   bool range_set = false;
+  std::string a;
   try {
     for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
+      a = argv[i];
       const auto next = [&] { return flag_value(argc, argv, i); };
       if (a == "--part") {
         const std::string v = next();
@@ -110,7 +111,7 @@ options parse(int argc, char** argv) {
       else if (a == "--policies") o.policies = split_list(next());
       else if (a == "--filters") o.filters = split_list(next());
       else if (a == "--filter-policy") o.filter_policy = next();
-      else if (a == "--push-only") o.pull_filter = false;
+      else if (a == "--pulls") o.pulls = split_list(next());
       else if (a == "--max-range") o.max_range = std::stoll(next());
       else if (a == "--raw-mb") o.raw_bytes = std::int64_t(std::stod(next()) * 1048576.0);
       else if (a == "--raw-keys") o.raw_keys = std::stoi(next());
@@ -126,7 +127,7 @@ options parse(int argc, char** argv) {
       else usage("unknown argument '" + a + "'");
     }
   } catch (const std::logic_error& e) {  // std::stoi and friends on text that is no number
-    usage(std::string("expected a number: ") + e.what());
+    usage(a + ": expected a number after it");
   }
   if (o.quick) {
     // A smoke run: every part and every row, on little work.
@@ -147,6 +148,8 @@ options parse(int argc, char** argv) {
   for (const auto& p : o.policies) dml::consistency::parse(p);  // fails early on a misspelt policy
   dml::consistency::parse(o.filter_policy);
   for (const auto& f : o.filters) dml::comm::any_filter::parse(f);
+  for (const auto& m : o.pulls)
+    if (m != "filtered" && m != "dense") usage("--pulls: expected filtered or dense, found '" + m + "'");
   ps::server_optimizer::parse(o.optimizer, o.lr);
   return o;
 }
@@ -203,6 +206,13 @@ struct train_run {
     return nullptr;
   }
   double final_accuracy() const { return evals.empty() ? 0.0 : evals.back().accuracy; }
+  // The mean of the last three evaluations: steadier than the last one alone.
+  double last3_accuracy() const {
+    const std::size_t n = std::min<std::size_t>(3, evals.size());
+    double s = 0;
+    for (std::size_t i = evals.size() - n; i < evals.size(); ++i) s += evals[i].accuracy;
+    return n ? s / double(n) : 0.0;
+  }
   // Worker w's steps per second (worker 0's loop includes its evaluations), and its share of time idle.
   double steps_per_s(std::size_t w) const { return seconds[w] > 0 ? double(steps[w]) / seconds[w] : 0.0; }
   double idle_of(std::size_t w) const { return seconds[w] > 0 ? idle[w] / seconds[w] : 0.0; }
@@ -220,13 +230,13 @@ auto make_model(const options& o) {
 // slow_ms > 0 makes a worker sleep that long after some steps: the last worker after every step (fixed), or
 // worker (step / rotate_every) % workers (rotating).
 train_run train_once(const options& o, const data& d, const std::string& policy, const std::string& filter, int slow_ms,
-                     bool rotating, std::int64_t steps, std::int64_t eval_every) {
+                     bool rotating, std::int64_t steps, std::int64_t eval_every, bool filter_pulls = false) {
   ps::options po;
   po.servers = o.servers;
   po.max_range = o.max_range;
   po.optimizer = ps::server_optimizer::parse(o.optimizer, o.lr);
   po.push_filter = filter;
-  po.pull_filter = o.pull_filter ? filter : "none";
+  po.pull_filter = filter_pulls ? filter : "none";
   dml::train::downpour_options dpo;
   dpo.epochs = o.epochs;
   dpo.steps = steps;
@@ -378,12 +388,11 @@ void part_staleness(const options& o, const data& d) {
       std::fflush(stdout);
     }
     if (idles.size() > 1) {
-      // In the order the policies were listed (growing bounds by default): the last idle share below the first,
-      // and none more than 2 points (run-to-run noise) above the one before.
-      bool falls = idles.back() < idles.front();
+      // In the order the policies were listed (growing bounds by default), each idle share below the one before.
+      bool falls = true;
       std::string seq;
       for (std::size_t i = 0; i < idles.size(); ++i) {
-        falls = falls && (i == 0 || idles[i] <= idles[i - 1] + 0.02);
+        falls = falls && (i == 0 || idles[i] < idles[i - 1]);
         char cell[32];
         std::snprintf(cell, sizeof cell, "%s%.1f%%", i ? ", " : "", 100 * idles[i]);
         seq += cell;
@@ -398,51 +407,55 @@ void part_staleness(const options& o, const data& d) {
 
 void part_filters(const options& o, const data& d) {
   const std::int64_t steps = total_steps(o, d), every = eval_interval(o, d);
-  {
-    std::printf("#\n# part 2: filters, %s, %s, no slow worker, %lld steps per worker, max_range %lld\n",
-                model_text(o).c_str(), o.filter_policy.c_str(), static_cast<long long>(steps),
-                static_cast<long long>(o.max_range));
-    std::printf("# the filter encodes %s, with error feedback; bytes are payload bytes summed over the workers; "
-                "ratio = none's bytes / this filter's; diff = final accuracy - none's, in points\n",
-                o.pull_filter ? "pushes and pulls" : "pushes (pulls unfiltered)");
-    std::printf("%18s %12s %8s %12s %8s %9s %9s %9s %12s\n", "filter", "pushed(MB)", "ratio", "pulled(MB)", "ratio",
-                "final", "diff", "wall(s)", "t->target(s)");
-    std::fflush(stdout);
-  }
+  std::printf("#\n# part 2: filters, %s, %s, no slow worker, %lld steps per worker, max_range %lld\n",
+              model_text(o).c_str(), o.filter_policy.c_str(), static_cast<long long>(steps),
+              static_cast<long long>(o.max_range));
+  std::printf("# pushes go through the filter with error feedback; pulls through the same filter (filtered) or as whole "
+              "values (dense); bytes = payload bytes summed over the workers, initial values included; ratio = the first "
+              "row's bytes / this row's; final = worker 0's last evaluation, last3 = the mean of its last three; diff = "
+              "final - the first row's final, in points\n");
+  std::printf("%18s %8s %12s %8s %12s %8s %8s %8s %8s %8s %12s\n", "filter", "pulls", "pushed(MB)", "ratio", "pulled(MB)",
+              "ratio", "final", "last3", "diff", "wall(s)", "t->target(s)");
+  std::fflush(stdout);
   const load_meter start = load_meter::now();
-  double base_push = 0, base_pull = 0, base_acc = -1;
+  train_run base;
+  bool have_base = false;
   std::vector<std::string> goals;
-  for (const auto& f : o.filters) {
-    const train_run r = train_once(o, d, o.filter_policy, f, 0, false, steps, every);
-    if (base_acc < 0) {  // the first filter listed (none by default) is the reference
-      base_push = double(r.bytes_pushed);
-      base_pull = double(r.bytes_pulled);
-      base_acc = r.final_accuracy();
-    }
-    const double push_ratio = r.bytes_pushed ? base_push / double(r.bytes_pushed) : 0.0;
-    const double pull_ratio = r.bytes_pulled ? base_pull / double(r.bytes_pulled) : 0.0;
-    const double diff = 100 * (r.final_accuracy() - base_acc);
-    std::printf("%18s %12.2f %7.1fx %12.2f %7.1fx %9.4f %+9.2f %9.1f %12s\n", f.c_str(), double(r.bytes_pushed) / 1e6,
-                push_ratio, double(r.bytes_pulled) / 1e6, pull_ratio, r.final_accuracy(), diff, r.wall_s,
-                time_text(r, o.target).c_str());
-    std::fflush(stdout);
-    json.add("{\"part\":\"filters\",\"filter\":\"%s\",\"policy\":\"%s\",\"pull_filtered\":%s,\"max_range\":%lld,"
-             "\"steps\":%lld,\"bytes_pushed\":%lld,\"bytes_pulled\":%lld,\"push_ratio\":%.3f,\"pull_ratio\":%.3f,"
-             "\"final_accuracy\":%.4f,\"accuracy_diff_points\":%.3f,\"wall_s\":%.3f,\"lost\":%lld}",
-             f.c_str(), o.filter_policy.c_str(), o.pull_filter ? "true" : "false", static_cast<long long>(o.max_range),
-             static_cast<long long>(steps), static_cast<long long>(r.bytes_pushed),
-             static_cast<long long>(r.bytes_pulled), push_ratio, pull_ratio, r.final_accuracy(), diff, r.wall_s,
-             static_cast<long long>(r.lost));
-    const auto kind = dml::comm::any_filter::parse(f).kind();
-    if (f != o.filters.front() &&
-        (kind == dml::comm::filter_kind::topk || kind == dml::comm::filter_kind::onebit)) {
-      char line[256];
-      std::snprintf(line, sizeof line,
-                    "# goal, %s: %.1fx fewer bytes pushed than %s (>= 30x: %s), final accuracy %+.2f points (within 1: "
-                    "%s)",
-                    f.c_str(), push_ratio, o.filters.front().c_str(), push_ratio >= 30 ? "met" : "not met", diff,
-                    std::abs(diff) <= 1 ? "met" : "not met");
-      goals.push_back(line);
+  for (const auto& pulls : o.pulls) {
+    for (const auto& f : o.filters) {
+      const bool reference = f == o.filters.front();
+      // The reference (none by default) runs once; with no filter, pulls are whole values either way.
+      if (reference && have_base) continue;
+      const train_run r = train_once(o, d, o.filter_policy, f, 0, false, steps, every, pulls == "filtered");
+      if (reference) {
+        base = r;
+        have_base = true;
+      }
+      const double push_ratio = r.bytes_pushed ? double(base.bytes_pushed) / double(r.bytes_pushed) : 0.0;
+      const double pull_ratio = r.bytes_pulled ? double(base.bytes_pulled) / double(r.bytes_pulled) : 0.0;
+      const double diff = 100 * (r.final_accuracy() - base.final_accuracy());
+      std::printf("%18s %8s %12.2f %7.1fx %12.2f %7.1fx %8.4f %8.4f %+8.2f %8.1f %12s\n", f.c_str(),
+                  reference ? "-" : pulls.c_str(), double(r.bytes_pushed) / 1e6, push_ratio, double(r.bytes_pulled) / 1e6,
+                  pull_ratio, r.final_accuracy(), r.last3_accuracy(), diff, r.wall_s, time_text(r, o.target).c_str());
+      std::fflush(stdout);
+      json.add("{\"part\":\"filters\",\"filter\":\"%s\",\"pulls\":\"%s\",\"policy\":\"%s\",\"max_range\":%lld,"
+               "\"steps\":%lld,\"bytes_pushed\":%lld,\"bytes_pulled\":%lld,\"push_ratio\":%.3f,\"pull_ratio\":%.3f,"
+               "\"final_accuracy\":%.4f,\"last3_accuracy\":%.4f,\"accuracy_diff_points\":%.3f,\"wall_s\":%.3f,"
+               "\"lost\":%lld}",
+               f.c_str(), reference ? "dense" : pulls.c_str(), o.filter_policy.c_str(),
+               static_cast<long long>(o.max_range), static_cast<long long>(steps),
+               static_cast<long long>(r.bytes_pushed), static_cast<long long>(r.bytes_pulled), push_ratio, pull_ratio,
+               r.final_accuracy(), r.last3_accuracy(), diff, r.wall_s, static_cast<long long>(r.lost));
+      const auto kind = dml::comm::any_filter::parse(f).kind();
+      if (!reference && (kind == dml::comm::filter_kind::topk || kind == dml::comm::filter_kind::onebit)) {
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      "# goal, %s with %s pulls: %.1fx fewer bytes pushed than %s (>= 30x: %s), final accuracy %+.2f "
+                      "points (within 1: %s)",
+                      f.c_str(), pulls.c_str(), push_ratio, o.filters.front().c_str(),
+                      push_ratio >= 30 ? "met" : "not met", diff, std::abs(diff) <= 1 ? "met" : "not met");
+        goals.push_back(line);
+      }
     }
   }
   for (const auto& g : goals) std::printf("%s\n", g.c_str());
