@@ -12,6 +12,7 @@
 #include <set>
 
 #include "dml/comm/local.hpp"
+#include "dml/parallel/mesh.hpp"
 #include "dml/nn/mlp.hpp"
 #include "dml/parallel/param_server.hpp"
 #include "dml/train/downpour.hpp"
@@ -339,6 +340,28 @@ TEST_CASE("a worker stops: the servers drop it from the clocks and the others fi
     if (!r.server && !r.died) steps.push_back(r.steps);
   }, quick());
   CHECK(steps == std::vector<std::int64_t>{40, 40});
+}
+
+TEST_CASE("a worker that finishes long before the slowest waits without a deadline") {
+  // comm::local's collectives give up after its timeout (1 s here); finishing uses no collective, so a fast
+  // async worker may wait 3 s for a slowed one.
+  const auto train = blobs(512, 12), test = blobs(64, 13);
+  ps::options o;
+  o.servers = 1;
+  o.max_range = 128;
+  o.timeout = std::chrono::milliseconds(2000);
+  train::downpour_options d;
+  d.steps = 20;
+  d.batch = 8;
+  d.slow_worker_ms = 150;
+  std::mutex m;
+  double finished = -1;
+  comm::local::run(3, [&](comm_t& c) {
+    auto r = train::downpour(c, small_model(), train, test, consistency::async{}, o, d);
+    std::lock_guard lk(m);
+    if (!r.server) finished = r.totals.stopped == 0 ? r.totals.acknowledged : -1;
+  }, {std::chrono::milliseconds(1000)});
+  CHECK(finished > 0);
 }
 
 TEST_CASE("bad requests get clear errors and the server keeps serving") {

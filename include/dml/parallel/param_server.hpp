@@ -208,12 +208,9 @@ class endpoint {
       if (payload_.size() < std::size_t(h.bytes)) payload_.resize(std::size_t(h.bytes));
       const auto payload = std::span<std::byte>(payload_).first(std::size_t(h.bytes));
       if (h.bytes > 0) comm_.recv(payload, p, payload_tag);
-      if (h.type == std::int64_t(msg::bye)) {
-        ++byes_;
-      } else {
-        post(p);
-        on(p, h, std::span<const std::byte>(payload));
-      }
+      if (h.type == std::int64_t(msg::bye)) ++byes_;  // nothing more comes from p
+      else post(p);
+      on(p, h, std::span<const std::byte>(payload));
     }
     return any;
   }
@@ -221,17 +218,21 @@ class endpoint {
   clock::time_point heard(int p) const { return heard_[p]; }
   clock::time_point sent(int p) const { return sent_[p]; }
 
-  // Every node calls this once, live or dead: first an all-reduce that completes when every node has
-  // stopped making requests (meanwhile messages are drained and dropped, and this node's sends complete),
-  // then a bye to every peer that listens to us, and a wait for one from every peer we listen to.
-  void finish() {
-    int token = 1;
-    auto all = comm_.iall_reduce(std::span<int>(&token, 1), comm::reduce_op::sum);
+  // A bye tells a peer that this node will send it nothing more (as a closing connection does); it may
+  // carry a last payload. finish() says bye to every peer that listens to this node, then drains (dropping
+  // all but byes, which go to on_bye) until every peer it listens to has said bye and its own sends have
+  // completed. No collective and no deadline: a node that finishes early waits for the slowest by polling.
+  template <class F>
+  void finish(bytes_ptr last, F&& on_bye) {
+    for (int p : talk_) send(p, header{std::int64_t(msg::bye)}, last);
     backoff b;
-    auto drop = [](int, const header&, std::span<const std::byte>) {};
-    while (!all.test() || !out_.empty()) b.idle(!poll(drop));
-    for (int p : talk_) send(p, header{std::int64_t(msg::bye)});
-    while (byes_ < int(listen_.size()) || !out_.empty()) b.idle(!poll(drop));
+    auto pass = [&](int p, const header& h, std::span<const std::byte> pl) {
+      if (h.type == std::int64_t(msg::bye)) on_bye(p, pl);
+    };
+    while (byes_ < int(listen_.size()) || !out_.empty()) b.idle(!poll(pass));
+  }
+  void finish() {
+    finish({}, [](int, std::span<const std::byte>) {});
   }
 
   // Sleeps a little longer each idle pass (up to 200 µs), so idle nodes leave the cores to busy ones.
@@ -359,7 +360,16 @@ class server {
       }
       b.idle(!got);
     }
-    ep_.finish();
+    // A live server's bye carries the sums the leaving workers sent: [workers counted, sums...].
+    detail::bytes_ptr sums;
+    if (!stopped_) {
+      std::vector<double> v{double(left_count_)};
+      v.insert(v.end(), left_sums_.begin(), left_sums_.end());
+      std::vector<std::byte> b;
+      detail::put_bytes(b, v.data(), v.size() * sizeof(double));
+      sums = detail::share(std::move(b));
+    }
+    ep_.finish(sums, [](int, std::span<const std::byte>) {});
   }
 
   bool stopped() const { return stopped_; }  // the fault hook fired
@@ -425,7 +435,8 @@ class server {
   void handle(int peer, const detail::header& h, std::span<const std::byte> payload) {
     if (is_worker(peer) && h.type != std::int64_t(detail::msg::pong)) {
       const int w = worker_index(peer);
-      if (dead_workers_[w] && h.type != std::int64_t(detail::msg::leave) && h.type != std::int64_t(detail::msg::ping)) {
+      if (dead_workers_[w] && h.type != std::int64_t(detail::msg::leave) && h.type != std::int64_t(detail::msg::ping) &&
+          h.type != std::int64_t(detail::msg::bye)) {
         reply_error(peer, h, dml::detail::cat("dml::parallel::ps: server ", me_, " declared worker ", w, " dead after ",
                                          opt_.timeout.count(), " ms of silence; it cannot rejoin"));
         return;
@@ -442,7 +453,8 @@ class server {
         case detail::msg::ping: ep_.send(peer, {std::int64_t(detail::msg::pong), h.id}); break;
         case detail::msg::pong: break;
         case detail::msg::dead_worker: mark_worker_dead(int(h.worker), false); break;
-        case detail::msg::leave: left_[worker_index(peer)] = true; after_membership_change(); break;
+        case detail::msg::leave: on_leave(peer, payload); break;
+        case detail::msg::bye: break;  // a peer that stopped: silence decides whether it is dead
         case detail::msg::stats: on_stats(peer, h); break;
         default:
           fail<invalid_argument>("dml::parallel::ps: server ", me_, " expected a request, found message type ",
@@ -698,6 +710,21 @@ class server {
     serve_waiting();
   }
 
+  void on_leave(int peer, std::span<const std::byte> payload) {
+    const int w = worker_index(peer);
+    if (left_[w]) return;
+    left_[w] = true;
+    const std::size_t n = payload.size() / sizeof(double);
+    if (left_sums_.size() < n) left_sums_.resize(n, 0.0);
+    for (std::size_t i = 0; i < n; ++i) {
+      double v;
+      std::memcpy(&v, payload.data() + i * sizeof(double), sizeof(double));
+      left_sums_[i] += v;
+    }
+    ++left_count_;
+    after_membership_change();
+  }
+
   void mark_worker_dead(int w, bool tell) {
     if (w < 0 || w >= workers_ || dead_workers_[w] || left_[w]) return;
     dead_workers_[w] = true;
@@ -783,6 +810,8 @@ class server {
   std::list<forwarding> forwards_;
   std::list<waiting_pull> waiting_;
   std::int64_t next_forward_ = 0, max_clock_ = 0;
+  std::vector<double> left_sums_;  // what the workers that left asked to have summed
+  int left_count_ = 0;
   bool stopped_ = false;
 };
 
@@ -896,13 +925,27 @@ class kv_worker {
 
   bool server_dead(int s) const { return dead_[std::size_t(s)]; }
 
-  // Leaves the servers' clocks, then takes part in finishing. Every worker calls one of leave() and die().
-  void leave() {
+  // Leaves the servers' clocks once every request is done, then finishes. `mine` are numbers to sum over the
+  // workers (bytes, losses, ...): each live server adds those of every worker that leaves, and the sums come
+  // back when the servers are done, element 0 being how many workers they count. No worker-to-worker
+  // collective: a worker that finishes early waits for the slowest without any deadline.
+  std::vector<double> leave(std::span<const double> mine = {}) {
     while (!requests_.empty()) wait(requests_.begin()->first);
-    for (int s = 0; s < opt_.servers; ++s) ep_.send(s, {std::int64_t(detail::msg::leave)});
-    ep_.finish();
+    std::vector<std::byte> b;
+    detail::put_bytes(b, mine.data(), mine.size_bytes());
+    const auto payload = detail::share(std::move(b));
+    for (int s = 0; s < opt_.servers; ++s) ep_.send(s, {std::int64_t(detail::msg::leave)}, payload);
+    std::vector<double> sums{0.0};
+    ep_.finish({}, [&](int, std::span<const std::byte> pl) {
+      std::vector<double> v(pl.size() / sizeof(double));
+      if (!v.empty()) std::memcpy(v.data(), pl.data(), v.size() * sizeof(double));
+      if (!v.empty() && v[0] > sums[0]) sums = std::move(v);  // the server that counted the most workers
+    });
+    sums.resize(mine.size() + 1, 0.0);
+    return sums;
   }
-  // Stops without a word, as a crashed worker would, and takes part in finishing once the others are done.
+  // Stops without a word, as a crashed worker would (its closed connections say bye), and drains until the
+  // others are done.
   void die() { ep_.finish(); }
 
  private:

@@ -17,7 +17,6 @@
 #include "dml/nn/loss.hpp"
 #include "dml/nn/network.hpp"
 #include "dml/parallel/consistency.hpp"
-#include "dml/parallel/mesh.hpp"
 #include "dml/parallel/param_server.hpp"
 #include "dml/train/idx.hpp"
 #include "dml/train/sampler.hpp"
@@ -49,7 +48,8 @@ struct downpour_result {
   ps::traffic traffic;          // worker: what it pushed and pulled and how long it waited
   std::int64_t acknowledged = 0, lost = 0;  // worker: (range, push) pairs acknowledged, and missing from the
                                             // final primaries' logs (must be 0)
-  // Workers: the sums over every worker (one reduction over the workers' group at the end).
+  // Workers that finish: the sums over the workers that finished, gathered by the servers (stopped: how many
+  // workers did not finish).
   struct totals_t {
     double acknowledged = 0, lost = 0, bytes_pushed = 0, bytes_pulled = 0, idle_s = 0, seconds = 0, stopped = 0;
     double idle_fraction() const { return seconds > 0 ? idle_s / seconds : 0.0; }
@@ -95,9 +95,8 @@ downpour_result downpour(C& world, const nn::sequential<Layers...>& model, const
   if (o.staleness == 0 && policy.push_every() != 1)
     fail<invalid_argument>("dml::train::downpour: bsp pushes every step, found push_every ", policy.push_every());
   const auto lengths = key_lengths(nn::make_layout(model));
-  auto side = parallel::split_servers(world, o.servers);
   downpour_result res;
-  if (side.serves) {
+  if (world.rank() < o.servers) {
     ps::server<C> srv(world, lengths, o);
     srv.serve();
     res.server = true;
@@ -181,27 +180,25 @@ downpour_result downpour(C& world, const nn::sequential<Layers...>& model, const
   res.steps = step;
   if (res.died) {
     kv.die();
-  } else {
-    if (in_flight) {
-      kv.wait(in_flight);
-      acked.push_back(in_flight_seq);
-    }
-    // Every acknowledged push must be in the log of each range's final primary.
-    for (const auto& rep : kv.report()) {
-      const auto& mine = rep.applied[std::size_t(me)];
-      for (auto q : acked) {
-        ++res.acknowledged;
-        if (!std::ranges::binary_search(mine, std::uint64_t(q))) ++res.lost;
-      }
-    }
-    res.traffic = kv.stats();
-    kv.leave();
+    return res;
   }
-  auto& t = res.totals;
-  double v[7] = {double(res.acknowledged), double(res.lost), double(res.traffic.bytes_pushed),
-                 double(res.traffic.bytes_pulled), res.traffic.idle_s, res.seconds, res.died ? 1.0 : 0.0};
-  side.side.all_reduce(std::span<double>(v), comm::reduce_op::sum);
-  t = {v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
+  if (in_flight) {
+    kv.wait(in_flight);
+    acked.push_back(in_flight_seq);
+  }
+  // Every acknowledged push must be in the log of each range's final primary.
+  for (const auto& rep : kv.report()) {
+    const auto& mine = rep.applied[std::size_t(me)];
+    for (auto q : acked) {
+      ++res.acknowledged;
+      if (!std::ranges::binary_search(mine, std::uint64_t(q))) ++res.lost;
+    }
+  }
+  res.traffic = kv.stats();
+  const double mine[6] = {double(res.acknowledged), double(res.lost), double(res.traffic.bytes_pushed),
+                          double(res.traffic.bytes_pulled), res.traffic.idle_s, res.seconds};
+  const auto v = kv.leave(mine);  // the servers sum them over the workers that finish
+  res.totals = {v[1], v[2], v[3], v[4], v[5], v[6], double(workers) - v[0]};
   return res;
 }
 
