@@ -14,6 +14,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <numeric>
 #include <span>
 #include <string>
@@ -64,21 +65,25 @@ struct slot {
   std::shared_ptr<group>* out = nullptr;  // split: where the leader leaves the new group
 };
 
-// A receive posted before its message arrived; the sender copies straight into it.
+// A receive posted before its message arrived; the sender copies straight into it. A sender claims it
+// (takes it off the posted list) under the group's lock, copies without the lock, and sets done under it.
 struct posted_recv {
   int src = 0;
   int tag = 0;
   void* data = nullptr;
   std::size_t bytes = 0;
   const void* type = nullptr;
+  bool claimed = false;
   bool done = false;
   std::string error;
 };
+// A message sent before its receive was posted: a copy, made without the group's lock.
 struct message {
   int src;
   int tag;
   const void* type;
-  std::vector<std::byte> bytes;
+  std::unique_ptr<std::byte[]> data;
+  std::size_t size = 0, capacity = 0;
 };
 
 template <class T>
@@ -94,6 +99,10 @@ struct group : std::enable_shared_from_this<group> {
   std::vector<slot> slots;
   std::vector<std::deque<message>> inbox;              // per destination rank
   std::vector<std::list<posted_recv*>> posted;         // per destination rank, in posting order
+  // Buffers of large queued messages, kept for the next ones so steady traffic maps no fresh pages.
+  static constexpr std::size_t keep_from = std::size_t(64) << 10;
+  static constexpr std::size_t kept_at_most = 4;
+  std::vector<message> spare;
 
   group(int size, std::shared_ptr<world> wd)
       : n(size), w(std::move(wd)), slots(size), inbox(size), posted(size) {}
@@ -259,7 +268,7 @@ struct recv_request final : request_state {
   }
   bool cancel() override {
     std::lock_guard lk(g->m);
-    if (p->done) return false;
+    if (p->done || p->claimed) return false;  // a sender is copying into it: wait for that instead
     g->posted[rank].remove(p.get());
     p.reset();
     return true;
@@ -279,6 +288,7 @@ struct recv_request final : request_state {
         g->wait(lk, [&] { return p->done; }, "recv", rank);
       } catch (...) {
         if (!lk.owns_lock()) lk.lock();
+        g->cv.wait(lk, [&] { return !p->claimed || p->done; });  // a copy in progress ends shortly
         g->posted[rank].remove(p.get());
         p.reset();
         throw;
@@ -486,6 +496,7 @@ class local {
     p->data = data.data();
     p->bytes = data.size_bytes();
     p->type = &detail::local_impl::type_tag<T>;
+    std::optional<detail::local_impl::message> queued;
     {
       std::unique_lock lk(g_->m);
       if (g_->w->aborted.load()) g_->fail_aborted(lk, "recv", rank_);
@@ -493,10 +504,18 @@ class local {
       auto it = std::find_if(box.begin(), box.end(),
                              [&](const auto& msg) { return msg.src == peer && msg.tag == tag; });
       if (it != box.end()) {
-        deliver(*p, it->type, it->bytes.data(), it->bytes.size());
+        queued = std::move(*it);
         box.erase(it);
       } else {
         g_->posted[rank_].push_back(p.get());
+      }
+    }
+    if (queued) {  // p is this thread's alone: copy without the lock
+      deliver(*p, queued->type, queued->data.get(), queued->size);
+      p->done = true;
+      if (queued->capacity >= detail::local_impl::group::keep_from) {
+        std::lock_guard lk(g_->m);
+        if (g_->spare.size() < detail::local_impl::group::kept_at_most) g_->spare.push_back(std::move(*queued));
       }
     }
     return request(std::make_unique<detail::local_impl::recv_request>(g_, rank_, std::move(p)));
@@ -829,6 +848,7 @@ class local {
     g_->barrier("all_to_allv", rank_);
   }
 
+  // Copies a message into a receive, or records why it does not fit; the caller then marks it done.
   static void deliver(detail::local_impl::posted_recv& p, const void* type, const void* bytes,
                       std::size_t n) {
     if (type != p.type || n != p.bytes)
@@ -837,25 +857,66 @@ class local {
                     type != p.type ? " of another element type" : "");
     else if (n)
       std::memcpy(p.data, bytes, n);
-    p.done = true;
   }
 
-  template <class T>
-  void send_impl(std::span<const T> data, int peer, int tag) {
-    check_peer(peer, "send");
-    std::unique_lock lk(g_->m);
-    if (g_->w->aborted.load()) g_->fail_aborted(lk, "send", rank_);
+  // Takes the first receive the peer posted for (this rank, tag) off its list, under the lock.
+  detail::local_impl::posted_recv* claim(int peer, int tag) {
     auto& posted = g_->posted[peer];
     auto it = std::find_if(posted.begin(), posted.end(),
                            [&](const auto* p) { return p->src == rank_ && p->tag == tag; });
-    if (it != posted.end()) {
-      deliver(**it, &detail::local_impl::type_tag<T>, data.data(), data.size_bytes());
-      posted.erase(it);
-    } else {
-      std::vector<std::byte> bytes(data.size_bytes());
-      if (!bytes.empty()) std::memcpy(bytes.data(), data.data(), bytes.size());
-      g_->inbox[peer].push_back({rank_, tag, &detail::local_impl::type_tag<T>, std::move(bytes)});
+    if (it == posted.end()) return nullptr;
+    auto* p = *it;
+    posted.erase(it);
+    p->claimed = true;
+    return p;
+  }
+  // Copies into a claimed receive without the lock, then marks it done under the lock.
+  template <class T>
+  void fill(detail::local_impl::posted_recv* p, const void* bytes, std::size_t n) {
+    deliver(*p, &detail::local_impl::type_tag<T>, bytes, n);
+    std::lock_guard lk(g_->m);
+    p->done = true;
+    g_->cv.notify_all();
+  }
+
+  // Copies go outside the group's lock, so one rank's large message does not stall the others' polls.
+  template <class T>
+  void send_impl(std::span<const T> data, int peer, int tag) {
+    check_peer(peer, "send");
+    const std::size_t n = data.size_bytes();
+    {
+      std::unique_lock lk(g_->m);
+      if (g_->w->aborted.load()) g_->fail_aborted(lk, "send", rank_);
+      if (auto* p = claim(peer, tag)) {
+        lk.unlock();
+        fill<T>(p, data.data(), n);
+        return;
+      }
     }
+    detail::local_impl::message msg{rank_, tag, &detail::local_impl::type_tag<T>, nullptr, n, 0};
+    if (n >= detail::local_impl::group::keep_from) {
+      std::lock_guard lk(g_->m);
+      auto& spare = g_->spare;
+      auto it = std::find_if(spare.begin(), spare.end(), [&](const auto& b) { return b.capacity >= n; });
+      if (it != spare.end()) {
+        msg.data = std::move(it->data);
+        msg.capacity = it->capacity;
+        spare.erase(it);
+      }
+    }
+    if (!msg.data) {
+      msg.data.reset(new std::byte[n ? n : 1]);
+      msg.capacity = n;
+    }
+    if (n) std::memcpy(msg.data.get(), data.data(), n);
+    std::unique_lock lk(g_->m);
+    if (g_->w->aborted.load()) g_->fail_aborted(lk, "send", rank_);
+    if (auto* p = claim(peer, tag)) {  // posted while the copy was made
+      lk.unlock();
+      fill<T>(p, msg.data.get(), n);
+      return;
+    }
+    g_->inbox[peer].push_back(std::move(msg));
     g_->cv.notify_all();
   }
 

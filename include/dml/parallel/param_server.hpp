@@ -114,9 +114,8 @@ void put(std::vector<std::byte>& b, const T& v) {
 }
 inline void put_bytes(std::vector<std::byte>& b, const void* p, std::size_t bytes) {
   if (bytes == 0) return;
-  const auto n = b.size();
-  b.resize(n + bytes);
-  std::memcpy(b.data() + n, p, bytes);
+  const auto* q = static_cast<const std::byte*>(p);
+  b.insert(b.end(), q, q + bytes);  // into kept capacity, without zero-filling it first
 }
 // An entry is (u32 range, u8 kind, u32 length, bytes): open_entry writes the head, whose length
 // close_entry fills in once the body has been appended in place.
@@ -157,6 +156,23 @@ struct reader {
 
 using bytes_ptr = std::shared_ptr<const std::vector<std::byte>>;
 inline bytes_ptr share(std::vector<std::byte> b) { return std::make_shared<const std::vector<std::byte>>(std::move(b)); }
+
+// Payload buffers that keep their capacity: one is free again once no send or re-send record holds it, so
+// steady pushes and pulls reuse memory instead of mapping (and faulting in) fresh pages for every message.
+class buffer_pool {
+ public:
+  std::shared_ptr<std::vector<std::byte>> take() {
+    for (auto& b : all_)
+      if (b.use_count() == 1) {
+        b->clear();
+        return b;
+      }
+    return all_.emplace_back(std::make_shared<std::vector<std::byte>>());
+  }
+
+ private:
+  std::vector<std::shared_ptr<std::vector<std::byte>>> all_;
+};
 
 // A node's transport: one header receive posted per peer it listens to, payloads fetched as headers name
 // them, sends non-blocking and retired as they complete. Finishing is a protocol of its own (finish()), so
@@ -467,9 +483,12 @@ class server {
   }
 
   // Decodes and validates every entry before applying any, so a bad request changes nothing.
-  std::vector<entry> parse_entries(int peer, const detail::header& h, std::span<const std::byte> payload,
-                                   std::vector<std::vector<float>>& grads) {
+  // The entries' values land in decoded_ (kept between messages, so steady traffic allocates nothing);
+  // entry i's are decoded_[first[i], first[i] + its range's length).
+  std::vector<entry> parse_entries(int peer, std::span<const std::byte> payload, std::vector<std::size_t>& first) {
     std::vector<entry> es;
+    std::size_t total = 0;
+    decoded_.clear();
     detail::reader rd{payload};
     const bool from_worker = is_worker(peer);
     while (!rd.done()) {
@@ -493,7 +512,10 @@ class server {
                                  " (chain ", list(ch), "), not server ", me_);
       }
       const auto len = std::size_t(place_.table.range(e.range).length);
-      std::vector<float> g(len, 0.f);
+      decoded_.resize(total + len, 0.f);  // zeros: filters add what they carry
+      const auto g = std::span<float>(decoded_).subspan(total, len);
+      first.push_back(total);
+      total += len;
       if (e.kind == 0) {
         const auto used = push_filter_.decode(e.bytes, std::span<float>(g));
         if (used != e.bytes.size())
@@ -506,9 +528,7 @@ class server {
         std::memcpy(g.data(), e.bytes.data(), e.bytes.size());
       }
       es.push_back(e);
-      grads.push_back(std::move(g));
     }
-    (void)h;
     return es;
   }
 
@@ -525,9 +545,11 @@ class server {
     const int w = from_worker ? worker_index(peer) : int(h.worker);
     if (w < 0 || w >= workers_)
       fail<invalid_argument>("dml::parallel::ps: expected a worker index in [0, ", workers_, "), found ", w);
-    std::vector<std::vector<float>> grads;
-    const auto es = parse_entries(peer, h, payload, grads);
-    for (std::size_t i = 0; i < es.size(); ++i) apply(es[i], w, std::uint64_t(h.seq), std::move(grads[i]));
+    std::vector<std::size_t> first;
+    const auto es = parse_entries(peer, payload, first);
+    for (std::size_t i = 0; i < es.size(); ++i)
+      apply(es[i], w, std::uint64_t(h.seq),
+            std::span<const float>(decoded_).subspan(first[i], std::size_t(place_.table.range(es[i].range).length)));
     forwarding f{peer, h.id, from_worker ? detail::msg::push_ack : detail::msg::forward_ack, w, h.seq, {}};
     dispatch(f, payload);
     if (f.parts.empty()) acknowledge(f);
@@ -537,7 +559,7 @@ class server {
 
   // Passes the entries on, each to the next live server of its chain after this one (a tail keeps them).
   void dispatch(forwarding& f, std::span<const std::byte> entries) {
-    std::map<int, std::vector<std::byte>> by_dest;
+    std::map<int, std::shared_ptr<std::vector<std::byte>>> by_dest;
     detail::reader rd{entries};
     while (!rd.done()) {
       const auto from = rd.at;
@@ -545,14 +567,17 @@ class server {
       rd.get<std::uint8_t>("an entry kind");
       rd.take(rd.get<std::uint32_t>("an entry length"), "an entry");
       const int next = successor(range);
-      if (next >= 0) detail::put_bytes(by_dest[next], entries.data() + from, rd.at - from);
+      if (next < 0) continue;
+      auto& b = by_dest[next];
+      if (!b) b = pool_.take();
+      detail::put_bytes(*b, entries.data() + from, rd.at - from);
     }
     for (auto& [dest, bytes] : by_dest) {
       const std::int64_t id = ++next_forward_;
       detail::header fh{std::int64_t(detail::msg::forward), id, f.seq};
       fh.worker = f.worker;
       fh.dead = detail::mask_of(dead_servers_);
-      forward_part part{dest, detail::share(std::move(bytes))};
+      forward_part part{dest, bytes};
       ep_.send(dest, fh, part.entries);
       f.parts.emplace(id, std::move(part));
     }
@@ -580,10 +605,10 @@ class server {
     return detail::next_live(ch, at + 1, dead_servers_);
   }
 
-  void apply(const entry& e, int w, std::uint64_t seq, std::vector<float> g) {
+  void apply(const entry& e, int w, std::uint64_t seq, std::span<const float> g) {
     auto& s = state_[e.range];
     if (e.kind == 1) {  // initial values: the first to arrive wins
-      if (!s.initialised) s.value = std::move(g);
+      if (!s.initialised) s.value.assign(g.begin(), g.end());
       s.initialised = true;
       return;
     }
@@ -592,7 +617,7 @@ class server {
     if (pos != seen.end() && *pos == seq) return;  // a retry of what this server already has
     seen.insert(pos, seq);
     if (opt_.staleness == 0) {
-      s.pending[std::int64_t(seq)][w] = std::move(g);
+      s.pending[std::int64_t(seq)][w].assign(g.begin(), g.end());
       complete_steps(s);
     } else {
       step(s, g);
@@ -669,7 +694,8 @@ class server {
 
   void answer(const waiting_pull& wp) {
     const int w = worker_index(wp.peer);
-    std::vector<std::byte> out;
+    auto buffer = pool_.take();
+    auto& out = *buffer;
     for (auto r : wp.ranges) {
       auto& s = state_[r];
       auto& view = s.view[std::size_t(w)];
@@ -688,7 +714,7 @@ class server {
       }
       detail::close_entry(out, body);
     }
-    ep_.send(wp.peer, {std::int64_t(detail::msg::pull_reply), wp.h.id}, detail::share(std::move(out)));
+    ep_.send(wp.peer, {std::int64_t(detail::msg::pull_reply), wp.h.id}, buffer);
   }
 
   void serve_waiting() {
@@ -810,6 +836,8 @@ class server {
   std::list<forwarding> forwards_;
   std::list<waiting_pull> waiting_;
   std::int64_t next_forward_ = 0, max_clock_ = 0;
+  detail::buffer_pool pool_;
+  std::vector<float> decoded_;
   std::vector<double> left_sums_;  // what the workers that left asked to have summed
   int left_count_ = 0;
   bool stopped_ = false;
@@ -911,7 +939,7 @@ class kv_worker {
     auto req = make_request(false);
     req->stats = true;
     for (int s = 0; s < opt_.servers; ++s)
-      if (!dead_[std::size_t(s)]) send_part(*req, s, {});
+      if (!dead_[std::size_t(s)]) send_part(*req, s, detail::bytes_ptr{});
     reports_.clear();
     wait(req->ts);
     std::vector<range_report> out;
@@ -1001,12 +1029,14 @@ class kv_worker {
                              values.size());
     if (kind == 0) ++seq_;
     auto req = make_request(true);
-    std::map<int, std::vector<std::byte>> parts;
+    std::map<int, std::shared_ptr<std::vector<std::byte>>> parts;
     std::int64_t at = 0;
     for (key k : keys) {
       for (const auto& r : place_.table.ranges_of(k)) {
         const auto v = values.subspan(std::size_t(at + r.offset), std::size_t(r.length));
-        auto& b = parts[primary(r.id)];
+        auto& slot = parts[primary(r.id)];
+        if (!slot) slot = pool_.take();
+        auto& b = *slot;
         const auto body = detail::open_entry(b, r.id, kind);
         if (kind == 0 && push_filter_.kind() == comm::filter_kind::none) {
           comm::no_filter{}.encode_copy(v, b);  // sends everything: no residual to keep
@@ -1021,19 +1051,19 @@ class kv_worker {
       }
       at += place_.table.length(k);
     }
-    for (auto& [s, bytes] : parts) send_part(*req, s, std::move(bytes));
+    for (auto& [s, bytes] : parts) send_part(*req, s, bytes);
     if (kind == 0) ++traffic_.pushes;
     return req->ts;
   }
 
-  void send_part(request& req, int s, std::vector<std::byte> bytes) {
+  void send_part(request& req, int s, std::vector<std::byte> bytes) { send_part(req, s, detail::share(std::move(bytes))); }
+  void send_part(request& req, int s, detail::bytes_ptr shared) {
     const std::int64_t id = ++next_id_;
     detail::header h{std::int64_t(req.stats ? detail::msg::stats : req.push ? detail::msg::push : detail::msg::pull), id,
                      req.seq};
     h.worker = index_;
     h.dead = detail::mask_of(dead_);
-    if (req.push && !req.stats) traffic_.bytes_pushed += std::int64_t(bytes.size());
-    auto shared = detail::share(std::move(bytes));
+    if (req.push && !req.stats) traffic_.bytes_pushed += shared ? std::int64_t(shared->size()) : 0;
     ep_.send(s, h, shared);
     req.parts.emplace(id, part{s, std::move(shared)});
     owner_[id] = req.ts;
@@ -1162,6 +1192,7 @@ class kv_worker {
   std::map<std::int64_t, std::unique_ptr<request>> requests_;
   std::map<std::int64_t, std::int64_t> owner_;  // message id -> request ts
   std::vector<range_report> reports_;
+  detail::buffer_pool pool_;
   std::int64_t next_ts_ = 0, next_id_ = 0, seq_ = 0;
   clock::time_point last_check_ = clock::now();
   traffic traffic_;
