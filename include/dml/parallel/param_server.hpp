@@ -19,6 +19,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <list>
 #include <map>
 #include <memory>
