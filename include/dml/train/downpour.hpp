@@ -82,7 +82,7 @@ double accuracy(Net& net, const dataset& d, std::int64_t batch = 1000) {
 }
 
 // Collective over `world`: ranks [0, o.servers) serve, the others train. Every rank returns its own result.
-template <consistency_policy P, comm::communicator C, class... Layers>
+template <class P, comm::communicator C, class... Layers>
 downpour_result downpour(C& world, const nn::sequential<Layers...>& model, const dataset& train, const dataset& test,
                          P policy, ps::options o, const downpour_options& d) {
   static_assert(diagnose_consistency<P>());
