@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/dml.hpp — the umbrella header: every public part of dml that needs no optional dependency.
-// MPI and NCCL communicators are included on their own (dml/comm/mpi.hpp, dml/comm/nccl.hpp).
+// MPI and NCCL communicators are included on their own (dml/comm/mpi.hpp, dml/comm/nccl.hpp), and so is the
+// host-only parameter server (dml/parallel/param_server.hpp, dml/train/downpour.hpp), which CUDA translation
+// units need not parse.
 #pragma once
 
 #include "dml/comm/communicator.hpp"
@@ -38,11 +40,9 @@
 #include "dml/optim/sgd.hpp"
 #include "dml/parallel/consistency.hpp"
 #include "dml/parallel/mesh.hpp"
-#include "dml/parallel/param_server.hpp"
 #include "dml/parallel/partition.hpp"
 #include "dml/parallel/policy.hpp"
 #include "dml/parallel/tensor.hpp"
-#include "dml/train/downpour.hpp"
 #include "dml/train/idx.hpp"
 #include "dml/train/progress.hpp"
 #include "dml/train/safetensors.hpp"

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Must not compile: a consistency policy without staleness().
 #include "dml/dml.hpp"
+#include "dml/train/downpour.hpp"
 struct no_bound {
   using policy_family = dml::consistency_family;
   static constexpr const char* name = "no_bound";
