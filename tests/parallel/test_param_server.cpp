@@ -263,7 +263,9 @@ TEST_CASE("a server stops mid-training: its ranges fail over to their replicas a
     o.servers = 3;
     o.replicas = 1;
     o.max_range = 64;
-    o.timeout = std::chrono::milliseconds(400);
+    // Long enough that a thread descheduled on a loaded machine (or slowed by ThreadSanitizer) is not taken
+    // for dead; the stopped server costs one timeout.
+    o.timeout = std::chrono::milliseconds(1000);
     o.optimizer = {ps::server_optimizer::sgd, 0.2f};
     o.fault = [](int s, std::int64_t clk) { return s == 1 && clk >= 20; };
     train::downpour_options d;
@@ -294,7 +296,7 @@ TEST_CASE("without replicas, losing a server is a clear error, not a hang") {
   ps::options o;
   o.servers = 2;
   o.max_range = 4;
-  o.timeout = std::chrono::milliseconds(300);
+  o.timeout = std::chrono::milliseconds(1000);
   o.fault = [](int s, std::int64_t clk) { return s == 0 && clk >= 2; };
   const std::vector<std::int64_t> lengths = {40};
   std::mutex m;
@@ -325,7 +327,7 @@ TEST_CASE("a worker stops: the servers drop it from the clocks and the others fi
   ps::options o;
   o.servers = 2;
   o.max_range = 128;
-  o.timeout = std::chrono::milliseconds(300);
+  o.timeout = std::chrono::milliseconds(1000);
   o.optimizer = {ps::server_optimizer::sgd, 0.2f};
   train::downpour_options d;
   d.steps = 40;
