@@ -13,6 +13,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -108,6 +109,26 @@ void check_error_feedback(const F& f, std::size_t n, bool copies_values) {
   CHECK(max_rel <= 1e-5);
 }
 
+// onebit's wire form, read back field by field: the block size, (mean_pos, mean_neg) per block, the bits.
+struct onebit_fields {
+  std::uint32_t block;
+  std::vector<std::pair<float, float>> means;
+  bytes bits;
+};
+onebit_fields onebit_fields_of(const bytes& msg, std::size_t n) {
+  onebit_fields f{};
+  std::memcpy(&f.block, msg.data() + message_header_bytes, 4);
+  f.means.resize((n + f.block - 1) / f.block);
+  const std::byte* m = msg.data() + message_header_bytes + 4;
+  for (std::size_t b = 0; b < f.means.size(); ++b) {
+    std::memcpy(&f.means[b].first, m + 8 * b, 4);
+    std::memcpy(&f.means[b].second, m + 8 * b + 4, 4);
+  }
+  const std::byte* bits = m + 8 * f.means.size();
+  f.bits.assign(bits, bits + (n + 7) / 8);
+  return f;
+}
+
 // The (index, value) pairs of a significant or topk message, in message order.
 std::vector<std::pair<std::uint32_t, float>> pairs_of(const bytes& msg) {
   std::vector<std::pair<std::uint32_t, float>> p(header_count(msg));
@@ -130,6 +151,11 @@ TEST_CASE("error feedback: what a filter sends plus what it keeps is what it was
   SUBCASE("topk count") { each_n(topk_filter{17}, true); }
   SUBCASE("topk fraction") { each_n(topk_filter{0.05}, true); }
   SUBCASE("onebit") { each_n(onebit_filter{}, false); }
+  SUBCASE("onebit, several blocks") {
+    each_n(onebit_filter{64}, false);  // 16 blocks, the last of 40 or 43 entries
+    check_error_feedback(onebit_filter{1024}, 4000, false);  // 4 blocks, the last of 928
+    check_error_feedback(onebit_filter{}, 9000, false);      // 3 blocks of the default 4096, the last of 808
+  }
   SUBCASE("any_filter") { each_n(any_filter::parse("topk:0.01"), true); }
 }
 
@@ -209,63 +235,128 @@ TEST_CASE("message sizes and contents of each filter") {
     CHECK(p[2].first == 7);
   }
 
-  SUBCASE("onebit: header + ceil(n/8) + 8, LSB-first sign bits and the two means") {
+  SUBCASE("onebit: header + block size + one pair of means + ceil(n/8), LSB-first sign bits") {
     std::vector<float> acc = {1, -1, 2, -2, 3, 0, -0.5f, 4, -8};
     const bytes msg = encode(onebit_filter{}, acc);
-    REQUIRE(msg.size() == message_header_bytes + 2 + 8);
-    float mean_pos, mean_neg;
-    std::memcpy(&mean_pos, msg.data() + message_header_bytes, 4);
-    std::memcpy(&mean_neg, msg.data() + message_header_bytes + 4, 4);
-    CHECK(mean_pos == 2.f);        // (1 + 2 + 3 + 0 + 4) / 5
-    CHECK(mean_neg == -2.875f);    // (-1 - 2 - 0.5 - 8) / 4
-    CHECK(msg[message_header_bytes + 8] == std::byte{0x4a});  // entries 1, 3 and 6 negative
-    CHECK(msg[message_header_bytes + 9] == std::byte{0x01});  // entry 8 negative
+    REQUIRE(msg.size() == message_header_bytes + 4 + 8 + 2);
+    CHECK(header_count(msg) == 9);
+    const onebit_fields f = onebit_fields_of(msg, 9);
+    CHECK(f.block == 4096);
+    REQUIRE(f.means.size() == 1);
+    CHECK(f.means[0].first == 2.f);        // (1 + 2 + 3 + 0 + 4) / 5
+    CHECK(f.means[0].second == -2.875f);   // (-1 - 2 - 0.5 - 8) / 4
+    CHECK(f.bits[0] == std::byte{0x4a});   // entries 1, 3 and 6 negative
+    CHECK(f.bits[1] == std::byte{0x01});   // entry 8 negative
     const std::vector<float> expect_acc = {-1, 1.875f, 0, 0.875f, 1, -2, 2.375f, 2, -5.125f};
     CHECK(acc == expect_acc);
+  }
 
-    // Whole 32-bit words and a tail: every bit where the per-entry rule puts it.
-    for (std::size_t m : {std::size_t{1}, std::size_t{8}, std::size_t{40}, std::size_t{1003}}) {
-      CAPTURE(m);
-      auto y = normal_vector(m, 11);
-      bytes expect_bits((m + 7) / 8, std::byte{0});
-      for (std::size_t i = 0; i < m; ++i)
-        if (y[i] < 0) expect_bits[i / 8] |= std::byte(1u << (i % 8));
-      const bytes ym = encode(onebit_filter{}, y);
-      REQUIRE(ym.size() == message_header_bytes + (m + 7) / 8 + 8);
-      CHECK(std::equal(expect_bits.begin(), expect_bits.end(), ym.begin() + message_header_bytes + 8));
+  SUBCASE("onebit: each block of entries has its own means, bits from the values before they come off") {
+    // Blocks of 32 over 100 entries: 3 whole blocks and one of 4. Each block has its own scale and
+    // offset, so one pair of means for the message would get every block's means wrong; block 2 has
+    // no negative entry (its mean_neg is 0) and the last no non-negative one.
+    constexpr std::size_t m = 100;
+    constexpr std::uint32_t block = 32;
+    std::vector<float> y = normal_vector(m, 13);
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::size_t b = i / block;
+      y[i] = y[i] * float(1 + 3 * b) + (b == 1 ? 0.7f : 0.f);
+      if (b == 2) y[i] = std::abs(y[i]);
+      if (b == 3) y[i] = -std::abs(y[i]) - 0.25f;
+    }
+    std::vector<std::pair<float, float>> expect_means;
+    for (std::size_t lo = 0; lo < m; lo += block) {
+      double sp = 0, sn = 0;
+      std::size_t np = 0, nn = 0;
+      for (std::size_t i = lo; i < std::min(m, lo + block); ++i) {
+        if (y[i] < 0) sn += y[i], ++nn;
+        else sp += y[i], ++np;
+      }
+      expect_means.emplace_back(np ? float(sp / double(np)) : 0.f, nn ? float(sn / double(nn)) : 0.f);
+    }
+    REQUIRE(expect_means.size() == 4);
+    CHECK(expect_means[2].second == 0.f);
+    CHECK(expect_means[3].first == 0.f);
+    CHECK(expect_means[0].first != expect_means[1].first);
+
+    auto acc = y;
+    const bytes msg = encode(onebit_filter{block}, acc);
+    REQUIRE(msg.size() == message_header_bytes + 4 + 8 * 4 + (m + 7) / 8);
+    const onebit_fields f = onebit_fields_of(msg, m);
+    CHECK(f.block == block);
+    CHECK(f.means == expect_means);
+    bytes expect_bits((m + 7) / 8, std::byte{0});
+    for (std::size_t i = 0; i < m; ++i)
+      if (y[i] < 0) expect_bits[i / 8] |= std::byte(1u << (i % 8));
+    CHECK(f.bits == expect_bits);
+    const std::vector<float> sent = decode(onebit_filter{}, msg, m);  // the block travels in the message
+    std::size_t wrong_sent = 0, wrong_acc = 0;
+    for (std::size_t i = 0; i < m; ++i) {
+      const auto [mp, mn] = expect_means[i / block];
+      const float mean = y[i] < 0 ? mn : mp;
+      wrong_sent += sent[i] != mean;
+      wrong_acc += acc[i] != y[i] - mean;
+    }
+    CHECK(wrong_sent == 0);
+    CHECK(wrong_acc == 0);
+  }
+
+  SUBCASE("onebit: every bit where the per-entry rule puts it, whole words and a tail, any block") {
+    for (std::uint32_t block : {32u, 96u, 1024u, 4096u}) {
+      for (std::size_t m : {std::size_t{1}, std::size_t{8}, std::size_t{40}, std::size_t{1003}, std::size_t{2080}}) {
+        CAPTURE(block);
+        CAPTURE(m);
+        auto y = normal_vector(m, 11);
+        bytes expect_bits((m + 7) / 8, std::byte{0});
+        for (std::size_t i = 0; i < m; ++i)
+          if (y[i] < 0) expect_bits[i / 8] |= std::byte(1u << (i % 8));
+        const bytes ym = encode(onebit_filter{block}, y);
+        const std::size_t nb = (m + block - 1) / block;
+        REQUIRE(ym.size() == message_header_bytes + 4 + 8 * nb + (m + 7) / 8);
+        CHECK(ym.size() == message_header_bytes + onebit_filter::payload_bytes(m, block));
+        CHECK(onebit_fields_of(ym, m).bits == expect_bits);
+      }
     }
   }
 
-  SUBCASE("onebit decodes to the mean of each sign's entries") {
-    auto acc = x;
-    double sp = 0, sn = 0;
-    std::size_t np = 0, nn = 0;
-    for (float v : x) {
-      if (v < 0) {
-        sn += v;
-        ++nn;
-      } else {
-        sp += v;
-        ++np;
+  SUBCASE("onebit decodes to the mean of each sign's entries in each block") {
+    for (std::uint32_t block : {64u, 1024u}) {  // 1000 entries: 16 blocks (the last of 40) or one
+      CAPTURE(block);
+      auto acc = x;
+      const bytes msg = encode(onebit_filter{block}, acc);
+      const std::vector<float> sent = decode(onebit_filter{}, msg, n);
+      std::size_t wrong = 0;
+      for (std::size_t lo = 0; lo < n; lo += block) {
+        const std::size_t hi = std::min(n, lo + block);
+        double sp = 0, sn = 0;
+        std::size_t np = 0, nn = 0;
+        for (std::size_t i = lo; i < hi; ++i) {
+          if (x[i] < 0) sn += x[i], ++nn;
+          else sp += x[i], ++np;
+        }
+        for (std::size_t i = lo; i < hi; ++i)
+          wrong += sent[i] != static_cast<float>(x[i] < 0 ? sn / double(nn) : sp / double(np));
       }
+      CHECK(wrong == 0);
     }
-    const bytes msg = encode(onebit_filter{}, acc);
-    const std::vector<float> sent = decode(onebit_filter{}, msg, n);
-    std::size_t wrong = 0;
-    for (std::size_t i = 0; i < n; ++i)
-      wrong += sent[i] != static_cast<float>(x[i] < 0 ? sn / double(nn) : sp / double(np));
-    CHECK(wrong == 0);
   }
 
   SUBCASE("onebit cuts a large message at least 30x") {
-    constexpr std::size_t big = 100000;
-    auto a = normal_vector(big, 3), b = a;
-    const std::size_t dense = encode(no_filter{}, a).size();
-    const std::size_t packed = encode(onebit_filter{}, b).size();
-    const double ratio = double(dense) / double(packed);
-    MESSAGE("n=", big, " none=", dense, " bytes, onebit=", packed, " bytes, ratio=", ratio);
-    CHECK(packed == message_header_bytes + big / 8 + 8);
-    CHECK(ratio >= 30);
+    // 100000 values, and one parameter-server range at its default max_range, 65536 values; blocks of
+    // the default 4096 and of 1024.
+    constexpr std::size_t big = 100000, range = 65536;
+    for (const auto& [m, block, blocks] :
+         {std::tuple{big, 4096u, 25u}, std::tuple{big, 1024u, 98u}, std::tuple{range, 4096u, 16u},
+          std::tuple{range, 1024u, 64u}}) {
+      auto a = normal_vector(m, 3), b = a;
+      const std::size_t dense = encode(no_filter{}, a).size();
+      const std::size_t packed = encode(onebit_filter{block}, b).size();
+      const double ratio = double(dense) / double(packed);
+      MESSAGE("n=", m, " none=", dense, " bytes, onebit:", block, "=", packed, " bytes, ratio=", ratio);
+      CHECK(packed == message_header_bytes + 4 + 8 * blocks + m / 8);
+      CHECK(ratio >= 30);
+    }
+    const std::size_t dense = message_header_bytes + 4 * big;
     auto c = normal_vector(big, 3);
     const std::size_t top = encode(topk_filter{0.01}, c).size();
     MESSAGE("n=", big, " topk:0.01=", top, " bytes, ratio=", double(dense) / double(top));
@@ -277,7 +368,7 @@ TEST_CASE("message sizes and contents of each filter") {
                                 any_filter::parse("topk:5"), any_filter::parse("onebit")}) {
       std::vector<float> empty;
       const bytes msg = encode(f, empty);
-      CHECK(msg.size() == message_header_bytes + (f.kind() == filter_kind::onebit ? 8 : 0));
+      CHECK(msg.size() == message_header_bytes + (f.kind() == filter_kind::onebit ? 4 : 0));  // its block size
       CHECK(decode(f, msg, 0).empty());
     }
   }
@@ -407,6 +498,46 @@ TEST_CASE("decode rejects messages that are cut short, of another kind, out of r
                          invalid_argument);
   }
 
+  SUBCASE("onebit: a bad block size or means cut short leave dst as it was") {
+    constexpr std::size_t m = 100;
+    auto acc = normal_vector(m, 21);
+    const bytes good = encode(onebit_filter{32}, acc);  // 4 blocks: means at [13, 45), bits at [45, 58)
+    REQUIRE(good.size() == message_header_bytes + 4 + 32 + 13);
+    std::vector<float> dst(m, 1.f);
+    const auto with_block = [&](std::uint32_t b) {
+      bytes bad = good;
+      std::memcpy(bad.data() + message_header_bytes, &b, 4);
+      return bad;
+    };
+    CHECK_THROWS_WITH_AS(onebit_filter::decode(with_block(0), dst),
+                         doctest::Contains("expected a block size that is a positive multiple of 32, found 0"),
+                         invalid_argument);
+    CHECK_THROWS_WITH_AS(onebit_filter::decode(with_block(48), dst),
+                         doctest::Contains("expected a block size that is a positive multiple of 32, found 48"),
+                         invalid_argument);
+    CHECK_THROWS_WITH_AS(onebit_filter::decode(with_block(1), dst),
+                         doctest::Contains("expected a block size that is a positive multiple of 32, found 1"),
+                         invalid_argument);
+    // Cut inside the block size, inside the means, and a smaller block claiming more means than there are.
+    CHECK_THROWS_WITH_AS(onebit_filter::decode(std::span(good).first(message_header_bytes + 2), dst),
+                         doctest::Contains("expected 13 bytes (header + block size), found 11"), invalid_argument);
+    CHECK_THROWS_WITH_AS(onebit_filter::decode(std::span(good).first(message_header_bytes + 4 + 20), dst),
+                         doctest::Contains("expected 58 bytes (header + block size + 8 per block + one bit per entry), "
+                                           "found 33"),
+                         invalid_argument);
+    CHECK_THROWS_WITH_AS(onebit_filter::decode(std::span(good).first(message_header_bytes + 4 + 32), dst),
+                         doctest::Contains("expected 58 bytes"), invalid_argument);
+    auto acc64 = normal_vector(m, 21);
+    bytes relabelled = encode(onebit_filter{64}, acc64);  // 2 pairs of means, relabelled as blocks of 32
+    REQUIRE(relabelled.size() == 42);
+    const std::uint32_t b32 = 32;
+    std::memcpy(relabelled.data() + message_header_bytes, &b32, 4);
+    CHECK_THROWS_WITH_AS(onebit_filter::decode(relabelled, dst), doctest::Contains("expected 58 bytes"),
+                         invalid_argument);
+    CHECK(std::all_of(dst.begin(), dst.end(), [](float v) { return v == 1.f; }));
+    CHECK(onebit_filter::decode(good, dst) == good.size());
+  }
+
   SUBCASE("filters with parameters out of range refuse to encode") {
     auto acc = x;
     bytes out;
@@ -415,14 +546,27 @@ TEST_CASE("decode rejects messages that are cut short, of another kind, out of r
     CHECK_THROWS_AS(topk_filter{0}.encode(acc, out), invalid_argument);
     CHECK_THROWS_WITH_AS(significant_filter{-1.f}.encode(acc, out),
                          doctest::Contains("expected a finite threshold >= 0, found -1"), invalid_argument);
+    for (std::uint32_t b : {0u, 1u, 48u, 1000u})
+      CHECK_THROWS_WITH_AS(onebit_filter{b}.encode(acc, out),
+                           doctest::Contains(("expected a block that is a positive multiple of 32, found " +
+                                              std::to_string(b)).c_str()),
+                           invalid_argument);
     CHECK(out.empty());
     CHECK(acc == x);
   }
 }
 
-TEST_CASE("any_filter::parse reads the four forms and rejects everything else") {
+TEST_CASE("any_filter::parse reads the five forms and rejects everything else") {
   CHECK(any_filter::parse("none").kind() == filter_kind::none);
   CHECK(any_filter::parse("onebit").kind() == filter_kind::onebit);
+  CHECK(std::get<onebit_filter>(any_filter::parse("onebit").variant()).block == 4096);
+  CHECK(std::get<onebit_filter>(any_filter::parse("onebit:512").variant()).block == 512);
+  CHECK(std::get<onebit_filter>(any_filter::parse("onebit:32").variant()).block == 32);
+  CHECK(std::get<onebit_filter>(any_filter::parse("onebit:65536").variant()).block == 65536);
+  CHECK(any_filter::parse("onebit:4096").name() == "onebit");  // the default block is spelled without it
+  CHECK(any_filter::parse("onebit:1024").name() == "onebit:1024");
+  CHECK(onebit_filter{}.name() == "onebit");
+  CHECK(onebit_filter{256}.name() == "onebit:256");
   const any_filter s = any_filter::parse("significant:0.01");
   CHECK(s.kind() == filter_kind::significant);
   CHECK(std::get<significant_filter>(s.variant()).threshold == 0.01f);
@@ -430,7 +574,8 @@ TEST_CASE("any_filter::parse reads the four forms and rejects everything else") 
   CHECK(std::get<topk_filter>(t.variant()).k == 100);
   CHECK(std::get<topk_filter>(any_filter::parse("topk:0.25").variant()).k == 0.25);
   CHECK(std::get<topk_filter>(any_filter::parse("topk:1e3").variant()).k == 1000);
-  for (const char* spec : {"none", "onebit", "significant:0.01", "significant:0", "topk:100", "topk:0.001"}) {
+  for (const char* spec :
+       {"none", "onebit", "onebit:1024", "onebit:256", "onebit:32", "significant:0.01", "significant:0", "topk:100", "topk:0.001"}) {
     CAPTURE(spec);
     CHECK(any_filter::parse(spec).name() == spec);
     CHECK(any_filter::parse(any_filter::parse(spec).name()).name() == spec);
@@ -438,11 +583,20 @@ TEST_CASE("any_filter::parse reads the four forms and rejects everything else") 
 
   using dml::invalid_argument;
   CHECK_THROWS_WITH_AS(any_filter::parse("bogus"),
-                       "dml::comm::any_filter::parse: expected none, significant:T, topk:K or onebit, found 'bogus'",
+                       "dml::comm::any_filter::parse: expected none, significant:T, topk:K, onebit or onebit:B, found "
+                       "'bogus'",
                        invalid_argument);
-  for (const char* spec : {"", "None", "topk", "significant", "onebit:1", "none:0", "top:5"}) {
+  for (const char* spec : {"", "None", "topk", "significant", "Onebit", "onebit32", "none:0", "top:5"}) {
     CAPTURE(spec);
-    CHECK_THROWS_WITH_AS(any_filter::parse(spec), doctest::Contains("expected none, significant:T, topk:K or onebit"),
+    CHECK_THROWS_WITH_AS(any_filter::parse(spec),
+                         doctest::Contains("expected none, significant:T, topk:K, onebit or onebit:B"), invalid_argument);
+  }
+  for (const char* spec : {"onebit:1", "onebit:0", "onebit:48", "onebit:1000", "onebit:", "onebit:-32", "onebit:+32",
+                           "onebit:32.0", "onebit:1e3", "onebit: 32", "onebit:32x", "onebit:4294967296"}) {
+    CAPTURE(spec);
+    CHECK_THROWS_WITH_AS(any_filter::parse(spec),
+                         doctest::Contains(("expected onebit:B with B a whole positive multiple of 32, found '" +
+                                           std::string(spec) + "'").c_str()),
                          invalid_argument);
   }
   for (const char* spec : {"topk:", "topk:-1", "topk:0", "topk:2.5", "topk:5x", "topk:inf", "topk:nan", "topk: 5"}) {

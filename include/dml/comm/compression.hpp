@@ -320,55 +320,75 @@ struct topk_filter {
 
 // ---------------------------------------------------------------------------------------------
 // onebit: 1-bit SGD (Seide et al. 2014). One bit per entry, set where acc_i < 0, packed LSB first,
-// then two reconstruction values: the mean of the non-negative entries and the mean of the negative
-// ones. The receiver adds mean_pos or mean_neg per entry; the sender subtracts the same.
-// Payload: f32 mean_pos, f32 mean_neg, ceil(n / 8) bytes of bits (unused high bits of the last zero).
+// and per block of `block` entries two reconstruction values: the mean of the block's non-negative
+// entries and the mean of its negative ones. The receiver adds its block's mean_pos or mean_neg per
+// entry; the sender subtracts the same. Means per block, not per message: one pair for a whole
+// parameter-server range (65536 values) is too coarse to train as well as dense pushes do.
+// Payload: u32 block, ceil(n / block) pairs (f32 mean_pos, f32 mean_neg), ceil(n / 8) bytes of bits
+// (unused high bits of the last zero). block is a positive multiple of 32, so no 32-entry word of
+// bits straddles two blocks. Per entry 1/8 + 8/block bytes: 31.5x fewer than dense at the default
+// 4096, 30.1x at 1024; the default keeps a parameter server's pushes 30x smaller than dense ones
+// with their headers, small ranges and dense initial values counted (benchmarks/README.md).
 struct onebit_filter {
   static constexpr filter_kind kind = filter_kind::onebit;
+  static constexpr std::uint32_t default_block = 4096;
+  std::uint32_t block = default_block;
 
-  std::string name() const { return "onebit"; }
+  std::string name() const { return block == default_block ? "onebit" : "onebit:" + std::to_string(block); }
+
+  // Payload bytes of a message about n values with blocks of `block` (a positive multiple of 32).
+  static std::uint64_t payload_bytes(std::uint64_t n, std::uint32_t block) {
+    return 4 + 8 * ((n + block - 1) / block) + (n + 7) / 8;
+  }
 
   void encode(std::span<float> acc, std::vector<std::byte>& out) const {
+    check();
     const std::uint32_t n = detail::message_length(acc.size(), "dml::comm::onebit_filter::encode");
+    const std::size_t nb = (std::size_t{n} + block - 1) / block;
+    std::byte* p = detail::append_message(out, kind, n, n, static_cast<std::size_t>(payload_bytes(n, block)));
+    detail::wire_put(p, block);
+    std::byte* means = p + 4;
+    std::byte* bits = means + 8 * nb;
     float* a = acc.data();
-    // min of a local copy, not a select on the sign nor min of a[i] by reference: GCC 12 turns
-    // those into a branch that random signs mispredict half the time (12x slower at 4M entries).
-    double sum_all = 0, sum_neg = 0;
-    std::size_t n_neg = 0;
+    for (std::size_t b = 0; b < nb; ++b) {
+      const std::size_t lo = b * block, hi = std::min<std::size_t>(n, lo + block);
+      // min of a local copy, not a select on the sign nor min of a[i] by reference: GCC 12 turns
+      // those into a branch that random signs mispredict half the time (12x slower at 4M entries).
+      double sum_all = 0, sum_neg = 0;
+      std::size_t n_neg = 0;
 #if defined(_OPENMP)
 #  pragma omp simd reduction(+ : sum_all, sum_neg, n_neg)
 #endif
-    for (std::size_t i = 0; i < n; ++i) {
-      const float x = a[i];
-      sum_all += double{x};
-      sum_neg += double{std::min(x, 0.f)};
-      n_neg += x < 0.f;
-    }
-    const std::size_t n_pos = n - n_neg;
-    const double sum_pos = sum_all - sum_neg;
-    const float mean_pos = n_pos ? static_cast<float>(sum_pos / static_cast<double>(n_pos)) : 0.f;
-    const float mean_neg = n_neg ? static_cast<float>(sum_neg / static_cast<double>(n_neg)) : 0.f;
-
-    std::byte* p = detail::append_message(out, kind, n, n, 8 + (std::size_t{n} + 7) / 8);
-    detail::wire_put(p, mean_pos);
-    detail::wire_put(p + 4, mean_neg);
-    // Whole 32-entry words first (little-endian, so byte-wise they are LSB first), then the tail
-    // bit by bit into bytes that resize() zeroed. The bits are disjoint, so their sum is their or.
-    std::byte* bits = p + 8;
-    const std::size_t words = n / 32;
-    for (std::size_t w = 0; w < words; ++w) {
-      const float* aw = a + 32 * w;
-      std::uint32_t word = 0;
-      DML_SIMD_SUM(word)
-      for (unsigned t = 0; t < 32; ++t) word += aw[t] < 0.f ? detail::bit32[t] : 0u;
-      detail::wire_put(bits + 4 * w, word);
-    }
-    for (std::size_t i = 32 * words; i < n; ++i)
-      if (a[i] < 0.f) bits[i / 8] |= static_cast<std::byte>(1u << (i % 8));
-    DML_SIMD
-    for (std::size_t i = 0; i < n; ++i) {
-      const float x = a[i];
-      a[i] = x - (x < 0.f ? mean_neg : mean_pos);
+      for (std::size_t i = lo; i < hi; ++i) {
+        const float x = a[i];
+        sum_all += double{x};
+        sum_neg += double{std::min(x, 0.f)};
+        n_neg += x < 0.f;
+      }
+      const std::size_t n_pos = hi - lo - n_neg;
+      const double sum_pos = sum_all - sum_neg;
+      const float mean_pos = n_pos ? static_cast<float>(sum_pos / static_cast<double>(n_pos)) : 0.f;
+      const float mean_neg = n_neg ? static_cast<float>(sum_neg / static_cast<double>(n_neg)) : 0.f;
+      detail::wire_put(means + 8 * b, mean_pos);
+      detail::wire_put(means + 8 * b + 4, mean_neg);
+      // The bits from the values before the means come off them. Whole 32-entry words first
+      // (little-endian, so byte-wise they are LSB first); lo is a multiple of 32, and only the last
+      // block has a tail, set bit by bit into bytes that resize() zeroed. The bits are disjoint, so
+      // their sum is their or.
+      for (std::size_t w = lo / 32; w < hi / 32; ++w) {
+        const float* aw = a + 32 * w;
+        std::uint32_t word = 0;
+        DML_SIMD_SUM(word)
+        for (unsigned t = 0; t < 32; ++t) word += aw[t] < 0.f ? detail::bit32[t] : 0u;
+        detail::wire_put(bits + 4 * w, word);
+      }
+      for (std::size_t i = 32 * (hi / 32); i < hi; ++i)
+        if (a[i] < 0.f) bits[i / 8] |= static_cast<std::byte>(1u << (i % 8));
+      DML_SIMD
+      for (std::size_t i = lo; i < hi; ++i) {
+        const float x = a[i];
+        a[i] = x - (x < 0.f ? mean_neg : mean_pos);
+      }
     }
   }
 
@@ -378,11 +398,17 @@ struct onebit_filter {
     if (h.count != h.n)
       fail<invalid_argument>(where, ": expected a count equal to the length ", h.n, ", found ", h.count);
     const std::size_t n = h.n;
-    const std::uint64_t need = message_header_bytes + 8 + (std::uint64_t{h.n} + 7) / 8;
-    detail::check_fits(in, need, "header + 8 + one bit per entry", where);
+    detail::check_fits(in, message_header_bytes + 4, "header + block size", where);
     const std::byte* p = in.data() + message_header_bytes;
-    const float mean_pos = detail::wire_get<float>(p), mean_neg = detail::wire_get<float>(p + 4);
-    const auto* bits = reinterpret_cast<const unsigned char*>(p + 8);
+    const auto block = detail::wire_get<std::uint32_t>(p);
+    if (block == 0 || block % 32 != 0)
+      fail<invalid_argument>(where, ": expected a block size that is a positive multiple of 32, found ", block);
+    const std::size_t nb = (n + block - 1) / block;
+    const std::uint64_t need = message_header_bytes + payload_bytes(n, block);
+    detail::check_fits(in, need, "header + block size + 8 per block + one bit per entry", where);
+    const std::byte* means = p + 4;
+    const std::byte* bitp = means + 8 * nb;
+    const auto* bits = reinterpret_cast<const unsigned char*>(bitp);
     if (n % 8 != 0 && (bits[n / 8] >> (n % 8)) != 0)
       fail<invalid_argument>(where, ": expected zero padding bits after entry ", n, ", found byte ",
                              unsigned{bits[n / 8]});
@@ -390,15 +416,26 @@ struct onebit_filter {
     // first), tested against a table of masks: the loop vectorises without a per-entry byte gather
     // or per-lane shifts, which x86-64 has only from AVX2 on.
     float* d = dst.data();
-    const std::size_t words = n / 32;
-    for (std::size_t w = 0; w < words; ++w) {
-      const auto word = detail::wire_get<std::uint32_t>(p + 8 + 4 * w);
-      float* dw = d + 32 * w;
-      DML_SIMD
-      for (unsigned t = 0; t < 32; ++t) dw[t] += (word & detail::bit32[t]) ? mean_neg : mean_pos;
+    for (std::size_t b = 0; b < nb; ++b) {
+      const std::size_t lo = b * block, hi = std::min<std::size_t>(n, lo + block);
+      const float mean_pos = detail::wire_get<float>(means + 8 * b);
+      const float mean_neg = detail::wire_get<float>(means + 8 * b + 4);
+      for (std::size_t w = lo / 32; w < hi / 32; ++w) {
+        const auto word = detail::wire_get<std::uint32_t>(bitp + 4 * w);
+        float* dw = d + 32 * w;
+        DML_SIMD
+        for (unsigned t = 0; t < 32; ++t) dw[t] += (word & detail::bit32[t]) ? mean_neg : mean_pos;
+      }
+      for (std::size_t i = 32 * (hi / 32); i < hi; ++i)
+        d[i] += ((bits[i >> 3] >> (i & 7)) & 1u) ? mean_neg : mean_pos;
     }
-    for (std::size_t i = 32 * words; i < n; ++i) d[i] += ((bits[i >> 3] >> (i & 7)) & 1u) ? mean_neg : mean_pos;
     return static_cast<std::size_t>(need);
+  }
+
+  void check() const {
+    if (block == 0 || block % 32 != 0)
+      fail<invalid_argument>("dml::comm::onebit_filter: expected a block that is a positive multiple of 32, found ",
+                             block);
   }
 };
 
@@ -415,7 +452,8 @@ class any_filter {
              std::same_as<F, onebit_filter>
   any_filter(F f) : f_(std::move(f)) {}
 
-  // "none", "significant:T" (T >= 0), "topk:K" (K >= 1 whole, or 0 < K < 1) or "onebit".
+  // "none", "significant:T" (T >= 0), "topk:K" (K >= 1 whole, or 0 < K < 1), "onebit" (blocks of
+  // 4096) or "onebit:B" (B a positive multiple of 32).
   static any_filter parse(std::string_view spec) {
     constexpr const char* where = "dml::comm::any_filter::parse";
     if (spec == "none") return no_filter{};
@@ -436,7 +474,13 @@ class any_filter {
                                spec, "'");
       return topk_filter{k};
     }
-    fail<invalid_argument>(where, ": expected none, significant:T, topk:K or onebit, found '", spec, "'");
+    if (colon != std::string_view::npos && head == "onebit") {
+      std::uint32_t b = 0;
+      if (!read_number(arg, b) || b == 0 || b % 32 != 0)
+        fail<invalid_argument>(where, ": expected onebit:B with B a whole positive multiple of 32, found '", spec, "'");
+      return onebit_filter{b};
+    }
+    fail<invalid_argument>(where, ": expected none, significant:T, topk:K, onebit or onebit:B, found '", spec, "'");
   }
 
   std::string name() const {
