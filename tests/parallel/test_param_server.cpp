@@ -28,6 +28,17 @@ using namespace ps_fixture;
 
 comm::local::options quick(int seconds = 120) { return {std::chrono::seconds(seconds)}; }
 
+// Ranks [0, o.servers) serve until the workers are done; every other rank runs work(its kv_worker).
+template <class F>
+void serve_or_work(comm_t& c, const std::vector<std::int64_t>& lengths, const ps::options& o, F&& work) {
+  if (c.rank() < o.servers) {
+    ps::server<comm_t>(c, lengths, o).serve();
+    return;
+  }
+  ps::kv_worker<comm_t> kv(c, lengths, o);
+  work(kv);
+}
+
 }  // namespace
 
 TEST_CASE("the slicer never loses or duplicates a key, and the ring's chains are distinct servers") {
@@ -103,33 +114,29 @@ TEST_CASE("push and pull: servers apply SGD and Adagrad to the exact values, bat
     o.optimizer = {kind, 0.5f};
     const std::vector<std::int64_t> lengths = {20, 5};
     comm::local::run(5, [&](comm_t& c) {
-      if (c.rank() < o.servers) {
-        ps::server<comm_t> s(c, lengths, o);
-        s.serve();
-        return;
-      }
-      ps::kv_worker<comm_t> kv(c, lengths, o);
-      const ps::key keys[] = {0, 1};
-      std::vector<float> init(25), got(25), grad(25);
-      for (int i = 0; i < 25; ++i) init[std::size_t(i)] = float(i);
-      kv.init(keys, init);
-      for (int i = 0; i < 25; ++i) grad[std::size_t(i)] = float(kv.index() + 1) * 0.25f * float(i % 3);
-      kv.wait(kv.pull(keys, got));
-      CHECK(got == init);
-      kv.wait(kv.push(keys, grad));
-      kv.wait(kv.pull(keys, got));  // bsp: both workers' pushes are in
-      for (int i = 0; i < 25; ++i) {
-        const float g = 0.25f * float(i % 3) * 3.f;  // worker 1's plus worker 2's
-        const float want = kind == ps::server_optimizer::sgd ? float(i) - 0.5f * g
-                                                             : float(i) - (g == 0 ? 0.f : 0.5f * g / (std::abs(g) + 1e-10f));
-        CHECK(got[std::size_t(i)] == doctest::Approx(want).epsilon(1e-6));
-      }
-      // Only key 1, into a span of its length.
-      const ps::key one[] = {1};
-      std::vector<float> five(5);
-      kv.wait(kv.pull(one, five));
-      CHECK(std::equal(five.begin(), five.end(), got.begin() + 20));
-      kv.leave();
+      serve_or_work(c, lengths, o, [&](ps::kv_worker<comm_t>& kv) {
+        const ps::key keys[] = {0, 1};
+        std::vector<float> init(25), got(25), grad(25);
+        for (int i = 0; i < 25; ++i) init[std::size_t(i)] = float(i);
+        kv.init(keys, init);
+        for (int i = 0; i < 25; ++i) grad[std::size_t(i)] = float(kv.index() + 1) * 0.25f * float(i % 3);
+        kv.wait(kv.pull(keys, got));
+        CHECK(got == init);
+        kv.wait(kv.push(keys, grad));
+        kv.wait(kv.pull(keys, got));  // bsp: both workers' pushes are in
+        for (int i = 0; i < 25; ++i) {
+          const float g = 0.25f * float(i % 3) * 3.f;  // worker 1's plus worker 2's
+          const float want = kind == ps::server_optimizer::sgd ? float(i) - 0.5f * g
+                                                               : float(i) - (g == 0 ? 0.f : 0.5f * g / (std::abs(g) + 1e-10f));
+          CHECK(got[std::size_t(i)] == doctest::Approx(want).epsilon(1e-6));
+        }
+        // Only key 1, into a span of its length.
+        const ps::key one[] = {1};
+        std::vector<float> five(5);
+        kv.wait(kv.pull(one, five));
+        CHECK(std::equal(five.begin(), five.end(), got.begin() + 20));
+        kv.leave();
+      });
     }, quick());
   }
 }
@@ -193,25 +200,21 @@ TEST_CASE("ssp: no worker runs more than S steps ahead of a slowed one, by the s
       const std::vector<std::int64_t> lengths = {300, 40};
       auto oo = o;
       oo.staleness = S;
-      if (c.rank() < oo.servers) {
-        ps::server<comm_t> s(c, lengths, oo);
-        s.serve();
-        return;
-      }
-      ps::kv_worker<comm_t> kv(c, lengths, oo);
-      const ps::key keys[] = {0, 1};
-      std::vector<float> v(340, 0.f), g(340, 0.001f);
-      kv.init(keys, v);
-      for (int step = 0; step < 20; ++step) {
-        kv.wait(kv.pull(keys, v));
-        if (kv.index() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        kv.wait(kv.push(keys, g));
-      }
-      if (kv.index() == 0) {
-        std::lock_guard lk(m);
-        reports = kv.report();
-      }
-      kv.leave();
+      serve_or_work(c, lengths, oo, [&](ps::kv_worker<comm_t>& kv) {
+        const ps::key keys[] = {0, 1};
+        std::vector<float> v(340, 0.f), g(340, 0.001f);
+        kv.init(keys, v);
+        for (int step = 0; step < 20; ++step) {
+          kv.wait(kv.pull(keys, v));
+          if (kv.index() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          kv.wait(kv.push(keys, g));
+        }
+        if (kv.index() == 0) {
+          std::lock_guard lk(m);
+          reports = kv.report();
+        }
+        kv.leave();
+      });
     }, quick());
     REQUIRE(!reports.empty());
     for (const auto& r : reports) {
@@ -302,22 +305,18 @@ TEST_CASE("without replicas, losing a server is a clear error, not a hang") {
   std::mutex m;
   std::string error;
   comm::local::run(3, [&](comm_t& c) {
-    if (c.rank() < o.servers) {
-      ps::server<comm_t> s(c, lengths, o);
-      s.serve();
-      return;
-    }
-    ps::kv_worker<comm_t> kv(c, lengths, o);
-    const ps::key keys[] = {0};
-    std::vector<float> v(40, 1.f);
-    kv.init(keys, v);
-    try {
-      for (int i = 0; i < 10; ++i) kv.wait(kv.push(keys, v));
-    } catch (const comm_error& e) {
-      std::lock_guard lk(m);
-      error = e.what();
-    }
-    kv.die();
+    serve_or_work(c, lengths, o, [&](ps::kv_worker<comm_t>& kv) {
+      const ps::key keys[] = {0};
+      std::vector<float> v(40, 1.f);
+      kv.init(keys, v);
+      try {
+        for (int i = 0; i < 10; ++i) kv.wait(kv.push(keys, v));
+      } catch (const comm_error& e) {
+        std::lock_guard lk(m);
+        error = e.what();
+      }
+      kv.die();
+    });
   }, quick());
   CHECK(error.find("every server holding key range") != std::string::npos);
 }
@@ -372,58 +371,54 @@ TEST_CASE("bad requests get clear errors and the server keeps serving") {
   o.max_range = 8;
   const std::vector<std::int64_t> lengths = {16, 8};
   comm::local::run(3, [&](comm_t& c) {
-    if (c.rank() < o.servers) {
-      ps::server<comm_t> s(c, lengths, o);
-      s.serve();
-      return;
-    }
-    ps::kv_worker<comm_t> kv(c, lengths, o);
-    const ps::key keys[] = {0, 1};
-    std::vector<float> v(24, 1.f);
-    kv.init(keys, v);
-    auto entry = [](std::uint32_t range, std::uint8_t kind, std::span<const std::byte> body) {
-      std::vector<std::byte> b;
-      auto put = [&](const void* p, std::size_t n) {
-        const auto* q = static_cast<const std::byte*>(p);
-        b.insert(b.end(), q, q + n);
+    serve_or_work(c, lengths, o, [&](ps::kv_worker<comm_t>& kv) {
+      const ps::key keys[] = {0, 1};
+      std::vector<float> v(24, 1.f);
+      kv.init(keys, v);
+      auto entry = [](std::uint32_t range, std::uint8_t kind, std::span<const std::byte> body) {
+        std::vector<std::byte> b;
+        auto put = [&](const void* p, std::size_t n) {
+          const auto* q = static_cast<const std::byte*>(p);
+          b.insert(b.end(), q, q + n);
+        };
+        const auto n = std::uint32_t(body.size());
+        put(&range, 4);
+        put(&kind, 1);
+        put(&n, 4);
+        put(body.data(), body.size());
+        return b;
       };
-      const auto n = std::uint32_t(body.size());
-      put(&range, 4);
-      put(&kind, 1);
-      put(&n, 4);
-      put(body.data(), body.size());
-      return b;
-    };
-    const auto& place = kv.layout();
-    const std::uint32_t r0 = 0;
-    const int home = place.chains[r0].front(), other = 1 - home;
-    std::vector<float> wrong(5, 1.f);
-    const std::span<const std::byte> wrong_bytes(reinterpret_cast<const std::byte*>(wrong.data()), 20);
-    // Keys outside every range.
-    CHECK_THROWS_WITH_AS(kv.wait(kv.raw_push(home, entry(99, 1, wrong_bytes))),
-                         doctest::Contains("expected a key range below 3 (keys outside every range), found range 99"),
-                         invalid_argument);
-    // A value length that does not match.
-    CHECK_THROWS_WITH_AS(kv.wait(kv.raw_push(home, entry(r0, 1, wrong_bytes))),
-                         doctest::Contains("expected 8 initial values for range 0, found 5"), invalid_argument);
-    // A truncated message.
-    auto cut = entry(r0, 1, wrong_bytes);
-    cut.resize(cut.size() - 3);
-    CHECK_THROWS_WITH_AS(kv.wait(kv.raw_push(home, cut)), doctest::Contains("truncated"), invalid_argument);
-    // The wrong server, and a rank that is no server.
-    CHECK_THROWS_WITH_AS(kv.wait(kv.raw_push(other, entry(r0, 1, wrong_bytes))), doctest::Contains("range 0"),
-                         invalid_argument);
-    CHECK_THROWS_WITH_AS(kv.raw_push(2, {}), doctest::Contains("expected a server rank in [0, 2), found 2"),
-                         invalid_argument);
-    // On the client side: an unknown key, a span of the wrong length.
-    const ps::key bad[] = {7};
-    CHECK_THROWS_WITH_AS(kv.push(bad, v), doctest::Contains("expected a key below 2"), invalid_argument);
-    CHECK_THROWS_WITH_AS(kv.pull(keys, std::span<float>(v).first(20)), doctest::Contains("expected 24 values"),
-                         invalid_argument);
-    // Nothing changed, and the servers still serve.
-    std::vector<float> got(24);
-    kv.wait(kv.pull(keys, got));
-    CHECK(got == v);
-    kv.leave();
+      const auto& place = kv.layout();
+      const std::uint32_t r0 = 0;
+      const int home = place.chains[r0].front(), other = 1 - home;
+      std::vector<float> wrong(5, 1.f);
+      const std::span<const std::byte> wrong_bytes(reinterpret_cast<const std::byte*>(wrong.data()), 20);
+      // Keys outside every range.
+      CHECK_THROWS_WITH_AS(kv.wait(kv.raw_push(home, entry(99, 1, wrong_bytes))),
+                           doctest::Contains("expected a key range below 3 (keys outside every range), found range 99"),
+                           invalid_argument);
+      // A value length that does not match.
+      CHECK_THROWS_WITH_AS(kv.wait(kv.raw_push(home, entry(r0, 1, wrong_bytes))),
+                           doctest::Contains("expected 8 initial values for range 0, found 5"), invalid_argument);
+      // A truncated message.
+      auto cut = entry(r0, 1, wrong_bytes);
+      cut.resize(cut.size() - 3);
+      CHECK_THROWS_WITH_AS(kv.wait(kv.raw_push(home, cut)), doctest::Contains("truncated"), invalid_argument);
+      // The wrong server, and a rank that is no server.
+      CHECK_THROWS_WITH_AS(kv.wait(kv.raw_push(other, entry(r0, 1, wrong_bytes))), doctest::Contains("range 0"),
+                           invalid_argument);
+      CHECK_THROWS_WITH_AS(kv.raw_push(2, {}), doctest::Contains("expected a server rank in [0, 2), found 2"),
+                           invalid_argument);
+      // On the client side: an unknown key, a span of the wrong length.
+      const ps::key bad[] = {7};
+      CHECK_THROWS_WITH_AS(kv.push(bad, v), doctest::Contains("expected a key below 2"), invalid_argument);
+      CHECK_THROWS_WITH_AS(kv.pull(keys, std::span<float>(v).first(20)), doctest::Contains("expected 24 values"),
+                           invalid_argument);
+      // Nothing changed, and the servers still serve.
+      std::vector<float> got(24);
+      kv.wait(kv.pull(keys, got));
+      CHECK(got == v);
+      kv.leave();
+    });
   }, quick());
 }
