@@ -52,7 +52,7 @@ struct result {
   std::vector<float> params;  // the whole model, padding stripped
   std::int64_t peak_activation_bytes = 0;
   std::int64_t forward_calls = 0, backward_calls = 0;
-  std::array<std::int64_t, 4> forward_ops{}, backward_ops{};
+  std::array<std::int64_t, nn::group_ops> forward_ops{}, backward_ops{};
 };
 
 // Where a run resumes from and what it saves at its end (empty: neither).
@@ -93,7 +93,7 @@ result train_gpt(C& c, const layout& l, const nn::gpt_config& g, int n_steps = s
   if (const auto* group = t.tensor_parallel_group()) {
     out.forward_calls = group->calls(nn::pass::forward);
     out.backward_calls = group->calls(nn::pass::backward);
-    for (int op = 0; op < 4; ++op) {
+    for (int op = 0; op < nn::group_ops; ++op) {
       out.forward_ops[op] = group->calls(nn::pass::forward, static_cast<nn::group_op>(op));
       out.backward_ops[op] = group->calls(nn::pass::backward, static_cast<nn::group_op>(op));
     }

@@ -7,7 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dml/core/tensor.hpp"
@@ -26,9 +28,16 @@ enum class init_kind : std::uint8_t { zeros, ones, uniform, normal };
 // cols) into `blocks` equal blocks (3 for fused q, k, v), and each block into `ranks` equal parts; this
 // rank holds part `rank` of every block, in block order. A parameter with ranks == 1 is whole on
 // every rank of the group.
+//
+// The same description serves expert parallelism: a stack of experts' weights cut over the expert group
+// (group == expert), where rank and ranks are the expert-parallel rank and degree.
+enum class shard_group : std::uint8_t { tensor, expert };
 struct param_shard {
   std::int64_t rows = 0, cols = 0;  // of the whole parameter
   int axis = 0, blocks = 1, rank = 0, ranks = 1;
+  shard_group group = shard_group::tensor;
+  bool tensor_sharded() const { return ranks > 1 && group == shard_group::tensor; }
+  bool expert_sharded() const { return ranks > 1 && group == shard_group::expert; }
   bool sharded() const { return ranks > 1; }
   // The element of the whole parameter that local element i is.
   DML_HOST_DEVICE std::int64_t whole_index(std::int64_t i) const {
@@ -56,6 +65,19 @@ struct param_spec {
   std::string tied_to{};
 };
 
+// What a layer that routes tokens (a mixture of experts) records in one forward. The counts and losses are
+// of the whole micro-batch (summed over the data group), so every rank of the group records the same.
+struct routing_record {
+  std::vector<std::int64_t> tokens, dropped;  // per expert: top-k assignments routed to it, and those dropped
+  std::int64_t a2a_bytes = 0;                 // this rank's all-to-all payload sent (dispatch and combine)
+  double aux_loss = 0, z_loss = 0;            // unweighted: the load-balancing loss and the router z-loss
+  double share = 1;                           // the micro-batch's share of the step's batch
+};
+// Records by (layer, first global row of the micro-batch): a recomputed forward overwrites its own record.
+struct routing_log {
+  std::map<std::pair<std::uint64_t, std::int64_t>, routing_record> records;
+};
+
 // What every layer call sees besides its tensors.
 struct context {
   bool training = true;
@@ -79,6 +101,19 @@ struct context {
   // This backward completes the gradients of the step (the last micro-batch, or each one where they are
   // reduced every backward): partial sums over the tensor group are summed now.
   bool gradients_complete = true;
+  // The rest serve mixture-of-experts and context-parallel layers; the defaults mean neither is in use.
+  // Expert parallelism: the group that shares out a layer's experts (null or size 1: every expert here).
+  tensor_group* ep = nullptr;
+  // Context parallelism: the ring of ranks holding the chunks of each sequence (null or size 1: whole ones),
+  // zig-zag: rank r holds chunks r and 2·cp−1−r of 2·cp, else chunk r of cp.
+  tensor_group* cp = nullptr;
+  bool cp_zigzag = true;
+  // The data-parallel group: the ranks whose rows together make the global batch (null: this rank alone).
+  // Layers with batch statistics (a router's load) sum them over it.
+  tensor_group* data = nullptr;
+  std::int64_t global_batch = 0;  // rows of the step's global batch (0: this call's rows are all of it)
+  float loss_scale = 1.f;         // gradients of auxiliary losses are scaled as the main loss's are
+  routing_log* routing = nullptr; // where routing layers record their accounting (null: nowhere)
 };
 
 // This rank's part of a tensor-parallel group of `ranks`; `sequence`: sequence parallelism too. Layers

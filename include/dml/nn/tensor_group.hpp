@@ -2,18 +2,52 @@
 // dml/nn/tensor_group.hpp — the tensor-parallel group a layer talks to inside forward and backward.
 // Sits on core/cast.hpp: a communicator's group behind a small type-erased interface, so nn/ stays below
 // comm/; parallel/tensor.hpp adapts any communicator to it. Every call is counted, so tests can prove
-// how many collectives a layer makes in each pass.
+// how many collectives a layer makes in each pass. The same interface serves the other groups a layer
+// talks to: the expert-parallel group (all_to_allv), the context-parallel ring (isend/irecv) and the
+// data group over which batch statistics are summed (all_reduce_sum).
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <functional>
+#include <utility>
 
 #include "dml/core/cast.hpp"
 
 namespace dml::nn {
 
-enum class group_op : std::uint8_t { all_reduce, all_reduce_max, all_gather, reduce_scatter };
+enum class group_op : std::uint8_t { all_reduce, all_reduce_max, all_gather, reduce_scatter, all_to_allv, send, recv };
+inline constexpr int group_ops = 7;
 enum class pass : std::uint8_t { forward, backward };
+
+// A point-to-point transfer in flight; wait() completes it (and rethrows its failure). Destroying one
+// that was never waited on waits for it.
+class group_request {
+ public:
+  group_request() = default;
+  explicit group_request(std::function<void()> wait) : wait_(std::move(wait)) {}
+  group_request(group_request&& o) noexcept : wait_(std::exchange(o.wait_, nullptr)) {}
+  group_request& operator=(group_request&& o) noexcept {
+    if (this != &o) {
+      finish_quietly();
+      wait_ = std::exchange(o.wait_, nullptr);
+    }
+    return *this;
+  }
+  ~group_request() { finish_quietly(); }
+  void wait() {
+    if (auto w = std::exchange(wait_, nullptr)) w();
+  }
+
+ private:
+  void finish_quietly() noexcept {
+    try {
+      wait();
+    } catch (...) {
+    }
+  }
+  std::function<void()> wait_;
+};
 
 class tensor_group {
  public:
@@ -42,6 +76,34 @@ class tensor_group {
     do_reduce_scatter(in, out, n);
   }
 
+  // Sums x[0, n) of doubles over the group, in place: batch statistics (token counts, router means).
+  void all_reduce_sum(double* x, std::int64_t n) {
+    note(group_op::all_reduce, n, dtype::f64);
+    do_all_reduce_sum(x, n);
+  }
+  // Exchanges one block per rank: send_counts[r] elements of send (blocks in rank order) go to rank r, and
+  // recv_counts[r] elements arrive from rank r, in rank order. Counts may be 0; every rank must call it.
+  void all_to_allv(const_typed_ptr send, const std::int64_t* send_counts, typed_ptr recv, const std::int64_t* recv_counts) {
+    std::int64_t n = 0;
+    for (int r = 0; r < size_; ++r) n += send_counts[r];
+    note(group_op::all_to_allv, n, send.type);
+    do_all_to_allv(send, send_counts, recv, recv_counts);
+  }
+  // n integers to each rank: recv[r·n, (r+1)·n) = rank r's send[rank()·n, (rank()+1)·n) (counts before all_to_allv).
+  void all_to_all(const std::int64_t* send, std::int64_t* recv, std::int64_t n) {
+    note(group_op::all_to_allv, n * size_, dtype::i64);
+    do_all_to_all(send, recv, n);
+  }
+  // Non-blocking point-to-point with a peer of the group (the context-parallel ring).
+  [[nodiscard]] group_request isend(const_typed_ptr x, std::int64_t n, int peer, int tag) {
+    note(group_op::send, n, x.type);
+    return do_isend(x, n, peer, tag);
+  }
+  [[nodiscard]] group_request irecv(typed_ptr x, std::int64_t n, int peer, int tag) {
+    note(group_op::recv, n, x.type);
+    return do_irecv(x, n, peer, tag);
+  }
+
   // What the network is running: calls are counted per pass.
   void set_pass(pass p) { pass_ = p; }
   std::int64_t calls(pass p, group_op op) const { return calls_[index(p)][static_cast<std::size_t>(op)]; }
@@ -62,6 +124,12 @@ class tensor_group {
   virtual void do_all_reduce_max(float* x, std::int64_t n) = 0;
   virtual void do_all_gather(const_typed_ptr in, typed_ptr out, std::int64_t n) = 0;
   virtual void do_reduce_scatter(const_typed_ptr in, typed_ptr out, std::int64_t n) = 0;
+  virtual void do_all_reduce_sum(double* x, std::int64_t n) = 0;
+  virtual void do_all_to_allv(const_typed_ptr send, const std::int64_t* send_counts, typed_ptr recv,
+                              const std::int64_t* recv_counts) = 0;
+  virtual void do_all_to_all(const std::int64_t* send, std::int64_t* recv, std::int64_t n) = 0;
+  virtual group_request do_isend(const_typed_ptr x, std::int64_t n, int peer, int tag) = 0;
+  virtual group_request do_irecv(typed_ptr x, std::int64_t n, int peer, int tag) = 0;
 
  private:
   static std::size_t index(pass p) { return static_cast<std::size_t>(p); }
@@ -71,7 +139,7 @@ class tensor_group {
   }
   int rank_ = 0, size_ = 1;
   pass pass_ = pass::forward;
-  std::array<std::array<std::int64_t, 4>, 2> calls_{};
+  std::array<std::array<std::int64_t, group_ops>, 2> calls_{};
   std::int64_t bytes_ = 0;
 };
 

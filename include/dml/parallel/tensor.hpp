@@ -4,6 +4,7 @@
 // Sits on comm/communicator.hpp and nn/network.hpp; train/trainer.hpp builds the group from the mesh's tp axis.
 #pragma once
 
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -38,6 +39,39 @@ class tensor_group final : public nn::tensor_group {
     dml::detail::visit_float_like(in.type, "dml::parallel::tensor_group", [&]<class T>(T) {
       comm_.reduce_scatter(std::span<const T>(in.as<T>(), static_cast<std::size_t>(n * size())),
                            std::span<T>(out.as<T>(), static_cast<std::size_t>(n)), comm::reduce_op::sum);
+    });
+  }
+  void do_all_reduce_sum(double* x, std::int64_t n) override {
+    comm_.all_reduce(std::span<double>(x, static_cast<std::size_t>(n)), comm::reduce_op::sum);
+  }
+  void do_all_to_allv(const_typed_ptr send, const std::int64_t* send_counts, typed_ptr recv,
+                      const std::int64_t* recv_counts) override {
+    const auto p = static_cast<std::size_t>(size());
+    std::vector<std::size_t> sc(send_counts, send_counts + p), rc(recv_counts, recv_counts + p);
+    std::size_t ns = 0, nr = 0;
+    for (std::size_t r = 0; r < p; ++r) ns += sc[r], nr += rc[r];
+    dml::detail::visit_float_like(send.type, "dml::parallel::tensor_group::all_to_allv", [&]<class T>(T) {
+      comm_.all_to_allv(std::span<const T>(send.as<T>(), ns), std::span<const std::size_t>(sc), std::span<T>(recv.as<T>(), nr),
+                        std::span<const std::size_t>(rc));
+    });
+  }
+  void do_all_to_all(const std::int64_t* send, std::int64_t* recv, std::int64_t n) override {
+    const auto total = static_cast<std::size_t>(n * size());
+    comm_.all_to_all(std::span<const std::int64_t>(send, total), std::span<std::int64_t>(recv, total));
+  }
+  // comm's request moves into the returned one; shared_ptr because std::function needs a copyable target.
+  static nn::group_request wrap(auto r) {
+    auto held = std::make_shared<decltype(r)>(std::move(r));
+    return nn::group_request([held] { held->wait(); });
+  }
+  nn::group_request do_isend(const_typed_ptr x, std::int64_t n, int peer, int tag) override {
+    return dml::detail::visit_float_like(x.type, "dml::parallel::tensor_group::isend", [&]<class T>(T) {
+      return wrap(comm_.isend(std::span<const T>(x.as<T>(), static_cast<std::size_t>(n)), peer, tag));
+    });
+  }
+  nn::group_request do_irecv(typed_ptr x, std::int64_t n, int peer, int tag) override {
+    return dml::detail::visit_float_like(x.type, "dml::parallel::tensor_group::irecv", [&]<class T>(T) {
+      return wrap(comm_.irecv(std::span<T>(x.as<T>(), static_cast<std::size_t>(n)), peer, tag));
     });
   }
   Comm& comm_;
