@@ -124,6 +124,22 @@ struct tensor_split {
   friend bool operator==(const tensor_split&, const tensor_split&) = default;
 };
 
+// This rank's chunk of every sequence under context parallelism: rank of a ring of `ranks`; zig-zag: chunks
+// rank and 2·ranks−1−rank of 2·ranks, else chunk rank of ranks. Layers that need it take it in
+// `void set_context_split(context_split)` (the GPT's embedding, blocks and head).
+struct context_split {
+  int ranks = 1, rank = 0;
+  bool zigzag = true;
+  friend bool operator==(const context_split&, const context_split&) = default;
+};
+// The position in a sequence of `seq` tokens of this rank's local token i (0 <= i < seq / ranks).
+DML_HOST_DEVICE std::int64_t cp_position(const context_split& s, std::int64_t seq, std::int64_t i) {
+  if (s.ranks <= 1) return i;
+  if (!s.zigzag) return s.rank * (seq / s.ranks) + i;
+  const std::int64_t chunk = seq / (2 * s.ranks);
+  return i < chunk ? s.rank * chunk + i : (2 * s.ranks - 1 - s.rank) * chunk + (i - chunk);
+}
+
 // A layer's parameters and their gradients: pointers into the flat buffers, in spec order, of the
 // network's working type (float, or bf16/fp16 under mixed precision).
 template <class T = float>

@@ -187,4 +187,20 @@ void set_tensor_split(sequential<L...>& model, tensor_split s) {
   });
 }
 
+// Gives every layer that holds experts (`set_expert_split`) its share of them: rank of ranks.
+template <class... L>
+void set_expert_split(sequential<L...>& model, int ranks, int rank) {
+  model.for_each_layer([&](std::size_t, auto& l) {
+    if constexpr (requires { l.set_expert_split(ranks, rank); }) l.set_expert_split(ranks, rank);
+  });
+}
+
+// Tells every layer whose shapes follow context parallelism (`set_context_split`) its chunk of the sequence.
+template <class... L>
+void set_context_split(sequential<L...>& model, context_split s) {
+  model.for_each_layer([&](std::size_t, auto& l) {
+    if constexpr (requires { l.set_context_split(s); }) l.set_context_split(s);
+  });
+}
+
 }  // namespace dml::nn

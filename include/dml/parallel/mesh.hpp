@@ -25,23 +25,33 @@ namespace dml::parallel {
 // mixture-of-experts layer. The ranks that hold the same experts (dp_rank % ep the same, dp / ep
 // of them) form the expert-data-parallel group, which reduces those experts' gradients. Dense
 // parameters keep using the whole dp group.
+//
+// cp (context parallel) is carved out of dp the same way: a context-parallel group is cp consecutive
+// data-parallel ranks that hold the same sequences, each a different chunk of their tokens. Every
+// parameter is whole on each of them, so gradients still sum over the whole dp group; only the data
+// differs (dp / cp distinct slices of the batch).
 struct mesh_shape {
-  int tp = 1, dp = 1, pp = 1, ep = 1;
+  int tp = 1, dp = 1, pp = 1, ep = 1, cp = 1;
 
   friend bool operator==(const mesh_shape&, const mesh_shape&) = default;
 };
 
 // "tp 1 × dp 2 × pp 2"; "tp 1 × dp 4 (ep 2) × pp 1" when ep > 1.
 inline std::string to_string(const mesh_shape& s) {
-  return s.ep == 1 ? detail::cat("tp ", s.tp, " × dp ", s.dp, " × pp ", s.pp)
-                   : detail::cat("tp ", s.tp, " × dp ", s.dp, " (ep ", s.ep, ") × pp ", s.pp);
+  std::string carved = s.ep > 1 ? detail::cat("ep ", s.ep) : "";
+  if (s.cp > 1) carved += detail::cat(carved.empty() ? "" : ", ", "cp ", s.cp);
+  return carved.empty() ? detail::cat("tp ", s.tp, " × dp ", s.dp, " × pp ", s.pp)
+                        : detail::cat("tp ", s.tp, " × dp ", s.dp, " (", carved, ") × pp ", s.pp);
 }
 
 // Throws invalid_argument unless `s` lays out exactly `world_size` ranks.
 inline void check_shape(const mesh_shape& s, int world_size) {
-  if (s.tp < 1 || s.dp < 1 || s.pp < 1 || s.ep < 1)
+  if (s.tp < 1 || s.dp < 1 || s.pp < 1 || s.ep < 1 || s.cp < 1)
     fail<invalid_argument>("dml::parallel::mesh: expected every degree >= 1, found tp ", s.tp, ", dp ", s.dp,
-                           ", pp ", s.pp, ", ep ", s.ep);
+                           ", pp ", s.pp, ", ep ", s.ep, ", cp ", s.cp);
+  if (s.dp % s.cp != 0)
+    fail<invalid_argument>("dml::parallel::mesh: expected cp to divide dp (a context-parallel group is cp "
+                           "consecutive data-parallel ranks), found cp ", s.cp, " and dp ", s.dp);
   if (s.dp % s.ep != 0)
     fail<invalid_argument>("dml::parallel::mesh: expected ep to divide dp (an expert group is ep consecutive "
                            "data-parallel ranks), found ep ",
@@ -72,7 +82,9 @@ class mesh {
         ep_(split("ep", at_.tp + shape_.tp * (at_.dp / shape_.ep + shape_.dp / shape_.ep * at_.pp), ep_rank(),
                   shape_.ep)),
         edp_(split("edp", at_.tp + shape_.tp * (at_.dp % shape_.ep + shape_.ep * at_.pp), edp_rank(),
-                   edp_size())) {}
+                   edp_size())),
+        cp_(split("cp", at_.tp + shape_.tp * (at_.dp / shape_.cp + shape_.dp / shape_.cp * at_.pp), cp_rank(),
+                  shape_.cp)) {}
 
   mesh(mesh&&) noexcept = default;
   mesh& operator=(mesh&&) noexcept = default;
@@ -83,12 +95,14 @@ class mesh {
   Comm& pp() noexcept { return pp_; }
   Comm& ep() noexcept { return ep_; }
   Comm& edp() noexcept { return edp_; }  // expert data parallel: the ranks that hold this rank's experts
+  Comm& cp() noexcept { return cp_; }    // context parallel: the ranks holding chunks of the same sequences
   const Comm& world() const noexcept { return *world_; }
   const Comm& tp() const noexcept { return tp_; }
   const Comm& dp() const noexcept { return dp_; }
   const Comm& pp() const noexcept { return pp_; }
   const Comm& ep() const noexcept { return ep_; }
   const Comm& edp() const noexcept { return edp_; }
+  const Comm& cp() const noexcept { return cp_; }
 
   mesh_shape shape() const noexcept { return shape_; }
   int world_rank() const noexcept { return at_.world; }
@@ -103,6 +117,11 @@ class mesh {
   int pp_size() const noexcept { return shape_.pp; }
   int ep_size() const noexcept { return shape_.ep; }
   int edp_size() const noexcept { return shape_.dp / shape_.ep; }
+  int cp_rank() const noexcept { return at_.dp % shape_.cp; }
+  int cp_size() const noexcept { return shape_.cp; }
+  // The data this rank trains on: dp / cp distinct slices of the batch, the cp ranks of a group sharing one.
+  int data_rank() const noexcept { return at_.dp / shape_.cp; }
+  int data_ranks() const noexcept { return shape_.dp / shape_.cp; }
 
   // The world rank at these coordinates.
   int world_rank_of(int tp, int dp, int pp) const {
@@ -118,10 +137,10 @@ class mesh {
 
   // "tp 1 × dp 2 × pp 2, this rank: tp 0 dp 1 pp 0" (with "(ep r)" after dp when ep > 1).
   std::string describe() const {
-    return shape_.ep == 1
-               ? detail::cat(to_string(shape_), ", this rank: tp ", at_.tp, " dp ", at_.dp, " pp ", at_.pp)
-               : detail::cat(to_string(shape_), ", this rank: tp ", at_.tp, " dp ", at_.dp, " (ep ", ep_rank(),
-                             ") pp ", at_.pp);
+    std::string carved = shape_.ep > 1 ? detail::cat("ep ", ep_rank()) : "";
+    if (shape_.cp > 1) carved += detail::cat(carved.empty() ? "" : ", ", "cp ", cp_rank());
+    return detail::cat(to_string(shape_), ", this rank: tp ", at_.tp, " dp ", at_.dp,
+                       carved.empty() ? "" : detail::cat(" (", carved, ")"), " pp ", at_.pp);
   }
 
  private:
@@ -146,19 +165,23 @@ class mesh {
   Comm* world_;
   mesh_shape shape_;
   coords at_;
-  Comm tp_, dp_, pp_, ep_, edp_;
+  Comm tp_, dp_, pp_, ep_, edp_, cp_;
 };
 
 // The tp × dp × pp mesh of a trainer with `tp` tensor-parallel ranks and `stages` pipeline stages over
-// world, or none when both are 1 (the world is the data-parallel group).
+// world, ep and cp carved out of dp; none when every degree is 1 (the world is the data-parallel group).
 template <comm::communicator Comm>
-std::optional<mesh<Comm>> trainer_mesh(Comm& world, int tp, int stages) {
+std::optional<mesh<Comm>> trainer_mesh(Comm& world, int tp, int stages, int ep = 1, int cp = 1) {
   if (tp < 1 || stages < 1 || world.size() % (tp * stages) != 0)
     fail<invalid_argument>("dml::trainer: expected tensor_parallel × pipeline_stages to divide the group's ", world.size(),
                            " ranks, found tensor_parallel ", tp, " and pipeline_stages ", stages);
-  if (tp == 1 && stages == 1) return std::nullopt;
-  return std::optional<mesh<Comm>>(std::in_place, world,
-                                   mesh_shape{.tp = tp, .dp = world.size() / (tp * stages), .pp = stages});
+  const int dp = world.size() / (tp * stages);
+  if (ep < 1 || dp % ep != 0)
+    fail<invalid_argument>("dml::trainer: expected expert_parallel to divide the ", dp, " data-parallel ranks, found ", ep);
+  if (cp < 1 || dp % cp != 0)
+    fail<invalid_argument>("dml::trainer: expected context_parallel to divide the ", dp, " data-parallel ranks, found ", cp);
+  if (tp == 1 && stages == 1 && ep == 1 && cp == 1) return std::nullopt;
+  return std::optional<mesh<Comm>>(std::in_place, world, mesh_shape{.tp = tp, .dp = dp, .pp = stages, .ep = ep, .cp = cp});
 }
 
 }  // namespace dml::parallel

@@ -96,8 +96,14 @@ class pipeline {
   std::int64_t peak_bytes() const { return peak_bytes_; }
   std::int64_t peak_sets() const { return peak_sets_; }
 
+  // The groups and settings every layer call of this rank sees besides tensor parallelism: expert, context
+  // and data groups (nn::context's fields of those names), and the routing log that MoE layers fill.
+  void set_layer_context(const nn::context& groups) { groups_ = groups; }
+  nn::routing_log& routing() { return routing_; }
+
   void begin_step(const batch& b) {
     run_ = b;
+    routing_.records.clear();
     live_bytes_ = peak_bytes_ = live_sets_ = peak_sets_ = 0;
   }
   // Waits for every send and forgets the step's activations (their storage stays for the next step).
@@ -124,11 +130,13 @@ class pipeline {
     float loss = 0.f;
     if (v == last_virtual_stage()) {
       // A row of x may hold several labelled positions (a sequence's tokens): the loss is their mean.
+      // Under context parallelism a rank holds a chunk of each row's positions: its labels are gathered to
+      // match, and the mean is over every rank's positions (cp of them per row).
       const std::int64_t per = hi > lo ? out.rows() / (hi - lo) : 1;
       m.gradient_in.resize(out.shape);
       row_loss_.resize(static_cast<std::size_t>(nn::cross_entropy_scratch(out.rows(), tp_)));
-      loss = loss_fn_.template forward_backward<Space>(out, run_.y + lo * per, m.gradient_in.view(), row_loss_.data(),
-                                                        run_.global_batch * per, run_.loss_scale, tp_);
+      loss = loss_fn_.template forward_backward<Space>(out, labels(lo, hi, per), m.gradient_in.view(), row_loss_.data(),
+                                                        run_.global_batch * per * cp_ranks(), run_.loss_scale, tp_);
       if (tp_ && tp_->rank() > 0) loss = 0.f;  // every rank of the group holds it: counted once
     } else {
       m.activation_send.wait();
@@ -198,7 +206,10 @@ class pipeline {
       if (v == 0) net_.set_input(a, x);
       else if (stage_of(v - 1) != rank_) receive_into(a.input, net_.shapes(x.shape)[range.first - 1], tag(false, v, 0), stage_of(v - 1));
       else copy_into(a.input, handoff_.cview());
-      auto out = net_.forward_range(range, a, {.training = false, .tp = tp_}, hooks);
+      nn::context c = groups_;
+      c.training = false;
+      c.tp = tp_;
+      auto out = net_.forward_range(range, a, c, hooks);
       if (v == last_virtual_stage()) {
         if (tp_ && tp_->size() > 1)
           fail<invalid_argument>("dml::trainer::correct: counts the largest logit of whole rows; a vocabulary-parallel "
@@ -259,9 +270,31 @@ class pipeline {
     return s;
   }
   // Dropout masks follow (seed, step, layer, global row): a micro-batch starts at its global row.
-  nn::context context(std::int64_t m, bool accumulate, bool complete) const {
-    return {.training = true, .seed = run_.seed, .step = run_.step, .row_offset = run_.first_row + rows_of(m).first,
-            .accumulate = accumulate, .tp = tp_, .gradients_complete = complete};
+  nn::context context(std::int64_t m, bool accumulate, bool complete) {
+    nn::context c = groups_;
+    c.training = true;
+    c.seed = run_.seed;
+    c.step = run_.step;
+    c.row_offset = run_.first_row + rows_of(m).first;
+    c.accumulate = accumulate;
+    c.tp = tp_;
+    c.gradients_complete = complete;
+    c.global_batch = run_.global_batch;
+    c.loss_scale = run_.loss_scale;
+    c.routing = &routing_;
+    return c;
+  }
+  int cp_ranks() const { return groups_.cp ? groups_.cp->size() : 1; }
+  // The labels of rows [lo, hi), `per` of them per row, in the order of this rank's positions.
+  const std::int32_t* labels(std::int64_t lo, std::int64_t hi, std::int64_t per) {
+    if (cp_ranks() == 1) return run_.y + lo * per;
+    const nn::context_split at{.ranks = cp_ranks(), .rank = groups_.cp->rank(), .zigzag = groups_.cp_zigzag};
+    const std::int64_t t = per * cp_ranks();
+    cp_labels_.resize(static_cast<std::size_t>((hi - lo) * per));
+    for (std::int64_t r = lo; r < hi; ++r)
+      for (std::int64_t i = 0; i < per; ++i)
+        cp_labels_[static_cast<std::size_t>((r - lo) * per + i)] = run_.y[r * t + nn::cp_position(at, t, i)];
+    return cp_labels_.data();
   }
 
   Comm* pp_;
@@ -274,6 +307,9 @@ class pipeline {
   std::map<std::pair<std::int64_t, int>, micro_state> micro_;
   tensor<T, Space> handoff_;
   nn::tensor_group* tp_;
+  nn::context groups_{};
+  nn::routing_log routing_;
+  std::vector<std::int32_t> cp_labels_;
   nn::softmax_cross_entropy loss_fn_;
   buffer<float, Space> row_loss_;
   std::int64_t live_bytes_ = 0, peak_bytes_ = 0, live_sets_ = 0, peak_sets_ = 0;

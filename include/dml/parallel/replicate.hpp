@@ -35,14 +35,34 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
     }
   }
 
+  // Expert parallelism: the slots holding this rank's experts sum over `edp`, the ranks that hold the same
+  // experts, instead of the whole data-parallel group (where other ranks' slots hold other experts).
+  void set_expert_group(Comm& edp) { edp_ = &edp; }
+
   void after_backward(std::size_t layer) override {
     this->poll();
     const auto* bk = this->ends_bucket(layer);
     if (!bk) return;
-    (*log_)(event_kind::bucket_launch, this->bucket_index(*bk));
+    const int b = this->bucket_index(*bk);
+    (*log_)(event_kind::bucket_launch, b);
     this->order_after_compute();  // the bucket's gradients come from kernels still in the queue
-    pending_.push_back({comm_.iall_reduce(net_.grads().subspan(bk->lo, bk->hi - bk->lo), comm::reduce_op::sum),
-                        this->bucket_index(*bk), false});
+    if (!edp_) {
+      pending_.push_back({comm_.iall_reduce(net_.grads().subspan(bk->lo, bk->hi - bk->lo), comm::reduce_op::sum), b, false});
+      return;
+    }
+    // Runs of expert and other slots, each over its group; the bucket's completion is logged once.
+    const auto& L = net_.layout();
+    bool first = true;
+    for (std::size_t s = bk->first_slot; s < bk->end_slot;) {
+      const bool expert = L.slots[s].spec.shard.expert_sharded();
+      std::size_t e = s + 1;
+      while (e < bk->end_slot && L.slots[e].spec.shard.expert_sharded() == expert) ++e;
+      const std::int64_t lo = L.slots[s].offset, hi = e < L.slots.size() ? L.slots[e].offset : L.total;
+      Comm& group = expert ? *edp_ : comm_;
+      pending_.push_back({group.iall_reduce(net_.grads().subspan(lo, hi - lo), comm::reduce_op::sum), b, !first});
+      first = false;
+      s = e;
+    }
   }
   void finish() {
     for (auto& f : pending_) this->complete(f);
@@ -104,6 +124,7 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
     else return net_.params().data();
   }
   buffer<float, Space> master_;  // mixed precision: the float weights beside the working copy
+  Comm* edp_ = nullptr;
 };
 
 }  // namespace detail

@@ -156,8 +156,9 @@ class data_parallel : public nn::layer_hooks {
   }
   // The global index of this rank's first row: ranks pass contiguous slices of the global batch in
   // rank order (train::sampler::slice), so it is the sum of the earlier ranks' row counts; one
-  // all_gather, made only for models with a layer that reads it (dropout).
-  std::int64_t first_global_row(std::int64_t rows) {
+  // all_gather, made only for models with a layer that reads it (dropout). Under context parallelism the cp
+  // consecutive ranks of a group pass the same rows, which count once.
+  std::int64_t first_global_row(std::int64_t rows, int cp = 1) {
     if (!Net::model_type::uses_row_index || ranks_ == 1) return 0;
     buffer<std::int64_t, Space> mine(1), all(static_cast<std::size_t>(ranks_));
     dml::copy_n(&rows, 1, mine.data());
@@ -166,7 +167,7 @@ class data_parallel : public nn::layer_hooks {
     std::vector<std::int64_t> counts(all.size());
     dml::copy_n(all.data(), counts.size(), counts.data());
     std::int64_t first = 0;
-    for (int r = 0; r < rank_; ++r) first += counts[static_cast<std::size_t>(r)];
+    for (int r = 0; r < rank_ / cp * cp; r += cp) first += counts[static_cast<std::size_t>(r)];
     return first;
   }
 

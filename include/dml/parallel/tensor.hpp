@@ -77,18 +77,18 @@ class tensor_group final : public nn::tensor_group {
   Comm& comm_;
 };
 
-// The whole model's parameters from each rank's parts: every rank writes its slots (tensor-parallel parts
-// where the whole parameter's elements are, whole parameters from tensor rank 0 only) into the whole
-// layout, and `groups` (the tensor and pipeline groups) sum the rest in. `values`: host memory, in `mine`'s
-// layout. Collective over each group.
+// The whole model's parameters from each rank's parts: every rank writes its slots (tensor- or expert-parallel
+// parts where the whole parameter's elements are; parameters not split along a group only from rank 0 of that
+// group) into the whole layout, and `groups` (the tensor, pipeline and expert groups) sum the rest in.
+// `values`: host memory, in `mine`'s layout. Collective over each group.
 template <class Space, class... Groups>
 std::vector<float> whole_model(const nn::param_layout& mine, const nn::param_layout& whole, std::span<const float> values,
-                               int tp_rank, Groups&... groups) {
+                               int tp_rank, int ep_rank, Groups&... groups) {
   buffer<float, Space> full(static_cast<std::size_t>(whole.total));
   fill_n<Space>(full.data(), whole.total, 0.f);
   std::vector<float> out(full.size(), 0.f);
   for (const auto& s : mine.slots) {
-    if (!s.spec.shard.sharded() && tp_rank > 0) continue;
+    if ((!s.spec.shard.tensor_sharded() && tp_rank > 0) || (!s.spec.shard.expert_sharded() && ep_rank > 0)) continue;
     const std::int64_t at = whole.slots[s.id].offset;
     for (std::int64_t i = 0; i < s.shape.numel(); ++i)
       out[static_cast<std::size_t>(at + s.spec.shard.whole_index(i))] = values[static_cast<std::size_t>(s.offset + i)];

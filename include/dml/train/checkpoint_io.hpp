@@ -58,7 +58,7 @@ inline std::int64_t take_trainer_meta(checkpoint_info& info, optim::loss_scaler*
 // each run. A tensor-parallel part (`shard` of tensor rank tp_rank) maps to several runs, a whole one to one.
 template <class F>
 void whole_runs(nn::param_shard shard, int tp_rank, std::int64_t begin, std::int64_t end, F&& f) {
-  shard.rank = shard.sharded() ? tp_rank : 0;
+  shard.rank = shard.tensor_sharded() ? tp_rank : 0;
   for (std::int64_t i = begin; i < end;) {
     const std::int64_t w = shard.whole_index(i);
     std::int64_t j = i + 1;
@@ -68,7 +68,7 @@ void whole_runs(nn::param_shard shard, int tp_rank, std::int64_t begin, std::int
   }
 }
 // Tensor ranks other than 0 hold copies of the parameters that are not split: only rank 0 writes them.
-inline bool writes_slot(const nn::param_slot& s, int tp_rank) { return tp_rank == 0 || s.spec.shard.sharded(); }
+inline bool writes_slot(const nn::param_slot& s, int tp_rank) { return tp_rank == 0 || s.spec.shard.tensor_sharded(); }
 
 // The (tensor, element range) pieces that data-parallel rank r of a stage (tensor rank tp_rank) writes: its
 // part of every bucket, parameters (k = −1) and each state slot, as whole-parameter ranges, in the order

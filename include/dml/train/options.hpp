@@ -30,6 +30,29 @@ struct trainer_options {
   // world is tensor_parallel × data-parallel × pipeline_stages ranks.
   int tensor_parallel = 1;
   bool sequence_parallel = false;
+  // Expert parallelism: groups of expert_parallel consecutive data-parallel ranks share out the experts of
+  // every mixture-of-experts layer (nn::moe, gpt's MoE blocks); an expert's gradients sum over the ranks that
+  // hold it, the other parameters' over the whole data-parallel group.
+  int expert_parallel = 1;
+  // Context parallelism: groups of context_parallel consecutive data-parallel ranks hold the same sequences,
+  // each a chunk of their tokens (zig-zag: chunks r and 2·cp−1−r of 2·cp, which balances causal attention),
+  // and attention runs as ring attention over the group. Ranks of a group pass the same rows to step().
+  int context_parallel = 1;
+  bool cp_zigzag = true;
+};
+
+// What the mixture-of-experts layers did in a step: summed over the step's micro-batches and MoE layers (over
+// every pipeline stage), the same on every rank. Empty for a model without one.
+struct routing_summary {
+  double aux_loss = 0, z_loss = 0;  // unweighted by their loss weights; each micro-batch's by its share of the batch
+  std::vector<std::int64_t> tokens, dropped;  // per expert: top-k assignments routed to it, and those dropped
+  std::int64_t a2a_bytes = 0;                 // this rank's all-to-all payload sent in forward
+  // Load imbalance: the busiest expert's tokens over the mean (1: perfectly even).
+  double imbalance() const {
+    std::int64_t most = 0, sum = 0;
+    for (auto t : tokens) most = t > most ? t : most, sum += t;
+    return sum > 0 ? static_cast<double>(most) * static_cast<double>(tokens.size()) / static_cast<double>(sum) : 0.0;
+  }
 };
 
 struct step_result {
@@ -37,6 +60,7 @@ struct step_result {
   double grad_norm = 0.0;  // global gradient norm before clipping (computed when clipping is on)
   bool skipped = false;    // fp16: the gradients overflowed, the update was skipped and the scale shrank
   float loss_scale = 1.f;  // fp16: the loss scale after this step
+  routing_summary routing{};  // mixture of experts: tokens per expert, drops, auxiliary losses
 };
 
 }  // namespace dml::train

@@ -60,8 +60,12 @@ class engine final : public engine_base<Space> {
  public:
   engine(Comm& world, const nn::sequential<Layers...>& model, trainer_options opt, Optimizer optimizer, make_schedule made)
       : world_(world), opt_(std::move(opt)), optimizer_(optimizer), made_(std::move(made)),
-        mesh_(parallel::trainer_mesh(world, opt_.tensor_parallel, opt_.pipeline_stages)), dp_(mesh_ ? mesh_->dp() : world),
-        tp_(tensor_group()), schedules_(), log_(opt_.record_events),
+        mesh_(parallel::trainer_mesh(world, opt_.tensor_parallel, opt_.pipeline_stages, opt_.expert_parallel,
+                                     opt_.context_parallel)),
+        dp_(mesh_ ? mesh_->dp() : world), tp_(tensor_group()), ep_(group_of(opt_.expert_parallel, &parallel::mesh<Comm>::ep)),
+        cp_(group_of(opt_.context_parallel, &parallel::mesh<Comm>::cp)),
+        data_(dp_.size() > 1 ? std::make_unique<parallel::tensor_group<Comm>>(dp_) : nullptr), schedules_(),
+        log_(opt_.record_events),
         net_(tensor_part(model), opt_.seed, with_chunks(sync_type::network_options(dp_.size()), tensor_part(model))),
         full_layout_(mesh_ ? nn::make_layout(model, net_.layout().padding_unit) : net_.layout()),
         sync_(dp_, net_, {.seed = opt_.seed, .bucket_mb = opt_.bucket_mb, .chunks = chunks_, .log = &log_}),
@@ -76,6 +80,14 @@ class engine final : public engine_base<Space> {
       fail<invalid_argument>("dml::trainer: tied parameters (", full_layout_.slots[tied_[0].whole].name, ") need whole "
                              "gradients on each rank to sum; use replicate, not ", Sharding::name);
     if constexpr (Precision::loss_scaling) scaler_ = optim::loss_scaler({.init_scale = opt_.initial_loss_scale});
+    if (opt_.expert_parallel > 1) {
+      if constexpr (requires { sync_.set_expert_group(mesh_->edp()); }) sync_.set_expert_group(mesh_->edp());
+      else
+        fail<invalid_argument>("dml::trainer: expert parallelism reduces experts' gradients over the ranks that hold "
+                               "them, which replicate supports; found ", Sharding::name, " with expert_parallel ",
+                               opt_.expert_parallel);
+    }
+    pipe_.set_layer_context({.ep = ep_.get(), .cp = cp_.get(), .cp_zigzag = opt_.cp_zigzag, .data = data_.get()});
     schedule_of(opt_.micro_batches);  // a bad schedule fails here, before any work
   }
 
@@ -87,7 +99,7 @@ class engine final : public engine_base<Space> {
     ++step_;
     const std::int64_t rows = x.shape[0], m = std::min(opt_.micro_batches, std::max<std::int64_t>(rows, 1));
     pipe_.begin_step({.x = x, .y = y, .global_batch = global_batch, .rows = rows, .micro_batches = m,
-                      .first_row = sync_.first_global_row(rows), .seed = opt_.seed, .step = static_cast<std::uint64_t>(step_),
+                      .first_row = sync_.first_global_row(rows, opt_.context_parallel), .seed = opt_.seed, .step = static_cast<std::uint64_t>(step_),
                       .loss_scale = loss_scale()});
     const auto& plan = schedule_of(m).ranks[static_cast<std::size_t>(pipe_.rank())];
     // A chunk's gradients are complete after its last backward (or weight pass): that one reduces.
@@ -134,8 +146,8 @@ class engine final : public engine_base<Space> {
   }
   std::vector<float> full_parameters() override {
     if (!mesh_) return sync_.parameters();
-    return parallel::whole_model<Space>(net_.layout(), full_layout_, sync_.parameters(), mesh_->tp_rank(), mesh_->tp(),
-                                        mesh_->pp());
+    return parallel::whole_model<Space>(net_.layout(), full_layout_, sync_.parameters(), mesh_->tp_rank(),
+                                        mesh_->ep_rank(), mesh_->tp(), mesh_->pp(), mesh_->ep());
   }
   void load_full_parameters(std::span<const float> full) override {
     if (static_cast<std::int64_t>(full.size()) != full_layout_.total)
@@ -158,6 +170,7 @@ class engine final : public engine_base<Space> {
   std::pair<std::int64_t, std::int64_t> activation_peaks() const override { return {pipe_.peak_bytes(), pipe_.peak_sets()}; }
 
   void save_checkpoint(const std::filesystem::path& dir, const std::map<std::string, std::string>& user) override {
+    refuse_expert_checkpoint();
     auto info = description();
     info.user = user;
     put_trainer_meta(info, optimizer_step_, Precision::loss_scaling ? &scaler_ : nullptr);
@@ -166,6 +179,7 @@ class engine final : public engine_base<Space> {
     save_sharded<Space, Optimizer::state_slots>(world_, sync_, dp_.rank(), dir, std::move(info), ranges, net_.layout(), tp_rank());
   }
   std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) override {
+    refuse_expert_checkpoint();
     auto info = load_sharded<Optimizer::state_slots>(world_, sync_, dp_.rank(), net_.layout(), dir, description(), tp_rank());
     step_ = info.step;
     opt_.seed = info.seed;  // dropout masks follow (seed, step)
@@ -176,6 +190,17 @@ class engine final : public engine_base<Space> {
 
  private:
   int pp_rank() const { return mesh_ ? mesh_->pp_rank() : 0; }
+  int ep_rank() const { return mesh_ ? mesh_->ep_rank() : 0; }
+  void refuse_expert_checkpoint() const {
+    if (opt_.expert_parallel > 1)
+      fail<invalid_argument>("dml::trainer: sharded checkpoints of experts split over ", opt_.expert_parallel,
+                             " expert-parallel ranks are not supported yet; save with expert_parallel 1, or save "
+                             "full_parameters()");
+  }
+  std::unique_ptr<parallel::tensor_group<Comm>> group_of(int degree, Comm& (parallel::mesh<Comm>::*axis)()) {
+    if (degree == 1) return nullptr;
+    return std::make_unique<parallel::tensor_group<Comm>>(((*mesh_).*axis)());
+  }
   int tp_rank() const { return mesh_ ? mesh_->tp_rank() : 0; }
 
   // Tied parameters (GPT's LM head and token embedding): each copy takes the sum of both gradients, so both
@@ -209,16 +234,70 @@ class engine final : public engine_base<Space> {
         if (slot >= 0) cast_n<Space>(sum.data(), net_.grad(static_cast<std::size_t>(slot)), count);
     }
   }
+  // Every slot but this rank's experts (tensor ranks other than 0 leave theirs out: experts are whole on each).
+  const std::vector<bool>& non_expert_slots() {
+    if (non_expert_.empty())
+      for (const auto& s : net_.layout().slots) non_expert_.push_back(!s.spec.shard.expert_sharded() || tp_rank() > 0);
+    return non_expert_;
+  }
+  // The step's routing records summed over micro-batches and layers, then over the pipeline's stages (each
+  // stage holds its own layers; every rank of a stage holds the same records).
+  train::routing_summary summarise_routing() {
+    const auto& records = pipe_.routing().records;
+    std::int64_t experts = 0, bytes = 0;
+    for (const auto& [key, r] : records) experts = std::max<std::int64_t>(experts, static_cast<std::int64_t>(r.tokens.size()));
+    if (mesh_ && mesh_->pp_size() > 1) experts = max_over_pp(experts);
+    train::routing_summary out;
+    if (experts == 0) return out;
+    // [aux, z, tokens..., dropped...] as doubles: exact for counts below 2^53.
+    std::vector<double> v(static_cast<std::size_t>(2 + 2 * experts), 0.0);
+    for (const auto& [key, r] : records) {
+      v[0] += r.share * r.aux_loss;
+      v[1] += r.share * r.z_loss;
+      for (std::size_t e = 0; e < r.tokens.size(); ++e) {
+        v[2 + e] += static_cast<double>(r.tokens[e]);
+        v[2 + static_cast<std::size_t>(experts) + e] += static_cast<double>(r.dropped[e]);
+      }
+      bytes += r.a2a_bytes;
+    }
+    if (mesh_ && mesh_->pp_size() > 1) {
+      buffer<double, Space> d(v.size());
+      dml::copy_n(v.data(), v.size(), d.data());
+      mesh_->pp().all_reduce(d.span(), comm::reduce_op::sum);
+      dml::copy_n(d.data(), v.size(), v.data());
+    }
+    out.aux_loss = v[0];
+    out.z_loss = v[1];
+    for (std::int64_t e = 0; e < experts; ++e) {
+      out.tokens.push_back(static_cast<std::int64_t>(v[static_cast<std::size_t>(2 + e)]));
+      out.dropped.push_back(static_cast<std::int64_t>(v[static_cast<std::size_t>(2 + experts + e)]));
+    }
+    out.a2a_bytes = bytes;
+    return out;
+  }
+  std::int64_t max_over_pp(std::int64_t n) {
+    buffer<std::int64_t, Space> d(1);
+    dml::copy_n(&n, 1, d.data());
+    mesh_->pp().all_reduce(d.span(), comm::reduce_op::max);
+    dml::copy_n(d.data(), 1, &n);
+    return n;
+  }
   const std::vector<bool>& uncounted_slots() {
     if (uncounted_.empty())
       for (const auto& s : net_.layout().slots)
-        uncounted_.push_back((tp_rank() > 0 && !s.spec.shard.sharded()) || !s.spec.tied_to.empty());
+        uncounted_.push_back((tp_rank() > 0 && !s.spec.shard.tensor_sharded()) || !s.spec.tied_to.empty() ||
+                             s.spec.shard.expert_sharded());
     return uncounted_;
   }
   // This rank's part of the model: layers with a tensor-parallel form hold 1/tp of their parameters.
+  // So do layers with experts under expert parallelism (1/ep of the experts); under context parallelism the
+  // layers learn their chunk of each sequence.
   nn::sequential<Layers...> tensor_part(nn::sequential<Layers...> model) const {
     if (opt_.tensor_parallel > 1)
       nn::set_tensor_split(model, {.ranks = opt_.tensor_parallel, .rank = mesh_->tp_rank(), .sequence = opt_.sequence_parallel});
+    if (opt_.expert_parallel > 1) nn::set_expert_split(model, opt_.expert_parallel, mesh_->ep_rank());
+    if (opt_.context_parallel > 1)
+      nn::set_context_split(model, {.ranks = opt_.context_parallel, .rank = mesh_->cp_rank(), .zigzag = opt_.cp_zigzag});
     return model;
   }
   std::unique_ptr<parallel::tensor_group<Comm>> tensor_group() {
@@ -261,7 +340,9 @@ class engine final : public engine_base<Space> {
       // Sharded gradients sum over every rank; replicated ones once per stage, over the stages.
       // Sharded gradients sum over every rank; replicated ones once per stage and tensor rank. Tensor ranks
       // other than 0 leave out their copies of the parameters that are not split, and a tied copy is left out.
-      const double local = sync_.grad_squared_norm(uncounted_slots());
+      // Experts differ across the expert group: their part sums over it too.
+      double local = sync_.grad_squared_norm(uncounted_slots());
+      if (opt_.expert_parallel > 1) local += sync_.sum(mesh_->ep(), sync_.grad_squared_norm(non_expert_slots()));
       out.grad_norm = std::sqrt(sync_type::sharded_gradients ? sync_.sum(world_, local)
                                 : mesh_ ? sync_.sum(mesh_->pp(), sync_.sum(mesh_->tp(), local)) : local);
       out.grad_norm /= loss_scale();  // the norm of the true gradients, not of the scaled ones
@@ -272,6 +353,7 @@ class engine final : public engine_base<Space> {
       out.skipped = !scaler_.update(sync_.sum(world_, static_cast<int>(sync_.has_overflow())) > 0);
       out.loss_scale = scaler_.scale();
     }
+    out.routing = summarise_routing();
     if (!out.skipped) sync_.update(optimizer_, opt_.lr ? opt_.lr(step_) : optimizer_.default_lr(), ++optimizer_step_,
                                    scale / loss_scale());
     log_(event_kind::step_end);
@@ -288,6 +370,8 @@ class engine final : public engine_base<Space> {
   std::optional<parallel::mesh<Comm>> mesh_;  // tp × dp × pp groups, with tensor or pipeline parallelism
   Comm& dp_;                                  // the data-parallel group of this rank's stage
   std::unique_ptr<parallel::tensor_group<Comm>> tp_;  // what the layers talk to, with tensor parallelism
+  // ... with expert and context parallelism; and the data-parallel group, over which MoE layers sum their load
+  std::unique_ptr<parallel::tensor_group<Comm>> ep_, cp_, data_;
   std::map<std::int64_t, schedule::table> schedules_;
   parallel::event_log log_;
   int virtual_stages_ = 1;
@@ -299,6 +383,7 @@ class engine final : public engine_base<Space> {
   optim::loss_scaler scaler_;
   std::int64_t step_ = 0, optimizer_step_ = 0;  // steps taken; updates applied (fp16 skips some)
   std::vector<bool> uncounted_;  // per slot of this rank: left out of the gradient norm (counted elsewhere)
+  std::vector<bool> non_expert_;
   std::vector<tie> tied_;
 };
 
