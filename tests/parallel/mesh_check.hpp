@@ -15,14 +15,21 @@ namespace mesh_check {
 
 using dml::parallel::mesh_shape;
 
-// Every shape of n ranks: each tp × dp × pp == n, with each ep that divides dp.
+// Every shape of n ranks: each tp × dp × pp == n, with each ep that divides dp, and each cp that divides dp
+// (with ep 1, and with the largest ep).
 inline std::vector<mesh_shape> shapes_of(int n) {
   std::vector<mesh_shape> out;
   for (int tp = 1; tp <= n; ++tp)
     for (int dp = 1; tp * dp <= n; ++dp)
-      if (n % (tp * dp) == 0)
+      if (n % (tp * dp) == 0) {
         for (int ep = 1; ep <= dp; ++ep)
           if (dp % ep == 0) out.push_back({.tp = tp, .dp = dp, .pp = n / (tp * dp), .ep = ep});
+        for (int cp = 2; cp <= dp; ++cp)
+          if (dp % cp == 0) {
+            out.push_back({.tp = tp, .dp = dp, .pp = n / (tp * dp), .cp = cp});
+            out.push_back({.tp = tp, .dp = dp, .pp = n / (tp * dp), .ep = dp, .cp = cp});
+          }
+      }
   return out;
 }
 
@@ -82,13 +89,16 @@ report check(Comm& world, mesh_shape s) {
     int rank;  // this rank's coordinate along the axis
     std::vector<std::int32_t> expected;
   };
-  std::vector<axis> axes{{"tp", m.tp(), t, {}}, {"dp", m.dp(), d, {}}, {"pp", m.pp(), p, {}},
-                         {"ep", m.ep(), d % s.ep, {}}, {"edp", m.edp(), d / s.ep, {}}};
+  std::vector<axis> axes{{"tp", m.tp(), t, {}},        {"dp", m.dp(), d, {}},           {"pp", m.pp(), p, {}},
+                         {"ep", m.ep(), d % s.ep, {}}, {"edp", m.edp(), d / s.ep, {}}, {"cp", m.cp(), d % s.cp, {}}};
   for (int i = 0; i < s.tp; ++i) axes[0].expected.push_back(at(i, d, p));
   for (int i = 0; i < s.dp; ++i) axes[1].expected.push_back(at(t, i, p));
   for (int i = 0; i < s.pp; ++i) axes[2].expected.push_back(at(t, d, i));
   for (int i = 0; i < s.ep; ++i) axes[3].expected.push_back(at(t, d / s.ep * s.ep + i, p));
   for (int i = 0; i < s.dp / s.ep; ++i) axes[4].expected.push_back(at(t, d % s.ep + i * s.ep, p));
+  for (int i = 0; i < s.cp; ++i) axes[5].expected.push_back(at(t, d / s.cp * s.cp + i, p));
+  rep.expect(m.cp_rank() == d % s.cp && m.cp_size() == s.cp && m.data_rank() == d / s.cp && m.data_ranks() == s.dp / s.cp,
+             where, "cp_rank ", m.cp_rank(), " data_rank ", m.data_rank());
   for (auto& a : axes) {
     const auto got = gather_world_ranks(a.group, r);
     rep.expect(a.group.size() == int(a.expected.size()) && a.group.rank() == a.rank, where, a.name, " group: rank ",

@@ -54,7 +54,9 @@ TEST_CASE("parallel::mesh: every layout of 8, 4, 2 and 1 ranks has the groups of
       ++shapes;
     }
   }
-  CHECK(shapes == 20 + 10 + 4 + 1);  // (tp, dp, pp, ep) with tp·dp·pp = n and ep | dp
+  // (tp, dp, pp, ep) with tp·dp·pp = n and ep | dp: 20 + 10 + 4 + 1; then each cp > 1 dividing dp, twice (ep 1
+  // and ep = dp): 20, 8 and 2 more for n = 8, 4 and 2.
+  CHECK(shapes == 20 + 10 + 4 + 1 + 20 + 8 + 2);
 }
 
 TEST_CASE("parallel::mesh: coordinates, neighbours and describe() on tp 1 × dp 2 × pp 2") {
@@ -84,18 +86,30 @@ TEST_CASE("parallel::mesh: describe() names the expert group when ep > 1") {
   CHECK(text == "tp 2 × dp 4 (ep 2) × pp 1, this rank: tp 1 dp 3 (ep 1) pp 0");
 }
 
+TEST_CASE("parallel::mesh: describe() names the context-parallel group when cp > 1") {
+  std::string text;
+  local::run(8, [&](local& world) {
+    mesh<local> m(world, {.dp = 8, .ep = 2, .cp = 4});
+    if (world.rank() == 6) text = m.describe();
+  });
+  CHECK(text == "tp 1 × dp 8 (ep 2, cp 4) × pp 1, this rank: tp 0 dp 6 (ep 0, cp 2) pp 0");
+}
+
 TEST_CASE("parallel::mesh: a shape that does not fit the world fails on every rank with what it expected") {
   CHECK(error_of(3, {.tp = 1, .dp = 2, .pp = 2}) ==
         "dml::parallel::mesh: expected a world of tp 1 × dp 2 × pp 2 = 4 ranks, found 3");
   CHECK(error_of(8, {.tp = 2, .dp = 2}) == "dml::parallel::mesh: expected a world of tp 2 × dp 2 × pp 1 = 4 ranks, found 8");
   CHECK(error_of(1, {.tp = 1, .dp = 1, .pp = 2}) ==
         "dml::parallel::mesh: expected a world of tp 1 × dp 1 × pp 2 = 2 ranks, found 1");
-  CHECK(error_of(2, {.tp = 0, .dp = 2}) == "dml::parallel::mesh: expected every degree >= 1, found tp 0, dp 2, pp 1, ep 1");
+  CHECK(error_of(2, {.tp = 0, .dp = 2}) == "dml::parallel::mesh: expected every degree >= 1, found tp 0, dp 2, pp 1, ep 1, cp 1");
   CHECK(error_of(2, {.dp = 2, .pp = -1}) ==
-        "dml::parallel::mesh: expected every degree >= 1, found tp 1, dp 2, pp -1, ep 1");
+        "dml::parallel::mesh: expected every degree >= 1, found tp 1, dp 2, pp -1, ep 1, cp 1");
   CHECK(error_of(4, {.dp = 4, .ep = 3}) ==
         "dml::parallel::mesh: expected ep to divide dp (an expert group is ep consecutive data-parallel ranks), found "
         "ep 3 and dp 4");
+  CHECK(error_of(4, {.dp = 4, .cp = 3}) ==
+        "dml::parallel::mesh: expected cp to divide dp (a context-parallel group is cp consecutive data-parallel "
+        "ranks), found cp 3 and dp 4");
 }
 
 TEST_CASE("parallel::mesh: ranks that pass different shapes are told so instead of getting wrong groups") {
