@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Builds and runs one consumer project of dml (cmake -P). MODE=find-package installs the current
 # build tree into PREFIX first and builds tests/find-package against that prefix;
-# MODE=add-subdirectory builds tests/add-subdirectory against the source tree.
+# MODE=add-subdirectory builds tests/add-subdirectory against the source tree. Both also build and run
+# examples/learn 01, 02 and 04, which use dml's public names only.
 # Inputs: MODE, DML_SOURCE_DIR, DML_BINARY_DIR, WORK_DIR, GENERATOR, CXX_COMPILER, BUILD_TYPE;
 # for find-package also PREFIX, and HAVE_MPI / HAVE_CUDA to check that the mpi and cuda
 # components load their dependencies.
@@ -87,3 +88,7 @@ if(NOT configure_rc EQUAL 0)
 endif()
 step("building the consumer" ${CMAKE_COMMAND} --build ${bin} --config ${BUILD_TYPE})
 step("running the consumer" ${bin}/consumer)
+# The learn examples it built, as their tests run them (each a second or two); a failed check exits non-zero.
+foreach(name 01_one_rank 02_ddp_threads 04_custom_layer)
+  step("running learn_${name}" ${bin}/learn_${name})
+endforeach()
