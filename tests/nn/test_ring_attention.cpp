@@ -1,0 +1,361 @@
+// SPDX-License-Identifier: Apache-2.0
+// tests/nn/test_ring_attention.cpp — ring attention over 1, 2 and 4 thread ranks against full attention (causal
+// and not, zig-zag and not), its gradients against finite differences, the chunk layout, errors and memory.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "dml/comm/local.hpp"
+#include "dml/nn/attention.hpp"
+#include "dml/nn/ring_attention.hpp"
+#include "dml/parallel/tensor.hpp"
+
+using dml::comm::local;
+using dml::nn::attention_shape;
+using dml::nn::cp_layout;
+using dml::nn::ring_attention_shape;
+
+namespace {
+
+std::vector<float> random_vector(std::size_t n, unsigned seed, float lo = -1.f, float hi = 1.f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
+
+struct attention_result {
+  std::vector<float> y, dqkv;
+};
+
+// Full attention on the whole sequence, in double: y = softmax(q·kᵀ/√hd, masked)·v and, for loss Σ y·dy, dqkv.
+attention_result reference_loop(const ring_attention_shape& s, const std::vector<float>& qkv,
+                                const std::vector<float>& dy) {
+  const std::int64_t T = s.seq, hd = s.head_dim, w = s.width(), ld = 3 * w;
+  attention_result out{std::vector<float>(sz(s.batch * T * w)), std::vector<float>(qkv.size(), 0.f)};
+  std::vector<double> dq(qkv.size(), 0.0);
+  for (std::int64_t b = 0; b < s.batch; ++b)
+    for (std::int64_t h = 0; h < s.heads; ++h) {
+      auto at = [&](std::int64_t t, std::int64_t part, std::int64_t d) { return sz((b * T + t) * ld + part * w + h * hd + d); };
+      auto yat = [&](std::int64_t t, std::int64_t d) { return sz((b * T + t) * w + h * hd + d); };
+      for (std::int64_t t = 0; t < T; ++t) {
+        const std::int64_t n = s.causal ? t + 1 : T;
+        std::vector<double> p(sz(n)), dp(sz(n));
+        for (std::int64_t u = 0; u < n; ++u) {
+          double dot = 0;
+          for (std::int64_t d = 0; d < hd; ++d) dot += double(qkv[at(t, 0, d)]) * qkv[at(u, 1, d)];
+          p[sz(u)] = dot / std::sqrt(double(hd));
+        }
+        const double mx = *std::max_element(p.begin(), p.end());
+        double sum = 0;
+        for (auto& x : p) sum += (x = std::exp(x - mx));
+        for (auto& x : p) x /= sum;
+        double row = 0;  // Σ_u dP·P
+        for (std::int64_t u = 0; u < n; ++u) {
+          double acc = 0;
+          for (std::int64_t d = 0; d < hd; ++d) acc += double(dy[yat(t, d)]) * qkv[at(u, 2, d)];
+          dp[sz(u)] = acc;
+          row += acc * p[sz(u)];
+        }
+        for (std::int64_t d = 0; d < hd; ++d) {
+          double acc = 0;
+          for (std::int64_t u = 0; u < n; ++u) acc += p[sz(u)] * qkv[at(u, 2, d)];
+          out.y[yat(t, d)] = float(acc);
+        }
+        for (std::int64_t u = 0; u < n; ++u) {
+          const double ds = p[sz(u)] * (dp[sz(u)] - row) / std::sqrt(double(hd));
+          for (std::int64_t d = 0; d < hd; ++d) {
+            dq[at(t, 0, d)] += ds * qkv[at(u, 1, d)];
+            dq[at(u, 1, d)] += ds * qkv[at(t, 0, d)];
+            dq[at(u, 2, d)] += p[sz(u)] * dy[yat(t, d)];
+          }
+        }
+      }
+    }
+  for (std::size_t i = 0; i < dq.size(); ++i) out.dqkv[i] = float(dq[i]);
+  return out;
+}
+
+// The library's own full causal attention.
+attention_result reference_causal(const ring_attention_shape& s, const std::vector<float>& qkv,
+                                  const std::vector<float>& dy) {
+  const attention_shape a{s.batch, s.seq, s.heads, s.head_dim};
+  std::vector<float> probs(sz(dml::nn::attention_saved_size(a))), scratch(sz(dml::nn::attention_scratch_size(a)));
+  attention_result out{std::vector<float>(sz(s.batch * s.seq * s.width())), std::vector<float>(qkv.size())};
+  dml::nn::causal_attention_forward<dml::host>(a, qkv.data(), probs.data(), out.y.data());
+  dml::nn::causal_attention_backward<dml::host>(a, qkv.data(), probs.data(), dy.data(), out.dqkv.data(), scratch.data());
+  return out;
+}
+
+attention_result reference(const ring_attention_shape& s, const std::vector<float>& qkv, const std::vector<float>& dy) {
+  return s.causal ? reference_causal(s, qkv, dy) : reference_loop(s, qkv, dy);
+}
+
+// One rank's rows of a whole [batch, seq, cols] array, by cp_position, and back.
+template <class T>
+std::vector<T> local_rows(const std::vector<T>& full, const ring_attention_shape& s, const cp_layout& at, std::int64_t cols) {
+  const std::int64_t n = s.seq / at.ranks;
+  std::vector<T> out(sz(s.batch * n * cols));
+  for (std::int64_t b = 0; b < s.batch; ++b)
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t t = dml::nn::cp_position(at, s.seq, i);
+      std::copy_n(full.begin() + (b * s.seq + t) * cols, cols, out.begin() + (b * n + i) * cols);
+    }
+  return out;
+}
+template <class T>
+void put_rows(std::vector<T>& full, const std::vector<T>& part, const ring_attention_shape& s, const cp_layout& at,
+              std::int64_t cols) {
+  const std::int64_t n = s.seq / at.ranks;
+  for (std::int64_t b = 0; b < s.batch; ++b)
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t t = dml::nn::cp_position(at, s.seq, i);
+      std::copy_n(part.begin() + (b * n + i) * cols, cols, full.begin() + (b * s.seq + t) * cols);
+    }
+}
+
+struct ring_counts {
+  std::int64_t forward_sends = 0, backward_sends = 0, forward_recvs = 0, backward_recvs = 0;
+};
+
+// Ring attention over `ranks` thread ranks on the whole qkv and dy, each rank taking its rows; the results put
+// back at their positions. ranks == 1 runs without a group. With backward false, dqkv stays empty.
+template <class T = float>
+attention_result ring(const ring_attention_shape& s, int ranks, bool zigzag, const std::vector<float>& qkv,
+                      const std::vector<float>& dy, bool backward = true, ring_counts* counts = nullptr) {
+  const std::int64_t w = s.width();
+  attention_result out{std::vector<float>(sz(s.batch * s.seq * w)), std::vector<float>(backward ? qkv.size() : 0)};
+  auto body = [&](dml::nn::tensor_group* group, int rank) {
+    const cp_layout at{.ranks = ranks, .rank = rank, .zigzag = zigzag};
+    std::vector<T> q, g;
+    for (float x : local_rows(qkv, s, at, 3 * w)) q.push_back(T(x));
+    for (float x : local_rows(dy, s, at, w)) g.push_back(T(x));
+    std::vector<T> y(g.size()), dq(q.size(), T(1000.f));  // filled first: backward must overwrite
+    std::vector<float> lse(sz(dml::nn::ring_attention_saved_size(s, at)));
+    std::vector<T> ws(sz(dml::nn::ring_attention_workspace_size(s, at)));
+    if (group) group->set_pass(dml::nn::pass::forward);
+    dml::nn::ring_attention_forward<dml::host>(s, at, group, q.data(), y.data(), lse.data(), ws.data());
+    if (backward) {
+      if (group) group->set_pass(dml::nn::pass::backward);
+      dml::nn::ring_attention_backward<dml::host>(s, at, group, q.data(), y.data(), lse.data(), g.data(), dq.data(),
+                                                  ws.data());
+    }
+    if (counts && group && rank == 0) {
+      using dml::nn::group_op, dml::nn::pass;
+      *counts = {group->calls(pass::forward, group_op::send), group->calls(pass::backward, group_op::send),
+                 group->calls(pass::forward, group_op::recv), group->calls(pass::backward, group_op::recv)};
+    }
+    std::vector<float> yf(y.begin(), y.end()), dqf(dq.begin(), dq.end());
+    put_rows(out.y, yf, s, at, w);  // ranks write disjoint rows
+    if (backward) put_rows(out.dqkv, dqf, s, at, 3 * w);
+  };
+  if (ranks == 1) {
+    body(nullptr, 0);
+  } else {
+    local::run(ranks, [&](local& comm) {
+      dml::parallel::tensor_group<local> group(comm);
+      body(&group, comm.rank());
+    });
+  }
+  return out;
+}
+
+// max |a − b| / max(1, |b|): absolute for values up to 1, relative above.
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < b.size(); ++i)
+    worst = std::max(worst, std::abs(double(a[i]) - b[i]) / std::max(1.0, std::abs(double(b[i]))));
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("the reference loop agrees with causal_attention_forward and backward") {
+  const ring_attention_shape s{.batch = 2, .seq = 9, .heads = 2, .head_dim = 5, .causal = true};
+  const auto qkv = random_vector(sz(s.batch * s.seq * 3 * s.width()), 3, -2.f, 2.f);
+  const auto dy = random_vector(sz(s.batch * s.seq * s.width()), 4);
+  const auto a = reference_loop(s, qkv, dy), b = reference_causal(s, qkv, dy);
+  MESSAGE("y max_abs_diff=" << max_diff(a.y, b.y) << " dqkv max_abs_diff=" << max_diff(a.dqkv, b.dqkv));
+  CHECK(max_diff(a.y, b.y) < 1e-5);
+  CHECK(max_diff(a.dqkv, b.dqkv) < 1e-5);
+}
+
+TEST_CASE("ring attention matches full attention on 1, 2 and 4 ranks, both masks, zig-zag or not") {
+  for (bool causal : {true, false})
+    for (bool zigzag : {true, false})
+      for (int ranks : {1, 2, 4}) {
+        CAPTURE(causal);
+        CAPTURE(zigzag);
+        CAPTURE(ranks);
+        const ring_attention_shape s{.batch = 2, .seq = 16, .heads = 2, .head_dim = 8, .causal = causal};
+        const auto qkv = random_vector(sz(s.batch * s.seq * 3 * s.width()), 7, -2.f, 2.f);
+        const auto dy = random_vector(sz(s.batch * s.seq * s.width()), 8);
+        const auto want = reference(s, qkv, dy);
+        ring_counts counts;
+        const auto got = ring(s, ranks, zigzag, qkv, dy, true, &counts);
+        const double dy_diff = max_diff(got.y, want.y), dq_diff = max_diff(got.dqkv, want.dqkv);
+        MESSAGE("causal=" << causal << " zigzag=" << zigzag << " cp=" << ranks << ": y max_abs_diff=" << dy_diff
+                          << " dqkv max_abs_diff=" << dq_diff);
+        CHECK(dy_diff < 1e-5);
+        CHECK(dq_diff < 1e-5);
+        if (ranks > 1) {  // K/V go round once forward; K/V once more and dK/dV a full turn backward
+          CHECK(counts.forward_sends == ranks - 1);
+          CHECK(counts.forward_recvs == ranks - 1);
+          CHECK(counts.backward_sends == 2 * ranks - 1);
+          CHECK(counts.backward_recvs == 2 * ranks - 1);
+        }
+      }
+}
+
+TEST_CASE("ring attention over 2 ranks stays finite where exp of the raw logits would overflow") {
+  const ring_attention_shape s{.batch = 1, .seq = 8, .heads = 2, .head_dim = 4, .causal = true};
+  const auto qkv = random_vector(sz(s.batch * s.seq * 3 * s.width()), 41, -30.f, 30.f);
+  const auto dy = random_vector(sz(s.batch * s.seq * s.width()), 42);
+  const auto want = reference_loop(s, qkv, dy);
+  const auto got = ring(s, 2, true, qkv, dy, false);
+  double worst = 0, scale = 0;
+  bool finite = true;
+  for (std::size_t i = 0; i < want.y.size(); ++i) {
+    finite = finite && std::isfinite(got.y[i]);
+    worst = std::max(worst, std::abs(double(got.y[i]) - want.y[i]));
+    scale = std::max(scale, std::abs(double(want.y[i])));
+  }
+  MESSAGE("large logits over 2 ranks: max_abs_diff=" << worst << " of max |y| " << scale);
+  CHECK(finite);
+  CHECK(worst < 1e-3 * scale);
+}
+
+TEST_CASE("ring attention over 2 ranks: every element of dqkv matches central finite differences") {
+  for (bool causal : {true, false}) {
+    CAPTURE(causal);
+    const ring_attention_shape s{.batch = 1, .seq = 8, .heads = 2, .head_dim = 3, .causal = causal};
+    auto qkv = random_vector(sz(s.batch * s.seq * 3 * s.width()), 11);
+    const auto r = random_vector(sz(s.batch * s.seq * s.width()), 12);
+    const auto dqkv = ring(s, 2, true, qkv, r).dqkv;
+    // loss = Σ y·r, so ∂loss/∂y = r; summed in double so the quotient sees only the attention's error.
+    auto loss = [&] {
+      const auto y = ring(s, 2, true, qkv, r, false).y;
+      double sum = 0;
+      for (std::size_t i = 0; i < y.size(); ++i) sum += double(y[i]) * r[i];
+      return sum;
+    };
+    const float h = 1e-2f;
+    const std::int64_t w = s.width();
+    double max_rel[3] = {0, 0, 0}, max_abs = 0;
+    for (std::size_t i = 0; i < qkv.size(); ++i) {
+      const float keep = qkv[i];
+      qkv[i] = keep + h;
+      const double up = loss();
+      qkv[i] = keep - h;
+      const double down = loss();
+      qkv[i] = keep;
+      const double numeric = (up - down) / (double(keep + h) - double(keep - h));
+      const double diff = std::abs(dqkv[i] - numeric);
+      const auto part = sz((std::int64_t(i) % (3 * w)) / w);  // 0: q, 1: k, 2: v
+      max_abs = std::max(max_abs, diff);
+      max_rel[part] = std::max(max_rel[part], diff / std::max(1e-2, std::abs(numeric) + std::abs(double(dqkv[i]))));
+    }
+    MESSAGE("causal=" << causal << ": max_rel_diff dq=" << max_rel[0] << " dk=" << max_rel[1] << " dv=" << max_rel[2]
+                      << " max_abs_diff=" << max_abs);
+    CHECK(max_rel[0] < 2e-3);
+    CHECK(max_rel[1] < 2e-3);
+    CHECK(max_rel[2] < 2e-3);
+  }
+}
+
+TEST_CASE("ring attention in bf16 over 2 ranks stays near float") {
+  const ring_attention_shape s{.batch = 2, .seq = 16, .heads = 2, .head_dim = 8, .causal = true};
+  const auto qkv = random_vector(sz(s.batch * s.seq * 3 * s.width()), 31);
+  const auto dy = random_vector(sz(s.batch * s.seq * s.width()), 32);
+  const auto want = ring<float>(s, 2, true, qkv, dy);
+  const auto got = ring<dml::bf16>(s, 2, true, qkv, dy);
+  const double y_diff = max_diff(got.y, want.y), d_diff = max_diff(got.dqkv, want.dqkv);
+  MESSAGE("bf16 against float: y max_abs_diff=" << y_diff << " dqkv max_abs_diff=" << d_diff);
+  CHECK(y_diff < 3e-2);
+  CHECK(d_diff < 3e-2);
+}
+
+TEST_CASE("cp_position is a permutation of the sequence over the ranks of the ring, both layouts") {
+  for (bool zigzag : {true, false})
+    for (int ranks : {1, 2, 3, 4, 8}) {
+      CAPTURE(zigzag);
+      CAPTURE(ranks);
+      const std::int64_t seq = 48, n = seq / ranks;
+      std::set<std::int64_t> seen;
+      bool in_range = true;
+      for (int r = 0; r < ranks; ++r) {
+        const cp_layout at{.ranks = ranks, .rank = r, .zigzag = zigzag};
+        CHECK_NOTHROW(dml::nn::check_cp_layout(at, seq));
+        for (std::int64_t i = 0; i < n; ++i) {
+          const std::int64_t p = dml::nn::cp_position(at, seq, i);
+          in_range = in_range && p >= 0 && p < seq;
+          seen.insert(p);
+        }
+      }
+      CHECK(in_range);
+      CHECK(seen.size() == sz(seq));
+    }
+  // Zig-zag: rank 0 of 2 holds the first and the last quarter.
+  const cp_layout first{.ranks = 2, .rank = 0, .zigzag = true};
+  CHECK(dml::nn::cp_position(first, 16, 0) == 0);
+  CHECK(dml::nn::cp_position(first, 16, 3) == 3);
+  CHECK(dml::nn::cp_position(first, 16, 4) == 12);
+  CHECK(dml::nn::cp_position(first, 16, 7) == 15);
+}
+
+TEST_CASE("a sequence that does not split into the layout's chunks is refused with what was expected") {
+  using dml::invalid_argument;
+  CHECK_THROWS_WITH_AS(dml::nn::check_cp_layout(cp_layout{.ranks = 2, .rank = 0, .zigzag = true}, 6),
+                       doctest::Contains("expected seq divisible by 4 (2·ranks, zig-zag over 2 ranks), found seq = 6"),
+                       invalid_argument);
+  CHECK_THROWS_WITH_AS(dml::nn::check_cp_layout(cp_layout{.ranks = 4, .rank = 1, .zigzag = false}, 10),
+                       doctest::Contains("expected seq divisible by 4 (ranks over 4 ranks), found seq = 10"),
+                       invalid_argument);
+  CHECK_THROWS_WITH_AS(dml::nn::check_cp_layout(cp_layout{.ranks = 2, .rank = 2}, 8),
+                       doctest::Contains("expected a rank in [0, 2), found rank = 2"), invalid_argument);
+  CHECK_NOTHROW(dml::nn::check_cp_layout(cp_layout{.ranks = 2, .rank = 1, .zigzag = false}, 6));
+
+  // The call itself checks the layout, and that the group is the ring the layout names.
+  const ring_attention_shape s{.batch = 1, .seq = 6, .heads = 1, .head_dim = 2};
+  std::vector<float> buf(256);
+  float* p = buf.data();
+  CHECK_THROWS_WITH_AS(dml::nn::ring_attention_forward<dml::host>(s, cp_layout{.ranks = 2, .rank = 0}, nullptr, p, p, p, p),
+                       doctest::Contains("found seq = 6"), invalid_argument);
+  const ring_attention_shape s8{.batch = 1, .seq = 8, .heads = 1, .head_dim = 2};
+  CHECK_THROWS_WITH_AS(dml::nn::ring_attention_forward<dml::host>(s8, cp_layout{.ranks = 2, .rank = 0}, nullptr, p, p, p, p),
+                       doctest::Contains("expected a context-parallel group of 2 ranks, found none"), invalid_argument);
+  local::run(2, [&](local& comm) {
+    dml::parallel::tensor_group<local> group(comm);
+    std::vector<float> mine(256);
+    float* q = mine.data();
+    CHECK_THROWS_WITH_AS(dml::nn::ring_attention_backward<dml::host>(s8, cp_layout{.ranks = 4, .rank = 0}, &group, q, q,
+                                                                     q, q, q, q),
+                         doctest::Contains("expected a group of 4 ranks in which this is rank 0, found 2 ranks"),
+                         invalid_argument);
+  });
+}
+
+TEST_CASE("memory: what ring attention keeps and needs on 2 ranks is at most 55% of one rank's, seq 256") {
+  const ring_attention_shape s{.batch = 2, .seq = 256, .heads = 2, .head_dim = 8, .causal = true};
+  auto bytes = [&](int ranks) {
+    const cp_layout at{.ranks = ranks, .rank = 0, .zigzag = true};
+    return (dml::nn::ring_attention_saved_size(s, at) + dml::nn::ring_attention_workspace_size(s, at)) * 4;
+  };
+  const std::int64_t one = bytes(1), two = bytes(2), four = bytes(4);
+  const attention_shape full{s.batch, s.seq, s.heads, s.head_dim};
+  const std::int64_t dense = (dml::nn::attention_saved_size(full) + dml::nn::attention_scratch_size(full)) * 4;
+  MESSAGE("float bytes, saved + workspace: cp=1 " << one << ", cp=2 " << two << " (" << double(two) / double(one)
+                                                  << " of cp=1), cp=4 " << four << "; causal_attention probs + scratch "
+                                                  << dense);
+  CHECK(two <= 0.55 * double(one));
+  CHECK(four <= 0.55 * double(two));
+  CHECK(one < dense);  // blockwise on one rank already keeps no probabilities
+}
