@@ -1,0 +1,785 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/nn/moe.hpp — a mixture-of-experts MLP: a softmax router sends each token to its top-k of E GELU MLPs.
+// Sits on nn/layer.hpp, nn/tensor_group.hpp and core/gemm.hpp; gpt_block runs it in place of its dense MLP.
+//
+// Routing follows Switch (k = 1, gate p_top1) and GShard (k = 2, gates renormalised over the two), with an
+// expert capacity of ceil(capacity_factor · N · k / E) assignments over the N tokens of the global
+// micro-batch, the load-balancing loss E · Σ_e f_e · P_e and the router z-loss mean(logsumexp²) (ST-MoE).
+// Every decision that depends on other ranks' tokens is made from global counts (one all-reduce of a small
+// array of doubles over the data group), so a batch split over data-parallel ranks drops, routes and
+// balances exactly as one rank holding all of it would.
+//
+// Expert parallelism (set_expert_split): rank r of the expert group holds experts [r·E/ep, (r+1)·E/ep); tokens
+// travel to them and back with two all-to-alls per pass. Routing is decided on the host from a host copy of
+// the router logits (a few numbers per token); every per-element pass runs as a functor in the layer's space.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dml/core/algorithm.hpp"
+#include "dml/core/buffer.hpp"
+#include "dml/core/cast.hpp"
+#include "dml/core/gemm.hpp"
+#include "dml/nn/activation.hpp"
+#include "dml/nn/layer.hpp"
+#include "dml/nn/tensor_group.hpp"
+
+namespace dml::nn {
+
+struct moe_config {
+  std::int64_t dim = 0, hidden = 0;  // hidden 0: 4·dim
+  std::int64_t experts = 8;
+  int top_k = 2;                     // 1 (Switch) or 2 (GShard)
+  float capacity_factor = 1.25f;     // <= 0: dropless
+  float aux_loss_weight = 0.01f, z_loss_weight = 0.001f;
+  bool bias = false;                 // biases in the experts' Linears
+  float proj_std = 0.02f;            // c_proj's init std (a GPT passes its scaled residual init)
+  std::vector<float> logit_bias;     // empty, or one constant per expert added to the router logits
+};
+
+// Router logit offsets that skew the load on purpose (benchmarks, tests): expert e gets scale · (−s · ln(e+1)),
+// a Zipf-like preference for low experts; s = 0 gives none, and a large scale sends every token's top-1
+// choice to expert 0.
+inline std::vector<float> skewed_logit_bias(std::int64_t experts, double s, double scale) {
+  if (experts <= 0) fail<invalid_argument>("dml::nn::skewed_logit_bias: expected a positive number of experts, found ", experts);
+  std::vector<float> out(static_cast<std::size_t>(experts));
+  for (std::int64_t e = 0; e < experts; ++e)
+    out[static_cast<std::size_t>(e)] = static_cast<float>(scale * (-s * std::log(static_cast<double>(e + 1))));
+  return out;
+}
+
+namespace kernels {
+// out[r, j] = scale[r] · in[index[r], j] (scale null: 1): tokens into dispatch order, received rows into
+// expert order and back.
+template <class T>
+struct moe_gather_rows {
+  const T* in;
+  const std::int64_t* index;
+  const float* scale;
+  T* out;
+  std::int64_t n;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    const std::int64_t r = i / n, j = i % n;
+    float v = static_cast<float>(in[index[r] * n + j]);
+    if (scale) v *= scale[r];
+    out[i] = T(v);
+  }
+};
+// y[t, j] (+)= Σ over choices c = 0..k−1, in that order, of gate[t, c] · rows[slot[t, c], j]; slot −1 (a dropped
+// choice) adds nothing, gate null means 1. The fixed order makes the sum independent of where experts ran.
+template <class T>
+struct moe_combine {
+  const T* rows;
+  const std::int64_t* slot;
+  const float* gate;
+  T* y;
+  std::int64_t n, k;
+  bool accumulate;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    const std::int64_t t = i / n, j = i % n;
+    float s = accumulate ? static_cast<float>(y[i]) : 0.f;
+    for (std::int64_t c = 0; c < k; ++c) {
+      const std::int64_t at = slot[t * k + c];
+      if (at >= 0) s += (gate ? gate[t * k + c] : 1.f) * static_cast<float>(rows[at * n + j]);
+    }
+    y[i] = T(s);
+  }
+};
+// dgate[t, c] = dy[t] · rows[slot[t, c]] (0 for a dropped choice): the gradient of a gate.
+template <class T>
+struct moe_gate_grad {
+  const T* dy;
+  const T* rows;
+  const std::int64_t* slot;
+  float* dgate;
+  std::int64_t n, k;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    const std::int64_t t = i / k, at = slot[i];
+    float s = 0.f;
+    if (at >= 0)
+      for (std::int64_t j = 0; j < n; ++j) s += static_cast<float>(dy[t * n + j]) * static_cast<float>(rows[at * n + j]);
+    dgate[i] = s;
+  }
+};
+template <class T>
+struct moe_gelu_grad_inplace {
+  const T* f;
+  T* d;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    d[i] = T(static_cast<float>(d[i]) * gelu_tanh::derivative(static_cast<float>(f[i])));
+  }
+};
+// v[j] (+)= Σ over rows of x[r, j]: a bias gradient, one column per call.
+template <class T>
+struct moe_column_sum {
+  const T* x;
+  T* v;
+  std::int64_t rows, n;
+  bool accumulate;
+  DML_HOST_DEVICE void operator()(std::int64_t j) const {
+    float s = accumulate ? static_cast<float>(v[j]) : 0.f;
+    for (std::int64_t r = 0; r < rows; ++r) s += static_cast<float>(x[r * n + j]);
+    v[j] = T(s);
+  }
+};
+}  // namespace kernels
+
+namespace detail::moe_impl {
+// Carves 64-byte-aligned arrays out of one block of bytes; with a null base it only counts.
+struct carver {
+  std::byte* base = nullptr;
+  std::int64_t used = 0;
+  template <class U>
+  U* take(std::int64_t n) {
+    U* p = base ? reinterpret_cast<U*>(base + used) : nullptr;
+    used += (n * static_cast<std::int64_t>(sizeof(U)) + 63) / 64 * 64;
+    return p;
+  }
+};
+
+// The row-major products of a Linear with weight W [out, in] (the experts' and the router's).
+template <execution_space S, class T>
+void linear_forward(std::int64_t rows, std::int64_t in, std::int64_t out, const T* x, const T* w, const T* bias, T* y) {
+  gemm<S>({.ta = trans::n, .tb = trans::t, .m = rows, .n = out, .k = in, .a = x, .lda = in, .b = w, .ldb = in, .c = y,
+           .ldc = out, .bias = bias ? const_typed_ptr(bias) : nullptr});
+}
+template <execution_space S, class T>
+void linear_weight_grad(std::int64_t rows, std::int64_t in, std::int64_t out, const T* x, const T* dy, T* dw, bool accumulate) {
+  gemm<S>({.ta = trans::t, .tb = trans::n, .m = out, .n = in, .k = rows, .a = dy, .lda = out, .b = x, .ldb = in, .c = dw,
+           .ldc = in, .beta = accumulate ? 1.f : 0.f});
+}
+template <execution_space S, class T>
+void linear_input_grad(std::int64_t rows, std::int64_t in, std::int64_t out, const T* dy, const T* w, T* dx) {
+  gemm<S>({.ta = trans::n, .tb = trans::n, .m = rows, .n = in, .k = out, .a = dy, .lda = out, .b = w, .ldb = in, .c = dx,
+           .ldc = in});
+}
+
+// Indices into the plan's meta array of doubles; the per-expert f_e and P_e follow.
+enum meta_index : int { tokens, share, aux, z, capacity, received, sent, meta_fixed };
+}  // namespace detail::moe_impl
+
+// A mixture-of-experts MLP on [..., dim] rows: models nn::layer, and gpt_block calls its row-level entry
+// points (forward_rows, backward_rows) on its ln_2 output.
+struct moe {
+  static constexpr std::int64_t static_in = dynamic;
+  static constexpr std::int64_t static_out = dynamic;
+  static constexpr bool preserves_width = true;
+  static constexpr bool uses_row_index = true;  // the routing record is keyed by the micro-batch's first row
+  static constexpr const char* kind = "moe";
+
+  moe_config cfg;
+  std::int64_t hidden = 0;
+  int ep_ranks = 1, ep_rank = 0;
+  tensor_split split{};
+  // The most rows any rank of the expert group passes in one call (0: as many as this one). Buffers are sized
+  // for an expert rank receiving every top-k choice of that many rows from each rank of the group.
+  std::int64_t group_rows = 0;
+
+  explicit moe(moe_config c) : cfg(std::move(c)), hidden(cfg.hidden ? cfg.hidden : 4 * cfg.dim) {
+    if (cfg.dim <= 0 || hidden <= 0 || cfg.experts <= 0)
+      fail<invalid_argument>("dml::nn::moe: sizes must be positive, found dim ", cfg.dim, ", hidden ", hidden, ", experts ",
+                             cfg.experts);
+    if (cfg.top_k != 1 && cfg.top_k != 2)
+      fail<invalid_argument>("dml::nn::moe: expected top_k 1 (Switch) or 2 (GShard), found ", cfg.top_k);
+    if (cfg.top_k > cfg.experts)
+      fail<invalid_argument>("dml::nn::moe: top-k larger than the number of experts: expected top_k <= ", cfg.experts,
+                             ", found top_k ", cfg.top_k);
+    if (!cfg.logit_bias.empty() && static_cast<std::int64_t>(cfg.logit_bias.size()) != cfg.experts)
+      fail<invalid_argument>("dml::nn::moe: expected logit_bias empty or of ", cfg.experts, " values (one per expert), found ",
+                             cfg.logit_bias.size());
+  }
+
+  // This rank's share of the experts: rank `rank` of an expert-parallel group of `ranks`.
+  void set_expert_split(int ranks, int rank) {
+    if (ranks < 1 || rank < 0 || rank >= ranks)
+      fail<invalid_argument>("dml::nn::moe: expected 0 <= expert-parallel rank < ranks, found rank ", rank, " of ", ranks);
+    if (cfg.experts % ranks != 0)
+      fail<invalid_argument>("dml::nn::moe: experts not divisible by ep: expected a multiple of the expert-parallel degree ",
+                             ranks, ", found ", cfg.experts, " experts");
+    ep_ranks = ranks;
+    ep_rank = rank;
+  }
+  // Tensor parallelism keeps every expert whole on each tensor rank. Under sequence parallelism the tensor
+  // ranks hold different tokens, so the gradients are partial over the tensor group and the router's batch
+  // statistics sum over it too.
+  void set_split(tensor_split s) {
+    if (s.ranks < 1 || s.rank < 0 || s.rank >= s.ranks)
+      fail<invalid_argument>("dml::nn::moe: expected 0 <= rank < ranks, found rank ", s.rank, " of ", s.ranks);
+    split = s;
+  }
+  bool sequence() const { return split.sequence && split.ranks > 1; }
+  std::int64_t local_experts() const { return cfg.experts / ep_ranks; }
+
+  std::vector<param_spec> parameters() const {
+    const std::int64_t C = cfg.dim, H = hidden, E = cfg.experts, el = local_experts();
+    const bool sp = sequence();
+    auto experts = [&](std::int64_t rows, std::int64_t cols) {
+      return param_shard{.rows = rows, .cols = cols, .axis = 0, .blocks = 1, .rank = ep_rank, .ranks = ep_ranks,
+                         .group = shard_group::expert};
+    };
+    std::vector<param_spec> out;
+    out.push_back({"router.weight", {E, C}, init_kind::normal, 0.f, 0.02f, {}, sp});
+    out.push_back({"experts.c_fc.weight", {el * H, C}, init_kind::normal, 0.f, 0.02f, experts(E * H, C), sp});
+    if (cfg.bias) out.push_back({"experts.c_fc.bias", {el * H}, init_kind::zeros, 0.f, 0.f, experts(E * H, 1), sp});
+    out.push_back({"experts.c_proj.weight", {el * C, H}, init_kind::normal, 0.f, cfg.proj_std, experts(E * C, H), sp});
+    if (cfg.bias) out.push_back({"experts.c_proj.bias", {el * C}, init_kind::zeros, 0.f, 0.f, experts(E * C, 1), sp});
+    return out;
+  }
+  dml::shape output_shape(dml::shape x) const {
+    detail::expect_cols(kind, cfg.dim, x);
+    return x;
+  }
+
+  // Assignments an expert keeps out of a micro-batch of `tokens` global tokens (dropless: no limit).
+  std::int64_t capacity(std::int64_t tokens) const {
+    if (cfg.capacity_factor <= 0.f) return std::numeric_limits<std::int64_t>::max();
+    return static_cast<std::int64_t>(std::ceil(static_cast<double>(cfg.capacity_factor) * static_cast<double>(tokens) *
+                                               cfg.top_k / static_cast<double>(cfg.experts)));
+  }
+  // Rows an expert rank can receive in one pass: every rank of the group sending all of its top-k choices here.
+  std::int64_t max_received(std::int64_t rows) const { return ep_ranks * std::max(rows, group_rows) * cfg.top_k; }
+
+  std::int64_t saved_bytes_rows(std::int64_t rows, std::size_t value_bytes) const {
+    detail::moe_impl::carver k;
+    saved_parts(k, rows, value_bytes);
+    return k.used;
+  }
+  std::int64_t workspace_rows(std::int64_t rows) const {
+    detail::moe_impl::carver k;
+    work_parts(k, rows, sizeof(float));  // floats: enough for any working type
+    return (k.used + 3) / 4;
+  }
+  std::int64_t saved_bytes(dml::shape x, std::size_t value_bytes) const { return saved_bytes_rows(x.rows(), value_bytes); }
+  std::int64_t workspace_size(dml::shape x) const { return workspace_rows(x.rows()); }
+
+  template <execution_space S, class T>
+  void forward(const context& c, layer_params<T> p, tensor_view<const T, S> x, tensor_view<T, S> y) const {
+    forward_rows<S>(c, p.w, x.data, y.data, x.shape.rows(), c.saved, c.workspace, tokens_per_row(x.shape));
+  }
+  template <execution_space S, class T>
+  void backward(const context& c, layer_params<T> p, tensor_view<const T, S> x, tensor_view<const T, S>,
+                tensor_view<const T, S> dy, tensor_view<T, S> dx) const {
+    backward_rows<S>(c, p.w, p.g, x.data, dy.data, dx.data, x.shape.rows(), c.saved, c.workspace, tokens_per_row(x.shape));
+  }
+
+  // The layer on `rows` tokens x [rows, dim] → y [rows, dim]. w: the parameters in parameters() order; saved:
+  // saved_bytes_rows(rows) bytes kept for backward_rows; workspace: workspace_rows(rows) floats.
+  // tokens_per_row: tokens in one row of the global batch (T for [B, T, C] sequences, 1 for [N, C]), so the
+  // auxiliary losses' share of the step's batch is (global tokens / tokens_per_row) / context::global_batch.
+  template <execution_space S, class T>
+  void forward_rows(const context& c, T* const* w, const T* x, T* y, std::int64_t rows, std::byte* saved, float* workspace,
+                    std::int64_t tokens_per_row = 1) const {
+    check_context(c);
+    namespace mi = detail::moe_impl;
+    const std::int64_t N = rows, C = cfg.dim, E = cfg.experts, K = cfg.top_k, P = ep_ranks;
+    const auto wt = roles(w);
+    const auto sv = saved_parts<T>(saved, N);
+    const auto ws = work_parts<T>(workspace, N);
+
+    // The router's logits, then every routing decision on the host.
+    gemm<S>({.ta = trans::n, .tb = trans::t, .m = N, .n = E, .k = C, .a = x, .lda = C, .b = static_cast<const T*>(wt.router),
+             .ldb = C, .c = ws.logits, .ldc = E});
+    host_plan hp(*this, N);
+    dml::copy_n(static_cast<const float*>(ws.logits), static_cast<std::size_t>(N * E), hp.v.probs);
+    route(hp.v, N);
+    const routing r = decide(c, hp.v, N, tokens_per_row);
+    dml::copy_n(hp.bytes(), static_cast<std::size_t>(hp.v.bytes), saved);
+    const plan_view dp = plan_parts(saved, N);
+
+    // Dispatch: x rows in (expert, choice, token) order, over the expert group, into expert-major order.
+    T* xe = sv.xe;
+    if (P == 1) {
+      for_each_index<S>(r.sent * C, kernels::moe_gather_rows<T>{x, dp.send_token, nullptr, xe, C});
+    } else {
+      for_each_index<S>(r.sent * C, kernels::moe_gather_rows<T>{x, dp.send_token, nullptr, ws.xs, C});
+      exchange(c, ws.xs, r.send_values, ws.xr, r.recv_values);
+      for_each_index<S>(r.received * C, kernels::moe_gather_rows<T>{ws.xr, dp.perm, nullptr, xe, C});
+    }
+    // Each local expert on its block of rows: c_fc → GELU-tanh → c_proj. With one expert rank, expert order
+    // is dispatch order and the outputs land where the combine reads them.
+    T* ye = P == 1 ? sv.yr : ws.ye;
+    expert_forward<S>(wt, r, xe, sv.f, ws.h1, ye);
+    if (P > 1) {
+      for_each_index<S>(r.received * C, kernels::moe_gather_rows<T>{ye, dp.inv, nullptr, ws.xr, C});
+      exchange(c, ws.xr, r.recv_values, sv.yr, r.send_values);
+    }
+    for_each_index<S>(N * C, kernels::moe_combine<T>{sv.yr, dp.slot, dp.gate, y, C, K, false});
+
+    if (c.routing) {
+      routing_record rec;
+      rec.tokens = r.assigned;
+      rec.dropped = r.dropped;
+      rec.a2a_bytes = r.a2a_bytes * static_cast<std::int64_t>(sizeof(T));
+      rec.aux_loss = hp.v.meta[mi::aux];
+      rec.z_loss = hp.v.meta[mi::z];
+      rec.share = hp.v.meta[mi::share];
+      c.routing->records[{c.layer, c.row_offset}] = std::move(rec);
+    }
+  }
+
+  // Gradients of forward_rows: g (this layer's gradients, parameters() order) written or accumulated per
+  // context::accumulate, dx [rows, dim] overwritten (skipped when null). Every rank of the expert group must
+  // call it, whatever its rows, as in forward.
+  template <execution_space S, class T>
+  void backward_rows(const context& c, T* const* w, T* const* g, const T* x, const T* dy, T* dx, std::int64_t rows,
+                     std::byte* saved, float* workspace, std::int64_t tokens_per_row = 1) const {
+    (void)tokens_per_row;  // the share was fixed in forward
+    check_context(c);
+    const std::int64_t N = rows, C = cfg.dim, E = cfg.experts, K = cfg.top_k, P = ep_ranks;
+    const auto wt = roles(w);
+    const auto gt = roles(g);
+    const auto sv = saved_parts<T>(saved, N);
+    const auto ws = work_parts<T>(workspace, N);
+    const bool acc = c.accumulate;
+
+    host_plan hp(*this, N);
+    dml::copy_n(static_cast<const std::byte*>(saved), static_cast<std::size_t>(hp.v.host_bytes), hp.bytes());
+    const routing r = recall(hp.v);
+    const plan_view dp = plan_parts(saved, N);
+
+    // The gates' gradients, for the router, on the host.
+    for_each_index<S>(N * K, kernels::moe_gate_grad<T>{dy, sv.yr, dp.slot, ws.dgate, C, K});
+    std::vector<float> dgate(static_cast<std::size_t>(N * K));
+    dml::copy_n(static_cast<const float*>(ws.dgate), dgate.size(), dgate.data());
+
+    // gate · dy to the experts, in the order the inputs went.
+    if (P == 1) {
+      for_each_index<S>(r.sent * C, kernels::moe_gather_rows<T>{dy, dp.send_token, dp.send_gate, ws.ye, C});
+    } else {
+      for_each_index<S>(r.sent * C, kernels::moe_gather_rows<T>{dy, dp.send_token, dp.send_gate, ws.xs, C});
+      exchange(c, ws.xs, r.send_values, ws.xr, r.recv_values);
+      for_each_index<S>(r.received * C, kernels::moe_gather_rows<T>{ws.xr, dp.perm, nullptr, ws.ye, C});
+    }
+    expert_backward<S>(wt, gt, r, sv.xe, sv.f, ws.ye, ws.h1, ws.h2, ws.dxe, acc);
+    // The input gradients go home (every rank, even one without dx: its experts' rows belong to others).
+    const T* dxs = ws.dxe;
+    if (P > 1) {
+      for_each_index<S>(r.received * C, kernels::moe_gather_rows<T>{ws.dxe, dp.inv, nullptr, ws.xr, C});
+      exchange(c, ws.xr, r.recv_values, ws.xs, r.send_values);
+      dxs = ws.xs;
+    }
+
+    // The router: gates, load balancing and z-loss, all through the softmax.
+    std::vector<T> dlogits(static_cast<std::size_t>(N * E));
+    router_grad(c, hp.v, dgate.data(), dlogits.data(), N);
+    dml::copy_n(static_cast<const T*>(dlogits.data()), dlogits.size(), ws.dlogits);
+    detail::moe_impl::linear_weight_grad<S>(N, C, E, x, static_cast<const T*>(ws.dlogits), gt.router, acc);
+    if (dx) {
+      detail::moe_impl::linear_input_grad<S>(N, C, E, static_cast<const T*>(ws.dlogits), static_cast<const T*>(wt.router), dx);
+      for_each_index<S>(N * C, kernels::moe_combine<T>{dxs, dp.slot, nullptr, dx, C, K, true});
+    }
+  }
+
+ private:
+  std::int64_t tokens_per_row(const dml::shape& x) const {
+    if (x.rank < 3 || x[0] == 0) return 1;
+    return x.rows() / x[0] * (sequence() ? split.ranks : 1);
+  }
+  void check_context(const context& c) const {
+    const int have = c.ep ? c.ep->size() : 1;
+    if (have != ep_ranks || (c.ep && c.ep->rank() != ep_rank))
+      fail<invalid_argument>("dml::nn::moe: split as rank ", ep_rank, " of ", ep_ranks, " expert-parallel ranks but the "
+                             "context's expert group is rank ", c.ep ? c.ep->rank() : 0, " of ", have,
+                             " (a trainer with expert parallelism sets both)");
+    if (sequence() && (!c.tp || c.tp->size() != split.ranks))
+      fail<invalid_argument>("dml::nn::moe: split over ", split.ranks, " sequence-parallel ranks but the context's tensor "
+                             "group has ", c.tp ? c.tp->size() : 0);
+  }
+
+  // The parameters (or gradients) by role; biases null without bias.
+  template <class T>
+  struct roles_t {
+    T *router, *fc_w, *fc_b, *proj_w, *proj_b;
+  };
+  template <class T>
+  roles_t<T> roles(T* const* v) const {
+    std::size_t i = 0;
+    auto next = [&](bool present) { return present ? v[i++] : static_cast<T*>(nullptr); };
+    roles_t<T> r{};
+    r.router = next(true), r.fc_w = next(true), r.fc_b = next(cfg.bias), r.proj_w = next(true), r.proj_b = next(cfg.bias);
+    return r;
+  }
+
+  // The routing of one forward, as arrays that live on the host while it is decided and are then copied
+  // into the saved block, where functors read them; backward copies back the prefix the host needs.
+  struct plan_view {
+    double* meta;               // meta_index values, then f_e [E] and P_e [E]
+    std::int64_t* counts;       // [2E]: rows sent to each expert (its rank, its local index); rows received
+                                //       from each (source rank, local expert)
+    float* probs;               // [N, E] the router's softmax (the logits while they are routed)
+    float* lse;                 // [N] logsumexp of the logits
+    std::int64_t* expert;       // [N, k] the top-k experts
+    float* gate;                // [N, k]
+    std::int64_t* slot;         // [N, k] place in dispatch order, −1: dropped
+    std::int64_t* send_token;   // [N·k] the token of each dispatched row
+    float* send_gate;           // [N·k] its gate
+    std::int64_t* perm;         // [received] expert-order row → received row
+    std::int64_t* inv;          // [received] received row → expert-order row
+    std::int64_t host_bytes = 0, bytes = 0;
+  };
+  plan_view plan_parts(detail::moe_impl::carver& k, std::int64_t n) const {
+    const std::int64_t E = cfg.experts, K = cfg.top_k, rmax = max_received(n);
+    plan_view v{};
+    v.meta = k.take<double>(detail::moe_impl::meta_fixed + 2 * E);
+    v.counts = k.take<std::int64_t>(2 * E);
+    v.probs = k.take<float>(n * E);
+    v.lse = k.take<float>(n);
+    v.expert = k.take<std::int64_t>(n * K);
+    v.gate = k.take<float>(n * K);
+    v.slot = k.take<std::int64_t>(n * K);
+    v.host_bytes = k.used;
+    v.send_token = k.take<std::int64_t>(n * K);
+    v.send_gate = k.take<float>(n * K);
+    v.perm = k.take<std::int64_t>(rmax);
+    v.inv = k.take<std::int64_t>(rmax);
+    v.bytes = k.used;
+    return v;
+  }
+  plan_view plan_parts(std::byte* base, std::int64_t n) const {
+    detail::moe_impl::carver k{base};
+    return plan_parts(k, n);
+  }
+  // The plan's host copy: doubles, so that every array in it is aligned for its type.
+  struct host_plan {
+    std::vector<double> storage;
+    plan_view v;
+    host_plan(const moe& m, std::int64_t n) {
+      detail::moe_impl::carver k;
+      const std::int64_t bytes = m.plan_parts(k, n).bytes;
+      storage.assign(static_cast<std::size_t>((bytes + 7) / 8), 0.0);
+      v = m.plan_parts(reinterpret_cast<std::byte*>(storage.data()), n);
+    }
+    std::byte* bytes() { return reinterpret_cast<std::byte*>(storage.data()); }
+  };
+
+  // What forward keeps: the plan, the experts' inputs and c_fc outputs (expert order), and the experts'
+  // outputs back home (dispatch order), which the gates' gradients need.
+  template <class T>
+  struct saved_set {
+    T *xe, *f, *yr;
+  };
+  saved_set<std::byte> saved_parts(detail::moe_impl::carver& k, std::int64_t n, std::size_t vb) const {
+    const std::int64_t C = cfg.dim, H = hidden, rmax = max_received(n), b = static_cast<std::int64_t>(vb);
+    plan_parts(k, n);
+    saved_set<std::byte> s{};
+    s.xe = k.take<std::byte>(rmax * C * b);
+    s.f = k.take<std::byte>(rmax * H * b);
+    s.yr = k.take<std::byte>(n * cfg.top_k * C * b);
+    return s;
+  }
+  template <class T>
+  saved_set<T> saved_parts(std::byte* base, std::int64_t n) const {
+    detail::moe_impl::carver k{base};
+    const auto s = saved_parts(k, n, sizeof(T));
+    return {reinterpret_cast<T*>(s.xe), reinterpret_cast<T*>(s.f), reinterpret_cast<T*>(s.yr)};
+  }
+  template <class T>
+  struct work_set {
+    float* logits;  // [N, E]
+    T *xs, *xr;     // dispatch-order rows sent, rows received
+    T *ye, *dxe;    // expert order: outputs (forward) or their gradients (backward); input gradients
+    T *h1, *h2;     // [received, H]: GELU output, c_proj's input gradient
+    float* dgate;   // [N, k]
+    T* dlogits;     // [N, E]
+  };
+  work_set<std::byte> work_parts(detail::moe_impl::carver& k, std::int64_t n, std::size_t vb) const {
+    const std::int64_t C = cfg.dim, H = hidden, E = cfg.experts, K = cfg.top_k, rmax = max_received(n),
+                       b = static_cast<std::int64_t>(vb);
+    work_set<std::byte> w{};
+    w.logits = k.take<float>(n * E);
+    w.xs = k.take<std::byte>(n * K * C * b);
+    w.xr = k.take<std::byte>(rmax * C * b);
+    w.ye = k.take<std::byte>(rmax * C * b);
+    w.dxe = k.take<std::byte>(rmax * C * b);
+    w.h1 = k.take<std::byte>(rmax * H * b);
+    w.h2 = k.take<std::byte>(rmax * H * b);
+    w.dgate = k.take<float>(n * K);
+    w.dlogits = k.take<std::byte>(n * E * b);
+    return w;
+  }
+  template <class T>
+  work_set<T> work_parts(float* base, std::int64_t n) const {
+    detail::moe_impl::carver k{reinterpret_cast<std::byte*>(base)};
+    const auto w = work_parts(k, n, sizeof(T));
+    auto as = [](std::byte* p) { return reinterpret_cast<T*>(p); };
+    return {w.logits, as(w.xs), as(w.xr), as(w.ye), as(w.dxe), as(w.h1), as(w.h2), w.dgate, as(w.dlogits)};
+  }
+
+  // Softmax and top-k of each token's logits (probs holds the logits on entry), ties to the lower expert.
+  void route(const plan_view& v, std::int64_t n) const {
+    const std::int64_t E = cfg.experts, K = cfg.top_k;
+    const bool biased = !cfg.logit_bias.empty();
+    for (std::int64_t t = 0; t < n; ++t) {
+      float* l = v.probs + t * E;
+      if (biased)
+        for (std::int64_t e = 0; e < E; ++e) l[e] += cfg.logit_bias[static_cast<std::size_t>(e)];
+      std::int64_t e0 = 0;
+      for (std::int64_t e = 1; e < E; ++e)
+        if (l[e] > l[e0]) e0 = e;
+      std::int64_t e1 = e0 == 0 ? 1 : 0;
+      if (K == 2)
+        for (std::int64_t e = e1 + 1; e < E; ++e)
+          if (e != e0 && l[e] > l[e1]) e1 = e;
+      const float m = l[e0];
+      float s = 0.f;
+      for (std::int64_t e = 0; e < E; ++e) s += (l[e] = std::exp(l[e] - m));
+      for (std::int64_t e = 0; e < E; ++e) l[e] /= s;
+      v.lse[t] = m + std::log(s);
+      v.expert[t * K] = e0;
+      if (K == 1) {
+        v.gate[t] = l[e0];
+      } else {
+        v.expert[t * K + 1] = e1;
+        const float p0 = l[e0], p1 = l[e1];
+        v.gate[t * K] = p0 / (p0 + p1);
+        v.gate[t * K + 1] = p1 / (p0 + p1);
+      }
+    }
+  }
+
+  // What the host knows once routing is decided.
+  struct routing {
+    std::vector<std::int64_t> assigned, dropped;      // per expert, global
+    std::vector<std::int64_t> send_values, recv_values;  // per expert-group rank, in elements (rows · dim)
+    std::vector<std::int64_t> rows, offset;           // per local expert: rows received, first in expert order
+    std::int64_t sent = 0, received = 0, a2a_bytes = 0;  // a2a_bytes: values sent to other ranks (both ways)
+  };
+
+  // Where this rank's tokens sit in the global micro-batch: ranks of the data group in order, then (sequence
+  // parallel) of the tensor group.
+  int stat_ranks(const context& c) const {
+    return (c.data ? c.data->size() : 1) * (sequence() ? c.tp->size() : 1);
+  }
+  int stat_rank(const context& c) const {
+    return (c.data ? c.data->rank() : 0) * (sequence() ? c.tp->size() : 1) + (sequence() ? c.tp->rank() : 0);
+  }
+  void sum_over_batch(const context& c, std::vector<double>& s) const {
+    const auto n = static_cast<std::int64_t>(s.size());
+    if (c.data && c.data->size() > 1) c.data->all_reduce_sum(s.data(), n);
+    if (sequence()) c.tp->all_reduce_sum(s.data(), n);
+  }
+
+  // Global counts and sums, capacity, which assignments are kept, the dispatch order, the counts exchange.
+  routing decide(const context& c, const plan_view& v, std::int64_t n, std::int64_t tokens_per_row) const {
+    namespace mi = detail::moe_impl;
+    const std::int64_t E = cfg.experts, K = cfg.top_k, P = ep_ranks, el = local_experts(), KE = K * E;
+    const int ranks = stat_ranks(c), me = stat_rank(c);
+    // Each rank fills its slot of per-(choice, expert) counts, then the router's sums: every rank then knows
+    // how many assignments to each expert come before its own (the queue order is choice, rank, row).
+    std::vector<double> st(static_cast<std::size_t>(ranks * KE + E + 2), 0.0);
+    double* mine = st.data() + me * KE;
+    double* psum = st.data() + ranks * KE;
+    for (std::int64_t t = 0; t < n; ++t) {
+      for (std::int64_t j = 0; j < K; ++j) mine[j * E + v.expert[t * K + j]] += 1;
+      for (std::int64_t e = 0; e < E; ++e) psum[e] += v.probs[t * E + e];
+      psum[E] += static_cast<double>(v.lse[t]) * v.lse[t];
+    }
+    psum[E + 1] = static_cast<double>(n);
+    sum_over_batch(c, st);
+
+    routing r;
+    const double tokens = psum[E + 1];
+    const std::int64_t cap = capacity(static_cast<std::int64_t>(tokens));
+    std::vector<std::int64_t> base(static_cast<std::size_t>(KE), 0);
+    r.assigned.assign(static_cast<std::size_t>(E), 0);
+    r.dropped.assign(static_cast<std::size_t>(E), 0);
+    for (int q = 0; q < ranks; ++q)
+      for (std::int64_t j = 0; j < K; ++j)
+        for (std::int64_t e = 0; e < E; ++e) {
+          const auto cnt = static_cast<std::int64_t>(st[static_cast<std::size_t>(q * KE + j * E + e)]);
+          r.assigned[static_cast<std::size_t>(e)] += cnt;
+          for (std::int64_t j2 = j + 1; j2 < K; ++j2) base[static_cast<std::size_t>(j2 * E + e)] += cnt;
+          if (q < me) base[static_cast<std::size_t>(j * E + e)] += cnt;
+        }
+    for (std::int64_t e = 0; e < E; ++e)
+      r.dropped[static_cast<std::size_t>(e)] = std::max<std::int64_t>(0, r.assigned[static_cast<std::size_t>(e)] - cap);
+
+    // The losses, identical on every rank.
+    double* meta = v.meta;
+    double* f = meta + mi::meta_fixed;
+    double* pm = f + E;
+    double aux = 0;
+    for (std::int64_t e = 0; e < E; ++e) {
+      f[e] = tokens > 0 ? static_cast<double>(r.assigned[static_cast<std::size_t>(e)]) / (tokens * K) : 0.0;
+      pm[e] = tokens > 0 ? psum[e] / tokens : 0.0;
+      aux += f[e] * pm[e];
+    }
+    meta[mi::tokens] = tokens;
+    meta[mi::aux] = static_cast<double>(E) * aux;
+    meta[mi::z] = tokens > 0 ? psum[E] / tokens : 0.0;
+    meta[mi::share] = c.global_batch > 0 ? tokens / static_cast<double>(tokens_per_row) / static_cast<double>(c.global_batch) : 1.0;
+    meta[mi::capacity] = static_cast<double>(cap);
+
+    // Kept assignments in dispatch order: by expert (so by destination rank), then choice, then row.
+    std::vector<std::int64_t> kept(static_cast<std::size_t>(KE), 0), seen(static_cast<std::size_t>(KE), 0);
+    std::vector<char> keep(static_cast<std::size_t>(n * K), 0);
+    for (std::int64_t j = 0; j < K; ++j)
+      for (std::int64_t t = 0; t < n; ++t) {
+        const std::size_t q = static_cast<std::size_t>(j * E + v.expert[t * K + j]);
+        if (base[q] + seen[q]++ < cap) {
+          keep[static_cast<std::size_t>(t * K + j)] = 1;
+          ++kept[q];
+        }
+      }
+    std::vector<std::int64_t> at(static_cast<std::size_t>(KE), 0);  // first dispatch slot of (expert, choice)
+    std::int64_t sent = 0;
+    for (std::int64_t e = 0; e < E; ++e)
+      for (std::int64_t j = 0; j < K; ++j) {
+        at[static_cast<std::size_t>(e * K + j)] = sent;
+        sent += kept[static_cast<std::size_t>(j * E + e)];
+      }
+    std::int64_t* send = v.counts;
+    std::int64_t* recv = v.counts + E;
+    std::fill(send, send + E, std::int64_t{0});
+    for (std::int64_t t = 0; t < n; ++t)
+      for (std::int64_t j = 0; j < K; ++j) {
+        const std::int64_t i = t * K + j, e = v.expert[i];
+        if (!keep[static_cast<std::size_t>(i)]) {
+          v.slot[i] = -1;
+          continue;
+        }
+        const std::int64_t s = at[static_cast<std::size_t>(e * K + j)]++;
+        v.slot[i] = s;
+        v.send_token[s] = t;
+        v.send_gate[s] = v.gate[i];
+        ++send[e];
+      }
+    // Every rank exchanges counts, even with nothing to send, so no rank waits on another's rows.
+    if (P > 1) c.ep->all_to_all(send, recv, el);
+    else std::copy(send, send + E, recv);
+    finish(v, r);
+    meta[mi::sent] = static_cast<double>(r.sent);
+    meta[mi::received] = static_cast<double>(r.received);
+    const std::int64_t rmax = max_received(n);
+    if (r.received > rmax)
+      fail<invalid_argument>("dml::nn::moe: expert rank ", ep_rank, " received ", r.received, " rows, expected at most ", rmax,
+                             " (", ep_ranks, " ranks × ", n, " rows × top-", K, "): a rank of the expert group passes more "
+                             "rows than this one: set group_rows to the most any rank passes");
+    // Expert order: for each local expert, its rows from each source rank in rank order.
+    std::int64_t p = 0;
+    for (std::int64_t le = 0; le < el; ++le)
+      for (std::int64_t q = 0; q < P; ++q) {
+        std::int64_t from = 0;
+        for (std::int64_t q2 = 0; q2 < q; ++q2)
+          for (std::int64_t l2 = 0; l2 < el; ++l2) from += recv[q2 * el + l2];
+        for (std::int64_t l2 = 0; l2 < le; ++l2) from += recv[q * el + l2];
+        for (std::int64_t i = 0; i < recv[q * el + le]; ++i, ++p) {
+          v.perm[p] = from + i;
+          v.inv[from + i] = p;
+        }
+      }
+    return r;
+  }
+  // The sizes that follow from the counts (forward, and backward from the saved plan).
+  void finish(const plan_view& v, routing& r) const {
+    const std::int64_t E = cfg.experts, P = ep_ranks, el = local_experts(), C = cfg.dim;
+    const std::int64_t* send = v.counts;
+    const std::int64_t* recv = v.counts + E;
+    r.send_values.assign(static_cast<std::size_t>(P), 0);
+    r.recv_values.assign(static_cast<std::size_t>(P), 0);
+    r.rows.assign(static_cast<std::size_t>(el), 0);
+    r.offset.assign(static_cast<std::size_t>(el), 0);
+    r.sent = r.received = 0;
+    for (std::int64_t q = 0; q < P; ++q)
+      for (std::int64_t le = 0; le < el; ++le) {
+        r.send_values[static_cast<std::size_t>(q)] += send[q * el + le] * C;
+        r.recv_values[static_cast<std::size_t>(q)] += recv[q * el + le] * C;
+        r.rows[static_cast<std::size_t>(le)] += recv[q * el + le];
+        r.sent += send[q * el + le];
+        r.received += recv[q * el + le];
+      }
+    for (std::int64_t le = 1; le < el; ++le)
+      r.offset[static_cast<std::size_t>(le)] = r.offset[static_cast<std::size_t>(le - 1)] + r.rows[static_cast<std::size_t>(le - 1)];
+    if (P > 1) {
+      const auto me = static_cast<std::size_t>(ep_rank);
+      r.a2a_bytes = (r.sent * C - r.send_values[me]) + (r.received * C - r.recv_values[me]);
+    }
+  }
+  routing recall(const plan_view& v) const {
+    routing r;
+    finish(v, r);
+    return r;
+  }
+
+  template <class T>
+  void exchange(const context& c, const T* send, const std::vector<std::int64_t>& send_values, T* recv,
+                const std::vector<std::int64_t>& recv_values) const {
+    c.ep->all_to_allv(const_typed_ptr(send), send_values.data(), typed_ptr(recv), recv_values.data());
+  }
+
+  template <execution_space S, class T>
+  void expert_forward(const roles_t<T>& w, const routing& r, const T* xe, T* f, T* g, T* ye) const {
+    const std::int64_t C = cfg.dim, H = hidden;
+    for (std::size_t le = 0; le < r.rows.size(); ++le) {
+      const std::int64_t n = r.rows[le], o = r.offset[le], e = static_cast<std::int64_t>(le);
+      detail::moe_impl::linear_forward<S>(n, C, H, xe + o * C, static_cast<const T*>(w.fc_w + e * H * C),
+                                          w.fc_b ? static_cast<const T*>(w.fc_b + e * H) : nullptr, f + o * H);
+    }
+    for_each_index<S>(r.received * H, kernels::gelu_forward<T>{f, g});
+    for (std::size_t le = 0; le < r.rows.size(); ++le) {
+      const std::int64_t n = r.rows[le], o = r.offset[le], e = static_cast<std::int64_t>(le);
+      detail::moe_impl::linear_forward<S>(n, H, C, static_cast<const T*>(g + o * H), static_cast<const T*>(w.proj_w + e * C * H),
+                                          w.proj_b ? static_cast<const T*>(w.proj_b + e * C) : nullptr, ye + o * C);
+    }
+  }
+  // dye: gate · dy in expert order; g and dh: [received, H] scratch; dxe: the experts' input gradients.
+  template <execution_space S, class T>
+  void expert_backward(const roles_t<T>& w, const roles_t<T>& gr, const routing& r, const T* xe, const T* f, const T* dye,
+                       T* g, T* dh, T* dxe, bool acc) const {
+    const std::int64_t C = cfg.dim, H = hidden;
+    for_each_index<S>(r.received * H, kernels::gelu_forward<T>{f, g});
+    for (std::size_t le = 0; le < r.rows.size(); ++le) {
+      const std::int64_t n = r.rows[le], o = r.offset[le], e = static_cast<std::int64_t>(le);
+      detail::moe_impl::linear_weight_grad<S>(n, H, C, static_cast<const T*>(g + o * H), dye + o * C, gr.proj_w + e * C * H, acc);
+      if (gr.proj_b) for_each_index<S>(C, kernels::moe_column_sum<T>{dye + o * C, gr.proj_b + e * C, n, C, acc});
+      detail::moe_impl::linear_input_grad<S>(n, H, C, dye + o * C, static_cast<const T*>(w.proj_w + e * C * H), dh + o * H);
+    }
+    for_each_index<S>(r.received * H, kernels::moe_gelu_grad_inplace<T>{f, dh});
+    for (std::size_t le = 0; le < r.rows.size(); ++le) {
+      const std::int64_t n = r.rows[le], o = r.offset[le], e = static_cast<std::int64_t>(le);
+      detail::moe_impl::linear_weight_grad<S>(n, C, H, xe + o * C, static_cast<const T*>(dh + o * H), gr.fc_w + e * H * C, acc);
+      if (gr.fc_b) for_each_index<S>(H, kernels::moe_column_sum<T>{dh + o * H, gr.fc_b + e * H, n, H, acc});
+      detail::moe_impl::linear_input_grad<S>(n, C, H, static_cast<const T*>(dh + o * H), static_cast<const T*>(w.fc_w + e * H * C),
+                                             dxe + o * C);
+    }
+  }
+
+  // ∂/∂logits of: the combine through the gates (dgate), and weight · share · loss_scale · (aux or z).
+  // k = 2 gates are the softmax of the two chosen logits alone, so their gradient touches only those two.
+  template <class T>
+  void router_grad(const context& c, const plan_view& v, const float* dgate, T* out, std::int64_t n) const {
+    namespace mi = detail::moe_impl;
+    const std::int64_t E = cfg.experts, K = cfg.top_k;
+    const double tokens = v.meta[mi::tokens], scale = v.meta[mi::share] * static_cast<double>(c.loss_scale);
+    const double w_aux = cfg.aux_loss_weight * scale, w_z = cfg.z_loss_weight * scale;
+    const double* f = v.meta + mi::meta_fixed;
+    std::vector<double> d(static_cast<std::size_t>(E));
+    for (std::int64_t t = 0; t < n; ++t) {
+      const float* p = v.probs + t * E;
+      // aux = E Σ_e f_e P_e: ∂aux/∂p_te = E f_e / tokens, then through the softmax.
+      double pa = 0;
+      for (std::int64_t e = 0; e < E; ++e) pa += p[e] * f[e];
+      const double a = static_cast<double>(E) / tokens, zc = 2.0 * v.lse[t] / tokens;
+      for (std::int64_t e = 0; e < E; ++e) d[static_cast<std::size_t>(e)] = w_aux * a * p[e] * (f[e] - pa) + w_z * zc * p[e];
+      const std::int64_t e0 = v.expert[t * K];
+      if (K == 1) {
+        const double g0 = v.gate[t], dg = dgate[t];
+        for (std::int64_t e = 0; e < E; ++e) d[static_cast<std::size_t>(e)] += dg * g0 * ((e == e0 ? 1.0 : 0.0) - p[e]);
+      } else {
+        const std::int64_t e1 = v.expert[t * K + 1];
+        const double g = static_cast<double>(v.gate[t * K]) * v.gate[t * K + 1], dd = dgate[t * K] - dgate[t * K + 1];
+        d[static_cast<std::size_t>(e0)] += g * dd;
+        d[static_cast<std::size_t>(e1)] -= g * dd;
+      }
+      for (std::int64_t e = 0; e < E; ++e) out[t * E + e] = T(static_cast<float>(d[static_cast<std::size_t>(e)]));
+    }
+  }
+};
+
+}  // namespace dml::nn
