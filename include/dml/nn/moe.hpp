@@ -606,7 +606,7 @@ struct moe {
     double* pm = f + E;
     double aux = 0;
     for (std::int64_t e = 0; e < E; ++e) {
-      f[e] = tokens > 0 ? static_cast<double>(r.assigned[static_cast<std::size_t>(e)]) / (tokens * K) : 0.0;
+      f[e] = tokens > 0 ? static_cast<double>(r.assigned[static_cast<std::size_t>(e)]) / (tokens * static_cast<double>(K)) : 0.0;
       pm[e] = tokens > 0 ? psum[e] / tokens : 0.0;
       aux += f[e] * pm[e];
     }
