@@ -139,8 +139,9 @@ attention_result ring(const ring_attention_shape& s, int ranks, bool zigzag, con
     for (float x : local_rows(qkv, s, at, 3 * w)) q.push_back(T(x));
     for (float x : local_rows(dy, s, at, w)) g.push_back(T(x));
     std::vector<T> y(g.size()), dq(q.size(), T(1000.f));  // filled first: backward must overwrite
-    std::vector<float> lse(sz(dml::nn::ring_attention_saved_size(s, at)));
-    std::vector<T> ws(sz(dml::nn::ring_attention_workspace_size(s, at)));
+    // NaN in every scratch element: a masked score or a part of the workspace read before it is written shows.
+    std::vector<float> lse(sz(dml::nn::ring_attention_saved_size(s, at)), NAN);
+    std::vector<T> ws(sz(dml::nn::ring_attention_workspace_size(s, at)), T(NAN));
     if (group) group->set_pass(dml::nn::pass::forward);
     dml::nn::ring_attention_forward<dml::host>(s, at, group, q.data(), y.data(), lse.data(), ws.data());
     if (backward) {
