@@ -37,12 +37,20 @@ inline const train::text_corpus& corpus() {
   return text;
 }
 
+// dp is the whole data-parallel degree; ep and cp are carved out of it.
 struct layout {
   int tp = 1, pp = 1, dp = 1;
   bool sp = false;
+  int ep = 1, cp = 1;
+  bool zigzag = true;
+  // One rank whose rows are ordered as the micro-batches of `as_dp` data-parallel ranks group them: micro-batch
+  // m of the step holds slice m of every rank's rows, rank by rank (what routing statistics are computed over).
+  int as_dp = 1;
   int size() const { return tp * pp * dp; }
   std::string name() const {
-    return "tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " + std::to_string(dp) + (sp ? " sp" : "");
+    return "tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " + std::to_string(dp) + (sp ? " sp" : "") +
+           (ep > 1 ? " ep " + std::to_string(ep) : "") +
+           (cp > 1 ? " cp " + std::to_string(cp) + (zigzag ? " zig-zag" : " contiguous") : "");
   }
 };
 
@@ -53,6 +61,7 @@ struct result {
   std::int64_t peak_activation_bytes = 0;
   std::int64_t forward_calls = 0, backward_calls = 0;
   std::array<std::int64_t, nn::group_ops> forward_ops{}, backward_ops{};
+  std::vector<train::routing_summary> routing;  // per step (mixture of experts)
 };
 
 // Where a run resumes from and what it saves at its end (empty: neither).
@@ -71,19 +80,31 @@ result train_gpt(C& c, const layout& l, const nn::gpt_config& g, int n_steps = s
   o.pipeline_stages = l.pp;
   o.tensor_parallel = l.tp;
   o.sequence_parallel = l.sp;
+  o.expert_parallel = l.ep;
+  o.context_parallel = l.cp;
+  o.cp_zigzag = l.zigzag;
   o.micro_batches = micro > 0 ? micro : (l.pp > 1 ? 2 : 1);
   o.clip_norm = 0.5f;  // clipping acts in most steps: the norm must count every parameter once
   trainer<P...> t(c, model, o, optim::adamw({.lr = 3e-3f}));
-  const int dp_rank = c.rank() / l.tp % l.dp;
-  const std::int64_t first = batch * dp_rank / l.dp, rows = batch * (dp_rank + 1) / l.dp - first;
+  // The ranks of a context-parallel group (cp consecutive data-parallel ranks) pass the same rows.
+  const int data_rank = c.rank() / l.tp % l.dp / l.cp, data_ranks = l.dp / l.cp;
+  const std::int64_t first = batch * data_rank / data_ranks, rows = batch * (data_rank + 1) / data_ranks - first;
   std::vector<float> x(static_cast<std::size_t>(rows * seq));
   std::vector<std::int32_t> y(x.size());
   const int first_step = ck.load.empty() ? 1 : (t.load_checkpoint(ck.load), static_cast<int>(t.steps()) + 1);
   for (int s = first_step; s < first_step + n_steps; ++s) {
-    corpus().batch(4, static_cast<std::uint64_t>(s), first, rows, seq, x.data(), y.data());
+    if (l.as_dp == 1) corpus().batch(4, static_cast<std::uint64_t>(s), first, rows, seq, x.data(), y.data());
+    for (std::int64_t m = 0, at = 0; l.as_dp > 1 && m < o.micro_batches; ++m)
+      for (int r = 0; r < l.as_dp; ++r) {
+        const std::int64_t lo = batch * r / l.as_dp, n = batch * (r + 1) / l.as_dp - lo;
+        const std::int64_t a = lo + n * m / o.micro_batches, b = lo + n * (m + 1) / o.micro_batches;
+        corpus().batch(4, static_cast<std::uint64_t>(s), a, b - a, seq, x.data() + at * seq, y.data() + at * seq);
+        at += b - a;
+      }
     const auto r = t.step(tensor_view<const float>(x.data(), {rows, seq}), y.data(), batch);
     out.losses.push_back(r.loss);
     out.grad_norms.push_back(r.grad_norm);
+    out.routing.push_back(r.routing);
   }
   if (!ck.save.empty()) t.save_checkpoint(ck.save);
   const auto params = t.full_parameters();

@@ -139,6 +139,16 @@ DML_HOST_DEVICE std::int64_t cp_position(const context_split& s, std::int64_t se
   const std::int64_t chunk = seq / (2 * s.ranks);
   return i < chunk ? s.rank * chunk + i : (2 * s.ranks - 1 - s.rank) * chunk + (i - chunk);
 }
+// The inverse: the local index of position pos, or −1 where another rank of the ring holds it.
+DML_HOST_DEVICE std::int64_t cp_local_index(const context_split& s, std::int64_t seq, std::int64_t pos) {
+  if (s.ranks <= 1) return pos;
+  if (!s.zigzag) {
+    const std::int64_t c = seq / s.ranks;
+    return pos / c == s.rank ? pos % c : -1;
+  }
+  const std::int64_t c = seq / (2 * s.ranks), k = pos / c;
+  return k == s.rank ? pos % c : k == 2 * s.ranks - 1 - s.rank ? c + pos % c : -1;
+}
 
 // A layer's parameters and their gradients: pointers into the flat buffers, in spec order, of the
 // network's working type (float, or bf16/fp16 under mixed precision).

@@ -16,17 +16,16 @@
 #include "dml/core/math.hpp"
 #include "dml/core/space.hpp"
 #include "dml/nn/attention.hpp"
+#include "dml/nn/layer.hpp"
 #include "dml/nn/tensor_group.hpp"
 
 namespace dml::nn {
 
-// Where this rank's tokens sit in each sequence of a context-parallel ring of `ranks`. zigzag: the sequence is
-// cut into 2·ranks chunks and rank r holds chunks r and 2·ranks−1−r, so under a causal mask every rank has the
-// same amount of work; otherwise rank r holds chunk r of ranks. One rank holds the whole sequence either way.
-struct cp_layout {
-  int ranks = 1, rank = 0;
-  bool zigzag = true;
-};
+// Where this rank's tokens sit in each sequence of a context-parallel ring: nn::context_split (nn/layer.hpp), whose
+// zig-zag layout cuts the sequence into 2·ranks chunks and gives rank r chunks r and 2·ranks−1−r, so under a causal
+// mask every rank has the same amount of work; otherwise rank r holds chunk r of ranks. cp_position maps a local
+// token to its place in the sequence.
+using cp_layout = context_split;
 
 // Throws invalid_argument unless the layout names a rank of its ring and seq splits into its chunks.
 inline void check_cp_layout(const cp_layout& at, std::int64_t seq) {
@@ -40,14 +39,6 @@ inline void check_cp_layout(const cp_layout& at, std::int64_t seq) {
   if (seq % chunks != 0)
     fail<invalid_argument>(what, ": expected seq divisible by ", chunks, " (", at.zigzag ? "2·ranks, zig-zag" : "ranks",
                            " over ", at.ranks, " ranks), found seq = ", seq);
-}
-
-// The position in [0, seq) of this rank's local token i, 0 <= i < seq / ranks.
-DML_HOST_DEVICE std::int64_t cp_position(const cp_layout& at, std::int64_t seq, std::int64_t i) {
-  if (at.ranks <= 1) return i;
-  if (!at.zigzag) return at.rank * (seq / at.ranks) + i;
-  const std::int64_t chunk = seq / (2 * at.ranks);
-  return i < chunk ? at.rank * chunk + i : (2 * at.ranks - 1 - at.rank) * chunk + (i - chunk);
 }
 
 // One ring attention call. seq is the whole sequence (T); each rank holds seq / ranks tokens of each of batch
