@@ -27,6 +27,11 @@ struct options {
   std::int64_t layers = 2, d_model = 128, heads = 4, seq = 64, vocab = 256;
   float dropout = 0.f;
   bool bias = false;
+  // mixture of experts: every --moe-every-th block's MLP becomes --experts experts (0: none)
+  std::int64_t experts = 0, moe_every = 2;
+  int top_k = 2;
+  float capacity_factor = 1.25f;  // <= 0: dropless
+  float aux_loss_weight = 0.01f, z_loss_weight = 0.001f;
   // training
   std::int64_t batch = 16;  // global sequences per step
   std::int64_t steps = 500;
@@ -40,6 +45,8 @@ struct options {
   std::string comm = "local";  // local | mpi (launched by mpirun; ranks = the MPI world)
   int dp = 0, tp = 1, pp = 1;  // dp 0: ranks / (tp · pp)
   bool sp = false;
+  int ep = 1, cp = 1;          // carved out of dp
+  bool cp_zigzag = true;
   std::int64_t microbatches = 1;
   std::string schedule;  // gpipe | 1f1b | interleaved:V | zb | FILE.csv; empty: the default
   bool recompute = false;
@@ -60,7 +67,10 @@ inline void usage(std::FILE* out) {
   std::fputs(
       "usage: gpt [--text FILE] [--layers N] [--d-model N] [--heads N] [--seq N] [--vocab N] [--dropout X] [--bias]\n"
       "           [--batch N] [--steps N] [--lr X] [--warmup N] [--clip X] [--seed N] [--precision fp32|bf16]\n"
-      "           [--ranks N] [--comm local|mpi] [--dp N] [--tp N] [--pp N] [--sp] [--microbatches M]\n"
+      "           [--experts E] [--top-k K] [--capacity-factor C] [--moe-every N] [--aux-loss-weight X]\n"
+      "           [--z-loss-weight X]\n"
+      "           [--ranks N] [--comm local|mpi] [--dp N] [--tp N] [--pp N] [--sp] [--ep N] [--cp N] [--cp-contiguous]\n"
+      "           [--microbatches M]\n"
       "           [--schedule gpipe|1f1b|interleaved:V|zb|FILE.csv] [--recompute] [--threads N]\n"
       "           [--init FILE.safetensors] [--save FILE.safetensors] [--log FILE.csv] [--holdout X]\n"
       "           [--print-every N] [--sample N] [--prompt TEXT] [--temperature X]\n"
@@ -70,7 +80,11 @@ inline void usage(std::FILE* out) {
       "trains the model one rank does. The last --holdout of the text is never trained on: val_loss is\n"
       "measured there. --sample N writes N bytes after --prompt (default: the text's first 16 bytes),\n"
       "greedy unless --temperature is given. Under mpirun, pass --comm mpi. --clip X clips the global\n"
-      "gradient norm (off by default).\n",
+      "gradient norm (off by default).\n"
+      "--experts E turns the MLP of every --moe-every-th block (default 2) into E experts, each token routed to\n"
+      "its --top-k (1 or 2); --capacity-factor C drops what overflows C·tokens·k/E per expert (<= 0: dropless).\n"
+      "--ep N shares the experts out over N data-parallel ranks (all-to-all dispatch); --cp N cuts each sequence\n"
+      "over N data-parallel ranks (ring attention; zig-zag chunks unless --cp-contiguous). Both divide dp.\n",
       out);
 }
 
@@ -120,6 +134,15 @@ inline options parse(int argc, char** argv) {
     else if (a == "--tp") o.tp = int32();
     else if (a == "--pp") o.pp = int32();
     else if (a == "--sp") o.sp = true;
+    else if (a == "--ep") o.ep = int32();
+    else if (a == "--cp") o.cp = int32();
+    else if (a == "--cp-contiguous") o.cp_zigzag = false;
+    else if (a == "--experts") o.experts = i64();
+    else if (a == "--top-k") o.top_k = int32();
+    else if (a == "--capacity-factor") o.capacity_factor = parse_number<float>(a, value());
+    else if (a == "--moe-every") o.moe_every = i64();
+    else if (a == "--aux-loss-weight") o.aux_loss_weight = parse_number<float>(a, value());
+    else if (a == "--z-loss-weight") o.z_loss_weight = parse_number<float>(a, value());
     else if (a == "--microbatches") o.microbatches = i64();
     else if (a == "--schedule") o.schedule = value();
     else if (a == "--recompute") o.recompute = true;
@@ -163,6 +186,12 @@ inline options parse(int argc, char** argv) {
                                      o.print_every);
   if (o.temperature && !(*o.temperature >= 0.f))
     dml::fail<dml::invalid_argument>("--temperature: expected a value >= 0, found ", *o.temperature);
+  if (o.experts < 0 || o.moe_every < 1 || o.ep < 1 || o.cp < 1 || o.aux_loss_weight < 0.f || o.z_loss_weight < 0.f)
+    dml::fail<dml::invalid_argument>("expected --experts >= 0, --moe-every, --ep and --cp >= 1, and loss weights >= 0; "
+                                     "found ", o.experts, ", ", o.moe_every, ", ", o.ep, ", ", o.cp, ", ",
+                                     o.aux_loss_weight, ", ", o.z_loss_weight);
+  if (o.ep > 1 && o.experts == 0)
+    dml::fail<dml::invalid_argument>("--ep shares out experts: expected --experts > 0, found 0");
   if (o.sp && o.tp == 1)
     dml::fail<dml::invalid_argument>("--sp splits the sequence over the tensor-parallel ranks: expected --tp > 1, found 1");
   return o;
@@ -176,8 +205,11 @@ inline int data_parallel(const options& o, int world) {
                                      o.dp > 0 ? std::to_string(o.dp) : "(" + std::to_string(world) + " / " +
                                                                              std::to_string(o.tp * o.pp) + ")",
                                      " × ", o.pp);
-  if (o.batch < dp)
-    dml::fail<dml::invalid_argument>("--batch: expected at least one sequence per data-parallel rank (", dp,
+  if (dp % o.ep != 0 || dp % o.cp != 0)
+    dml::fail<dml::invalid_argument>("layout: --ep and --cp are carved out of the ", dp,
+                                     " data-parallel ranks and must divide them; found --ep ", o.ep, " and --cp ", o.cp);
+  if (o.batch < dp / o.cp)
+    dml::fail<dml::invalid_argument>("--batch: expected at least one sequence per data-parallel group (", dp / o.cp,
                                      "), found ", o.batch);
   return dp;
 }
@@ -213,8 +245,15 @@ inline corpus load_corpus(const options& o) {
 }
 
 inline dml::nn::gpt_config model_config(const options& o) {
-  return {.vocab = o.vocab, .seq = o.seq, .layers = o.layers, .d_model = o.d_model, .heads = o.heads,
-          .dropout = o.dropout, .bias = o.bias};
+  dml::nn::gpt_config g{.vocab = o.vocab, .seq = o.seq, .layers = o.layers, .d_model = o.d_model, .heads = o.heads,
+                        .dropout = o.dropout, .bias = o.bias};
+  g.experts = o.experts;
+  g.top_k = o.top_k;
+  g.capacity_factor = o.capacity_factor;
+  g.moe_every = o.moe_every;
+  g.aux_loss_weight = o.aux_loss_weight;
+  g.z_loss_weight = o.z_loss_weight;
+  return g;
 }
 
 // Linear warmup, then cosine decay to a tenth of --lr at the last step.
@@ -291,9 +330,10 @@ template <class Precision, class Comm>
 int run_trainer(const options& o, Comm& comm, const corpus& text) {
   const int world = comm.size(), rank = comm.rank();
   const int dp = data_parallel(o, world);
-  // World rank = tp + TP·(dp + DP·pp): all ranks of one tensor and pipeline group pass one dp rank's rows.
-  const int dp_rank = (rank / o.tp) % dp;
-  const std::int64_t first = o.batch * dp_rank / dp, rows = o.batch * (dp_rank + 1) / dp - first;
+  // World rank = tp + TP·(dp + DP·pp): all ranks of one tensor and pipeline group pass one dp rank's rows, and
+  // so do the cp consecutive dp ranks of a context-parallel group (each trains on its chunk of the positions).
+  const int data_rank = (rank / o.tp) % dp / o.cp, data_ranks = dp / o.cp;
+  const std::int64_t first = o.batch * data_rank / data_ranks, rows = o.batch * (data_rank + 1) / data_ranks - first;
   const auto config = model_config(o);
   const auto model = dml::nn::gpt(config);
 
@@ -306,6 +346,9 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   to.clip_norm = o.clip;
   to.tensor_parallel = o.tp;
   to.sequence_parallel = o.sp;
+  to.expert_parallel = o.ep;
+  to.context_parallel = o.cp;
+  to.cp_zigzag = o.cp_zigzag;
   to.lr = [&o](std::int64_t s) { return learning_rate(o, s); };
   dml::trainer<dml::parallel::replicate, dml::optim::adamw, Precision> trainer(comm, model, to,
                                                                                dml::optim::adamw({.lr = o.lr}));
@@ -319,7 +362,10 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
     if (!o.log.empty()) {
       log.open(o.log);
       if (!log) dml::fail<dml::io_error>(o.log, ": cannot open for writing");
-      log << "step,loss\n" << std::fixed << std::setprecision(6);
+      log << "step,loss" << (o.experts > 0 ? ",aux_loss,z_loss,dropped,a2a_bytes,imbalance" : "");
+      for (std::int64_t e = 0; e < o.experts; ++e) log << ",tokens_" << e;
+      for (std::int64_t e = 0; e < o.experts; ++e) log << ",dropped_" << e;
+      log << '\n' << std::fixed << std::setprecision(6);
     }
     std::printf("text: %s, %lld bytes (%lld trained on, %lld held out), byte tokens, vocabulary %lld\n",
                 text.path.c_str(), static_cast<long long>(text.all.size()), static_cast<long long>(text.train.size()),
@@ -334,9 +380,21 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
                 "dropout %g, %s\n",
                 static_cast<long long>(o.steps), static_cast<long long>(o.batch), static_cast<long long>(o.batch * o.seq),
                 static_cast<double>(o.lr), clip, static_cast<double>(o.dropout), Precision::name);
-    std::printf("layout: %d %s rank(s) = tp %d%s × dp %d × pp %d, %lld micro-batch(es)%s%s%s; %d thread(s) per rank; "
+    if (o.experts > 0) {
+      char capacity[48] = "dropless";
+      if (o.capacity_factor > 0.f)
+        std::snprintf(capacity, sizeof capacity, "capacity factor %g", static_cast<double>(o.capacity_factor));
+      std::printf("experts: %lld in every %lld%s block, top-%d, %s, aux loss weight %g, z-loss weight %g\n",
+                  static_cast<long long>(o.experts), static_cast<long long>(o.moe_every),
+                  o.moe_every == 1 ? "" : o.moe_every == 2 ? "nd" : o.moe_every == 3 ? "rd" : "th", o.top_k, capacity,
+                  static_cast<double>(o.aux_loss_weight), static_cast<double>(o.z_loss_weight));
+    }
+    std::string carved;
+    if (o.ep > 1) carved += " (ep " + std::to_string(o.ep) + ")";
+    if (o.cp > 1) carved += " (cp " + std::to_string(o.cp) + (o.cp_zigzag ? ", zig-zag)" : ", contiguous)");
+    std::printf("layout: %d %s rank(s) = tp %d%s × dp %d%s × pp %d, %lld micro-batch(es)%s%s%s; %d thread(s) per rank; "
                 "gemm %s\n",
-                world, o.comm.c_str(), o.tp, o.sp ? " (sequence parallel)" : "", dp, o.pp,
+                world, o.comm.c_str(), o.tp, o.sp ? " (sequence parallel)" : "", dp, carved.c_str(), o.pp,
                 static_cast<long long>(o.microbatches), o.schedule.empty() ? "" : ", schedule ", o.schedule.c_str(),
                 o.recompute ? ", recompute" : "", dml::thread_budget(),
                 dml::host_gemm_impl(o.batch * o.seq / world, o.d_model, 4 * o.d_model,
@@ -352,14 +410,33 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   float loss = std::nanf("");
   for (std::int64_t step = 1; step <= o.steps; ++step) {
     text.train.batch(o.seed, static_cast<std::uint64_t>(step), first, rows, o.seq, x.data(), y.data());
-    loss = trainer.step(dml::tensor_view<const float>(x.data(), {rows, o.seq}), y.data(), o.batch).loss;
+    const auto r = trainer.step(dml::tensor_view<const float>(x.data(), {rows, o.seq}), y.data(), o.batch);
+    loss = r.loss;
+    const auto& moe = r.routing;
+    std::int64_t dropped = 0;
+    for (auto d : moe.dropped) dropped += d;
     if (rank == 0) {
-      if (log) log << step << ',' << loss << '\n';
+      if (log) {
+        log << step << ',' << loss;
+        if (o.experts > 0)
+          log << ',' << moe.aux_loss << ',' << moe.z_loss << ',' << dropped << ',' << moe.a2a_bytes << ',' << moe.imbalance();
+        for (auto t : moe.tokens) log << ',' << t;
+        for (auto d : moe.dropped) log << ',' << d;
+        log << '\n';
+      }
       if (step == 1 || step % every == 0 || step == o.steps) {
         const double s = seconds();
-        std::printf("step %lld/%lld loss=%.4f lr=%.2e tokens_per_s=%.0f\n", static_cast<long long>(step),
+        std::printf("step %lld/%lld loss=%.4f lr=%.2e tokens_per_s=%.0f", static_cast<long long>(step),
                     static_cast<long long>(o.steps), static_cast<double>(loss), static_cast<double>(learning_rate(o, step)),
                     s > 0 ? static_cast<double>(step * o.batch * o.seq) / s : 0.0);
+        if (o.experts > 0) {
+          std::printf(" aux_loss=%.4f z_loss=%.3f dropped=%lld a2a_bytes=%lld imbalance=%.2f tokens_per_expert=",
+                      moe.aux_loss, moe.z_loss, static_cast<long long>(dropped), static_cast<long long>(moe.a2a_bytes),
+                      moe.imbalance());
+          for (std::size_t e = 0; e < moe.tokens.size(); ++e)
+            std::printf("%s%lld", e ? "/" : "", static_cast<long long>(moe.tokens[e]));
+        }
+        std::printf("\n");
         std::fflush(stdout);
       }
     }

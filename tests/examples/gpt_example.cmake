@@ -6,8 +6,12 @@
 #            weights reloaded score the same val_loss, and a file of another model fails naming a tensor
 #   sample   --sample N prints the prompt and N bytes; sampling with a temperature repeats with its seed
 #   errors   bad flags and layouts fail with a clear message and a non-zero exit
-#   layout   the run of LAYOUT (flags, started by the command LAUNCH if given) logs one rank's losses
-# Usage: cmake -DEXE=... -DWORK=... -DMODE=... [-DLAYOUT="--ranks 2 --dp 2"] [-DLAUNCH="mpirun -np 2"] -P gpt_example.cmake
+#   layout   the run of LAYOUT (flags, started by the command LAUNCH if given) logs one rank's losses; MODEL adds
+#            flags to both runs (a mixture of experts)
+#   moe      a mixture of experts prints and logs its per-step accounting: tokens and drops per expert, all-to-all
+#            bytes, load imbalance, and the auxiliary losses
+# Usage: cmake -DEXE=... -DWORK=... -DMODE=... [-DLAYOUT="--ranks 2 --dp 2"] [-DLAUNCH="mpirun -np 2"] [-DMODEL=...]
+#        -P gpt_example.cmake
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 set(small --layers 1 --d-model 32 --heads 2 --seq 32 --batch 8)
@@ -47,7 +51,7 @@ function(read_log out_var file steps)
   list(LENGTH rows n)
   list(GET rows 0 header)
   math(EXPR expected "${steps} + 1")
-  if(NOT header STREQUAL "step,loss" OR NOT n EQUAL expected)
+  if(NOT header MATCHES "^step,loss(,|$)" OR NOT n EQUAL expected)
     message(FATAL_ERROR "expected ${file} to hold 'step,loss' and ${steps} rows, found '${header}' and ${n} lines")
   endif()
   list(REMOVE_AT rows 0)
@@ -55,7 +59,7 @@ function(read_log out_var file steps)
   set(step 0)
   foreach(row IN LISTS rows)
     math(EXPR step "${step} + 1")
-    if(NOT row MATCHES "^${step},([0-9.]+)$")
+    if(NOT row MATCHES "^${step},([0-9.]+)(,.*)?$")
       message(FATAL_ERROR "${file}: expected row '${step},<loss>', found '${row}'")
     endif()
     list(APPEND losses ${CMAKE_MATCH_1})
@@ -164,10 +168,44 @@ elseif(MODE STREQUAL "errors")
   expect_error("--d-model: expected a multiple of --heads 3, found 64" --d-model 64 --heads 3)
   expect_error("--sp splits the sequence" --sp)
   expect_error("no such file" --text ${WORK}/missing.txt)
+  expect_error("experts not divisible by ep: expected a multiple of the expert-parallel degree 4, found 6 experts"
+               ${small} --experts 6 --moe-every 1 --ranks 4 --ep 4)
+  expect_error("top-k larger than the number of experts: expected top_k <= 1, found top_k 2" ${small} --experts 1
+               --moe-every 1)
+  expect_error("experts in every 2 blocks need at least that many layers; found 1" ${small} --experts 4)
+  expect_error("--ep shares out experts: expected --experts > 0" --ranks 2 --ep 2)
+  expect_error("context parallelism over 2 ranks \\(zig-zag\\) needs T divisible by 4, found T = 30"
+               --layers 1 --d-model 32 --heads 2 --seq 30 --batch 8 --ranks 2 --cp 2)
+elseif(MODE STREQUAL "moe")
+  run_gpt(out ${small} --steps 6 --experts 4 --moe-every 1 --capacity-factor 1 --ranks 2 --ep 2 --print-every 1
+          --log ${WORK}/moe.csv)
+  if(NOT out MATCHES "experts: 4 in every 1 block, top-2, capacity factor 1"
+     OR NOT out MATCHES "step 6/6 loss=[0-9.]+ [^\n]* aux_loss=[0-9.]+ z_loss=[0-9.]+ dropped=[0-9]+ a2a_bytes=[1-9][0-9]* imbalance=[0-9.]+ tokens_per_expert=[0-9]+/[0-9]+/[0-9]+/[0-9]+")
+    message(FATAL_ERROR "expected the experts described and per-step accounting, found:\n${out}")
+  endif()
+  file(STRINGS ${WORK}/moe.csv rows)
+  list(GET rows 0 header)
+  list(GET rows 6 last)
+  if(NOT header STREQUAL "step,loss,aux_loss,z_loss,dropped,a2a_bytes,imbalance,tokens_0,tokens_1,tokens_2,tokens_3,dropped_0,dropped_1,dropped_2,dropped_3"
+     OR NOT last MATCHES "^6,[0-9.]+,[0-9.]+,[0-9.]+,[0-9]+,[1-9][0-9]*,[0-9.]+(,[0-9]+)+$")
+    message(FATAL_ERROR "expected the accounting columns in the log, found '${header}' and '${last}'")
+  endif()
+  # 8 sequences × 32 tokens × top-2 assignments per step, summed over the experts.
+  string(REPLACE "," ";" cells "${last}")
+  set(total 0)
+  foreach(i 7 8 9 10)
+    list(GET cells ${i} t)
+    math(EXPR total "${total} + ${t}")
+  endforeach()
+  if(NOT total EQUAL 512)
+    message(FATAL_ERROR "expected 512 assignments per step (8 × 32 tokens, top-2), found ${total} in '${last}'")
+  endif()
+  message(STATUS "${last}")
 elseif(MODE STREQUAL "layout")
   separate_arguments(LAYOUT UNIX_COMMAND "${LAYOUT}")
   separate_arguments(LAUNCH UNIX_COMMAND "${LAUNCH}")
-  set(common ${small} --steps 12 --dropout 0.1)
+  separate_arguments(MODEL UNIX_COMMAND "${MODEL}")
+  set(common ${small} --steps 12 --dropout 0.1 ${MODEL})
   run_gpt(out ${common} --log ${WORK}/one.csv)
   if(LAUNCH)
     execute_process(COMMAND ${LAUNCH} ${EXE} ${common} ${LAYOUT} --log ${WORK}/many.csv
@@ -183,5 +221,5 @@ elseif(MODE STREQUAL "layout")
   # fp32 losses of every layout agree with one rank's to rounding (1e-5 relative in DESIGN.md §5).
   compare_logs(${WORK}/one.csv ${WORK}/many.csv 12 30)
 else()
-  message(FATAL_ERROR "MODE: expected train, weights, sample, errors or layout, found '${MODE}'")
+  message(FATAL_ERROR "MODE: expected train, weights, sample, errors, moe or layout, found '${MODE}'")
 endif()

@@ -785,6 +785,9 @@ inline auto gpt(const gpt_config& g) {
   if (g.layers < 1) fail<invalid_argument>("dml::nn::gpt: expected at least one layer, found ", g.layers);
   if (g.experts < 0 || g.moe_every < 1)
     fail<invalid_argument>("dml::nn::gpt: expected experts >= 0 and moe_every >= 1, found ", g.experts, " and ", g.moe_every);
+  if (g.experts > 0 && g.moe_every > g.layers)
+    fail<invalid_argument>("dml::nn::gpt: experts in every ", g.moe_every, " blocks need at least that many layers; found ",
+                           g.layers, ", so no block would hold the ", g.experts, " experts");
   std::vector<gpt_block> blocks;
   for (std::int64_t i = 0; i < g.layers; ++i) blocks.emplace_back(g, g.experts > 0 && (i + 1) % g.moe_every == 0);
   return sequential{gpt_embedding(g), stack<gpt_block>{"h", std::move(blocks)}, gpt_head(g)};
