@@ -22,6 +22,7 @@ struct options {
   std::int64_t experts = 8, d_model = 256, heads = 4, layers = 2, seq = 64, batch = 8;  // batch: sequences per rank
   int top_k = 2, steps = 6, warmup = 2, max_ep = 2;
   float capacity_factor = 1.25f;
+  std::vector<float> skews{0.f};  // router skew (nn::skewed_logit_bias scale): imbalance on purpose
   std::int64_t attention_seq = 512;
   std::string json;
   bool quick = false;
@@ -35,6 +36,11 @@ nn::gpt_config model(const options& o) {
   g.top_k = o.top_k;
   g.capacity_factor = o.capacity_factor;
   g.moe_every = 1;
+  return g;
+}
+nn::gpt_config model(const options& o, float skew) {
+  auto g = model(o);
+  g.router_skew = skew;
   return g;
 }
 
@@ -55,7 +61,7 @@ struct moe_run {
 };
 
 // ep ranks, each with o.batch sequences (expert-parallel over all of them); timed steps after warm-up.
-moe_run run_moe(const options& o, int ep) {
+moe_run run_moe(const options& o, int ep, float skew) {
   moe_run out;
   out.ep = ep;
   comm::local::run(ep, [&](comm::local& c) {
@@ -63,7 +69,7 @@ moe_run run_moe(const options& o, int ep) {
     train::trainer_options to;
     to.seed = 5;
     to.expert_parallel = ep;
-    trainer<parallel::replicate, optim::adamw> t(c, nn::gpt(model(o)), to, optim::adamw({.lr = 1e-3f}));
+    trainer<parallel::replicate, optim::adamw> t(c, nn::gpt(model(o, skew)), to, optim::adamw({.lr = 1e-3f}));
     std::vector<float> x(static_cast<std::size_t>(o.batch * o.seq));
     std::vector<std::int32_t> y(x.size());
     clock_type::time_point t0{};
@@ -177,15 +183,20 @@ options parse(int argc, char** argv) {
     else if (a == "--max-ep") o.max_ep = static_cast<int>(num());
     else if (a == "--attention-seq") o.attention_seq = num();
     else if (a == "--capacity-factor") o.capacity_factor = std::stof(dml_bench::flag_value(argc, argv, i));
+    else if (a == "--skew") {
+      o.skews.clear();
+      for (const auto& v : dml_bench::split_list(dml_bench::flag_value(argc, argv, i))) o.skews.push_back(std::stof(v));
+    }
     else if (a == "--json") o.json = dml_bench::flag_value(argc, argv, i);
     else if (a == "--quick") o.quick = true;
     else
       dml::fail<dml::invalid_argument>("moe_throughput: unknown flag '", a, "'; flags: --experts E --d-model N --layers N "
                                        "--seq N --batch N (per rank) --top-k K --steps N --max-ep N --attention-seq N "
-                                       "--capacity-factor C --json FILE --quick");
+                                       "--capacity-factor C --skew S[,S...] --json FILE --quick");
   }
   if (o.quick) {  // a smoke run: every part, tiny
     o.experts = 4, o.d_model = 32, o.layers = 1, o.seq = 16, o.batch = 2, o.steps = 1, o.warmup = 1, o.attention_seq = 32;
+    o.skews = {0.f, 4.f};
   }
   return o;
 }
@@ -203,24 +214,26 @@ int main(int argc, char** argv) try {
               static_cast<long long>(o.layers), static_cast<long long>(o.experts), o.top_k,
               static_cast<double>(o.capacity_factor), static_cast<long long>(o.d_model), static_cast<long long>(o.seq),
               static_cast<long long>(o.batch));
-  std::printf("%4s %12s %9s %14s %12s %12s %10s %9s\n", "ep", "tokens/s", "vs ep 1", "a2a bytes/step", "a2a busbw",
-              "allred busbw", "imbalance", "dropped");
-  double base = 0;
-  for (int ep = 1; ep <= o.max_ep; ep *= 2) {
-    const auto r = run_moe(o, ep);
-    if (ep == 1) base = r.tokens_per_s;
-    // The bus bandwidth of all_to_allv at this run's message size per rank, beside all_reduce of the same bytes.
-    const std::int64_t msg = std::max<std::int64_t>(4096, static_cast<std::int64_t>(r.a2a_bytes / (4 * o.layers)));
-    const auto [a2a, ar] = ep > 1 ? collective_busbw(ep, msg) : std::pair<double, double>{0, 0};
-    std::printf("%4d %12.0f %8.2fx %14.0f %9.2f GB/s %9.2f GB/s %10.2f %8.1f%%\n", ep, r.tokens_per_s,
-                r.tokens_per_s / base, r.a2a_bytes, a2a, ar, r.imbalance, 100 * r.dropped_fraction);
-    if (json)
-      std::fprintf(json,
-                   "{\"part\":\"ep\",\"cpu\":\"%s\",\"ep\":%d,\"experts\":%lld,\"d_model\":%lld,\"top_k\":%d,"
-                   "\"tokens_per_s\":%.1f,\"speedup_vs_ep1\":%.3f,\"a2a_bytes_per_step\":%.0f,\"a2a_busbw_gbs\":%.3f,"
-                   "\"all_reduce_busbw_gbs\":%.3f,\"imbalance\":%.3f,\"dropped_fraction\":%.4f}\n",
-                   dml::host_cpu_model().c_str(), ep, static_cast<long long>(o.experts), static_cast<long long>(o.d_model),
-                   o.top_k, r.tokens_per_s, r.tokens_per_s / base, r.a2a_bytes, a2a, ar, r.imbalance, r.dropped_fraction);
+  std::printf("%5s %4s %12s %9s %14s %12s %12s %10s %9s\n", "skew", "ep", "tokens/s", "vs ep 1", "a2a bytes/step",
+              "a2a busbw", "allred busbw", "imbalance", "dropped");
+  for (const float skew : o.skews) {
+    double base = 0;
+    for (int ep = 1; ep <= o.max_ep; ep *= 2) {
+      const auto r = run_moe(o, ep, skew);
+      if (ep == 1) base = r.tokens_per_s;
+      // The bus bandwidth of all_to_allv at this run's message size per rank, beside all_reduce of the same bytes.
+      const std::int64_t msg = std::max<std::int64_t>(4096, static_cast<std::int64_t>(r.a2a_bytes / (4 * o.layers)));
+      const auto [a2a, ar] = ep > 1 ? collective_busbw(ep, msg) : std::pair<double, double>{0, 0};
+      std::printf("%5g %4d %12.0f %8.2fx %14.0f %9.2f GB/s %9.2f GB/s %10.2f %8.1f%%\n", static_cast<double>(skew), ep,
+                  r.tokens_per_s, r.tokens_per_s / base, r.a2a_bytes, a2a, ar, r.imbalance, 100 * r.dropped_fraction);
+      if (json)
+        std::fprintf(json,
+                     "{\"part\":\"ep\",\"cpu\":\"%s\",\"skew\":%g,\"ep\":%d,\"experts\":%lld,\"d_model\":%lld,\"top_k\":%d,"
+                     "\"tokens_per_s\":%.1f,\"speedup_vs_ep1\":%.3f,\"a2a_bytes_per_step\":%.0f,\"a2a_busbw_gbs\":%.3f,"
+                     "\"all_reduce_busbw_gbs\":%.3f,\"imbalance\":%.3f,\"dropped_fraction\":%.4f}\n",
+                     dml::host_cpu_model().c_str(), static_cast<double>(skew), ep, static_cast<long long>(o.experts),
+                     static_cast<long long>(o.d_model), o.top_k, r.tokens_per_s, r.tokens_per_s / base, r.a2a_bytes, a2a, ar, r.imbalance, r.dropped_fraction);
+    }
   }
   std::printf("\n# attention activations per rank, one block, batch 1, seq %lld, %lld heads\n",
               static_cast<long long>(o.attention_seq), static_cast<long long>(o.heads));

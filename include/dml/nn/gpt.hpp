@@ -51,6 +51,7 @@ struct gpt_config {
   float capacity_factor = 1.25f;
   std::int64_t moe_every = 1;
   float aux_loss_weight = 0.01f, z_loss_weight = 0.001f;
+  float router_skew = 0.f;  // > 0: skewed routing on purpose, nn::skewed_logit_bias(experts, 1, router_skew)
 };
 
 
@@ -418,7 +419,9 @@ struct gpt_block : detail::split_part {
       experts.emplace(moe_config{.dim = dim, .hidden = 4 * dim, .experts = g.experts, .top_k = g.top_k,
                                  .capacity_factor = g.capacity_factor, .aux_loss_weight = g.aux_loss_weight,
                                  .z_loss_weight = g.z_loss_weight, .bias = bias,
-                                 .proj_std = 0.02f / std::sqrt(2.f * static_cast<float>(layers)), .logit_bias = {}});
+                                 .proj_std = 0.02f / std::sqrt(2.f * static_cast<float>(layers)),
+                                 .logit_bias = g.router_skew > 0.f ? skewed_logit_bias(g.experts, 1.0, g.router_skew)
+                                                                   : std::vector<float>{}});
   }
   void set_split(tensor_split s) {
     split = s;
