@@ -2,7 +2,7 @@
 // examples/learn/01_one_rank.cpp — the training loop with nothing hidden: one rank, no trainer, no communicator.
 //
 // What it teaches:
-//  - a model is a dml::nn::sequential of layers; dml::nn::network gives it one flat buffer of parameters
+//  - a model is a dml::nn::sequential of layers; dml::nn::make_network gives it one flat buffer of parameters
 //    and a mirror of it for gradients;
 //  - a step is forward, the fused softmax + cross-entropy (the loss and its gradient in one pass),
 //    backward, and one fused optimizer pass over the whole flat buffer; optim::state holds the
@@ -27,12 +27,6 @@ void make_data(std::vector<float>& x, std::vector<std::int32_t>& y) {
   for (std::int64_t s = 0; s < samples; ++s) y[s] = (x[s * features] > 0) + 2 * (x[s * features + 1] > 0);
 }
 
-// network<Space, Layers...> spells out the model's layer types; this deduces them from the model.
-template <class... L>
-dml::nn::network<dml::host, L...> make_network(const dml::nn::sequential<L...>& model, std::uint64_t seed) {
-  return dml::nn::network<dml::host, L...>(model, seed);
-}
-
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 200;
   std::vector<float> x, xb;
@@ -40,7 +34,7 @@ int main(int argc, char** argv) {
   make_data(x, y);
 
   const auto model = dml::nn::sequential{dml::nn::linear{features, 32}, dml::nn::relu{}, dml::nn::linear{32, classes}};
-  auto net = make_network(model, /*seed=*/1);  // parameters start as PyTorch's would (seeded)
+  auto net = dml::nn::make_network(model, /*seed=*/1);  // on the host; parameters start as PyTorch's would
   const dml::optim::adamw opt({.lr = 1e-2f});
   dml::optim::state<dml::optim::adamw> state(net.layout().total);
   const dml::nn::softmax_cross_entropy loss_fn;

@@ -35,10 +35,10 @@ int main(int argc, char** argv) {
 
   dml::comm::local::run(ranks, [&](dml::comm::local& comm) {
     const auto model = dml::nn::sequential{dml::nn::linear{features, 32}, dml::nn::relu{}, dml::nn::linear{32, classes}};
-    dml::train::trainer_options options;
-    options.seed = 1;  // initial weights: the same on every rank, and the same as example 01's
     // Policies come in any order and each has a default; here the sharding and the optimizer are named.
-    dml::trainer<dml::parallel::replicate, dml::optim::adamw> trainer(comm, model, options, dml::optim::adamw({.lr = 1e-2f}));
+    // The seed gives the initial weights: the same on every rank, and the same as example 01's.
+    dml::trainer<dml::parallel::replicate, dml::optim::adamw> trainer(comm, model, {.seed = 1},
+                                                                      dml::optim::adamw({.lr = 1e-2f}));
     const dml::train::sampler sampler(samples, batch, /*seed=*/1);  // one global order, whatever the rank count
     std::vector<float> xb;
     std::vector<std::int32_t> yb;

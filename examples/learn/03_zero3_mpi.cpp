@@ -50,17 +50,14 @@ int main(int argc, char** argv) {
   };
 
   // The uninterrupted run, checkpointed halfway.
-  dml::train::trainer_options options;
-  options.seed = 1;
-  zero3_trainer first(comm, model, options, dml::optim::adamw({.lr = 1e-2f}));
+  zero3_trainer first(comm, model, {.seed = 1}, dml::optim::adamw({.lr = 1e-2f}));
   auto straight = train(first, 0, saved_at);
   first.save_checkpoint(dir, {{"step", std::to_string(saved_at)}});  // writes dir/step-50, points dir/latest at it
   const auto rest = train(first, saved_at, steps);
   straight.insert(straight.end(), rest.begin(), rest.end());
 
   // A fresh trainer, as after a restart, with other initial weights: the checkpoint replaces them.
-  options.seed = 2;
-  zero3_trainer resumed(comm, model, options, dml::optim::adamw({.lr = 1e-2f}));
+  zero3_trainer resumed(comm, model, {.seed = 2}, dml::optim::adamw({.lr = 1e-2f}));
   const int from = std::stoi(resumed.load_checkpoint(dir).at("step"));
   if (comm.rank() == 0) std::printf("resumed from %s at step %d on %d ranks\n", dir.c_str(), from, comm.size());
   const auto again = train(resumed, from, steps);

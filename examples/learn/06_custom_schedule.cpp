@@ -63,9 +63,7 @@ int main() {
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = dml::rng_stream{42, 0}.uniform(i, -1.f, 1.f);
   for (std::size_t s = 0; s < y.size(); ++s) y[s] = (x[s * 8] > 0) + 2 * (x[s * 8 + 1] > 0);
   const auto model = dml::nn::sequential{dml::nn::linear{8, 32}, dml::nn::relu{}, dml::nn::linear{32, 4}};
-  dml::train::trainer_options options;
-  options.pipeline_stages = 2;
-  options.micro_batches = 4;
+  const dml::train::trainer_options options{.micro_batches = 4, .pipeline_stages = 2};
   dml::comm::local::run(2, [&](dml::comm::local& comm) {
     dml::trainer<reversed_gpipe> trainer(comm, model, options, dml::optim::adamw({.lr = 1e-2f}));
     for (int step = 1; step <= 50; ++step) {

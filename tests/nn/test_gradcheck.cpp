@@ -10,6 +10,7 @@
 #include "dml/nn/activation.hpp"
 #include "dml/nn/dropout.hpp"
 #include "dml/nn/embedding.hpp"
+#include "dml/nn/gradcheck.hpp"
 #include "dml/nn/layernorm.hpp"
 #include "dml/nn/linear.hpp"
 #include "dml/nn/loss.hpp"
@@ -25,76 +26,17 @@ std::vector<float> random_vector(std::size_t n, unsigned seed, float lo = -1.f, 
   return v;
 }
 
-// loss = Σ y·r, so ∂loss/∂y = r. Evaluated in double so the difference quotient only sees layer error.
-template <class Net>
-double probe(Net& net, const std::vector<float>& x, const dml::shape& xs, const std::vector<float>& r,
-             const dml::nn::context& c) {
-  auto y = net.forward(dml::tensor_view<const float>(x.data(), xs), c);
-  double s = 0;
-  for (std::int64_t i = 0; i < y.numel(); ++i) s += double(y.data[i]) * r[i];
-  return s;
-}
-
-struct fd_report {
-  double max_rel = 0;
-  int checked = 0;
-};
-
-// Compares analytic gradients of parameters (and of the input when check_input) with finite differences.
-template <class... L>
-fd_report gradcheck(dml::nn::sequential<L...> model, dml::shape xs, std::vector<float> x, bool check_input,
-                    float h = 1e-2f, dml::nn::context c = {}) {
-  dml::nn::network<dml::host, L...> net(model, 7);
-  const dml::shape ys = model.output_shape(xs);
-  const auto r = random_vector(static_cast<std::size_t>(ys.numel()), 99);
-  net.forward(dml::tensor_view<const float>(x.data(), xs), c);
-  auto dx = net.backward(dml::tensor_view<const float>(r.data(), ys), c, check_input);
-  std::vector<float> grad_x(dx.data, dx.data + (check_input ? dx.numel() : 0));
-  std::vector<float> grads(net.grads().begin(), net.grads().end());
-
-  fd_report rep;
-  auto compare = [&](float analytic, double numeric) {
-    const double rel = std::abs(analytic - numeric) / std::max(1e-2, std::abs(numeric) + std::abs(analytic));
-    rep.max_rel = std::max(rep.max_rel, rel);
-    ++rep.checked;
-  };
-  for (const auto& slot : net.layout().slots) {
-    float* w = net.params().data() + slot.offset;
-    const std::int64_t n = slot.shape.numel();
-    for (std::int64_t i = 0; i < n; i += std::max<std::int64_t>(1, n / 23)) {
-      const float keep = w[i];
-      w[i] = keep + h;
-      const double up = probe(net, x, xs, r, c);
-      w[i] = keep - h;
-      const double down = probe(net, x, xs, r, c);
-      w[i] = keep;
-      compare(grads[slot.offset + i], (up - down) / (2.0 * h));
-    }
-  }
-  if (check_input)
-    for (std::size_t i = 0; i < x.size(); i += std::max<std::size_t>(1, x.size() / 31)) {
-      const float keep = x[i];
-      x[i] = keep + h;
-      const double up = probe(net, x, xs, r, c);
-      x[i] = keep - h;
-      const double down = probe(net, x, xs, r, c);
-      x[i] = keep;
-      compare(grad_x[i], (up - down) / (2.0 * h));
-    }
-  return rep;
-}
-
 }  // namespace
 
 TEST_CASE("linear: gradients of weight, bias and input match finite differences") {
-  auto rep = gradcheck(dml::nn::sequential{dml::nn::linear{13, 7}}, {5, 13}, random_vector(65, 1), true);
+  auto rep = dml::nn::check_gradients(dml::nn::linear{13, 7}, {5, 13}, random_vector(65, 1));
   MESSAGE("linear max_rel_diff=" << rep.max_rel << " over " << rep.checked);
   CHECK(rep.checked > 20);
   CHECK(rep.max_rel < 2e-3);
 }
 
 TEST_CASE("linear without bias on rank-3 input") {
-  auto rep = gradcheck(dml::nn::sequential{dml::nn::linear{6, 4, false}}, {2, 3, 6}, random_vector(36, 2), true);
+  auto rep = dml::nn::check_gradients(dml::nn::linear{6, 4, false}, {2, 3, 6}, random_vector(36, 2));
   CHECK(rep.max_rel < 2e-3);
 }
 
@@ -102,32 +44,34 @@ TEST_CASE("relu and gelu: input gradients match finite differences") {
   // Inputs kept away from relu's kink, where a difference quotient straddles two slopes.
   auto x = random_vector(40, 3, 0.1f, 1.f);
   for (std::size_t i = 0; i < x.size(); i += 2) x[i] = -x[i];
-  auto relu = gradcheck(dml::nn::sequential{dml::nn::linear{8, 8}, dml::nn::relu{}}, {5, 8}, x, true, 1e-3f);
+  auto relu = dml::nn::check_gradients(dml::nn::sequential{dml::nn::linear{8, 8}, dml::nn::relu{}}, {5, 8}, x,
+                                       {.h = 1e-3f});
   MESSAGE("relu max_rel_diff=" << relu.max_rel);
   CHECK(relu.max_rel < 1e-2);
-  auto gelu = gradcheck(dml::nn::sequential{dml::nn::gelu{}}, {5, 8}, random_vector(40, 4, -3.f, 3.f), true);
+  auto gelu = dml::nn::check_gradients(dml::nn::gelu{}, {5, 8}, random_vector(40, 4, -3.f, 3.f));
   MESSAGE("gelu max_rel_diff=" << gelu.max_rel);
   CHECK(gelu.max_rel < 2e-3);
 }
 
 TEST_CASE("layernorm: weight, bias and input gradients match finite differences") {
   auto model = dml::nn::sequential{dml::nn::linear{6, 9}, dml::nn::layernorm{9}};
-  auto rep = gradcheck(model, {4, 6}, random_vector(24, 5), true);
+  auto rep = dml::nn::check_gradients(model, {4, 6}, random_vector(24, 5));
   MESSAGE("layernorm max_rel_diff=" << rep.max_rel);
   CHECK(rep.max_rel < 5e-3);
 }
 
 TEST_CASE("embedding: table gradient sums over repeated ids") {
   std::vector<float> ids{0, 3, 3, 1, 4, 0};
-  auto rep = gradcheck(dml::nn::sequential{dml::nn::embedding{5, 4}, dml::nn::linear{4, 3}}, {2, 3}, ids, false);
+  auto rep = dml::nn::check_gradients(dml::nn::sequential{dml::nn::embedding{5, 4}, dml::nn::linear{4, 3}}, {2, 3}, ids,
+                                      {.check_input = false});
   MESSAGE("embedding max_rel_diff=" << rep.max_rel);
   CHECK(rep.max_rel < 2e-3);
 }
 
 TEST_CASE("dropout: backward applies the forward mask, in training and evaluation") {
   dml::nn::context c{.training = true, .seed = 11, .step = 3};
-  auto rep = gradcheck(dml::nn::sequential{dml::nn::linear{10, 10}, dml::nn::dropout{0.3f}}, {6, 10},
-                       random_vector(60, 6), true, 1e-2f, c);
+  auto rep = dml::nn::check_gradients(dml::nn::sequential{dml::nn::linear{10, 10}, dml::nn::dropout{0.3f}}, {6, 10},
+                                      random_vector(60, 6), {.ctx = c});
   CHECK(rep.max_rel < 2e-3);
   // The mask keeps about 1 − p of the elements and scales them by 1/(1 − p).
   std::vector<float> ones(100000, 1.f), out(100000);
@@ -191,8 +135,8 @@ TEST_CASE("dropout: a row's mask depends on its global row, not on the batch it 
   }
   // Gradients still check out at a nonzero offset.
   const dml::nn::context c{.training = true, .seed = 11, .step = 3, .row_offset = 17};
-  auto rep = gradcheck(dml::nn::sequential{dml::nn::linear{10, 10}, dml::nn::dropout{0.3f}}, {6, 10},
-                       random_vector(60, 6), true, 1e-2f, c);
+  auto rep = dml::nn::check_gradients(dml::nn::sequential{dml::nn::linear{10, 10}, dml::nn::dropout{0.3f}}, {6, 10},
+                                      random_vector(60, 6), {.ctx = c});
   MESSAGE("dropout at row_offset 17 max_rel_diff=" << rep.max_rel);
   CHECK(rep.max_rel < 2e-3);
 }

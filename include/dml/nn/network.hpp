@@ -148,7 +148,7 @@ struct network_options {
   std::int64_t alignment = param_layout::alignment;  // see make_layout
   bool own_params = true;  // false: the owner points every slot at its storage (ZeRO-3)
   bool own_grads = true;   // false: the owner points every slot's gradient at its storage (ZeRO-2/3)
-  std::vector<layer_range> layers;  // the layers this network holds parameters for; empty: all
+  std::vector<layer_range> layers{};  // the layers this network holds parameters for; empty: all
 };
 
 // Which gradients a backward pass computes. Split backward (zero-bubble pipelines) runs `input`
@@ -532,5 +532,14 @@ class basic_network {
 // The fp32 network: what every single-precision user means by "network".
 template <execution_space Space, class... Layers>
 using network = basic_network<Space, float, Layers...>;
+
+// A network for a model, its layer types deduced: `auto net = make_network(model, seed);` instead of spelling
+// out network<host, linear, relu, linear>. (The class is neither copyable nor movable: the result is built in
+// place.)
+template <execution_space Space = host, class T = float, class... Layers>
+basic_network<Space, T, Layers...> make_network(const sequential<Layers...>& model, std::uint64_t seed = 0,
+                                                network_options opt = {}) {
+  return basic_network<Space, T, Layers...>(model, seed, std::move(opt));
+}
 
 }  // namespace dml::nn

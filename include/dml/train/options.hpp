@@ -10,20 +10,22 @@
 
 namespace dml::train {
 
+// Every member here has a default initialiser, so `{.seed = 1}` names only what it changes and
+// -Wmissing-field-initializers stays quiet for a user who builds with -Wextra.
 struct trainer_options {
   std::uint64_t seed = 0;           // initial weights and dropout masks
   double bucket_mb = 25.0;          // gradient bucket size in MiB (whole layers; at least one layer each)
   std::int64_t micro_batches = 1;   // the local batch is split into this many; gradients accumulate
   float clip_norm = 0.f;            // global-norm clipping; 0 turns it off
-  std::function<float(std::int64_t step)> lr;  // learning rate per step (from 1); empty: the optimizer's lr
+  std::function<float(std::int64_t step)> lr{};  // learning rate per step (from 1); empty: the optimizer's lr
   bool record_events = false;       // keep an event log of compute and communication (tests, tracing)
   float initial_loss_scale = 65536.f;  // fp16: where dynamic loss scaling starts (PyTorch's default)
   // Pipeline: the group's ranks form pipeline_stages stages of size()/pipeline_stages data-parallel
   // ranks (Megatron's order, data-parallel rank fastest), cut at stage_cuts or balanced by cost.
   int pipeline_stages = 1;
-  std::vector<std::size_t> stage_cuts;  // first layer of each (virtual) stage after the first
+  std::vector<std::size_t> stage_cuts{};  // first layer of each (virtual) stage after the first
   std::int64_t cost_rows = 64;
-  std::string schedule;  // by name ("gpipe", "1f1b", "interleaved:2", "zb") or a CSV file; empty: the policy's
+  std::string schedule{};  // by name ("gpipe", "1f1b", "interleaved:2", "zb") or a CSV file; empty: the policy's
   bool recompute = false;  // keep only each stage's inputs; recompute its forward inside backward
   // Tensor parallelism (Megatron): groups of tensor_parallel consecutive ranks split every layer that has a
   // tensor-parallel form (nn::gpt's); sequence_parallel also splits the regions between them by tokens. The
@@ -45,7 +47,7 @@ struct trainer_options {
 // every pipeline stage), the same on every rank. Empty for a model without one.
 struct routing_summary {
   double aux_loss = 0, z_loss = 0;  // unweighted by their loss weights; each micro-batch's by its share of the batch
-  std::vector<std::int64_t> tokens, dropped;  // per expert: top-k assignments routed to it, and those dropped
+  std::vector<std::int64_t> tokens{}, dropped{};  // per expert: top-k assignments routed to it, and those dropped
   std::int64_t a2a_bytes = 0;                 // this rank's all-to-all payload sent in forward
   // Load imbalance: the busiest expert's tokens over the mean (1: perfectly even).
   double imbalance() const {
