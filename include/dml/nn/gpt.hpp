@@ -26,6 +26,7 @@
 #include "dml/core/rng.hpp"
 #include "dml/nn/activation.hpp"
 #include "dml/nn/attention.hpp"
+#include "dml/nn/detail/rows.hpp"
 #include "dml/nn/layer.hpp"
 #include "dml/nn/layernorm.hpp"
 #include "dml/nn/moe.hpp"
@@ -94,27 +95,6 @@ struct dropout_grad {
   T* out;
   token_dropout drop;
   DML_HOST_DEVICE void operator()(std::int64_t i) const { out[i] = T(static_cast<float>(dy[i]) * drop.scale(i)); }
-};
-// Sum over rows of a [rows, n] matrix into (or onto) v[n]; one column per call.
-template <class T>
-struct column_sum {
-  const T* x;
-  T* v;
-  std::int64_t rows, n;
-  bool accumulate;
-  DML_HOST_DEVICE void operator()(std::int64_t j) const {
-    float s = accumulate ? static_cast<float>(v[j]) : 0.f;
-    for (std::int64_t r = 0; r < rows; ++r) s += static_cast<float>(x[r * n + j]);
-    v[j] = T(s);
-  }
-};
-template <class T>
-struct gelu_backward_inplace {
-  const T* f;
-  T* d;
-  DML_HOST_DEVICE void operator()(std::int64_t i) const {
-    d[i] = T(static_cast<float>(d[i]) * gelu_tanh::derivative(static_cast<float>(f[i])));
-  }
 };
 // Where local token row `token` of a micro-batch sits: its position in its sequence, and its index in the
 // ids [batch, seq]. Under context parallelism a rank holds t_local = seq / cp positions of each sequence.
@@ -196,35 +176,6 @@ struct embed_wpe_grad {
 }  // namespace kernels
 
 namespace detail {
-// Carves 64-byte-aligned arrays out of one block of bytes; with a null base it only counts.
-struct carver {
-  std::byte* base = nullptr;
-  std::int64_t used = 0;
-  template <class U>
-  U* take(std::int64_t n) {
-    U* p = base ? reinterpret_cast<U*>(base + used) : nullptr;
-    used += (n * static_cast<std::int64_t>(sizeof(U)) + 63) / 64 * 64;
-    return p;
-  }
-};
-
-// The row-major products of a Linear with weight W [out, in].
-template <execution_space S, class T>
-void linear_forward(std::int64_t rows, std::int64_t in, std::int64_t out, const T* x, const T* w, const T* bias, T* y) {
-  gemm<S>({.ta = trans::n, .tb = trans::t, .m = rows, .n = out, .k = in, .a = x, .lda = in, .b = w, .ldb = in, .c = y,
-           .ldc = out, .bias = bias ? const_typed_ptr(bias) : nullptr});
-}
-template <execution_space S, class T>
-void linear_weight_grad(std::int64_t rows, std::int64_t in, std::int64_t out, const T* x, const T* dy, T* dw, bool accumulate) {
-  gemm<S>({.ta = trans::t, .tb = trans::n, .m = out, .n = in, .k = rows, .a = dy, .lda = out, .b = x, .ldb = in, .c = dw,
-           .ldc = in, .beta = accumulate ? 1.f : 0.f});
-}
-template <execution_space S, class T>
-void linear_input_grad(std::int64_t rows, std::int64_t in, std::int64_t out, const T* dy, const T* w, T* dx) {
-  gemm<S>({.ta = trans::n, .tb = trans::n, .m = rows, .n = in, .k = out, .a = dy, .lda = out, .b = w, .ldb = in, .c = dx,
-           .ldc = in});
-}
-
 // The tensor-parallel plumbing every GPT layer shares.
 struct split_part {
   tensor_split split{};

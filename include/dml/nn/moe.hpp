@@ -27,6 +27,7 @@
 #include "dml/core/cast.hpp"
 #include "dml/core/gemm.hpp"
 #include "dml/nn/activation.hpp"
+#include "dml/nn/detail/rows.hpp"
 #include "dml/nn/layer.hpp"
 #include "dml/nn/tensor_group.hpp"
 
@@ -107,59 +108,9 @@ struct moe_gate_grad {
     dgate[i] = s;
   }
 };
-template <class T>
-struct moe_gelu_grad_inplace {
-  const T* f;
-  T* d;
-  DML_HOST_DEVICE void operator()(std::int64_t i) const {
-    d[i] = T(static_cast<float>(d[i]) * gelu_tanh::derivative(static_cast<float>(f[i])));
-  }
-};
-// v[j] (+)= Σ over rows of x[r, j]: a bias gradient, one column per call.
-template <class T>
-struct moe_column_sum {
-  const T* x;
-  T* v;
-  std::int64_t rows, n;
-  bool accumulate;
-  DML_HOST_DEVICE void operator()(std::int64_t j) const {
-    float s = accumulate ? static_cast<float>(v[j]) : 0.f;
-    for (std::int64_t r = 0; r < rows; ++r) s += static_cast<float>(x[r * n + j]);
-    v[j] = T(s);
-  }
-};
 }  // namespace kernels
 
 namespace detail::moe_impl {
-// Carves 64-byte-aligned arrays out of one block of bytes; with a null base it only counts.
-struct carver {
-  std::byte* base = nullptr;
-  std::int64_t used = 0;
-  template <class U>
-  U* take(std::int64_t n) {
-    U* p = base ? reinterpret_cast<U*>(base + used) : nullptr;
-    used += (n * static_cast<std::int64_t>(sizeof(U)) + 63) / 64 * 64;
-    return p;
-  }
-};
-
-// The row-major products of a Linear with weight W [out, in] (the experts' and the router's).
-template <execution_space S, class T>
-void linear_forward(std::int64_t rows, std::int64_t in, std::int64_t out, const T* x, const T* w, const T* bias, T* y) {
-  gemm<S>({.ta = trans::n, .tb = trans::t, .m = rows, .n = out, .k = in, .a = x, .lda = in, .b = w, .ldb = in, .c = y,
-           .ldc = out, .bias = bias ? const_typed_ptr(bias) : nullptr});
-}
-template <execution_space S, class T>
-void linear_weight_grad(std::int64_t rows, std::int64_t in, std::int64_t out, const T* x, const T* dy, T* dw, bool accumulate) {
-  gemm<S>({.ta = trans::t, .tb = trans::n, .m = out, .n = in, .k = rows, .a = dy, .lda = out, .b = x, .ldb = in, .c = dw,
-           .ldc = in, .beta = accumulate ? 1.f : 0.f});
-}
-template <execution_space S, class T>
-void linear_input_grad(std::int64_t rows, std::int64_t in, std::int64_t out, const T* dy, const T* w, T* dx) {
-  gemm<S>({.ta = trans::n, .tb = trans::n, .m = rows, .n = in, .k = out, .a = dy, .lda = out, .b = w, .ldb = in, .c = dx,
-           .ldc = in});
-}
-
 // Indices into the plan's meta array of doubles; the per-expert f_e and P_e follow.
 enum meta_index : int { tokens, share, aux, z, capacity, received, sent, meta_fixed };
 }  // namespace detail::moe_impl
@@ -246,12 +197,12 @@ struct moe {
   std::int64_t max_received(std::int64_t rows) const { return ep_ranks * std::max(rows, group_rows) * cfg.top_k; }
 
   std::int64_t saved_bytes_rows(std::int64_t rows, std::size_t value_bytes) const {
-    detail::moe_impl::carver k;
+    detail::carver k;
     saved_parts(k, rows, value_bytes);
     return k.used;
   }
   std::int64_t workspace_rows(std::int64_t rows) const {
-    detail::moe_impl::carver k;
+    detail::carver k;
     work_parts(k, rows, sizeof(float));  // floats: enough for any working type
     return (k.used + 3) / 4;
   }
@@ -369,9 +320,9 @@ struct moe {
     std::vector<T> dlogits(static_cast<std::size_t>(N * E));
     router_grad(c, hp.v, dgate.data(), dlogits.data(), N);
     dml::copy_n(static_cast<const T*>(dlogits.data()), dlogits.size(), ws.dlogits);
-    detail::moe_impl::linear_weight_grad<S>(N, C, E, x, static_cast<const T*>(ws.dlogits), gt.router, acc);
+    detail::linear_weight_grad<S>(N, C, E, x, static_cast<const T*>(ws.dlogits), gt.router, acc);
     if (dx) {
-      detail::moe_impl::linear_input_grad<S>(N, C, E, static_cast<const T*>(ws.dlogits), static_cast<const T*>(wt.router), dx);
+      detail::linear_input_grad<S>(N, C, E, static_cast<const T*>(ws.dlogits), static_cast<const T*>(wt.router), dx);
       for_each_index<S>(N * C, kernels::moe_combine<T>{dxs, dp.slot, nullptr, dx, C, K, true});
     }
   }
@@ -423,7 +374,7 @@ struct moe {
     std::int64_t* inv;          // [received] received row → expert-order row
     std::int64_t host_bytes = 0, bytes = 0;
   };
-  plan_view plan_parts(detail::moe_impl::carver& k, std::int64_t n) const {
+  plan_view plan_parts(detail::carver& k, std::int64_t n) const {
     const std::int64_t E = cfg.experts, K = cfg.top_k, rmax = max_received(n);
     plan_view v{};
     v.meta = k.take<double>(detail::moe_impl::meta_fixed + 2 * E);
@@ -442,7 +393,7 @@ struct moe {
     return v;
   }
   plan_view plan_parts(std::byte* base, std::int64_t n) const {
-    detail::moe_impl::carver k{base};
+    detail::carver k{base};
     return plan_parts(k, n);
   }
   // The plan's host copy: doubles, so that every array in it is aligned for its type.
@@ -450,7 +401,7 @@ struct moe {
     std::vector<double> storage;
     plan_view v;
     host_plan(const moe& m, std::int64_t n) {
-      detail::moe_impl::carver k;
+      detail::carver k;
       const std::int64_t bytes = m.plan_parts(k, n).bytes;
       storage.assign(static_cast<std::size_t>((bytes + 7) / 8), 0.0);
       v = m.plan_parts(reinterpret_cast<std::byte*>(storage.data()), n);
@@ -464,7 +415,7 @@ struct moe {
   struct saved_set {
     T *xe, *f, *yr;
   };
-  saved_set<std::byte> saved_parts(detail::moe_impl::carver& k, std::int64_t n, std::size_t vb) const {
+  saved_set<std::byte> saved_parts(detail::carver& k, std::int64_t n, std::size_t vb) const {
     const std::int64_t C = cfg.dim, H = hidden, rmax = max_received(n), b = static_cast<std::int64_t>(vb);
     plan_parts(k, n);
     saved_set<std::byte> s{};
@@ -475,7 +426,7 @@ struct moe {
   }
   template <class T>
   saved_set<T> saved_parts(std::byte* base, std::int64_t n) const {
-    detail::moe_impl::carver k{base};
+    detail::carver k{base};
     const auto s = saved_parts(k, n, sizeof(T));
     return {reinterpret_cast<T*>(s.xe), reinterpret_cast<T*>(s.f), reinterpret_cast<T*>(s.yr)};
   }
@@ -488,7 +439,7 @@ struct moe {
     float* dgate;   // [N, k]
     T* dlogits;     // [N, E]
   };
-  work_set<std::byte> work_parts(detail::moe_impl::carver& k, std::int64_t n, std::size_t vb) const {
+  work_set<std::byte> work_parts(detail::carver& k, std::int64_t n, std::size_t vb) const {
     const std::int64_t C = cfg.dim, H = hidden, E = cfg.experts, K = cfg.top_k, rmax = max_received(n),
                        b = static_cast<std::int64_t>(vb);
     work_set<std::byte> w{};
@@ -505,7 +456,7 @@ struct moe {
   }
   template <class T>
   work_set<T> work_parts(float* base, std::int64_t n) const {
-    detail::moe_impl::carver k{reinterpret_cast<std::byte*>(base)};
+    detail::carver k{reinterpret_cast<std::byte*>(base)};
     const auto w = work_parts(k, n, sizeof(T));
     auto as = [](std::byte* p) { return reinterpret_cast<T*>(p); };
     return {w.logits, as(w.xs), as(w.xr), as(w.ye), as(w.dxe), as(w.h1), as(w.h2), w.dgate, as(w.dlogits)};
@@ -718,13 +669,13 @@ struct moe {
     const std::int64_t C = cfg.dim, H = hidden;
     for (std::size_t le = 0; le < r.rows.size(); ++le) {
       const std::int64_t n = r.rows[le], o = r.offset[le], e = static_cast<std::int64_t>(le);
-      detail::moe_impl::linear_forward<S>(n, C, H, xe + o * C, static_cast<const T*>(w.fc_w + e * H * C),
+      detail::linear_forward<S>(n, C, H, xe + o * C, static_cast<const T*>(w.fc_w + e * H * C),
                                           w.fc_b ? static_cast<const T*>(w.fc_b + e * H) : nullptr, f + o * H);
     }
     for_each_index<S>(r.received * H, kernels::gelu_forward<T>{f, g});
     for (std::size_t le = 0; le < r.rows.size(); ++le) {
       const std::int64_t n = r.rows[le], o = r.offset[le], e = static_cast<std::int64_t>(le);
-      detail::moe_impl::linear_forward<S>(n, H, C, static_cast<const T*>(g + o * H), static_cast<const T*>(w.proj_w + e * C * H),
+      detail::linear_forward<S>(n, H, C, static_cast<const T*>(g + o * H), static_cast<const T*>(w.proj_w + e * C * H),
                                           w.proj_b ? static_cast<const T*>(w.proj_b + e * C) : nullptr, ye + o * C);
     }
   }
@@ -736,16 +687,16 @@ struct moe {
     for_each_index<S>(r.received * H, kernels::gelu_forward<T>{f, g});
     for (std::size_t le = 0; le < r.rows.size(); ++le) {
       const std::int64_t n = r.rows[le], o = r.offset[le], e = static_cast<std::int64_t>(le);
-      detail::moe_impl::linear_weight_grad<S>(n, H, C, static_cast<const T*>(g + o * H), dye + o * C, gr.proj_w + e * C * H, acc);
-      if (gr.proj_b) for_each_index<S>(C, kernels::moe_column_sum<T>{dye + o * C, gr.proj_b + e * C, n, C, acc});
-      detail::moe_impl::linear_input_grad<S>(n, H, C, dye + o * C, static_cast<const T*>(w.proj_w + e * C * H), dh + o * H);
+      detail::linear_weight_grad<S>(n, H, C, static_cast<const T*>(g + o * H), dye + o * C, gr.proj_w + e * C * H, acc);
+      if (gr.proj_b) for_each_index<S>(C, kernels::column_sum<T>{dye + o * C, gr.proj_b + e * C, n, C, acc});
+      detail::linear_input_grad<S>(n, H, C, dye + o * C, static_cast<const T*>(w.proj_w + e * C * H), dh + o * H);
     }
-    for_each_index<S>(r.received * H, kernels::moe_gelu_grad_inplace<T>{f, dh});
+    for_each_index<S>(r.received * H, kernels::gelu_backward_inplace<T>{f, dh});
     for (std::size_t le = 0; le < r.rows.size(); ++le) {
       const std::int64_t n = r.rows[le], o = r.offset[le], e = static_cast<std::int64_t>(le);
-      detail::moe_impl::linear_weight_grad<S>(n, C, H, xe + o * C, static_cast<const T*>(dh + o * H), gr.fc_w + e * H * C, acc);
-      if (gr.fc_b) for_each_index<S>(H, kernels::moe_column_sum<T>{dh + o * H, gr.fc_b + e * H, n, H, acc});
-      detail::moe_impl::linear_input_grad<S>(n, C, H, static_cast<const T*>(dh + o * H), static_cast<const T*>(w.fc_w + e * H * C),
+      detail::linear_weight_grad<S>(n, C, H, xe + o * C, static_cast<const T*>(dh + o * H), gr.fc_w + e * H * C, acc);
+      if (gr.fc_b) for_each_index<S>(H, kernels::column_sum<T>{dh + o * H, gr.fc_b + e * H, n, H, acc});
+      detail::linear_input_grad<S>(n, C, H, static_cast<const T*>(dh + o * H), static_cast<const T*>(w.fc_w + e * H * C),
                                              dxe + o * C);
     }
   }
