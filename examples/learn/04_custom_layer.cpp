@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "dml/dml.hpp"
-#include "dml/nn/gradcheck.hpp"  // host only: not in dml.hpp
 
 struct swish {
   static constexpr std::int64_t static_in = dml::nn::dynamic, static_out = dml::nn::dynamic;

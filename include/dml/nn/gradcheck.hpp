@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/nn/gradcheck.hpp — checks a layer's (or a whole model's) backward against central finite differences.
-// Sits on nn/network.hpp; host only: it moves one input or parameter at a time and runs forward again.
+// Sits on nn/network.hpp; runs on the host (it moves one input or parameter at a time and runs forward again),
+// and parses under nvcc, so dml.hpp includes it.
 #pragma once
 
 #include <algorithm>
