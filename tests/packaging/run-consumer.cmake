@@ -16,6 +16,7 @@ endforeach()
 if(NOT BUILD_TYPE)
   set(BUILD_TYPE Release)
 endif()
+string(TOUPPER "${BUILD_TYPE}" build_type_upper)
 
 function(step what)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
@@ -27,8 +28,10 @@ endfunction()
 # cmake -S src -B bin with the compiler and generator of the build under test; no package
 # registry, so only the prefix can provide dml.
 function(configure src bin)
+  # The consumers prove that the public API suffices, not speed: -O1 compiles the learn examples in about 70%
+  # of -O3's CPU time (learn_02: 27.8 s against 39.6), and they still run in about a second.
   execute_process(COMMAND ${CMAKE_COMMAND} -S ${src} -B ${bin} -G ${GENERATOR}
-    -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_BUILD_TYPE=${BUILD_TYPE}
+    -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_BUILD_TYPE=${BUILD_TYPE} "-DCMAKE_CXX_FLAGS_${build_type_upper}=-O1 -DNDEBUG"
     -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF ${ARGN}
     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   set(configure_rc ${rc} PARENT_SCOPE)
