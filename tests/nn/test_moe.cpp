@@ -257,8 +257,10 @@ void check_same(const std::string& name, const layout_result& one, const layout_
   for (const auto& rec : got.records) {
     CHECK(rec.tokens == ref.tokens);
     CHECK(rec.dropped == ref.dropped);
-    CHECK(rec.aux_loss == doctest::Approx(ref.aux_loss).epsilon(1e-12));
-    CHECK(rec.z_loss == doctest::Approx(ref.z_loss).epsilon(1e-12));
+    // The router's logits come from GEMMs of each layout's row count, and a GEMM may round a row differently
+    // for another M (oneDNN's AVX2 kernels do): the losses agree to float rounding, the counts exactly.
+    CHECK(rec.aux_loss == doctest::Approx(ref.aux_loss).epsilon(1e-6));
+    CHECK(rec.z_loss == doctest::Approx(ref.z_loss).epsilon(1e-6));
     CHECK(rec.aux_loss == got.records[0].aux_loss);  // every rank of one layout records the same
     CHECK(rec.z_loss == got.records[0].z_loss);
   }
