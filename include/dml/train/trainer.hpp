@@ -244,9 +244,14 @@ class engine final : public engine_base<Space> {
   // stage holds its own layers; every rank of a stage holds the same records).
   train::routing_summary summarise_routing() {
     const auto& records = pipe_.routing().records;
-    std::int64_t experts = 0, bytes = 0;
-    for (const auto& [key, r] : records) experts = std::max<std::int64_t>(experts, static_cast<std::int64_t>(r.tokens.size()));
-    if (mesh_ && mesh_->pp_size() > 1) experts = max_over_pp(experts);
+    // The model's expert count, learnt at the first step (one collective over the stages, not one per step).
+    if (experts_ < 0) {
+      std::int64_t e = 0;
+      for (const auto& [key, r] : records) e = std::max<std::int64_t>(e, static_cast<std::int64_t>(r.tokens.size()));
+      experts_ = mesh_ && mesh_->pp_size() > 1 ? max_over_pp(e) : e;
+    }
+    const std::int64_t experts = experts_;
+    std::int64_t bytes = 0;
     train::routing_summary out;
     if (experts == 0) return out;
     // [aux, z, tokens..., dropped...] as doubles: exact for counts below 2^53.
@@ -384,6 +389,7 @@ class engine final : public engine_base<Space> {
   std::int64_t step_ = 0, optimizer_step_ = 0;  // steps taken; updates applied (fp16 skips some)
   std::vector<bool> uncounted_;  // per slot of this rank: left out of the gradient norm (counted elsewhere)
   std::vector<bool> non_expert_;
+  std::int64_t experts_ = -1;  // experts per MoE layer of the model (0: none); −1 until the first step
   std::vector<tie> tied_;
 };
 
