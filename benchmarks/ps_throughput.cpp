@@ -19,16 +19,16 @@
 
 #include "dml/comm/local.hpp"
 #include "dml/nn/mlp.hpp"
-#include "dml/parallel/consistency.hpp"
-#include "dml/parallel/param_server.hpp"
-#include "dml/train/downpour.hpp"
+#include "dml/ps/consistency.hpp"
+#include "dml/ps/downpour.hpp"
+#include "dml/ps/ps.hpp"
 #include "dml/train/idx.hpp"
 
 #include "bench_common.hpp"
 
 namespace {
 
-namespace ps = dml::parallel::ps;
+namespace ps = dml::ps;
 using dml_bench::clock_type;
 using dml_bench::flag_value;
 using dml_bench::load_meter;
@@ -145,8 +145,8 @@ options parse(int argc, char** argv) {
   if (o.rotate_every < 1) usage("--rotate-every: expected at least 1");
   if (o.raw_keys < 1 || o.raw_bytes < std::int64_t(4 * o.raw_keys) || o.raw_iters < 1 || o.raw_repeats < 1)
     usage("expected --raw-keys, --raw-iters, --raw-repeats >= 1 and --raw-mb of at least 4 bytes per key");
-  for (const auto& p : o.policies) dml::consistency::parse(p);  // fails early on a misspelt policy
-  dml::consistency::parse(o.filter_policy);
+  for (const auto& p : o.policies) ps::consistency::parse(p);  // fails early on a misspelt policy
+  ps::consistency::parse(o.filter_policy);
   for (const auto& f : o.filters) dml::comm::any_filter::parse(f);
   for (const auto& m : o.pulls)
     if (m != "filtered" && m != "dense") usage("--pulls: expected filtered or dense, found '" + m + "'");
@@ -180,7 +180,7 @@ struct json_lines {
 json_lines json;
 
 // ---------------------------------------------------------------------------------------------------------
-// Training runs: train::downpour on servers + workers comm::local threads.
+// Training runs: ps::downpour on servers + workers comm::local threads.
 
 struct eval_point {
   std::int64_t step;
@@ -237,7 +237,7 @@ train_run train_once(const options& o, const data& d, const std::string& policy,
   po.optimizer = ps::server_optimizer::parse(o.optimizer, o.lr);
   po.push_filter = filter;
   po.pull_filter = filter_pulls ? filter : "none";
-  dml::train::downpour_options dpo;
+  ps::downpour_options dpo;
   dpo.epochs = o.epochs;
   dpo.steps = steps;
   dpo.batch = o.batch;
@@ -260,11 +260,11 @@ train_run train_once(const options& o, const data& d, const std::string& policy,
   };
   std::mutex m;
   const auto model = make_model(o);
-  const auto consistency = dml::consistency::parse(policy);
+  const auto consistency = ps::consistency::parse(policy);
   const auto t0 = clock_type::now();
   dml::comm::local::run(o.servers + o.workers, [&](dml::comm::local& c) {
     const auto r = std::visit(
-        [&](auto p) { return dml::train::downpour(c, model, d.train, d.test, p, po, dpo); }, consistency);
+        [&](auto p) { return ps::downpour(c, model, d.train, d.test, p, po, dpo); }, consistency);
     if (r.server) return;
     const auto w = std::size_t(c.rank() - o.servers);
     std::lock_guard lk(m);
@@ -518,7 +518,7 @@ raw_row measure_ps(const options& o, std::int64_t max_range) {
   ps::options po;
   po.servers = o.raw_servers;
   po.max_range = max_range;
-  po.staleness = dml::consistency::unbounded;  // async: no pull ever waits on a clock
+  po.staleness = ps::consistency::unbounded;  // async: no pull ever waits on a clock
   po.optimizer = {ps::server_optimizer::sgd, 0.1f};
   raw_row row;
   row.max_range = max_range;

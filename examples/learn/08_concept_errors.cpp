@@ -10,7 +10,7 @@
 // take from you (a communicator passed to a constructor, a compression filter) is checked the same way by
 // one line next to it: static_assert(dml::comm::diagnose_communicator<my_comm>()).
 #include "dml/dml.hpp"
-#include "dml/train/downpour.hpp"
+#include "dml/ps/downpour.hpp"
 
 #if defined(LEARN_BROKEN_LAYER)  // no backward
 struct half_layer {
@@ -53,12 +53,12 @@ struct half_precision {
 static_assert(sizeof(dml::trainer<half_precision>) > 0);
 #elif defined(LEARN_BROKEN_CONSISTENCY)  // no pull_every, push_every
 struct eager {
-  using policy_family = dml::consistency_family;
+  using policy_family = dml::ps::consistency_family;
   static constexpr const char* name = "eager";
   int staleness() const { return 0; }
 };
 void run(dml::comm::local& c, const dml::train::dataset& d) {
-  dml::train::downpour(c, dml::nn::sequential{dml::nn::linear{4, 2}}, d, d, eager{}, {}, {});
+  dml::ps::downpour(c, dml::nn::sequential{dml::nn::linear{4, 2}}, d, d, eager{}, {}, {});
 }
 #elif defined(LEARN_BROKEN_COMMUNICATOR)  // split returns the base class, not the communicator itself
 struct logged : dml::comm::local {};

@@ -24,12 +24,12 @@
 #include "dml/comm/local.hpp"
 #include "dml/core/algorithm.hpp"
 #include "dml/nn/mlp.hpp"
-#include "dml/train/downpour.hpp"
+#include "dml/ps/downpour.hpp"
 #include "dml/train/idx.hpp"
 
 namespace param_server {
 
-namespace ps = dml::parallel::ps;
+namespace ps = dml::ps;
 
 struct options {
   std::string data = "/usr/share/datasets/fashion-mnist";
@@ -136,7 +136,7 @@ inline options parse(int argc, char** argv) {
       dml::fail<dml::invalid_argument>(flag, ": ", e.what());
     }
   };
-  check("--consistency", [&] { return dml::consistency::parse(o.consistency, o.n_fetch, o.n_push); });
+  check("--consistency", [&] { return ps::consistency::parse(o.consistency, o.n_fetch, o.n_push); });
   check("--filter", [&] { return dml::comm::any_filter::parse(o.filter); });
   check("--server-optimizer", [&] { return ps::server_optimizer::parse(o.server_optimizer, 0.f); });
   return o;
@@ -163,7 +163,7 @@ int run(const options& o, Comm& world, const dml::train::dataset& train, const d
     po.fault = [s = o.kill_server, at = o.kill_step](int server, std::int64_t clock) {
       return server == s && clock >= at;
     };
-  dml::train::downpour_options d;
+  ps::downpour_options d;
   d.epochs = int(o.epochs);
   d.steps = o.steps;
   d.batch = o.batch;
@@ -176,16 +176,16 @@ int run(const options& o, Comm& world, const dml::train::dataset& train, const d
     std::printf("test_accuracy=%.4f epoch=%d step=%lld seconds=%.1f\n", accuracy, epoch, (long long)step, seconds);
     std::fflush(stdout);
   };
-  const auto policy = dml::consistency::parse(o.consistency, o.n_fetch, o.n_push);
+  const auto policy = ps::consistency::parse(o.consistency, o.n_fetch, o.n_push);
   const auto model = dml::nn::mlp<1>(train.features(), std::array{o.hidden}, 10);
   if (printer) {
     std::printf("%d servers (%d replicas), %d workers over comm::%s; %s; server %s lr=%g; filter %s; "
                 "MLP %lld-%lld-10, batch %lld per worker\n", o.servers, o.replicas, o.workers, o.comm.c_str(),
-                dml::consistency::to_string(policy).c_str(), po.optimizer.name().c_str(), double(po.optimizer.lr),
+                ps::consistency::to_string(policy).c_str(), po.optimizer.name().c_str(), double(po.optimizer.lr),
                 o.filter.c_str(), (long long)train.features(), (long long)o.hidden, (long long)o.batch);
     std::fflush(stdout);
   }
-  const auto r = std::visit([&](auto p) { return dml::train::downpour(world, model, train, test, p, po, d); }, policy);
+  const auto r = std::visit([&](auto p) { return ps::downpour(world, model, train, test, p, po, d); }, policy);
 
   // The workers hold their totals (downpour sums them over the workers); the stopped servers are counted
   // over the world, each rank adding 1 if it is one.

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/dml.hpp — the umbrella header: every public part of dml that needs no optional dependency.
 // MPI and NCCL communicators are included on their own (dml/comm/mpi.hpp, dml/comm/nccl.hpp), and so is the
-// host-only parameter server (dml/parallel/param_server.hpp, dml/train/downpour.hpp), which CUDA translation
-// units need not parse.
+// host-only parameter server (dml/ps/ps.hpp, dml/ps/downpour.hpp), which CUDA translation units need not
+// parse; of it only the consistency policies and the server/worker split of a world come with dml.hpp.
 #pragma once
 
 #include "dml/comm/communicator.hpp"
@@ -41,11 +41,13 @@
 #include "dml/optim/lr_schedule.hpp"
 #include "dml/optim/optimizer.hpp"
 #include "dml/optim/sgd.hpp"
-#include "dml/parallel/consistency.hpp"
+#include "dml/parallel/consistency.hpp"  // forwarding, kept for one release: the old dml::consistency names
 #include "dml/parallel/mesh.hpp"
 #include "dml/parallel/partition.hpp"
 #include "dml/parallel/policy.hpp"
 #include "dml/parallel/tensor.hpp"
+#include "dml/ps/consistency.hpp"
+#include "dml/ps/split.hpp"
 #include "dml/train/idx.hpp"
 #include "dml/train/progress.hpp"
 #include "dml/train/safetensors.hpp"

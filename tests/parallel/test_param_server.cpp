@@ -12,14 +12,13 @@
 #include <set>
 
 #include "dml/comm/local.hpp"
-#include "dml/parallel/mesh.hpp"
 #include "dml/nn/mlp.hpp"
-#include "dml/parallel/param_server.hpp"
-#include "dml/train/downpour.hpp"
+#include "dml/ps/downpour.hpp"
+#include "dml/ps/ps.hpp"
 #include "ps_fixture.hpp"
 
 using namespace dml;
-namespace ps = dml::parallel::ps;
+namespace ps = dml::ps;
 
 namespace {
 
@@ -79,12 +78,12 @@ TEST_CASE("the slicer never loses or duplicates a key, and the ring's chains are
 
 TEST_CASE("split_servers: the first ranks serve, the rest work, each side a group of its own") {
   comm::local::run(5, [](comm_t& c) {
-    auto s = parallel::split_servers(c, 2);
+    auto s = ps::split_servers(c, 2);
     CHECK(s.serves == (c.rank() < 2));
     CHECK(s.side.size() == (s.serves ? 2 : 3));
     CHECK(s.index == (s.serves ? c.rank() : c.rank() - 2));
     CHECK(s.workers == 3);
-    CHECK_THROWS_WITH_AS(parallel::split_servers(c, 5), doctest::Contains("at least one must be a worker"),
+    CHECK_THROWS_WITH_AS(ps::split_servers(c, 5), doctest::Contains("at least one must be a worker"),
                          invalid_argument);
   }, quick());
 }
@@ -153,7 +152,7 @@ TEST_CASE("bsp with SGD gives synchronous data parallel's losses") {
   o.servers = 2;
   o.max_range = 100;
   o.optimizer = {ps::server_optimizer::sgd, lr};
-  train::downpour_options d;
+  ps::downpour_options d;
   d.steps = steps;
   d.batch = batch;
   d.seed = 3;
@@ -162,7 +161,7 @@ TEST_CASE("bsp with SGD gives synchronous data parallel's losses") {
     got[std::size_t(w)][std::size_t(s)] = loss;
   };
   comm::local::run(o.servers + workers, [&](comm_t& c) {
-    train::downpour(c, small_model(), train, test, consistency::bsp{}, o, d);
+    ps::downpour(c, small_model(), train, test, ps::consistency::bsp{}, o, d);
   }, quick());
   double worst = 0;
   for (std::int64_t s = 0; s < steps; ++s) {
@@ -183,7 +182,7 @@ TEST_CASE("ssp: no worker runs more than S steps ahead of a slowed one, by the s
     o.servers = 2;
     o.max_range = 200;
     o.optimizer = {ps::server_optimizer::sgd, 0.05f};
-    train::downpour_options d;
+    ps::downpour_options d;
     d.steps = 24;
     d.batch = 8;
     d.slow_worker_ms = 15;
@@ -191,7 +190,7 @@ TEST_CASE("ssp: no worker runs more than S steps ahead of a slowed one, by the s
     std::mutex m;
     comm::local::run(o.servers + 3, [&](comm_t& c) {
       // The report is read by the fast worker 0 when it is done: the slow one is still going.
-      auto r = train::downpour(c, small_model(), train, test, consistency::ssp<>{S}, o, d);
+      auto r = ps::downpour(c, small_model(), train, test, ps::consistency::ssp<>{S}, o, d);
       if (!r.server) CHECK(r.lost == 0);
     }, quick());
     // Second run, reading the clocks from a hand-driven worker loop: every pull answered must have had
@@ -237,14 +236,14 @@ TEST_CASE("filters with error feedback train through the servers and cut the byt
     o.push_filter = f;
     o.pull_filter = f;
     o.optimizer = {ps::server_optimizer::sgd, 0.2f};
-    train::downpour_options d;
+    ps::downpour_options d;
     d.epochs = 4;
     d.batch = 16;
     double acc = 0;
     std::int64_t pushed = 0, pulled = 0;
     std::mutex m;
     comm::local::run(o.servers + 2, [&](comm_t& c) {
-      auto r = train::downpour(c, small_model(), train, test, consistency::ssp<>{1}, o, d);
+      auto r = ps::downpour(c, small_model(), train, test, ps::consistency::ssp<>{1}, o, d);
       std::lock_guard lk(m);
       pushed += r.traffic.bytes_pushed;
       pulled += r.traffic.bytes_pulled;
@@ -261,7 +260,7 @@ TEST_CASE("filters with error feedback train through the servers and cut the byt
 
 TEST_CASE("a server stops mid-training: its ranges fail over to their replicas and no acknowledged update is lost") {
   const auto train = blobs(2048, 8), test = blobs(400, 9);
-  for (auto policy : {consistency::any{consistency::bsp{}}, consistency::any{consistency::async{}}}) {
+  for (auto policy : {ps::consistency::any{ps::consistency::bsp{}}, ps::consistency::any{ps::consistency::async{}}}) {
     ps::options o;
     o.servers = 3;
     o.replicas = 1;
@@ -271,14 +270,14 @@ TEST_CASE("a server stops mid-training: its ranges fail over to their replicas a
     o.timeout = std::chrono::milliseconds(1000);
     o.optimizer = {ps::server_optimizer::sgd, 0.2f};
     o.fault = [](int s, std::int64_t clk) { return s == 1 && clk >= 20; };
-    train::downpour_options d;
+    ps::downpour_options d;
     d.epochs = 3;
     d.batch = 16;
     std::mutex m;
     double acked = 0, lost = 0, acc = 0;
     bool died = false;
     comm::local::run(o.servers + 3, [&](comm_t& c) {
-      auto r = std::visit([&](auto p) { return train::downpour(c, small_model(), train, test, p, o, d); }, policy);
+      auto r = std::visit([&](auto p) { return ps::downpour(c, small_model(), train, test, p, o, d); }, policy);
       std::lock_guard lk(m);
       died |= r.died;  // the server's fault hook fired
       if (!r.accuracy.empty()) {  // worker 0: the workers' totals
@@ -287,7 +286,7 @@ TEST_CASE("a server stops mid-training: its ranges fail over to their replicas a
         lost = r.totals.lost;
       }
     }, quick());
-    MESSAGE(consistency::to_string(policy), ": acknowledged ", acked, ", lost ", lost, ", accuracy ", acc);
+    MESSAGE(ps::consistency::to_string(policy), ": acknowledged ", acked, ", lost ", lost, ", accuracy ", acc);
     CHECK(died);
     CHECK(acked > 0);
     CHECK(lost == 0);
@@ -328,7 +327,7 @@ TEST_CASE("a worker stops: the servers drop it from the clocks and the others fi
   o.max_range = 128;
   o.timeout = std::chrono::milliseconds(1000);
   o.optimizer = {ps::server_optimizer::sgd, 0.2f};
-  train::downpour_options d;
+  ps::downpour_options d;
   d.steps = 40;
   d.batch = 16;
   d.die_worker = 1;
@@ -336,7 +335,7 @@ TEST_CASE("a worker stops: the servers drop it from the clocks and the others fi
   std::mutex m;
   std::vector<std::int64_t> steps;
   comm::local::run(o.servers + 3, [&](comm_t& c) {
-    auto r = train::downpour(c, small_model(), train, test, consistency::bsp{}, o, d);
+    auto r = ps::downpour(c, small_model(), train, test, ps::consistency::bsp{}, o, d);
     std::lock_guard lk(m);
     if (!r.server && !r.died) steps.push_back(r.steps);
   }, quick());
@@ -351,14 +350,14 @@ TEST_CASE("a worker that finishes long before the slowest waits without a deadli
   o.servers = 1;
   o.max_range = 128;
   o.timeout = std::chrono::milliseconds(2000);
-  train::downpour_options d;
+  ps::downpour_options d;
   d.steps = 20;
   d.batch = 8;
   d.slow_worker_ms = 150;
   std::mutex m;
   double finished = -1;
   comm::local::run(3, [&](comm_t& c) {
-    auto r = train::downpour(c, small_model(), train, test, consistency::async{}, o, d);
+    auto r = ps::downpour(c, small_model(), train, test, ps::consistency::async{}, o, d);
     std::lock_guard lk(m);
     if (!r.server) finished = r.totals.stopped == 0 ? r.totals.acknowledged : -1;
   }, {std::chrono::milliseconds(1000)});

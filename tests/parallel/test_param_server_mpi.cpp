@@ -7,11 +7,11 @@
 #include <cmath>
 
 #include "dml/comm/mpi.hpp"
-#include "dml/train/downpour.hpp"
+#include "dml/ps/downpour.hpp"
 #include "ps_fixture.hpp"
 
 using namespace ps_fixture;
-namespace ps = dml::parallel::ps;
+namespace ps = dml::ps;
 
 namespace {
 dml::comm::mpi::environment& environment() {
@@ -31,12 +31,12 @@ TEST_CASE("comm::mpi: bsp with SGD gives synchronous data parallel's losses") {
   const int workers = world.size() - o.servers;
   const std::int64_t steps = 20, batch = 8;
   std::vector<double> mine(std::size_t(steps), 0.0);
-  train::downpour_options d;
+  ps::downpour_options d;
   d.steps = steps;
   d.batch = batch;
   d.seed = 3;
   d.on_step = [&](int, std::int64_t s, float loss) { mine[std::size_t(s)] = loss / workers; };
-  train::downpour(world, small_model(), train, test, consistency::bsp{}, o, d);
+  ps::downpour(world, small_model(), train, test, ps::consistency::bsp{}, o, d);
   world.all_reduce(std::span<double>(mine), comm::reduce_op::sum);  // servers add zeros
   const auto want = sync_losses(train, workers, batch, steps, 0.2f, 3);
   for (std::int64_t s = 0; s < steps; ++s)
@@ -54,10 +54,10 @@ TEST_CASE("comm::mpi: a server stops mid-training and no acknowledged update is 
   o.timeout = std::chrono::milliseconds(1000);
   o.optimizer = {ps::server_optimizer::sgd, 0.2f};
   o.fault = [](int s, std::int64_t clk) { return s == 1 && clk >= 20; };
-  train::downpour_options d;
+  ps::downpour_options d;
   d.epochs = 2;
   d.batch = 16;
-  const auto r = train::downpour(world, small_model(), train, test, consistency::ssp<>{2}, o, d);
+  const auto r = ps::downpour(world, small_model(), train, test, ps::consistency::ssp<>{2}, o, d);
   // Worker 0 holds the workers' totals and the accuracy; the server that stopped says so.
   const bool w0 = !r.accuracy.empty();
   double v[4] = {w0 ? r.totals.acknowledged : 0, w0 ? r.totals.lost : 0, r.died ? 1.0 : 0.0, w0 ? r.accuracy.back() : 0};

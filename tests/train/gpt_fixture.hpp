@@ -46,11 +46,14 @@ struct layout {
   // One rank whose rows are ordered as the micro-batches of `as_dp` data-parallel ranks group them: micro-batch
   // m of the step holds slice m of every rank's rows, rank by rank (what routing statistics are computed over).
   int as_dp = 1;
+  int replicas = 1;        // hybrid sharding: the data-parallel ranks form this many replicas
+  std::string schedule{};  // a pipeline schedule by name; empty: the trainer's default
   int size() const { return tp * pp * dp; }
   std::string name() const {
     return "tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " + std::to_string(dp) + (sp ? " sp" : "") +
            (ep > 1 ? " ep " + std::to_string(ep) : "") +
-           (cp > 1 ? " cp " + std::to_string(cp) + (zigzag ? " zig-zag" : " contiguous") : "");
+           (cp > 1 ? " cp " + std::to_string(cp) + (zigzag ? " zig-zag" : " contiguous") : "") +
+           (replicas > 1 ? " replicas " + std::to_string(replicas) : "") + (schedule.empty() ? "" : " " + schedule);
   }
 };
 
@@ -83,6 +86,8 @@ result train_gpt(C& c, const layout& l, const nn::gpt_config& g, int n_steps = s
   o.expert_parallel = l.ep;
   o.context_parallel = l.cp;
   o.cp_zigzag = l.zigzag;
+  o.replicas = l.replicas;
+  o.schedule = l.schedule;
   o.micro_batches = micro > 0 ? micro : (l.pp > 1 ? 2 : 1);
   o.clip_norm = 0.5f;  // clipping acts in most steps: the norm must count every parameter once
   trainer<P...> t(c, model, o, optim::adamw({.lr = 3e-3f}));

@@ -34,7 +34,7 @@ TEST_CASE("context parallelism over 2 and 4 ranks, zig-zag or contiguous, with d
       ++layouts;
     }
   // cp carved out of dp beside plain data parallelism, and beside tensor (and sequence) parallelism.
-  for (const layout l : {layout{.dp = 4, .cp = 2}, layout{.tp = 2, .dp = 2, .cp = 2}, layout{.tp = 2, .dp = 2, .sp = true, .cp = 2}}) {
+  for (const layout& l : {layout{.dp = 4, .cp = 2}, layout{.tp = 2, .dp = 2, .cp = 2}, layout{.tp = 2, .dp = 2, .sp = true, .cp = 2}}) {
     check_same(one, run_layout(l, config()), l.name());
     ++layouts;
   }

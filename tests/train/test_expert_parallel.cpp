@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <unistd.h>
 #include <numeric>
 #include <string>
 
@@ -29,6 +31,16 @@ result run_layout(const layout& l, const nn::gpt_config& g, int n_steps = steps,
   result out;
   comm::local::run(l.size(), [&](comm::local& c) {
     auto r = train_gpt<parallel::replicate, optim::adamw>(c, l, g, n_steps, micro);
+    if (c.rank() == 0) out = std::move(r);
+  });
+  return out;
+}
+
+template <class S>
+result run_sharded(const layout& l, const nn::gpt_config& g, int n_steps, const checkpoints& ck = {}) {
+  result out;
+  comm::local::run(l.size(), [&](comm::local& c) {
+    auto r = train_gpt<S, optim::adamw>(c, l, g, n_steps, 0, ck);
     if (c.rank() == 0) out = std::move(r);
   });
   return out;
@@ -77,7 +89,7 @@ TEST_CASE("expert parallelism composes with pipeline stages (micro-batches) and 
   auto g = moe_config();
   g.dropout = 0.f;
   const auto one = run_layout({.as_dp = 2}, g, steps, 2);
-  for (const layout l : {layout{.pp = 2, .dp = 2, .ep = 2}, layout{.tp = 2, .dp = 2, .ep = 2},
+  for (const layout& l : {layout{.pp = 2, .dp = 2, .ep = 2}, layout{.tp = 2, .dp = 2, .ep = 2},
                          layout{.tp = 2, .dp = 2, .sp = true, .ep = 2}}) {
     const auto got = run_layout(l, g, steps, 2);
     check_same(one, got, l.name());
@@ -92,17 +104,38 @@ TEST_CASE("dropless routing drops nothing on any layout") {
   for (const auto& r : four.routing) CHECK(std::accumulate(r.dropped.begin(), r.dropped.end(), std::int64_t{0}) == 0);
 }
 
-TEST_CASE("expert parallelism refuses experts that do not divide, and shardings that cannot reduce experts apart") {
+TEST_CASE("expert parallelism refuses experts that do not divide the expert group") {
   comm::local::run(4, [](comm::local& c) {
     train::trainer_options o;
     o.expert_parallel = 4;
     CHECK_THROWS_WITH_AS(trainer<parallel::replicate>(c, nn::gpt(moe_config(1.f, 6)), o),
                          doctest::Contains("6"), dml::invalid_argument);
-    o.expert_parallel = 2;
-    CHECK_THROWS_WITH_AS(trainer<parallel::zero<2>>(c, nn::gpt(moe_config()), o),
-                         doctest::Contains("expert parallelism reduces experts' gradients over the ranks that hold them"),
-                         dml::invalid_argument);
-    CHECK_THROWS_WITH_AS(trainer<parallel::replicate>(c, nn::gpt(moe_config()), o).save_checkpoint("unused"),
-                         doctest::Contains("not supported yet"), dml::invalid_argument);
   });
+}
+
+// Experts shard over the ranks that hold them (ZeRO over the expert-data-parallel group) and checkpoint on any
+// layout: saved by zero<3> on ep 2 × edp 2, loaded by one rank, by replicate on ep 4 and by zero<2> with pipeline
+// stages, each resumed run repeats the uninterrupted run's losses.
+TEST_CASE("experts under zero<1/2/3>, and checkpoints of experts loaded into other layouts") {
+  const auto g = moe_config();
+  const auto one = run_sharded<parallel::replicate>({}, g, steps);
+  const layout ep2{.dp = 4, .ep = 2};
+  check_same(one, run_sharded<parallel::zero<1>>(ep2, g, steps), "zero1 " + ep2.name());
+  check_same(one, run_sharded<parallel::zero<2>>(ep2, g, steps), "zero2 " + ep2.name());
+  const auto dir = (std::filesystem::temp_directory_path() / ("dml_ep_ckpt_" + std::to_string(::getpid()))).string();
+  const auto first = run_sharded<parallel::zero<3>>(ep2, g, steps / 2, {.save = dir});
+  auto joined = [&](const result& rest) {
+    result whole = first;
+    whole.losses.insert(whole.losses.end(), rest.losses.begin(), rest.losses.end());
+    whole.grad_norms.insert(whole.grad_norms.end(), rest.grad_norms.begin(), rest.grad_norms.end());
+    whole.params = rest.params;
+    return whole;
+  };
+  const int rest = steps - steps / 2;
+  check_same(one, joined(run_sharded<parallel::replicate>({}, g, rest, {.load = dir})), "zero3 ep 2 saved, one rank resumed");
+  const layout ep4{.dp = 4, .ep = 4};
+  check_same(one, joined(run_sharded<parallel::replicate>(ep4, g, rest, {.load = dir})), "zero3 ep 2 saved, " + ep4.name() + " resumed");
+  const layout ep2dp2{.dp = 2, .ep = 2};
+  check_same(one, joined(run_sharded<parallel::zero<2>>(ep2dp2, g, rest, {.load = dir})), "zero3 ep 2 saved, zero2 " + ep2dp2.name() + " resumed");
+  std::filesystem::remove_all(dir);
 }

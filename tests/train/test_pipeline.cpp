@@ -140,8 +140,6 @@ TEST_CASE("pipeline: bad layouts fail with what was expected") {
   comm::local::run(2, [&](comm::local& c) {
     auto o = options();
     o.pipeline_stages = 2;
-    CHECK_THROWS_WITH_AS(trainer<parallel::zero<2>>(c, make_deep_model(0.f), o),
-                         doctest::Contains("compose with replicate or zero<1>"), invalid_argument);
     o.stage_cuts = {2};  // layer 1 is a relu fused into layer 0; 2 is fine, 1 is not
     CHECK_NOTHROW(trainer<parallel::replicate>(c, make_deep_model(0.f), o));
     o.stage_cuts = {1};

@@ -1,463 +1,28 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/comm/mpi.hpp — communicator over an MPI communicator: one rank per process (Open MPI).
 // Sits on comm/communicator.hpp; how CPU training scales past one process. See DESIGN.md §4.
+// Its parts, in comm/detail/: mpi_types.hpp (datatypes, ops, DML_CHECK_MPI), mpi_watchdog.hpp (timeouts, lost
+// peers, requests) and mpi_checks.hpp (argument checks).
 #pragma once
 
 #include <mpi.h>
-#include <signal.h>
-#include <unistd.h>
 
-#include <algorithm>
-#include <array>
-#include <atomic>
-#include <cerrno>
 #include <chrono>
-#include <climits>
-#include <condition_variable>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
+#include <cstddef>
 #include <cstring>
-#include <functional>
 #include <memory>
-#include <mutex>
-#include <numeric>
-#include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "dml/comm/communicator.hpp"
+#include "dml/comm/detail/mpi_types.hpp"
+#include "dml/comm/detail/mpi_watchdog.hpp"
 #include "dml/comm/detail/reduce.hpp"
 
-namespace dml::comm::detail::mpi_impl {
-
-[[noreturn]] inline void fail_call(int rc, const char* call, const char* file, int line) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = 0;
-  throw comm_error(dml::detail::cat(file, ":", line, ": ", call, " failed: ",
-                                    len ? std::string(text, len) : std::string("MPI error ") + std::to_string(rc)));
-}
-
-}  // namespace dml::comm::detail::mpi_impl
-
-// Turns an MPI error code (the communicator returns errors, MPI_ERRORS_RETURN) into comm_error.
-#define DML_CHECK_MPI(expr)                                                            \
-  do {                                                                                 \
-    const int dml_mpi_rc_ = (expr);                                                    \
-    if (dml_mpi_rc_ != MPI_SUCCESS)                                                    \
-      ::dml::comm::detail::mpi_impl::fail_call(dml_mpi_rc_, #expr, __FILE__, __LINE__); \
-  } while (0)
-
 namespace dml::comm {
-
-namespace detail::mpi_impl {
-
-// Native MPI types where MPI has them; bf16/fp16 travel as 16-bit words and reduce through
-// user-defined ops; any other trivially copyable type travels as bytes.
-template <class T>
-MPI_Datatype datatype() {
-  if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
-  else if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return MPI_INT32_T;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return MPI_INT64_T;
-  else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) return MPI_UINT16_T;
-  else return MPI_BYTE;
-}
-template <class T>
-constexpr std::size_t units() {  // MPI elements per T
-  return reducible<T> ? 1 : sizeof(T);
-}
-template <class T>
-int count(std::size_t n, const char* op) {
-  const std::size_t c = n * units<T>();
-  if (c > std::size_t(INT_MAX))
-    fail<invalid_argument>("dml::comm::mpi::", op, ": expected at most ", INT_MAX / units<T>(),
-                           " elements (MPI counts are int), found ", n);
-  return int(c);
-}
-
-template <reducible T, reduce_op Op>
-void user_op(void* in, void* inout, int* len, MPI_Datatype*) {
-  reduce_pair<T>(static_cast<const T*>(in), static_cast<T*>(inout), std::size_t(*len), Op);
-}
-
-// Created on first use, after MPI_Init; freed by MPI_Finalize.
-template <reducible T>
-MPI_Op user_ops(reduce_op op) {
-  static const std::array<MPI_Op, 4> ops = [] {
-    std::array<MPI_Op, 4> o{};
-    DML_CHECK_MPI(MPI_Op_create(&user_op<T, reduce_op::sum>, 1, &o[0]));
-    DML_CHECK_MPI(MPI_Op_create(&user_op<T, reduce_op::max>, 1, &o[1]));
-    DML_CHECK_MPI(MPI_Op_create(&user_op<T, reduce_op::min>, 1, &o[2]));
-    DML_CHECK_MPI(MPI_Op_create(&user_op<T, reduce_op::prod>, 1, &o[3]));
-    return o;
-  }();
-  switch (op) {
-    case reduce_op::max: return ops[1];
-    case reduce_op::min: return ops[2];
-    case reduce_op::prod: return ops[3];
-    default: return ops[0];
-  }
-}
-
-// MPI has no average: reduce as sum, divide on completion.
-template <reducible T>
-MPI_Op mpi_op(reduce_op op) {
-  if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) {
-    return user_ops<T>(op);
-  } else {
-    switch (op) {
-      case reduce_op::max: return MPI_MAX;
-      case reduce_op::min: return MPI_MIN;
-      case reduce_op::prod: return MPI_PROD;
-      default: return MPI_SUM;
-    }
-  }
-}
-
-template <reducible T>
-void divide(std::span<T> x, int n) {
-  using A = acc_t<T>;
-  for (auto& v : x) v = T(A(v) / A(n));
-}
-
-// ---- Losing a peer. A rank killed outright (SIGKILL, the OOM killer, a crash) leaves its peers
-// waiting in a collective that cannot complete. Open MPI's shared-memory transport never notices,
-// and its launcher (mpirun/orted, Open MPI 4.1) answers the death by sending SIGTERM to every other
-// rank and SIGKILL one second later (odls_base_sigkill_timeout), so by default the survivors vanish
-// without a word about what they were doing. comm::mpi therefore learns, when it is built, which of
-// its peers are processes on this host (pid, start time, host and pid namespace), and its watchdog
-// uses that in two ways:
-//  - on SIGTERM (a handler that only sets a flag), it reports the operation in flight and the peers
-//    whose processes are gone, then hands the signal on to the disposition it replaced, so the rank
-//    still ends the way the launcher asked, within the launcher's grace second;
-//  - when no launcher steps in (mpirun --enable-recovery, other launchers), an operation that has
-//    waited peer_check while a peer's process is gone ends the job through MPI_Abort, like the timeout.
-// Peers on other hosts cannot be checked from here; their loss is reported by the ranks on their host,
-// and here as the timeout.
-
-// Who a rank is, sent as bytes in the constructor's all-gather.
-struct process_id {
-  std::int64_t pid = -1;
-  std::uint64_t start = 0;  // start time in clock ticks after boot: tells a reused pid from the original
-  std::uint64_t host = 0;   // hash of host name and pid namespace; 0 when unknown
-  std::int32_t world_rank = -1;
-  std::int32_t pad = 0;
-};
-
-enum class liveness { alive, gone, unknown };
-
-#if defined(__linux__)
-// State and start time from /proc/<pid>/stat (fields 3 and 22; field 2 is the name in parentheses).
-inline liveness read_stat(std::int64_t pid, char& state, std::uint64_t& start) {
-  char path[48];
-  std::snprintf(path, sizeof path, "/proc/%lld/stat", static_cast<long long>(pid));
-  std::FILE* f = std::fopen(path, "r");
-  if (!f) return errno == ENOENT || errno == ESRCH ? liveness::gone : liveness::unknown;
-  char buf[1024];
-  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  buf[n] = '\0';
-  const char* p = std::strrchr(buf, ')');
-  if (!p || p[1] != ' ' || !p[2]) return liveness::unknown;
-  p += 2;
-  state = *p;
-  for (int field = 3; field < 22 && p; ++field)
-    if ((p = std::strchr(p, ' '))) ++p;
-  if (!p) return liveness::unknown;
-  start = std::strtoull(p, nullptr, 10);
-  return liveness::alive;
-}
-#endif
-
-inline process_id this_process() {
-  process_id me;
-  int w = -1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &w);
-  me.world_rank = w;
-#if defined(__linux__)
-  me.pid = ::getpid();
-  char state = 0;
-  if (read_stat(me.pid, state, me.start) != liveness::alive) return me;  // host stays 0: never checked
-  char key[512] = {};
-  ::gethostname(key, 255);
-  const std::size_t len = std::strlen(key);
-  const ssize_t ns = ::readlink("/proc/self/ns/pid", key + len, sizeof key - 1 - len);
-  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a: the same value in every process
-  for (std::size_t i = 0; i < len + std::size_t(ns > 0 ? ns : 0); ++i) h = (h ^ std::uint8_t(key[i])) * 0x100000001b3ull;
-  me.host = h | 1;
-#endif
-  return me;
-}
-
-inline liveness check_process(const process_id& p) {
-#if defined(__linux__)
-  char state = 0;
-  std::uint64_t start = 0;
-  const auto l = read_stat(p.pid, state, start);
-  if (l != liveness::alive) return l;
-  return state == 'Z' || state == 'X' || start != p.start ? liveness::gone : liveness::alive;
-#else
-  (void)p;
-  return liveness::unknown;
-#endif
-}
-
-// Process-wide: the SIGTERM handler only records that the signal came (it may run on any thread, in
-// the middle of an MPI call); the watchdogs do the rest on their own threads.
-struct sigterm_hook {
-  static inline std::atomic<int> watchers{0};      // watchdogs alive that will act on the flag
-  static inline std::atomic<bool> pending{false};  // SIGTERM arrived
-  static inline std::atomic<bool> claimed{false};  // one watchdog reports and hands the signal on
-  static inline std::atomic<bool> passed_on{false};
-  static inline struct sigaction previous{};
-  static inline std::once_flag once;
-
-  static void handler(int) {
-    if (watchers.load() == 0) pass_on();  // nobody to report: behave as before
-    else pending.store(true);
-  }
-  // Restores the disposition the hook replaced and raises the signal again under it.
-  static void pass_on() {
-    ::sigaction(SIGTERM, &previous, nullptr);
-    ::raise(SIGTERM);
-  }
-  // Installed once, and only over a disposition that would end the process or is the program's own
-  // handler (which still runs, after the report): a program that ignores SIGTERM keeps ignoring it.
-  static void install() {
-    std::call_once(once, [] {
-      struct sigaction now {};
-      if (::sigaction(SIGTERM, nullptr, &now) != 0 || now.sa_handler == SIG_IGN) return;
-      struct sigaction sa {};
-      sa.sa_handler = &handler;
-      sa.sa_flags = SA_RESTART;  // the program's own reads and writes do not see EINTR
-      ::sigemptyset(&sa.sa_mask);
-      ::sigaction(SIGTERM, &sa, &previous);
-    });
-  }
-};
-
-// Watches the collective in flight; past the timeout it reports the operation and the rank on
-// stderr and calls MPI_Abort, because a peer that never arrives cannot be recovered from. It wakes
-// 20 times a second (a few microseconds each), so that a SIGTERM is acted on well within a second.
-// The calling thread only stores a sequence number and the operation's name (plain stores, no
-// clock, no lock): a 4 KiB all-reduce takes about a microsecond, and the wrapper must not show
-// next to raw MPI. The watchdog polls and measures how long one operation has stayed. It also
-// acts on a lost peer (see "Losing a peer" above).
-class watchdog {
- public:
-  watchdog(int rank, int size, std::chrono::milliseconds timeout, std::chrono::milliseconds peer_check,
-           bool on_sigterm)
-      : rank_(rank), size_(size), timeout_(timeout), peer_check_(peer_check), on_sigterm_(on_sigterm) {
-    if (on_sigterm_) {
-      sigterm_hook::install();
-      sigterm_hook::watchers.fetch_add(1);
-    }
-    thread_ = std::thread([this] { loop(); });
-  }
-  ~watchdog() {
-    {
-      std::lock_guard lk(m_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-    if (on_sigterm_) sigterm_hook::watchers.fetch_sub(1);
-  }
-  void enter(const char* op) {
-    seq_.store(seq_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    last_.store(op, std::memory_order_relaxed);
-    op_.store(op, std::memory_order_release);
-  }
-  void leave() { op_.store(nullptr, std::memory_order_release); }
-  // The peers' identities, index = rank in this communicator.
-  void set_peers(std::vector<process_id> peers) {
-    std::lock_guard lk(m_);
-    peers_ = std::move(peers);
-  }
-
- private:
-  using clock = std::chrono::steady_clock;
-  // How long a rank that saw SIGTERM between operations waits for its main thread to enter the next
-  // one (which a lost peer keeps from completing), so the report can name it; well inside the
-  // launcher's grace second.
-  static constexpr std::chrono::milliseconds sigterm_grace{300};
-  // A rank that reports a lost peer ends no sooner than this after SIGTERM: its peers, terminated at
-  // the same moment, must still see it alive when they look, or they would name it as lost too.
-  static constexpr std::chrono::milliseconds sigterm_hold{500};
-  // A watchdog with nothing to report lets the others go first by this much more.
-  static constexpr std::chrono::milliseconds quiet_after{100};
-  // How long an operation waits before the watchdog starts looking at the peers.
-  static constexpr std::chrono::milliseconds look_after{100};
-
-  void loop() {
-    const auto poll = std::clamp(timeout_ / 8, std::chrono::milliseconds(10), std::chrono::milliseconds(50));
-    std::uint64_t last = ~std::uint64_t(0);
-    auto since = clock::now();
-    std::unique_lock lk(m_);
-    while (!stop_) {
-      cv_.wait_for(lk, poll, [&] { return stop_; });
-      if (stop_) break;
-      const char* op = op_.load(std::memory_order_acquire);
-      const std::uint64_t seq = seq_.load(std::memory_order_relaxed);
-      const auto now = clock::now();
-      if (on_sigterm_ && sigterm_hook::pending.load() && !sigterm_hook::passed_on.load()) {
-        on_sigterm(op, now);
-        continue;  // still here after passing it on: the program's own handler kept the process
-      }
-      if (!op || seq != last) {  // idle, or a new operation since the last look
-        last = seq;
-        since = now;
-        continue;
-      }
-      const auto waited = now - since;
-      // Peers are looked at from early on in a wait (a /proc read per peer on this host, each poll),
-      // so that the first ones found gone are the lost ones, not ranks that ended after them.
-      if (peer_check_.count() > 0 && lost_.empty() && waited >= std::min(look_after, peer_check_))
-        lost_ = lost_peers();
-      if (!lost_.empty() && waited >= peer_check_) {
-        report(op, dml::detail::cat(" waited ", seconds(waited), " s and cannot complete: ", describe(lost_),
-                                    "; aborting the job"));
-        MPI_Abort(MPI_COMM_WORLD, 125);
-      }
-      if (waited < timeout_) continue;
-      const auto lost = lost_.empty() ? lost_peers() : lost_;
-      report(op, dml::detail::cat(" did not complete within ", seconds(timeout_), " s",
-                                  lost.empty() ? std::string() : "; " + describe(lost), "; aborting the job"));
-      MPI_Abort(MPI_COMM_WORLD, 124);  // the whole job: a stuck peer may sit in any group
-    }
-  }
-
-  void on_sigterm(const char* op, clock::time_point now) {
-    if (!term_seen_) {  // look at once, before the peers terminated with us start to go
-      term_seen_ = now;
-      term_lost_ = lost_.empty() ? lost_peers() : lost_;
-    }
-    const auto waited = now - *term_seen_;
-    // Priority among watchdogs (one per communicator): one with an operation in flight reports at once;
-    // one without, after the grace, lost peers first; quietly when it has nothing to say.
-    const bool quiet = !op && term_lost_.empty();
-    if (!op && waited < sigterm_grace + (quiet ? quiet_after : clock::duration::zero())) return;
-    if (sigterm_hook::claimed.exchange(true)) return;
-    if (!quiet) {
-      const std::string what = op ? std::string(op) : dml::detail::cat(
-          "the next operation after ", last_.load(std::memory_order_relaxed) ? last_.load() : "none");
-      report(what.c_str(),
-             dml::detail::cat(op ? " cannot complete: " : " cannot start: ",
-                              term_lost_.empty() ? "every peer on this host is alive" + remote_note()
-                                                 : describe(term_lost_),
-                              "; terminated by SIGTERM (the launcher ends the job)"));
-    }
-    if (!term_lost_.empty()) std::this_thread::sleep_until(*term_seen_ + sigterm_hold);
-    sigterm_hook::passed_on.store(true);
-    sigterm_hook::pass_on();
-  }
-  std::vector<int> lost_peers() const {
-    std::vector<int> lost;
-    if (peers_.size() != std::size_t(size_)) return lost;
-    const auto host = peers_[std::size_t(rank_)].host;
-    for (int p = 0; p < size_; ++p)
-      if (p != rank_ && host != 0 && peers_[std::size_t(p)].host == host &&
-          check_process(peers_[std::size_t(p)]) == liveness::gone)
-        lost.push_back(p);
-    return lost;
-  }
-  std::string describe(const std::vector<int>& lost) const {
-    std::string s = lost.size() == 1 ? "peer rank " : "peer ranks ";
-    for (std::size_t i = 0; i < lost.size(); ++i) {
-      const auto& q = peers_[std::size_t(lost[i])];
-      s += dml::detail::cat(i ? ", " : "", lost[i], " (",
-                            q.world_rank != lost[i] ? dml::detail::cat("world rank ", q.world_rank, ", ") : "",
-                            "pid ", q.pid, ")");
-    }
-    return s + (lost.size() == 1 ? " has exited" : " have exited");
-  }
-  std::string remote_note() const {
-    if (peers_.size() != std::size_t(size_)) return " (peers unknown)";
-    std::string s;
-    for (int p = 0; p < size_; ++p)
-      if (p != rank_ && (peers_[std::size_t(p)].host == 0 || peers_[std::size_t(p)].host != peers_[std::size_t(rank_)].host))
-        s += dml::detail::cat(s.empty() ? "" : ", ", p);
-    return s.empty() ? std::string() : " (ranks " + s + " are elsewhere and were not checked)";
-  }
-  static std::string seconds(clock::duration d) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.1f", std::chrono::duration<double>(d).count());
-    return text;
-  }
-  void report(const char* op, const std::string& what) const {
-    std::fprintf(stderr, "dml::comm::mpi: rank %d of %d: %s%s\n", rank_, size_, op, what.c_str());
-    std::fflush(stderr);
-  }
-
-  int rank_, size_;
-  std::chrono::milliseconds timeout_, peer_check_;
-  bool on_sigterm_;
-  std::atomic<const char*> op_{nullptr};
-  std::atomic<const char*> last_{nullptr};
-  std::atomic<std::uint64_t> seq_{0};
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::vector<process_id> peers_;
-  std::optional<clock::time_point> term_seen_;
-  std::vector<int> term_lost_;
-  std::vector<int> lost_;  // peers first found gone while an operation waited
-  std::thread thread_;
-};
-
-struct watch {
-  watchdog& w;
-  watch(watchdog& wd, const char* op) : w(wd) { w.enter(op); }
-  ~watch() { w.leave(); }
-  watch(const watch&) = delete;
-  watch& operator=(const watch&) = delete;
-};
-
-struct request_state_mpi final : request_state {
-  MPI_Request req = MPI_REQUEST_NULL;
-  std::shared_ptr<watchdog> wd;
-  const char* op = "";
-  std::function<void(const MPI_Status&)> after;  // avg division, in-place moves, count checks
-  std::vector<int> keep;                          // counts and displacements MPI reads until done
-  bool receive = false;                           // a point-to-point receive, which cancel() may withdraw
-
-  void finish(const MPI_Status& st) {
-    if (after) {
-      auto f = std::move(after);
-      after = nullptr;
-      f(st);
-    }
-  }
-  bool test() override {
-    int flag = 0;
-    MPI_Status st;
-    DML_CHECK_MPI(MPI_Test(&req, &flag, &st));
-    if (flag) finish(st);
-    return flag != 0;
-  }
-  void wait() override {
-    MPI_Status st;
-    {
-      watch w(*wd, op);
-      DML_CHECK_MPI(MPI_Wait(&req, &st));
-    }
-    finish(st);
-  }
-  bool cancel() override {
-    if (!receive) return false;
-    MPI_Status st;
-    if (MPI_Cancel(&req) != MPI_SUCCESS || MPI_Wait(&req, &st) != MPI_SUCCESS) return false;
-    return true;  // withdrawn, or matched before the cancel took: either way nothing is pending
-  }
-};
-
-}  // namespace detail::mpi_impl
 
 // Outside the class so that `options opt = {}` works as a default argument inside it.
 struct mpi_options {
@@ -864,89 +429,24 @@ class mpi {
     owned_ = false;
   }
 
-  void check_rank(int r, const char* op, const char* what) const {
-    if (r < 0 || r >= size_)
-      fail<invalid_argument>("dml::comm::mpi::", op, ": expected a ", what, " in [0, ", size_, "), found ", r);
-  }
+  // Argument checks: comm/detail/mpi_checks.hpp.
+  void check_rank(int r, const char* op, const char* what) const;
   template <class T>
-  std::span<T> own_block(std::span<T> data, const char* op) const {
-    if (data.size() % size_ != 0)
-      fail<invalid_argument>("dml::comm::mpi::", op, ": expected a size divisible by the group size ", size_,
-                             ", found ", data.size());
-    const std::size_t m = data.size() / size_;
-    return data.subspan(m * rank_, m);
-  }
-
+  std::span<T> own_block(std::span<T> data, const char* op) const;
   template <class T>
-  static void check_received(const MPI_Status& st, std::size_t expected, int peer, int tag) {
-    int got = 0;
-    DML_CHECK_MPI(MPI_Get_count(&st, dt<T>(), &got));
-    if (std::size_t(got) != expected * detail::mpi_impl::units<T>())
-      fail<invalid_argument>("dml::comm::mpi::recv: expected ", expected, " elements from rank ", peer,
-                             " with tag ", tag, ", the message has ", got / detail::mpi_impl::units<T>());
-  }
-
-  // With options::check_arguments, every rank compares (count, type, op, root) with every other:
-  // the max and the min of each must agree, else all ranks throw together.
+  static void check_received(const MPI_Status& st, std::size_t expected, int peer, int tag);
   template <class T>
-  void agree(const char* op, std::size_t n, reduce_op rop, int root) {
-    if (!opt_.check_arguments) return;
-    const long long mine[4] = {(long long)n, (long long)sizeof(T) * 16 + (long long)reducible<T>,
-                               (long long)rop, root};
-    long long both[8], out[8];
-    for (int i = 0; i < 4; ++i) both[i] = mine[i], both[4 + i] = -mine[i];
-    {
-      detail::mpi_impl::watch w(*wd_, op);
-      DML_CHECK_MPI(MPI_Allreduce(both, out, 8, MPI_LONG_LONG, MPI_MAX, comm_));
-    }
-    static constexpr const char* what[4] = {"count", "element type", "reduce_op", "root"};
-    for (int i = 0; i < 4; ++i)
-      if (out[i] != -out[4 + i])
-        fail<invalid_argument>("dml::comm::mpi::", op, ": expected the same ", what[i],
-                               " on every rank; found values from ", -out[4 + i], " to ", out[i],
-                               " (this rank: ", mine[i], ")");
-  }
-
+  void agree(const char* op, std::size_t n, reduce_op rop, int root);
   template <reducible T>
-  void prepare_all_reduce(std::span<const T> send, std::span<T> recv, reduce_op op) {
-    check_reduce<T>(op, "dml::comm::mpi::all_reduce");
-    if (send.size() != recv.size())
-      fail<invalid_argument>("dml::comm::mpi::all_reduce: expected recv of send's size ", send.size(), ", found ",
-                             recv.size());
-    agree<T>("all_reduce", send.size(), op, 0);
-  }
+  void prepare_all_reduce(std::span<const T> send, std::span<T> recv, reduce_op op);
   template <reducible T>
-  void prepare_reduce_scatter(std::span<const T> send, std::span<T> recv, reduce_op op) {
-    check_reduce<T>(op, "dml::comm::mpi::reduce_scatter");
-    if (send.size() != recv.size() * size_)
-      fail<invalid_argument>("dml::comm::mpi::reduce_scatter: expected send of group size ", size_, " x recv size ",
-                             recv.size(), " = ", recv.size() * size_, " elements, found ", send.size());
-    agree<T>("reduce_scatter", recv.size(), op, 0);
-  }
+  void prepare_reduce_scatter(std::span<const T> send, std::span<T> recv, reduce_op op);
   template <class T>
-  void prepare_all_gather(std::span<const T> send, std::span<T> recv) {
-    if (recv.size() != send.size() * size_)
-      fail<invalid_argument>("dml::comm::mpi::all_gather: expected recv of group size ", size_, " x send size ",
-                             send.size(), " = ", send.size() * size_, " elements, found ", recv.size());
-    agree<T>("all_gather", send.size(), reduce_op::sum, 0);
-  }
+  void prepare_all_gather(std::span<const T> send, std::span<T> recv);
   template <reducible T>
-  void prepare_reduce(std::span<const T> send, std::span<T> recv, reduce_op op, int root) {
-    check_reduce<T>(op, "dml::comm::mpi::reduce");
-    check_rank(root, "reduce", "root");
-    if (rank_ == root && recv.size() != send.size())
-      fail<invalid_argument>("dml::comm::mpi::reduce: expected recv of send's size ", send.size(),
-                             " at the root, found ", recv.size());
-    agree<T>("reduce", send.size(), op, root);
-  }
+  void prepare_reduce(std::span<const T> send, std::span<T> recv, reduce_op op, int root);
   template <class T>
-  int prepare_all_to_all(std::span<const T> send, std::span<T> recv) {
-    if (send.size() % size_ != 0 || recv.size() != send.size())
-      fail<invalid_argument>("dml::comm::mpi::all_to_all: expected send and recv of equal size divisible by the "
-                             "group size ", size_, ", found ", send.size(), " and ", recv.size());
-    agree<T>("all_to_all", send.size(), reduce_op::sum, 0);
-    return count<T>(send.size() / size_, "all_to_all");
-  }
+  int prepare_all_to_all(std::span<const T> send, std::span<T> recv);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool owned_ = false;
@@ -959,3 +459,6 @@ class mpi {
 static_assert(diagnose_communicator<mpi>());
 
 }  // namespace dml::comm
+
+// The members declared above and defined out of the class.
+#include "dml/comm/detail/mpi_checks.hpp"

@@ -21,16 +21,17 @@ void init_master(const Net& net, std::uint64_t seed, float* out) {
   for (std::size_t s = 0; s < L.slots.size(); ++s) net.init_range(seed, s, 0, L.slots[s].shape.numel(), out + L.slots[s].offset);
 }
 
-// Rank r's part of bucket bk's initial float values, written where the part lives in a shard.
+// A rank's part of run rn's initial float values (r: its index in the run's group), written where the
+// part lives in a shard.
 template <class Net>
-void init_master_part(const Net& net, std::uint64_t seed, const bucket& bk, int r, float* shard) {
+void init_master_part(const Net& net, std::uint64_t seed, const run& rn, int r, float* shard) {
   using Space = typename Net::space;
   const auto& L = net.layout();
-  buffer<float, Space> tmp(static_cast<std::size_t>(bk.hi - bk.lo));
-  fill_n<Space>(tmp.data(), bk.hi - bk.lo, 0.f);
-  for (std::size_t s = bk.first_slot; s < bk.end_slot; ++s)
-    net.init_range(seed, s, 0, L.slots[s].shape.numel(), tmp.data() + (L.slots[s].offset - bk.lo));
-  dml::copy_n(tmp.data() + r * bk.part, static_cast<std::size_t>(bk.part), shard + bk.shard_offset);
+  buffer<float, Space> tmp(static_cast<std::size_t>(rn.hi - rn.lo));
+  fill_n<Space>(tmp.data(), rn.hi - rn.lo, 0.f);
+  for (std::size_t s = rn.first_slot; s < rn.end_slot; ++s)
+    net.init_range(seed, s, 0, L.slots[s].shape.numel(), tmp.data() + (L.slots[s].offset - rn.lo));
+  dml::copy_n(tmp.data() + r * rn.part, static_cast<std::size_t>(rn.part), shard + rn.shard_offset);
 }
 
 }  // namespace dml::parallel

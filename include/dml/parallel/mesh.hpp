@@ -30,8 +30,14 @@ namespace dml::parallel {
 // data-parallel ranks that hold the same sequences, each a different chunk of their tokens. Every
 // parameter is whole on each of them, so gradients still sum over the whole dp group; only the data
 // differs (dp / cp distinct slices of the batch).
+//
+// replicas (hybrid sharding) splits dp into dp / replicas shard ranks (fastest) × replicas: a replica is
+// dp / replicas consecutive data-parallel ranks, within which ZeRO shards; the ranks at the same place of
+// every replica form the replicate group, over which their shards' gradients sum. ep and cp are carved out of
+// a replica. The shard group and the expert shard group (the ranks of a replica that hold the same experts)
+// are the dp and edp groups when replicas is 1.
 struct mesh_shape {
-  int tp = 1, dp = 1, pp = 1, ep = 1, cp = 1;
+  int tp = 1, dp = 1, pp = 1, ep = 1, cp = 1, replicas = 1;
 
   friend bool operator==(const mesh_shape&, const mesh_shape&) = default;
 };
@@ -40,15 +46,22 @@ struct mesh_shape {
 inline std::string to_string(const mesh_shape& s) {
   std::string carved = s.ep > 1 ? detail::cat("ep ", s.ep) : "";
   if (s.cp > 1) carved += detail::cat(carved.empty() ? "" : ", ", "cp ", s.cp);
+  if (s.replicas > 1) carved += detail::cat(carved.empty() ? "" : ", ", "replicas ", s.replicas);
   return carved.empty() ? detail::cat("tp ", s.tp, " × dp ", s.dp, " × pp ", s.pp)
                         : detail::cat("tp ", s.tp, " × dp ", s.dp, " (", carved, ") × pp ", s.pp);
 }
 
 // Throws invalid_argument unless `s` lays out exactly `world_size` ranks.
 inline void check_shape(const mesh_shape& s, int world_size) {
-  if (s.tp < 1 || s.dp < 1 || s.pp < 1 || s.ep < 1 || s.cp < 1)
+  if (s.tp < 1 || s.dp < 1 || s.pp < 1 || s.ep < 1 || s.cp < 1 || s.replicas < 1)
     fail<invalid_argument>("dml::parallel::mesh: expected every degree >= 1, found tp ", s.tp, ", dp ", s.dp,
-                           ", pp ", s.pp, ", ep ", s.ep, ", cp ", s.cp);
+                           ", pp ", s.pp, ", ep ", s.ep, ", cp ", s.cp, ", replicas ", s.replicas);
+  if (s.dp % s.replicas != 0)
+    fail<invalid_argument>("dml::parallel::mesh: expected replicas to divide dp (a replica is dp / replicas "
+                           "consecutive data-parallel ranks), found replicas ", s.replicas, " and dp ", s.dp);
+  if ((s.dp / s.replicas) % s.ep != 0 || (s.dp / s.replicas) % s.cp != 0)
+    fail<invalid_argument>("dml::parallel::mesh: expected ep and cp to divide a replica's ", s.dp / s.replicas,
+                           " data-parallel ranks, found ep ", s.ep, " and cp ", s.cp);
   if (s.dp % s.cp != 0)
     fail<invalid_argument>("dml::parallel::mesh: expected cp to divide dp (a context-parallel group is cp "
                            "consecutive data-parallel ranks), found cp ", s.cp, " and dp ", s.dp);
@@ -84,7 +97,14 @@ class mesh {
         edp_(split("edp", at_.tp + shape_.tp * (at_.dp % shape_.ep + shape_.ep * at_.pp), edp_rank(),
                    edp_size())),
         cp_(split("cp", at_.tp + shape_.tp * (at_.dp / shape_.cp + shape_.dp / shape_.cp * at_.pp), cp_rank(),
-                  shape_.cp)) {}
+                  shape_.cp)),
+        shard_(split("shard", at_.tp + shape_.tp * (replica_rank() + shape_.replicas * at_.pp), shard_rank(),
+                     shard_size())),
+        eshard_(split("expert shard",
+                      at_.tp + shape_.tp * (ep_rank() + shape_.ep * (replica_rank() + shape_.replicas * at_.pp)),
+                      shard_rank() / shape_.ep, shard_size() / shape_.ep)),
+        replicate_(split("replicate", at_.tp + shape_.tp * (shard_rank() + shard_size() * at_.pp), replica_rank(),
+                         shape_.replicas)) {}
 
   mesh(mesh&&) noexcept = default;
   mesh& operator=(mesh&&) noexcept = default;
@@ -96,6 +116,9 @@ class mesh {
   Comm& ep() noexcept { return ep_; }
   Comm& edp() noexcept { return edp_; }  // expert data parallel: the ranks that hold this rank's experts
   Comm& cp() noexcept { return cp_; }    // context parallel: the ranks holding chunks of the same sequences
+  Comm& shard() noexcept { return shard_; }          // this rank's replica: the ranks that shard dense parameters
+  Comm& expert_shard() noexcept { return eshard_; }  // the replica's ranks that hold this rank's experts
+  Comm& replicate() noexcept { return replicate_; }  // the ranks holding this rank's shard in other replicas
   const Comm& world() const noexcept { return *world_; }
   const Comm& tp() const noexcept { return tp_; }
   const Comm& dp() const noexcept { return dp_; }
@@ -119,6 +142,9 @@ class mesh {
   int edp_size() const noexcept { return shape_.dp / shape_.ep; }
   int cp_rank() const noexcept { return at_.dp % shape_.cp; }
   int cp_size() const noexcept { return shape_.cp; }
+  int shard_rank() const noexcept { return at_.dp % shard_size(); }
+  int shard_size() const noexcept { return shape_.dp / shape_.replicas; }
+  int replica_rank() const noexcept { return at_.dp / shard_size(); }
   // The data this rank trains on: dp / cp distinct slices of the batch, the cp ranks of a group sharing one.
   int data_rank() const noexcept { return at_.dp / shape_.cp; }
   int data_ranks() const noexcept { return shape_.dp / shape_.cp; }
@@ -165,13 +191,13 @@ class mesh {
   Comm* world_;
   mesh_shape shape_;
   coords at_;
-  Comm tp_, dp_, pp_, ep_, edp_, cp_;
+  Comm tp_, dp_, pp_, ep_, edp_, cp_, shard_, eshard_, replicate_;
 };
 
 // The tp × dp × pp mesh of a trainer with `tp` tensor-parallel ranks and `stages` pipeline stages over
 // world, ep and cp carved out of dp; none when every degree is 1 (the world is the data-parallel group).
 template <comm::communicator Comm>
-std::optional<mesh<Comm>> trainer_mesh(Comm& world, int tp, int stages, int ep = 1, int cp = 1) {
+std::optional<mesh<Comm>> trainer_mesh(Comm& world, int tp, int stages, int ep = 1, int cp = 1, int replicas = 1) {
   if (tp < 1 || stages < 1 || world.size() % (tp * stages) != 0)
     fail<invalid_argument>("dml::trainer: expected tensor_parallel × pipeline_stages to divide the group's ", world.size(),
                            " ranks, found tensor_parallel ", tp, " and pipeline_stages ", stages);
@@ -180,33 +206,15 @@ std::optional<mesh<Comm>> trainer_mesh(Comm& world, int tp, int stages, int ep =
     fail<invalid_argument>("dml::trainer: expected expert_parallel to divide the ", dp, " data-parallel ranks, found ", ep);
   if (cp < 1 || dp % cp != 0)
     fail<invalid_argument>("dml::trainer: expected context_parallel to divide the ", dp, " data-parallel ranks, found ", cp);
-  if (tp == 1 && stages == 1 && ep == 1 && cp == 1) return std::nullopt;
-  return std::optional<mesh<Comm>>(std::in_place, world, mesh_shape{.tp = tp, .dp = dp, .pp = stages, .ep = ep, .cp = cp});
-}
-
-}  // namespace dml::parallel
-
-namespace dml::parallel {
-
-// A parameter server's split of a world: ranks [0, servers) serve, the others are workers. `side` is the
-// group of this rank's kind (all servers, or all workers), ordered by world rank. Collective over world.
-template <comm::communicator Comm>
-struct server_split {
-  Comm side;
-  bool serves = false;
-  int servers = 0, workers = 0;
-  int index = 0;  // this rank among its side
-};
-
-template <comm::communicator Comm>
-server_split<Comm> split_servers(Comm& world, int servers) {
-  if (servers < 1 || servers >= world.size())
-    fail<invalid_argument>("dml::parallel::split_servers: expected 1 <= servers < ", world.size(),
-                           " (the world's ranks; at least one must be a worker), found ", servers);
-  const bool serves = world.rank() < servers;
-  Comm side = world.split(serves ? 0 : 1, world.rank());
-  const int index = side.rank();
-  return {std::move(side), serves, servers, world.size() - servers, index};
+  if (replicas < 1 || dp % replicas != 0)
+    fail<invalid_argument>("dml::trainer: expected replicas to divide the ", dp, " data-parallel ranks, found ", replicas);
+  if ((dp / replicas) % ep != 0 || (dp / replicas) % cp != 0)
+    fail<invalid_argument>("dml::trainer: expected expert_parallel and context_parallel to divide a replica's ",
+                           dp / replicas, " data-parallel ranks (", dp, " over ", replicas, " replicas), found ",
+                           "expert_parallel ", ep, " and context_parallel ", cp);
+  if (tp == 1 && stages == 1 && ep == 1 && cp == 1 && replicas == 1) return std::nullopt;
+  return std::optional<mesh<Comm>>(std::in_place, world,
+                                   mesh_shape{.tp = tp, .dp = dp, .pp = stages, .ep = ep, .cp = cp, .replicas = replicas});
 }
 
 }  // namespace dml::parallel

@@ -17,16 +17,15 @@ template <class Space, class Comm, class Optimizer, class Precision, class Net>
 class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precision, Net> {
   using base = data_parallel<Space, Comm, Optimizer, Precision, Net>;
   using typename base::T;
-  using base::comm_, base::net_, base::state_, base::pending_, base::log_, base::mixed;
+  using base::net_, base::state_, base::pending_, base::log_, base::mixed;
 
  public:
-  static constexpr bool reduces_every_backward = false;  // only the last backward of a step reduces
-  static constexpr bool sharded_gradients = false;
-  static nn::network_options network_options(int ranks) {
+  static constexpr bool streams_gradients = false;  // reduces once per step, at each chunk's last backward
+  static nn::network_options network_options(int ranks, bool /*per_step*/) {
     return {.alignment = nn::param_layout::alignment * ranks, .own_params = true, .own_grads = true, .layers = {}};
   }
 
-  replicate_sync(Comm& comm, Net& net, const sync_options& o) : base(comm, net, o) {
+  replicate_sync(shard_groups<Comm> g, Net& net, const sync_options& o) : base(g, net, o) {
     const auto total = net_.layout().total;
     state_.resize(total);
     if constexpr (mixed) {
@@ -35,10 +34,7 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
     }
   }
 
-  // Expert parallelism: the slots holding this rank's experts sum over `edp`, the ranks that hold the same
-  // experts, instead of the whole data-parallel group (where other ranks' slots hold other experts).
-  void set_expert_group(Comm& edp) { edp_ = &edp; }
-
+  // Each run all-reduces over its group: experts over the ranks that hold them, the rest over every rank.
   void after_backward(std::size_t layer) override {
     this->poll();
     const auto* bk = this->ends_bucket(layer);
@@ -46,35 +42,27 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
     const int b = this->bucket_index(*bk);
     (*log_)(event_kind::bucket_launch, b);
     this->order_after_compute();  // the bucket's gradients come from kernels still in the queue
-    if (!edp_) {
-      pending_.push_back({comm_.iall_reduce(net_.grads().subspan(bk->lo, bk->hi - bk->lo), comm::reduce_op::sum), b, false});
-      return;
-    }
-    // Runs of expert and other slots, each over its group; the bucket's completion is logged once.
-    const auto& L = net_.layout();
-    bool first = true;
-    for (std::size_t s = bk->first_slot; s < bk->end_slot;) {
-      const bool expert = L.slots[s].spec.shard.expert_sharded();
-      std::size_t e = s + 1;
-      while (e < bk->end_slot && L.slots[e].spec.shard.expert_sharded() == expert) ++e;
-      const std::int64_t lo = L.slots[s].offset, hi = e < L.slots.size() ? L.slots[e].offset : L.total;
-      Comm& group = expert ? *edp_ : comm_;
-      pending_.push_back({group.iall_reduce(net_.grads().subspan(lo, hi - lo), comm::reduce_op::sum), b, !first});
-      first = false;
-      s = e;
-    }
+    typename base::inflight f{.r = {}, .bucket = b, .seen = false};
+    for (const auto& rn : bk->runs)
+      f.r.push_back(this->group(rn).iall_reduce(net_.grads().subspan(rn.lo, rn.hi - rn.lo), comm::reduce_op::sum));
+    pending_.push_back(std::move(f));
   }
-  void finish() {
+  void reduce(int, bool) {
     for (auto& f : pending_) this->complete(f);
     pending_.clear();
     this->current_ = -1;
   }
+  // The gradient of slot s as this rank holds it after the reductions: whole.
+  std::span<T> grad_piece(std::size_t s) {
+    return {net_.grad(s), static_cast<std::size_t>(net_.layout().slots[s].shape.numel())};
+  }
 
-  // skip[s]: leave slot s out (a tensor rank's copy of a parameter that rank 0 counts).
+  // The squares of what this rank owns (its part of each run), but slots with skip[s] set (a tensor rank's copy
+  // of a parameter that tensor rank 0 counts, a tied copy): summed over the world, each element counts once.
   double grad_squared_norm(const std::vector<bool>& skip = {}) {
-    double n = optim::squared_norm<Space>(net_.grads().data(), net_.layout().total);
-    for (std::size_t s = 0; s < skip.size(); ++s)
-      if (skip[s]) n -= optim::squared_norm<Space>(net_.grad(s), net_.layout().slots[s].shape.numel());
+    double n = 0;
+    for (const auto& p : this->owned_pieces())
+      if (skip.empty() || !skip[p.slot]) n += optim::squared_norm<Space>(net_.grads().data() + p.flat, p.end - p.begin);
     return n;
   }
   bool has_overflow() const { return optim::has_nonfinite<Space>(net_.grads().data(), net_.layout().total); }
@@ -109,7 +97,7 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
             .optimizer = state_.bytes() + static_cast<std::int64_t>(master_.size() * sizeof(float))};
   }
 
-  // Checkpoints: a rank writes its part of every bucket, and reads whole parameters and state.
+  // Checkpoints: a rank writes its part of every run, and reads whole parameters and state.
   float* held(int k, const owned_piece& p) { return whole(k) + p.flat; }
   static constexpr bool loads_pieces(int) { return false; }
   float* whole(int k) { return k < 0 ? master() : state_.slot(k).data(); }
@@ -124,7 +112,6 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
     else return net_.params().data();
   }
   buffer<float, Space> master_;  // mixed precision: the float weights beside the working copy
-  Comm* edp_ = nullptr;
 };
 
 }  // namespace detail

@@ -1,8 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// dml/parallel/zero.hpp — ZeRO stages 1–3: optimizer state, then gradients, then parameters sharded over the ranks.
-// Sits on parallel/sharding.hpp. Every bucket splits into one equal part per rank and a rank's shard is its
-// part of every bucket: stage 1 reduce-scatters full gradients into it, stages 2 and 3 reduce each bucket
-// from a staging buffer as backward leaves it, and stage 3 gathers each bucket's parameters before use.
+// dml/parallel/zero.hpp — ZeRO stages 1–3: optimizer state, then gradients, then parameters sharded over the ranks;
+// and hybrid sharding: shard within a replica, replicate across replicas (HSDP, MiCS).
+// Sits on parallel/sharding.hpp. Every run of a bucket splits into one equal part per rank of its group and a
+// rank's shard is its part of every run. Per step (pipelines, split backward) every stage accumulates whole
+// gradients and reduce-scatters each bucket at its chunk's last backward, and stage 3 gathers a chunk's
+// parameters at its unshard and frees them at its reshard. Per micro-batch (one stage) stages 2 and 3 reduce
+// each bucket from a staging buffer as backward leaves it, and stage 3 gathers each bucket's parameters
+// before use, two buckets at a time.
 #pragma once
 
 #include <array>
@@ -19,41 +23,77 @@ template <int Stage, class Space, class Comm, class Optimizer, class Precision, 
 class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, Net> {
   using base = data_parallel<Space, Comm, Optimizer, Precision, Net>;
   using typename base::T;
-  using base::comm_, base::net_, base::state_, base::pending_, base::reduce_, base::log_, base::mixed,
-      base::buckets_, base::layer_bucket_, base::shard_, base::rank_, base::current_;
+  using base::net_, base::state_, base::pending_, base::reduce_, base::log_, base::mixed, base::buckets_,
+      base::layer_bucket_, base::shard_, base::current_, base::per_step_;
   // Where the float parameters live: a shard (ZeRO-3, and every mixed stage, whose master weights are
   // sharded with the optimizer state), or the network itself (fp32 stages 1 and 2).
   static constexpr bool sharded_master = Stage == 3 || mixed;
 
  public:
-  static constexpr bool reduces_every_backward = Stage >= 2;
-  static constexpr bool sharded_gradients = true;
-  static nn::network_options network_options(int ranks) {
-    return {.alignment = nn::param_layout::alignment * ranks, .own_params = Stage < 3, .own_grads = Stage < 2, .layers = {}};
+  static constexpr bool streams_gradients = Stage >= 2;  // per micro-batch where the program allows it
+  static nn::network_options network_options(int ranks, bool per_step) {
+    return {.alignment = nn::param_layout::alignment * ranks, .own_params = Stage < 3,
+            .own_grads = Stage < 2 || per_step, .layers = {}};
   }
 
-  zero_sync(Comm& comm, Net& net, const sync_options& o) : base(comm, net, o) {
+  zero_sync(shard_groups<Comm> g, Net& net, const sync_options& o) : base(g, net, o) {
     shard_grads_.resize(static_cast<std::size_t>(shard_));
     state_.resize(shard_);
     std::int64_t widest = 0;
     for (const auto& b : buckets_) widest = std::max(widest, b.hi - b.lo);
-    if constexpr (Stage >= 2)
+    if (streams())
       for (auto& s : staging_) s.resize(static_cast<std::size_t>(widest));
-    if constexpr (Stage == 3)
-      for (auto& g : gathered_) g.resize(static_cast<std::size_t>(widest));
+    if (Stage == 3 && !per_step_)
+      for (auto& s : gathered_) s.resize(static_cast<std::size_t>(widest));
     if constexpr (sharded_master) {
       shard_params_.resize(static_cast<std::size_t>(shard_));
-      for (const auto& bk : buckets_) init_master_part(net_, this->seed_, bk, rank_, shard_params_.data());
+      for (const auto& bk : buckets_)
+        for (const auto& rn : bk.runs) init_master_part(net_, this->seed_, rn, this->rank_in(rn), shard_params_.data());
     }
     if constexpr (mixed && Stage == 3) {
       shard_working_.resize(static_cast<std::size_t>(shard_));
       cast_n<Space>(shard_params_.data(), shard_working_.data(), shard_);
     }
+    resident_chunks_.resize(this->chunks_.size());
   }
 
-  // ---- hooks: stage 3 gathers parameters around each bucket; every stage launches bucket reductions.
+  // ---- the program: ZeRO-3 per step holds a chunk's parameters from unshard to reshard.
+  void unshard(int c) {
+    if constexpr (Stage == 3) {
+      if (!per_step_) return;
+      const auto [lo, hi] = chunk_range(c);
+      if (hi <= lo) return;
+      auto& at = resident_chunks_[static_cast<std::size_t>(c)];
+      at.resize(static_cast<std::size_t>(hi - lo));
+      resident_bytes_ += (hi - lo) * static_cast<std::int64_t>(sizeof(T));
+      peak_resident_ = std::max(peak_resident_, resident_bytes_);
+      this->order_after_compute();
+      std::vector<comm::request> rs;
+      for (const auto& bk : buckets_)
+        if (this->chunk_of(bk) == c)
+          for (const auto& rn : bk.runs)
+            rs.push_back(this->group(rn).iall_gather(std::span<const T>(working_shard() + rn.shard_offset, rn.part),
+                                                     std::span<T>(at.data() + (rn.lo - lo), rn.hi - rn.lo)));
+      for (auto& r : rs) r.wait();
+      const auto& L = net_.layout();
+      for (std::size_t s = 0; s < L.slots.size(); ++s)
+        if (L.slots[s].offset >= lo && L.slots[s].offset < hi) net_.set_param_pointer(s, at.data() + (L.slots[s].offset - lo));
+    }
+  }
+  void reshard(int c) {
+    if constexpr (Stage == 3) {
+      if (!per_step_) return;
+      auto& at = resident_chunks_[static_cast<std::size_t>(c)];
+      resident_bytes_ -= static_cast<std::int64_t>(at.size() * sizeof(T));
+      at = buffer<T, Space>();
+    }
+  }
+
+  // ---- hooks: per micro-batch, stage 3 gathers parameters around each bucket; every stage launches bucket
+  // reductions (the program hands the hooks to the backward passes that reduce).
   void before_forward(std::size_t layer) override {
     if constexpr (Stage == 3) {
+      if (per_step_) return;
       const int b = layer_bucket_[layer];
       if (b < 0 || b == current_) return;
       current_ = b;
@@ -62,6 +102,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     }
   }
   void before_backward(std::size_t layer) override {
+    if (per_step_) return;
     const int b = layer_bucket_[layer];
     if (b < 0 || layer != buckets_[static_cast<std::size_t>(b)].last_layer) return;
     if constexpr (Stage == 3) {
@@ -69,7 +110,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
       ensure_gathered(b);
       prefetch(b + 1);  // backward walks buckets upwards
     }
-    if constexpr (Stage >= 2) {
+    if (streams()) {
       // The staging buffer this bucket takes may still be in flight for bucket b − 2.
       const auto slot = static_cast<std::size_t>(b % 2);
       complete_reduce(reduce_[slot]);
@@ -86,42 +127,54 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     const int b = this->bucket_index(*bk);
     (*log_)(event_kind::bucket_launch, b);
     this->order_after_compute();  // the bucket's gradients come from kernels still in the queue
-    if constexpr (Stage == 1) {
-      pending_.push_back({comm_.ireduce_scatter(std::span<const T>(net_.grads().data() + bk->lo, bk->hi - bk->lo),
-                                                std::span<T>(shard_grads_.data() + bk->shard_offset, bk->part),
-                                                comm::reduce_op::sum),
-                          b, false});
-    } else {
-      const auto slot = static_cast<std::size_t>(b % 2);
-      T* out = shard_grads_.data() + bk->shard_offset;
-      if (this->backward_index_ > 0) {  // later backward passes reduce aside and add into the shard when done
-        shard_tmp_.resize(static_cast<std::size_t>(shard_));
-        out = shard_tmp_.data() + bk->shard_offset;
-      }
-      reduce_[slot] = {comm_.ireduce_scatter(std::span<const T>(staging_[slot].data(), bk->hi - bk->lo),
-                                             std::span<T>(out, bk->part), comm::reduce_op::sum),
-                       b, false};
+    typename base::inflight f{.r = {}, .bucket = b, .seen = false};
+    if (!streams()) {  // whole gradients: each run's part lands in the shard
+      for (const auto& rn : bk->runs)
+        f.r.push_back(this->group(rn).ireduce_scatter(std::span<const T>(net_.grads().data() + rn.lo, rn.hi - rn.lo),
+                                                      std::span<T>(shard_grads_.data() + rn.shard_offset, rn.part),
+                                                      comm::reduce_op::sum));
+      pending_.push_back(std::move(f));
+      return;
     }
+    const auto slot = static_cast<std::size_t>(b % 2);
+    T* out = shard_grads_.data();
+    if (!this->first_) {  // later backward passes reduce aside and add into the shard when done
+      shard_tmp_.resize(static_cast<std::size_t>(shard_));
+      out = shard_tmp_.data();
+    }
+    for (const auto& rn : bk->runs)
+      f.r.push_back(this->group(rn).ireduce_scatter(std::span<const T>(staging_[slot].data() + (rn.lo - bk->lo), rn.hi - rn.lo),
+                                                    std::span<T>(out + rn.shard_offset, rn.part), comm::reduce_op::sum));
+    reduce_[slot] = std::move(f);
   }
-  void finish() {
+  // Waits for the reductions in flight; the chunk's last (final) one sums its shard over the replicas.
+  void reduce(int c, bool final) {
     for (auto& f : pending_) this->complete(f);
     pending_.clear();
     for (auto& f : reduce_) complete_reduce(f);
     current_ = -1;
+    if (final) this->reduce_replicas(c, shard_grads_.data());
+  }
+  // This rank's part of slot s's run (a tied slot is a run alone, so both copies' parts cover the same elements).
+  std::span<T> grad_piece(std::size_t s) {
+    const auto& rn = this->run_of(s);
+    return {shard_grads_.data() + rn.shard_offset, static_cast<std::size_t>(rn.part)};
   }
 
-  // skip[s]: leave slot s out (a tensor rank's copy of a parameter that rank 0 counts).
+  // The squares of what this rank owns, but slots with skip[s] set (a tensor rank's copy of a parameter that
+  // tensor rank 0 counts, a tied copy): summed over the world, each element counts once (replicas but the first
+  // count nothing).
   double grad_squared_norm(const std::vector<bool>& skip = {}) {
-    double n = optim::squared_norm<Space>(shard_grads_.data(), shard_);
-    if (!skip.empty())
-      for (const auto& p : this->owned_pieces(this->rank_))
-        if (skip[p.slot]) n -= optim::squared_norm<Space>(shard_grads_.data() + p.shard, p.end - p.begin);
+    if (!this->writes_checkpoint()) return 0;
+    double n = 0;
+    for (const auto& p : this->owned_pieces())
+      if (skip.empty() || !skip[p.slot]) n += optim::squared_norm<Space>(shard_grads_.data() + p.shard, p.end - p.begin);
     return n;
   }
   bool has_overflow() const { return optim::has_nonfinite<Space>(shard_grads_.data(), shard_); }
 
   // One fused pass per range: unscale and clip, the update of the float weights, and under mixed
-  // precision the cast into the working copy; stages 1 and 2 then gather every bucket's parts.
+  // precision the cast into the working copy; stages 1 and 2 then gather every run's parts.
   void update(Optimizer& opt, float lr, std::int64_t t, float grad_scale) {
     if constexpr (Stage == 3) {
       optim::step_args a{.n = shard_, .w = shard_params_.data(), .g = shard_grads_.data(), .state = state_.pointers(),
@@ -130,22 +183,24 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
       opt.template update<Space>(a);
       resident_ = {-1, -1};  // gathered copies are stale now
     } else {
-      for (const auto& bk : buckets_) {
-        std::array<float*, Optimizer::state_slots> st{};
-        for (int s = 0; s < Optimizer::state_slots; ++s) st[s] = state_.pointers()[s] + bk.shard_offset;
-        T* w = net_.params().data() + bk.lo;
-        optim::step_args a{.n = bk.part, .g = shard_grads_.data() + bk.shard_offset, .state = st.data(), .step = t,
-                           .lr = lr, .grad_scale = grad_scale};
-        if constexpr (mixed) {
-          a.w = shard_params_.data() + bk.shard_offset;  // float master shard
-          a.working = w + rank_ * bk.part;
-        } else {
-          a.w = w + rank_ * bk.part;
+      for (const auto& bk : buckets_)
+        for (const auto& rn : bk.runs) {
+          std::array<float*, Optimizer::state_slots> st{};
+          for (int s = 0; s < Optimizer::state_slots; ++s) st[s] = state_.pointers()[s] + rn.shard_offset;
+          T* w = net_.params().data() + rn.lo;
+          const std::int64_t mine = this->rank_in(rn) * rn.part;
+          optim::step_args a{.n = rn.part, .g = shard_grads_.data() + rn.shard_offset, .state = st.data(), .step = t,
+                             .lr = lr, .grad_scale = grad_scale};
+          if constexpr (mixed) {
+            a.w = shard_params_.data() + rn.shard_offset;  // float master shard
+            a.working = w + mine;
+          } else {
+            a.w = w + mine;
+          }
+          opt.template update<Space>(a);
+          this->order_after_compute();  // the update kernels wrote this rank's part
+          this->group(rn).all_gather(std::span<T>(w, rn.hi - rn.lo));  // in place: this rank's part is at rank·part
         }
-        opt.template update<Space>(a);
-        this->order_after_compute();  // the update kernels wrote this rank's part
-        comm_.all_gather(std::span<T>(w, bk.hi - bk.lo));  // in place: this rank's part is at rank·part
-      }
     }
   }
 
@@ -154,10 +209,12 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     std::vector<float> full(total);
     if constexpr (sharded_master) {
       buffer<float, Space> gathered(total);  // collectives work in the trainer's space
+      fill_n<Space>(gathered.data(), net_.layout().total, 0.f);
       this->order_after_compute();
       for (const auto& bk : buckets_)
-        comm_.all_gather(std::span<const float>(shard_params_.data() + bk.shard_offset, bk.part),
-                         std::span<float>(gathered.data() + bk.lo, bk.hi - bk.lo));
+        for (const auto& rn : bk.runs)
+          this->group(rn).all_gather(std::span<const float>(shard_params_.data() + rn.shard_offset, rn.part),
+                                     std::span<float>(gathered.data() + rn.lo, rn.hi - rn.lo));
       dml::copy_n(gathered.data(), total, full.data());
     } else {
       dml::copy_n(net_.params().data(), total, full.data());
@@ -167,8 +224,9 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
   void load_parameters(std::span<const float> full) {
     if constexpr (sharded_master) {
       for (const auto& bk : buckets_)
-        dml::copy_n(full.data() + bk.lo + rank_ * bk.part, static_cast<std::size_t>(bk.part),
-                    shard_params_.data() + bk.shard_offset);
+        for (const auto& rn : bk.runs)
+          dml::copy_n(full.data() + rn.lo + this->rank_in(rn) * rn.part, static_cast<std::size_t>(rn.part),
+                      shard_params_.data() + rn.shard_offset);
     } else {
       dml::copy_n(full.data(), full.size(), net_.params().data());
     }
@@ -180,29 +238,34 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     if constexpr (mixed && Stage == 3) {
       cast_n<Space>(shard_params_.data(), shard_working_.data(), shard_);
     } else if constexpr (mixed) {  // cast this rank's parts, then gather every part
-      for (const auto& bk : buckets_) {
-        T* w = net_.params().data() + bk.lo;
-        cast_n<Space>(shard_params_.data() + bk.shard_offset, w + rank_ * bk.part, bk.part);
-        this->order_after_compute();
-        comm_.all_gather(std::span<T>(w, bk.hi - bk.lo));
-      }
+      for (const auto& bk : buckets_)
+        for (const auto& rn : bk.runs) {
+          T* w = net_.params().data() + rn.lo;
+          cast_n<Space>(shard_params_.data() + rn.shard_offset, w + this->rank_in(rn) * rn.part, rn.part);
+          this->order_after_compute();
+          this->group(rn).all_gather(std::span<T>(w, rn.hi - rn.lo));
+        }
     }
   }
 
+  // Bytes held for the run, and at their peak the transient ones: staging and gather buffers per micro-batch;
+  // per step, whole gradients for the step (ZeRO-1's), and under stage 3 the parameters of the chunks resident
+  // at once (one chunk per rank without interleaving).
   memory_report memory() const {
     const auto& L = net_.layout();
     const std::int64_t w = sizeof(T), f = sizeof(float);
     memory_report m{.numel = L.numel, .padded = L.total};
     m.params = (Stage == 3 ? shard_ : L.total) * w;  // the working copy (fp32: the only copy)
-    m.grads = (Stage >= 2 ? shard_ : L.total) * w;
+    m.grads = (streams() ? shard_ : L.total) * w;
     // Optimizer state, and under mixed precision the float master weights that go with it.
     m.optimizer = state_.bytes() + (mixed ? static_cast<std::int64_t>(shard_params_.size()) * f : 0);
     m.buffers = static_cast<std::int64_t>((staging_[0].size() + staging_[1].size() + gathered_[0].size() +
-                                           gathered_[1].size() + shard_tmp_.size()) * sizeof(T));
+                                           gathered_[1].size() + shard_tmp_.size()) * sizeof(T)) +
+                (Stage == 3 && per_step_ ? std::max(peak_resident_, resident_peak_estimate()) : 0);
     return m;
   }
 
-  // Checkpoints: a rank writes and reads its part of every bucket (fp32 stages 1 and 2 hold whole
+  // Checkpoints: a rank writes and reads its part of every run (fp32 stages 1 and 2 hold whole
   // parameters, so they read those whole).
   float* held(int k, const owned_piece& p) {
     if (k >= 0) return state_.slot(k).data() + p.shard;
@@ -216,8 +279,26 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
   }
 
  private:
+  bool streams() const { return Stage >= 2 && !per_step_; }
   void complete_reduce(typename base::inflight& f) {
-    if constexpr (Stage >= 2) this->complete(f, shard_grads_.data(), shard_tmp_.data());
+    if (streams()) this->complete(f, shard_grads_.data(), shard_tmp_.data(), !this->first_);
+  }
+  // The flat range of chunk c's parameters.
+  std::pair<std::int64_t, std::int64_t> chunk_range(int c) const {
+    const auto& L = net_.layout();
+    const auto r = this->chunks_[static_cast<std::size_t>(c)];
+    const std::size_t s0 = L.first_slot[r.first], s1 = L.first_slot[r.end];
+    if (s0 == s1) return {0, 0};
+    return {L.slots[s0].offset, s1 < L.slots.size() ? L.slots[s1].offset : L.total};
+  }
+  // Before the first step: the largest chunk, which a step will hold resident.
+  std::int64_t resident_peak_estimate() const {
+    std::int64_t most = 0;
+    for (std::size_t c = 0; c < this->chunks_.size(); ++c) {
+      const auto [lo, hi] = chunk_range(static_cast<int>(c));
+      most = std::max(most, hi - lo);
+    }
+    return most * static_cast<std::int64_t>(sizeof(T));
   }
   // ZeRO-3 gathers the working copy of the shard (the float master itself in fp32).
   const T* working_shard() const {
@@ -233,16 +314,23 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
   void gather(int b, bool async) {
     const auto& bk = buckets_[static_cast<std::size_t>(b)];
     const auto slot = static_cast<std::size_t>(b % 2);
-    auto send = std::span<const T>(working_shard() + bk.shard_offset, bk.part);
-    auto recv = std::span<T>(gathered_[slot].data(), bk.hi - bk.lo);
     this->order_after_compute();  // the slot may still be read by kernels of the bucket it held
-    if (async) gather_req_[slot] = comm_.iall_gather(send, recv);
-    else comm_.all_gather(send, recv);
+    gather_req_[slot].clear();
+    for (const auto& rn : bk.runs) {
+      auto send = std::span<const T>(working_shard() + rn.shard_offset, rn.part);
+      auto recv = std::span<T>(gathered_[slot].data() + (rn.lo - bk.lo), rn.hi - rn.lo);
+      if (async) gather_req_[slot].push_back(this->group(rn).iall_gather(send, recv));
+      else this->group(rn).all_gather(send, recv);
+    }
     resident_[slot] = b;
+  }
+  void wait_gather(std::size_t slot) {
+    for (auto& r : gather_req_[slot]) r.wait();
+    gather_req_[slot].clear();
   }
   void ensure_gathered(int b) {
     const auto slot = static_cast<std::size_t>(b % 2);
-    if (resident_[slot] == b) gather_req_[slot].wait();
+    if (resident_[slot] == b) wait_gather(slot);
     else gather(b, false);
     point_params(b);
   }
@@ -250,7 +338,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     if (b < 0 || b >= static_cast<int>(buckets_.size())) return;
     const auto slot = static_cast<std::size_t>(b % 2);
     if (resident_[slot] == b) return;
-    gather_req_[slot].wait();
+    wait_gather(slot);
     gather(b, true);
   }
 
@@ -258,18 +346,40 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
   buffer<T, Space> shard_grads_, shard_tmp_, shard_working_;
   buffer<T, Space> staging_[2], gathered_[2];
   std::array<int, 2> resident_{-1, -1};
-  comm::request gather_req_[2];
+  std::vector<comm::request> gather_req_[2];
+  std::vector<buffer<T, Space>> resident_chunks_;  // per step: each chunk's parameters while resident
+  std::int64_t resident_bytes_ = 0, peak_resident_ = 0;
 };
 
 }  // namespace detail
 
-// ZeRO stage 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters).
+// ZeRO stage 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters), over every data-parallel rank.
 template <int Stage>
 struct zero {
   static_assert(1 <= Stage && Stage <= 3, "dml::parallel::zero<Stage>: Stage is 1, 2 or 3");
   using policy_family = sharding_family;
   static constexpr int stage = Stage;
+  static constexpr bool hybrid_sharding = false;
   static constexpr const char* name = Stage == 1 ? "zero1" : Stage == 2 ? "zero2" : "zero3";
+  static constexpr bool shards_optimizer_state = true, shards_gradients = Stage >= 2, shards_parameters = Stage == 3;
+  template <class Space, class Comm, class Optimizer, class Precision, class Net>
+  using sync = detail::zero_sync<Stage, Space, Comm, Optimizer, Precision, Net>;
+};
+
+// Hybrid sharding (HSDP, MiCS): the data-parallel ranks form `replicas` replicas (trainer_options::replicas,
+// a run-time degree); ZeRO shards within each replica and the replicas hold the same shards, whose gradients
+// sum over the replicas once per step. Gathers stay within a replica.
+template <class Sharding>
+struct hybrid {
+  static_assert(sizeof(Sharding) == 0, "dml::parallel::hybrid<S>: S is zero<1>, zero<2> or zero<3> (replicate "
+                                       "already holds everything on every rank)");
+};
+template <int Stage>
+struct hybrid<zero<Stage>> {
+  using policy_family = sharding_family;
+  static constexpr int stage = Stage;
+  static constexpr bool hybrid_sharding = true;
+  static constexpr const char* name = Stage == 1 ? "hybrid_zero1" : Stage == 2 ? "hybrid_zero2" : "hybrid_zero3";
   static constexpr bool shards_optimizer_state = true, shards_gradients = Stage >= 2, shards_parameters = Stage == 3;
   template <class Space, class Comm, class Optimizer, class Precision, class Net>
   using sync = detail::zero_sync<Stage, Space, Comm, Optimizer, Precision, Net>;

@@ -3,6 +3,7 @@
 // Sits on train/checkpoint.hpp (the format) and the sharding_sync interface of parallel/sharding.hpp.
 #pragma once
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <span>
@@ -13,7 +14,6 @@
 #include "dml/nn/network.hpp"
 #include "dml/optim/loss_scaler.hpp"
 #include "dml/parallel/buckets.hpp"
-#include "dml/parallel/pipeline.hpp"
 #include "dml/train/checkpoint.hpp"
 
 namespace dml::train::detail {
@@ -55,10 +55,10 @@ inline std::int64_t take_trainer_meta(checkpoint_info& info, optim::loss_scaler*
 }
 
 // Elements [begin, end) of a slot as ranges of the whole parameter: f(whole_begin, whole_end, local_begin) for
-// each run. A tensor-parallel part (`shard` of tensor rank tp_rank) maps to several runs, a whole one to one.
+// each run. A part of a split parameter (tensor or expert parallelism; the slot's shard says which part) maps
+// to several runs, a whole one to one.
 template <class F>
-void whole_runs(nn::param_shard shard, int tp_rank, std::int64_t begin, std::int64_t end, F&& f) {
-  shard.rank = shard.tensor_sharded() ? tp_rank : 0;
+void whole_runs(const nn::param_shard& shard, std::int64_t begin, std::int64_t end, F&& f) {
   for (std::int64_t i = begin; i < end;) {
     const std::int64_t w = shard.whole_index(i);
     std::int64_t j = i + 1;
@@ -67,63 +67,72 @@ void whole_runs(nn::param_shard shard, int tp_rank, std::int64_t begin, std::int
     i = j;
   }
 }
-// Tensor ranks other than 0 hold copies of the parameters that are not split: only rank 0 writes them.
+// Tensor ranks other than 0 hold copies of the parameters that tensor parallelism does not split (experts
+// included: they are whole on every tensor rank): only rank 0 writes them.
 inline bool writes_slot(const nn::param_slot& s, int tp_rank) { return tp_rank == 0 || s.spec.shard.tensor_sharded(); }
 
-// The (tensor, element range) pieces that data-parallel rank r of a stage (tensor rank tp_rank) writes: its
-// part of every bucket, parameters (k = −1) and each state slot, as whole-parameter ranges, in the order
-// save_sharded passes their data.
-template <int StateSlots>
-std::vector<checkpoint_range> checkpoint_pieces(const nn::param_layout& L, std::span<const parallel::bucket> buckets, int r,
-                                                int tp_rank = 0) {
-  std::vector<checkpoint_range> out;
-  for (const auto& p : parallel::owned_pieces(L, buckets, r)) {
-    const auto& slot = L.slots[p.slot];
-    if (!writes_slot(slot, tp_rank)) continue;
-    for (int k = -1; k < StateSlots; ++k)
-      whole_runs(slot.spec.shard, tp_rank, p.begin, p.end, [&](std::int64_t b, std::int64_t e, std::int64_t) {
-        out.push_back({checkpoint_tensor_name(k, slot.name), b, e});
-      });
+// Every rank's ranges, from each rank's own: one all_gather of counts, one of (tensor, begin, end) triples
+// padded to the longest list. A tensor travels as its index among `names`.
+template <class Space, class Comm>
+std::vector<std::vector<checkpoint_range>> gather_ranges(Comm& comm, const std::vector<checkpoint_range>& mine,
+                                                         const std::vector<std::string>& names) {
+  const auto n = static_cast<std::size_t>(comm.size());
+  buffer<std::int64_t, Space> count(1), counts(n);
+  const auto own = static_cast<std::int64_t>(mine.size());
+  dml::copy_n(&own, 1, count.data());
+  comm.all_gather(std::span<const std::int64_t>(count.data(), 1), counts.span());
+  std::vector<std::int64_t> sizes(n);
+  dml::copy_n(counts.data(), n, sizes.data());
+  const auto most = static_cast<std::size_t>(std::max<std::int64_t>(1, *std::ranges::max_element(sizes)));
+  std::vector<std::int64_t> triples(3 * most, 0);
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    const auto at = std::ranges::find(names, mine[i].tensor);
+    triples[3 * i] = at - names.begin();
+    triples[3 * i + 1] = mine[i].begin;
+    triples[3 * i + 2] = mine[i].end;
   }
-  return out;
-}
-
-// Every rank's pieces of a tp × dp × pp run, in world-rank order (tensor rank fastest, then dp): each stage's
-// layout and buckets, made as that stage's ranks made them (tensor ranks' parts have equal shapes).
-template <int StateSlots, class Net>
-std::vector<std::vector<checkpoint_range>> every_rank_pieces(const Net& net, const parallel::pipeline_options& o,
-                                                             int dp, std::int64_t bucket_target, int tp = 1) {
-  std::vector<std::vector<checkpoint_range>> out;
-  for (int p = 0; p < o.stages; ++p) {
-    const auto chunks = parallel::stage_chunks<Net>(net.model(), o, p);
-    const auto layout = nn::make_layout(net.model(), net.layout().padding_unit, chunks);
-    const auto plan = parallel::make_buckets(layout, net.depth(), bucket_target, dp, chunks);
-    for (int d = 0; d < dp; ++d)
-      for (int t = 0; t < tp; ++t) out.push_back(checkpoint_pieces<StateSlots>(layout, plan.buckets, d, t));
-  }
-  return out;
-}
-
-// Every rank writes the elements of its part of each bucket of its stage, params and state alike: 1/N
-// of the model under every sharding, each element once (replicate holds everything but writes its part
-// only). ranges: every rank of comm's pieces (checkpoint_pieces); dp_rank: this rank's within its stage.
-template <class Space, int StateSlots, class Comm, class Sync>
-void save_sharded(Comm& comm, Sync& sync, int dp_rank, const std::filesystem::path& dir, checkpoint_info info,
-                  const std::vector<std::vector<checkpoint_range>>& ranges, const nn::param_layout& L, int tp_rank = 0) {
-  std::vector<const float*> data;
-  for (const auto& p : sync.owned_pieces(dp_rank)) {
-    const auto& slot = L.slots[p.slot];
-    if (!writes_slot(slot, tp_rank)) continue;
-    for (int k = -1; k < StateSlots; ++k) {
-      const float* held = sync.held(k, p);
-      whole_runs(slot.spec.shard, tp_rank, p.begin, p.end,
-                 [&](std::int64_t, std::int64_t, std::int64_t local) { data.push_back(held + (local - p.begin)); });
+  buffer<std::int64_t, Space> send(3 * most), all(3 * most * n);
+  dml::copy_n(triples.data(), triples.size(), send.data());
+  comm.all_gather(std::span<const std::int64_t>(send.data(), 3 * most), all.span());
+  std::vector<std::int64_t> every(3 * most * n);
+  dml::copy_n(all.data(), every.size(), every.data());
+  std::vector<std::vector<checkpoint_range>> out(n);
+  for (std::size_t r = 0; r < n; ++r)
+    for (std::int64_t i = 0; i < sizes[r]; ++i) {
+      const auto* t = every.data() + 3 * (most * r + static_cast<std::size_t>(i));
+      out[r].push_back({names.at(static_cast<std::size_t>(t[0])), t[1], t[2]});
     }
-  }
+  return out;
+}
+
+// Every rank writes the elements it owns (parallel/buckets.hpp): its part of each run of its stage, params and
+// state alike, under every sharding; tensor ranks but 0 leave out the copies they share, replicas but the first
+// write nothing. Each element is written once, whatever the layout; each rank describes its own ranges and the
+// descriptions are gathered.
+template <class Space, int StateSlots, class Comm, class Sync>
+void save_sharded(Comm& comm, Sync& sync, const std::filesystem::path& dir, checkpoint_info info,
+                  const nn::param_layout& L, int tp_rank = 0) {
+  std::vector<const float*> data;
+  std::vector<checkpoint_range> mine;
+  if (sync.writes_checkpoint())
+    for (const auto& p : sync.owned_pieces()) {
+      const auto& slot = L.slots[p.slot];
+      if (!writes_slot(slot, tp_rank)) continue;
+      for (int k = -1; k < StateSlots; ++k) {
+        const float* held = sync.held(k, p);
+        whole_runs(slot.spec.shard, p.begin, p.end, [&](std::int64_t b, std::int64_t e, std::int64_t local) {
+          mine.push_back({checkpoint_tensor_name(k, slot.name), b, e});
+          data.push_back(held + (local - p.begin));
+        });
+      }
+    }
+  std::vector<std::string> names;
+  for (int k = -1; k < StateSlots; ++k)
+    for (const auto& m : info.model) names.push_back(checkpoint_tensor_name(k, m.name));
+  const auto ranges = gather_ranges<Space>(comm, mine, names);
   // The writer reads host memory: a device trainer stages its pieces first.
   std::vector<std::vector<float>> staged;
   if constexpr (!std::same_as<Space, host>) {
-    const auto& mine = ranges[static_cast<std::size_t>(comm.rank())];
     for (std::size_t i = 0; i < data.size(); ++i) {
       staged.emplace_back(static_cast<std::size_t>(mine[i].end - mine[i].begin));
       dml::copy_n(data[i], staged.back().size(), staged.back().data());
@@ -136,13 +145,13 @@ void save_sharded(Comm& comm, Sync& sync, int dp_rank, const std::filesystem::pa
 // Reads what this layout holds: whole parameters or state where the sharding keeps them whole, else
 // the rank's pieces. Everything lands in scratch first, so a failed load leaves the sharding as it was.
 template <int StateSlots, class Comm, class Sync>
-checkpoint_info load_sharded(Comm& comm, Sync& sync, int dp_rank, const nn::param_layout& L,
-                             const std::filesystem::path& dir, const checkpoint_info& want, int tp_rank = 0) {
-  const auto mine = sync.owned_pieces(dp_rank);
+checkpoint_info load_sharded(Comm& comm, Sync& sync, const nn::param_layout& L, const std::filesystem::path& dir,
+                             const checkpoint_info& want) {
+  const auto mine = sync.owned_pieces();
   std::vector<checkpoint_range> need;
   std::vector<float*> dst;
   auto add = [&](int k, const nn::param_slot& s, std::int64_t begin, std::int64_t end, float* to) {
-    whole_runs(s.spec.shard, tp_rank, begin, end, [&](std::int64_t b, std::int64_t e, std::int64_t local) {
+    whole_runs(s.spec.shard, begin, end, [&](std::int64_t b, std::int64_t e, std::int64_t local) {
       need.push_back({checkpoint_tensor_name(k, s.name), b, e});
       dst.push_back(to + (local - begin));
     });

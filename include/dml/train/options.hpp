@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/train/options.hpp — what a trainer is told (trainer_options) and what a step returns (step_result).
-// Sits on core/; train/trainer.hpp reads them.
+// Sits on parallel/routing.hpp; train/trainer.hpp reads them.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "dml/parallel/routing.hpp"
 
 namespace dml::train {
 
@@ -41,21 +43,13 @@ struct trainer_options {
   // and attention runs as ring attention over the group. Ranks of a group pass the same rows to step().
   int context_parallel = 1;
   bool cp_zigzag = true;
+  // Hybrid sharding (parallel::hybrid<zero<S>>): the data-parallel ranks form `replicas` replicas of
+  // consecutive ranks; ZeRO shards within each and the replicas' shards sum their gradients once per step.
+  // Above 1 only with a hybrid sharding.
+  int replicas = 1;
 };
 
-// What the mixture-of-experts layers did in a step: summed over the step's micro-batches and MoE layers (over
-// every pipeline stage), the same on every rank. Empty for a model without one.
-struct routing_summary {
-  double aux_loss = 0, z_loss = 0;  // unweighted by their loss weights; each micro-batch's by its share of the batch
-  std::vector<std::int64_t> tokens{}, dropped{};  // per expert: top-k assignments routed to it, and those dropped
-  std::int64_t a2a_bytes = 0;                 // this rank's all-to-all payload sent in forward
-  // Load imbalance: the busiest expert's tokens over the mean (1: perfectly even).
-  double imbalance() const {
-    std::int64_t most = 0, sum = 0;
-    for (auto t : tokens) most = t > most ? t : most, sum += t;
-    return sum > 0 ? static_cast<double>(most) * static_cast<double>(tokens.size()) / static_cast<double>(sum) : 0.0;
-  }
-};
+using parallel::routing_summary;
 
 struct step_result {
   float loss = 0.f;        // mean over the global batch, the same on every rank (every stage too)

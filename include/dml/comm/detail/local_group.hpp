@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/comm/detail/local_group.hpp — what the ranks of one comm::local group share: the world's abort flag and
+// timeout, the slots a collective publishes, queued messages and posted receives, and the barrier.
+// Sits on comm/communicator.hpp; used by comm/local.hpp and comm/detail/local_requests.hpp.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dml/comm/communicator.hpp"
+
+namespace dml::comm {
+
+namespace detail::local_impl {
+
+struct group;
+
+// What every group of one run() shares: the abort flag that reaches all waiters and the timeout.
+struct world {
+  std::chrono::milliseconds timeout;
+  std::atomic<bool> aborted{false};
+  std::mutex m;
+  std::string reason;
+  std::vector<std::weak_ptr<group>> groups;
+
+  explicit world(std::chrono::milliseconds t) : timeout(t) {}
+  void abort(const std::string& why);
+  std::string why() {
+    std::lock_guard lk(m);
+    return reason;
+  }
+};
+
+// What a rank publishes for one collective; peers read it between the two barriers.
+struct slot {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  std::size_t count = 0;   // elements of src
+  std::size_t rcount = 0;  // elements of dst
+  const std::size_t* counts = nullptr;   // v-forms: per-rank counts (send counts for all_to_allv)
+  const std::size_t* rcounts = nullptr;  // all_to_allv: receive counts
+  const void* type = nullptr;
+  int op = 0;
+  int root = 0;
+  int color = 0;
+  int key = 0;
+  std::shared_ptr<group>* out = nullptr;  // split: where the leader leaves the new group
+};
+
+// A receive posted before its message arrived; the sender copies straight into it. A sender claims it
+// (takes it off the posted list) under the group's lock, copies without the lock, and sets done under it.
+struct posted_recv {
+  int src = 0;
+  int tag = 0;
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  const void* type = nullptr;
+  bool claimed = false;
+  bool done = false;
+  std::string error;
+};
+// A message sent before its receive was posted: a copy, made without the group's lock.
+struct message {
+  int src;
+  int tag;
+  const void* type;
+  std::unique_ptr<std::byte[]> data;
+  std::size_t size = 0, capacity = 0;
+};
+
+template <class T>
+inline constexpr char type_tag = 0;  // its address identifies T across ranks
+
+struct group : std::enable_shared_from_this<group> {
+  int n;
+  std::shared_ptr<world> w;
+  std::mutex m;
+  std::condition_variable cv;
+  int arrived = 0;
+  std::uint64_t generation = 0;
+  std::vector<slot> slots;
+  std::vector<std::deque<message>> inbox;              // per destination rank
+  std::vector<std::list<posted_recv*>> posted;         // per destination rank, in posting order
+  // Buffers of large queued messages, kept for the next ones so steady traffic maps no fresh pages.
+  static constexpr std::size_t keep_from = std::size_t(64) << 10;
+  static constexpr std::size_t kept_at_most = 4;
+  std::vector<message> spare;
+
+  group(int size, std::shared_ptr<world> wd)
+      : n(size), w(std::move(wd)), slots(size), inbox(size), posted(size) {}
+
+  static std::shared_ptr<group> make(int size, const std::shared_ptr<world>& wd) {
+    auto g = std::make_shared<group>(size, wd);
+    std::lock_guard lk(wd->m);
+    wd->groups.push_back(g);
+    return g;
+  }
+
+  [[noreturn]] void fail_aborted(std::unique_lock<std::mutex>& lk, const char* op, int rank) {
+    lk.unlock();
+    fail<comm_error>("dml::comm::local: rank ", rank, " in ", op,
+                     ": the group was aborted (", w->why(), ")");
+  }
+
+  // Sleeps until pred() holds; throws comm_error on abort or when the timeout passes.
+  template <class Pred>
+  void wait(std::unique_lock<std::mutex>& lk, Pred pred, const char* op, int rank) {
+    const auto deadline = std::chrono::steady_clock::now() + w->timeout;
+    while (!pred()) {
+      if (w->aborted.load(std::memory_order_acquire)) fail_aborted(lk, op, rank);
+      if (cv.wait_until(lk, deadline) == std::cv_status::timeout && !pred()) {
+        if (w->aborted.load(std::memory_order_acquire)) fail_aborted(lk, op, rank);
+        lk.unlock();
+        const auto secs = std::chrono::duration<double>(w->timeout).count();
+        std::string msg = dml::detail::cat("dml::comm::local: rank ", rank, " of ", n, " waited more than ",
+                              secs, " s in ", op, " for its peers");
+        w->abort(msg);
+        throw comm_error(msg);
+      }
+    }
+  }
+
+  // Generation-counted: a rank that leaves and re-enters cannot be mistaken for a late arrival.
+  void barrier(const char* op, int rank) {
+    std::unique_lock lk(m);
+    if (w->aborted.load(std::memory_order_acquire)) fail_aborted(lk, op, rank);
+    const auto gen = generation;
+    if (++arrived == n) {
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+      return;
+    }
+    wait(lk, [&] { return generation != gen; }, op, rank);
+  }
+};
+
+inline void world::abort(const std::string& why) {
+  std::vector<std::shared_ptr<group>> gs;
+  {
+    std::lock_guard lk(m);
+    if (!aborted.load()) reason = why;
+    aborted.store(true, std::memory_order_release);
+    for (auto& g : groups)
+      if (auto p = g.lock()) gs.push_back(std::move(p));
+  }
+  // Notify under each group's mutex so a waiter is either before its predicate check or asleep.
+  for (auto& g : gs) {
+    std::lock_guard lk(g->m);
+    g->cv.notify_all();
+  }
+}
+
+// Ranks [lo, hi) of `count` that rank r reduces, cut at cache-line multiples so that no two
+// ranks write the same line.
+inline std::pair<std::size_t, std::size_t> share(std::size_t count, int n, int r, std::size_t elem) {
+  const std::size_t line = elem && 64 % elem == 0 ? 64 / elem : 1;
+  std::size_t per = (count + n - 1) / n;
+  per = (per + line - 1) / line * line;
+  const std::size_t lo = std::min(count, per * r);
+  return {lo, std::min(count, lo + per)};
+}
+
+}  // namespace detail::local_impl
+
+}  // namespace dml::comm

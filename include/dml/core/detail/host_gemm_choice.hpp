@@ -1,0 +1,258 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/core/detail/host_gemm_choice.hpp — which library runs a host f32 GEMM: oneDNN, OpenBLAS or BLIS, pinned by
+// DML_HOST_GEMM or measured per shape and kept in a per-machine file so every process chooses alike.
+// Sits on core/detail/host_onednn.hpp and core/detail/host_blas.hpp; used by core/gemm.hpp. Under nvcc: oneDNN only.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "dml/core/algorithm.hpp"
+#include "dml/core/detail/host_onednn.hpp"
+#include "dml/core/error.hpp"
+#include "dml/core/gemm_args.hpp"
+
+#if !defined(__CUDACC__)
+#  include <fcntl.h>
+#  include <sys/file.h>
+#  include <unistd.h>
+
+#  include <cstdio>
+#  include <filesystem>
+#  include <functional>
+
+#  include "dml/core/detail/host_blas.hpp"
+#endif
+
+namespace dml::detail {
+
+#if !defined(__CUDACC__)
+// C += bias, then ReLU, over an m×n block: what oneDNN fuses as post-ops, as one pass after a BLAS call.
+inline void host_bias_relu(float* c, std::int64_t m, std::int64_t n, std::int64_t ldc, const float* bias, bool relu) {
+  if (!bias && !relu) return;
+  for (std::int64_t i = 0; i < m; ++i) {
+    float* row = c + i * ldc;
+#  pragma omp simd
+    for (std::int64_t j = 0; j < n; ++j) {
+      const float v = row[j] + (bias ? bias[j] : 0.f);
+      row[j] = relu ? (v < 0.f ? 0.f : v) : v;
+    }
+  }
+}
+
+// f32 only; the caller checked that the library is loaded.
+inline void host_gemm_blas(host_gemm_library lib, const gemm_args& g) {
+  const auto& blas = host_blas::get();
+  const float* a = g.a.as<float>();
+  const float* b = g.b.as<float>();
+  float* c = g.c.as<float>();
+  if (lib == host_gemm_library::openblas) {
+    constexpr int row_major = 101, no_trans = 111, transpose = 112;
+    blas.openblas_sgemm(row_major, g.ta == trans::t ? transpose : no_trans, g.tb == trans::t ? transpose : no_trans,
+                        int(g.m), int(g.n), int(g.k), 1.f, a, int(g.lda), b, int(g.ldb), g.beta, c, int(g.ldc));
+  } else {
+    // Transposes as strides: op(A)[i,p] sits at i·rs + p·cs.
+    const float one = 1.f;
+    const std::int64_t rsa = g.ta == trans::n ? g.lda : 1, csa = g.ta == trans::n ? 1 : g.lda;
+    const std::int64_t rsb = g.tb == trans::n ? g.ldb : 1, csb = g.tb == trans::n ? 1 : g.ldb;
+    blas.blis_sgemm(0, 0, g.m, g.n, g.k, &one, a, rsa, csa, b, rsb, csb, &g.beta, c, g.ldc, 1);
+  }
+  host_bias_relu(c, g.m, g.n, g.ldc, g.bias.as<float>(), g.ep == epilogue::relu);
+}
+
+inline bool host_gemm_available(host_gemm_library lib) {
+  switch (lib) {
+    case host_gemm_library::onednn: return true;
+    case host_gemm_library::openblas: return host_blas::get().openblas_sgemm != nullptr;
+    case host_gemm_library::blis: return host_blas::get().blis_sgemm != nullptr;
+  }
+  return false;
+}
+
+inline void host_gemm_run(host_gemm_library lib, const gemm_args& g) {
+  if (lib == host_gemm_library::onednn) host_gemm_onednn(g);
+  else host_gemm_blas(lib, g);
+}
+
+// DML_HOST_GEMM pins every f32 GEMM to one library (onednn, openblas, blis); unset or "auto"
+// measures. Read once.
+inline std::optional<host_gemm_library> host_gemm_pinned() {
+  static const std::optional<host_gemm_library> pinned = [] () -> std::optional<host_gemm_library> {
+    const char* v = std::getenv("DML_HOST_GEMM");
+    if (!v || !*v || std::string_view(v) == "auto") return std::nullopt;
+    for (auto lib : host_gemm_all_libraries)
+      if (to_string(lib) == v) {
+        if (!host_gemm_available(lib))
+          fail("dml::gemm: DML_HOST_GEMM=", v, " asks for a library that could not be loaded here");
+        return lib;
+      }
+    fail<invalid_argument>("dml::gemm: expected DML_HOST_GEMM to be auto, onednn, openblas or blis, found '", v, "'");
+  }();
+  return pinned;
+}
+
+// Seconds of the fastest of a few runs of g on lib, into a scratch C.
+inline double host_gemm_time(host_gemm_library lib, const gemm_args& g) {
+  double best = 1e300;
+  for (int rep = 0; rep < 4; ++rep) {  // the first run warms caches and builds oneDNN's primitive
+    const auto t0 = std::chrono::steady_clock::now();
+    host_gemm_run(lib, g);
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) best = std::min(best, t);
+  }
+  return best;
+}
+
+// The "model name" line of /proc/cpuinfo, or "unknown".
+inline std::string cpu_model() {
+  std::FILE* f = std::fopen("/proc/cpuinfo", "r");
+  if (!f) return "unknown";
+  char line[512];
+  std::string model = "unknown";
+  while (std::fgets(line, sizeof line, f)) {
+    const std::string_view l(line);
+    if (l.starts_with("model name") && l.find(':') != std::string_view::npos) {
+      model = std::string(l.substr(l.find(':') + 1));
+      model.erase(0, model.find_first_not_of(" \t"));
+      while (!model.empty() && (model.back() == '\n' || model.back() == ' ')) model.pop_back();
+      break;
+    }
+  }
+  std::fclose(f);
+  return model;
+}
+
+// The library each measured shape runs on, kept in a file so that every process on this machine
+// multiplies a shape on the library that the first process to measure it chose: results stay
+// bit-identical from run to run (a resumed training run continues with the losses of an
+// uninterrupted one). One file per CPU model, library set and oneDNN ISA cap; an flock orders
+// processes that measure at once, and the first recorded choice wins. DML_HOST_GEMM_CACHE names the
+// file, or "off" keeps choices in memory; by default it lies under $XDG_CACHE_HOME or ~/.cache/dml.
+class host_gemm_choices {
+ public:
+  static host_gemm_choices& get() {
+    static host_gemm_choices c;
+    return c;
+  }
+  const std::string& path() const { return path_; }
+
+  // The choice on record for key, else measure()'s, recorded. Callers serialise calls.
+  template <class Measure>
+  host_gemm_library settle(const std::string& key, Measure&& measure) {
+    if (auto it = known_.find(key); it != known_.end()) return it->second;
+    const int fd = path_.empty() ? -1 : ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    const bool locked = fd >= 0 && ::flock(fd, LOCK_EX) == 0;
+    if (locked) read_records(fd);
+    auto it = known_.find(key);
+    if (it == known_.end()) {
+      it = known_.emplace(key, measure()).first;
+      const std::string line = key + " " + std::string(to_string(it->second)) + "\n";
+      if (locked && ::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+        path_.clear();  // a file we cannot write is not used again; the choice stays in memory
+    }
+    if (fd >= 0) ::close(fd);  // also releases the lock
+    return it->second;
+  }
+
+ private:
+  host_gemm_choices() {
+    const char* env = std::getenv("DML_HOST_GEMM_CACHE");
+    if (env && std::string_view(env) == "off") return;
+    std::filesystem::path file;
+    if (env && *env) {
+      file = env;
+    } else {
+      const char* xdg = std::getenv("XDG_CACHE_HOME");
+      const char* home = std::getenv("HOME");
+      if (xdg && *xdg) file = std::filesystem::path(xdg) / "dml";
+      else if (home && *home) file = std::filesystem::path(home) / ".cache" / "dml";
+      else return;
+      const auto& blas = host_blas::get();
+      const dnnl_version_t* v = dnnl_version();
+      const char* isa = std::getenv("ONEDNN_MAX_CPU_ISA");
+      const std::string id = cpu_model() + "|oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) +
+                             "." + std::to_string(v->patch) + "|" + blas.openblas_name + "|" + blas.blis_name + "|" +
+                             (isa ? isa : "");
+      char name[64];
+      std::snprintf(name, sizeof name, "host-gemm-%016zx.txt", std::hash<std::string>{}(id));
+      file /= name;
+    }
+    std::error_code ec;
+    if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path(), ec);
+    if (!ec) path_ = file.string();
+  }
+  // Lines "key library"; one that does not parse is skipped.
+  void read_records(int fd) {
+    std::string text;
+    char buf[4096];
+    ::lseek(fd, 0, SEEK_SET);
+    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) text.append(buf, static_cast<std::size_t>(n));
+    for (std::size_t pos = 0; pos < text.size();) {
+      const std::size_t eol = std::min(text.find('\n', pos), text.size());
+      const std::string_view line(text.data() + pos, eol - pos);
+      pos = eol + 1;
+      const std::size_t space = line.find(' ');
+      if (space == std::string_view::npos) continue;
+      for (auto lib : host_gemm_all_libraries)
+        if (line.substr(space + 1) == to_string(lib)) known_.emplace(std::string(line.substr(0, space)), lib);
+    }
+  }
+
+  std::string path_;
+  std::map<std::string, host_gemm_library> known_;
+};
+
+// The library that runs an f32 problem: measured on a scratch copy of C the first time any process
+// on this machine meets the shape (host_gemm_choices), then kept. Every rank thread of a process
+// takes the same choice. oneDNN (which fuses bias and ReLU) keeps a shape unless another library is
+// 5% faster. Only ranks with one thread measure: OpenBLAS's and BLIS's thread counts are
+// process-wide, while oneDNN's follow each rank's budget.
+inline host_gemm_library host_gemm_choose(const gemm_args& g) {
+  if (auto pinned = host_gemm_pinned()) return *pinned;
+  if (thread_budget() != 1 || (!host_gemm_available(host_gemm_library::openblas) &&
+                               !host_gemm_available(host_gemm_library::blis)))
+    return host_gemm_library::onednn;
+  const auto key = gemm_key(g);
+  thread_local std::map<dnnl_host_context::key, host_gemm_library> seen;
+  if (auto it = seen.find(key); it != seen.end()) return it->second;
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);  // one rank measures a shape while the others wait: no contention skews it
+  std::string code;
+  std::apply([&](auto... v) { ((code += std::to_string(static_cast<long long>(v)) + ","), ...); }, key);
+  code.pop_back();
+  const host_gemm_library lib = host_gemm_choices::get().settle(code, [&] {
+    std::vector<float> scratch(static_cast<std::size_t>(g.m * g.n));
+    gemm_args trial = g;
+    trial.c = scratch.data();
+    trial.ldc = g.n;
+    for (std::int64_t i = 0; g.beta != 0.f && i < g.m; ++i)
+      std::copy_n(g.c.as<float>() + i * g.ldc, g.n, scratch.data() + i * g.n);
+    auto best = host_gemm_library::onednn;
+    double best_t = host_gemm_time(best, trial) / 1.05;
+    for (auto l : {host_gemm_library::openblas, host_gemm_library::blis}) {
+      if (!host_gemm_available(l)) continue;
+      if (const double t = host_gemm_time(l, trial); t < best_t) {
+        best = l;
+        best_t = t;
+      }
+    }
+    return best;
+  });
+  seen.emplace(key, lib);
+  return lib;
+}
+
+#else
+inline host_gemm_library host_gemm_choose(const gemm_args&) { return host_gemm_library::onednn; }
+inline void host_gemm_run(host_gemm_library, const gemm_args& g) { host_gemm_onednn(g); }
+#endif
+
+}  // namespace dml::detail

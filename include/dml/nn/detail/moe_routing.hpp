@@ -1,0 +1,237 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/nn/detail/moe_routing.hpp — how nn::moe routes, on the host: softmax and top-k, global counts over the batch,
+// capacity and drops, the auxiliary losses, the dispatch order and counts exchange, and the router's gradient.
+// Sits on nn/moe.hpp, which declares these members; used by nn/moe.hpp, which includes it at its end (included
+// alone, it includes nn/moe.hpp first).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "dml/nn/moe.hpp"
+
+namespace dml::nn {
+
+// Softmax and top-k of each token's logits (probs holds the logits on entry), ties to the lower expert.
+inline void moe::route(const plan_view& v, std::int64_t n) const {
+  const std::int64_t E = cfg.experts, K = cfg.top_k;
+  const bool biased = !cfg.logit_bias.empty();
+  for (std::int64_t t = 0; t < n; ++t) {
+    float* l = v.probs + t * E;
+    if (biased)
+      for (std::int64_t e = 0; e < E; ++e) l[e] += cfg.logit_bias[static_cast<std::size_t>(e)];
+    std::int64_t e0 = 0;
+    for (std::int64_t e = 1; e < E; ++e)
+      if (l[e] > l[e0]) e0 = e;
+    std::int64_t e1 = e0 == 0 ? 1 : 0;
+    if (K == 2)
+      for (std::int64_t e = e1 + 1; e < E; ++e)
+        if (e != e0 && l[e] > l[e1]) e1 = e;
+    const float m = l[e0];
+    float s = 0.f;
+    for (std::int64_t e = 0; e < E; ++e) s += (l[e] = std::exp(l[e] - m));
+    for (std::int64_t e = 0; e < E; ++e) l[e] /= s;
+    v.lse[t] = m + std::log(s);
+    v.expert[t * K] = e0;
+    if (K == 1) {
+      v.gate[t] = l[e0];
+    } else {
+      v.expert[t * K + 1] = e1;
+      const float p0 = l[e0], p1 = l[e1];
+      v.gate[t * K] = p0 / (p0 + p1);
+      v.gate[t * K + 1] = p1 / (p0 + p1);
+    }
+  }
+}
+
+// Where this rank's tokens sit in the global micro-batch: ranks of the data group in order, then (sequence
+// parallel) of the tensor group.
+inline int moe::stat_ranks(const context& c) const {
+  return (c.data ? c.data->size() : 1) * (sequence() ? c.tp->size() : 1);
+}
+inline int moe::stat_rank(const context& c) const {
+  return (c.data ? c.data->rank() : 0) * (sequence() ? c.tp->size() : 1) + (sequence() ? c.tp->rank() : 0);
+}
+inline void moe::sum_over_batch(const context& c, std::vector<double>& s) const {
+  const auto n = static_cast<std::int64_t>(s.size());
+  if (c.data && c.data->size() > 1) c.data->all_reduce_sum(s.data(), n);
+  if (sequence()) c.tp->all_reduce_sum(s.data(), n);
+}
+
+// Global counts and sums, capacity, which assignments are kept, the dispatch order, the counts exchange.
+inline moe::routing moe::decide(const context& c, const plan_view& v, std::int64_t n, std::int64_t tokens_per_row) const {
+  namespace mi = detail::moe_impl;
+  const std::int64_t E = cfg.experts, K = cfg.top_k, P = ep_ranks, el = local_experts(), KE = K * E;
+  const int ranks = stat_ranks(c), me = stat_rank(c);
+  // Each rank fills its slot of per-(choice, expert) counts, then the router's sums: every rank then knows
+  // how many assignments to each expert come before its own (the queue order is choice, rank, row).
+  std::vector<double> st(static_cast<std::size_t>(ranks * KE + E + 2), 0.0);
+  double* mine = st.data() + me * KE;
+  double* psum = st.data() + ranks * KE;
+  for (std::int64_t t = 0; t < n; ++t) {
+    for (std::int64_t j = 0; j < K; ++j) mine[j * E + v.expert[t * K + j]] += 1;
+    for (std::int64_t e = 0; e < E; ++e) psum[e] += v.probs[t * E + e];
+    psum[E] += static_cast<double>(v.lse[t]) * v.lse[t];
+  }
+  psum[E + 1] = static_cast<double>(n);
+  sum_over_batch(c, st);
+
+  routing r;
+  const double tokens = psum[E + 1];
+  const std::int64_t cap = capacity(static_cast<std::int64_t>(tokens));
+  std::vector<std::int64_t> base(static_cast<std::size_t>(KE), 0);
+  r.assigned.assign(static_cast<std::size_t>(E), 0);
+  r.dropped.assign(static_cast<std::size_t>(E), 0);
+  for (int q = 0; q < ranks; ++q)
+    for (std::int64_t j = 0; j < K; ++j)
+      for (std::int64_t e = 0; e < E; ++e) {
+        const auto cnt = static_cast<std::int64_t>(st[static_cast<std::size_t>(q * KE + j * E + e)]);
+        r.assigned[static_cast<std::size_t>(e)] += cnt;
+        for (std::int64_t j2 = j + 1; j2 < K; ++j2) base[static_cast<std::size_t>(j2 * E + e)] += cnt;
+        if (q < me) base[static_cast<std::size_t>(j * E + e)] += cnt;
+      }
+  for (std::int64_t e = 0; e < E; ++e)
+    r.dropped[static_cast<std::size_t>(e)] = std::max<std::int64_t>(0, r.assigned[static_cast<std::size_t>(e)] - cap);
+
+  // The losses, identical on every rank.
+  double* meta = v.meta;
+  double* f = meta + mi::meta_fixed;
+  double* pm = f + E;
+  double aux = 0;
+  for (std::int64_t e = 0; e < E; ++e) {
+    f[e] = tokens > 0 ? static_cast<double>(r.assigned[static_cast<std::size_t>(e)]) / (tokens * static_cast<double>(K)) : 0.0;
+    pm[e] = tokens > 0 ? psum[e] / tokens : 0.0;
+    aux += f[e] * pm[e];
+  }
+  meta[mi::tokens] = tokens;
+  meta[mi::aux] = static_cast<double>(E) * aux;
+  meta[mi::z] = tokens > 0 ? psum[E] / tokens : 0.0;
+  meta[mi::share] = c.global_batch > 0 ? tokens / static_cast<double>(tokens_per_row) / static_cast<double>(c.global_batch) : 1.0;
+  meta[mi::capacity] = static_cast<double>(cap);
+
+  // Kept assignments in dispatch order: by expert (so by destination rank), then choice, then row.
+  std::vector<std::int64_t> kept(static_cast<std::size_t>(KE), 0), seen(static_cast<std::size_t>(KE), 0);
+  std::vector<char> keep(static_cast<std::size_t>(n * K), 0);
+  for (std::int64_t j = 0; j < K; ++j)
+    for (std::int64_t t = 0; t < n; ++t) {
+      const std::size_t q = static_cast<std::size_t>(j * E + v.expert[t * K + j]);
+      if (base[q] + seen[q]++ < cap) {
+        keep[static_cast<std::size_t>(t * K + j)] = 1;
+        ++kept[q];
+      }
+    }
+  std::vector<std::int64_t> at(static_cast<std::size_t>(KE), 0);  // first dispatch slot of (expert, choice)
+  std::int64_t sent = 0;
+  for (std::int64_t e = 0; e < E; ++e)
+    for (std::int64_t j = 0; j < K; ++j) {
+      at[static_cast<std::size_t>(e * K + j)] = sent;
+      sent += kept[static_cast<std::size_t>(j * E + e)];
+    }
+  std::int64_t* send = v.counts;
+  std::int64_t* recv = v.counts + E;
+  std::fill(send, send + E, std::int64_t{0});
+  for (std::int64_t t = 0; t < n; ++t)
+    for (std::int64_t j = 0; j < K; ++j) {
+      const std::int64_t i = t * K + j, e = v.expert[i];
+      if (!keep[static_cast<std::size_t>(i)]) {
+        v.slot[i] = -1;
+        continue;
+      }
+      const std::int64_t s = at[static_cast<std::size_t>(e * K + j)]++;
+      v.slot[i] = s;
+      v.send_token[s] = t;
+      v.send_gate[s] = v.gate[i];
+      ++send[e];
+    }
+  // Every rank exchanges counts, even with nothing to send, so no rank waits on another's rows.
+  if (P > 1) c.ep->all_to_all(send, recv, el);
+  else std::copy(send, send + E, recv);
+  finish(v, r);
+  meta[mi::sent] = static_cast<double>(r.sent);
+  meta[mi::received] = static_cast<double>(r.received);
+  const std::int64_t rmax = max_received(n);
+  if (r.received > rmax)
+    fail<invalid_argument>("dml::nn::moe: expert rank ", ep_rank, " received ", r.received, " rows, expected at most ", rmax,
+                           " (", ep_ranks, " ranks × ", n, " rows × top-", K, "): a rank of the expert group passes more "
+                           "rows than this one: set group_rows to the most any rank passes");
+  // Expert order: for each local expert, its rows from each source rank in rank order.
+  std::int64_t p = 0;
+  for (std::int64_t le = 0; le < el; ++le)
+    for (std::int64_t q = 0; q < P; ++q) {
+      std::int64_t from = 0;
+      for (std::int64_t q2 = 0; q2 < q; ++q2)
+        for (std::int64_t l2 = 0; l2 < el; ++l2) from += recv[q2 * el + l2];
+      for (std::int64_t l2 = 0; l2 < le; ++l2) from += recv[q * el + l2];
+      for (std::int64_t i = 0; i < recv[q * el + le]; ++i, ++p) {
+        v.perm[p] = from + i;
+        v.inv[from + i] = p;
+      }
+    }
+  return r;
+}
+// The sizes that follow from the counts (forward, and backward from the saved plan).
+inline void moe::finish(const plan_view& v, routing& r) const {
+  const std::int64_t E = cfg.experts, P = ep_ranks, el = local_experts(), C = cfg.dim;
+  const std::int64_t* send = v.counts;
+  const std::int64_t* recv = v.counts + E;
+  r.send_values.assign(static_cast<std::size_t>(P), 0);
+  r.recv_values.assign(static_cast<std::size_t>(P), 0);
+  r.rows.assign(static_cast<std::size_t>(el), 0);
+  r.offset.assign(static_cast<std::size_t>(el), 0);
+  r.sent = r.received = 0;
+  for (std::int64_t q = 0; q < P; ++q)
+    for (std::int64_t le = 0; le < el; ++le) {
+      r.send_values[static_cast<std::size_t>(q)] += send[q * el + le] * C;
+      r.recv_values[static_cast<std::size_t>(q)] += recv[q * el + le] * C;
+      r.rows[static_cast<std::size_t>(le)] += recv[q * el + le];
+      r.sent += send[q * el + le];
+      r.received += recv[q * el + le];
+    }
+  for (std::int64_t le = 1; le < el; ++le)
+    r.offset[static_cast<std::size_t>(le)] = r.offset[static_cast<std::size_t>(le - 1)] + r.rows[static_cast<std::size_t>(le - 1)];
+  if (P > 1) {
+    const auto me = static_cast<std::size_t>(ep_rank);
+    r.a2a_bytes = (r.sent * C - r.send_values[me]) + (r.received * C - r.recv_values[me]);
+  }
+}
+inline moe::routing moe::recall(const plan_view& v) const {
+  routing r;
+  finish(v, r);
+  return r;
+}
+
+// ∂/∂logits of: the combine through the gates (dgate), and weight · share · loss_scale · (aux or z).
+// k = 2 gates are the softmax of the two chosen logits alone, so their gradient touches only those two.
+template <class T>
+void moe::router_grad(const context& c, const plan_view& v, const float* dgate, T* out, std::int64_t n) const {
+  namespace mi = detail::moe_impl;
+  const std::int64_t E = cfg.experts, K = cfg.top_k;
+  const double tokens = v.meta[mi::tokens], scale = v.meta[mi::share] * static_cast<double>(c.loss_scale);
+  const double w_aux = cfg.aux_loss_weight * scale, w_z = cfg.z_loss_weight * scale;
+  const double* f = v.meta + mi::meta_fixed;
+  std::vector<double> d(static_cast<std::size_t>(E));
+  for (std::int64_t t = 0; t < n; ++t) {
+    const float* p = v.probs + t * E;
+    // aux = E Σ_e f_e P_e: ∂aux/∂p_te = E f_e / tokens, then through the softmax.
+    double pa = 0;
+    for (std::int64_t e = 0; e < E; ++e) pa += p[e] * f[e];
+    const double a = static_cast<double>(E) / tokens, zc = 2.0 * v.lse[t] / tokens;
+    for (std::int64_t e = 0; e < E; ++e) d[static_cast<std::size_t>(e)] = w_aux * a * p[e] * (f[e] - pa) + w_z * zc * p[e];
+    const std::int64_t e0 = v.expert[t * K];
+    if (K == 1) {
+      const double g0 = v.gate[t], dg = dgate[t];
+      for (std::int64_t e = 0; e < E; ++e) d[static_cast<std::size_t>(e)] += dg * g0 * ((e == e0 ? 1.0 : 0.0) - p[e]);
+    } else {
+      const std::int64_t e1 = v.expert[t * K + 1];
+      const double g = static_cast<double>(v.gate[t * K]) * v.gate[t * K + 1], dd = dgate[t * K] - dgate[t * K + 1];
+      d[static_cast<std::size_t>(e0)] += g * dd;
+      d[static_cast<std::size_t>(e1)] -= g * dd;
+    }
+    for (std::int64_t e = 0; e < E; ++e) out[t * E + e] = T(static_cast<float>(d[static_cast<std::size_t>(e)]));
+  }
+}
+
+}  // namespace dml::nn
