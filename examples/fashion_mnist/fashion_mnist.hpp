@@ -38,6 +38,7 @@ struct options {
   int ranks = 1;                  // comm::local ranks (threads of this process)
   std::string comm = "local";     // local | mpi (launch with mpirun; ranks = the MPI world)
   std::string parallel = "ddp";   // ddp | zero1 | zero2 | zero3
+  int replicas = 1;               // > 1 with zeroN: hybrid sharding, ZeRO within each of this many replicas
   std::string precision = "fp32";
   double bucket_mb = 25.0;
   int pp = 1;                  // pipeline stages
@@ -58,12 +59,15 @@ inline void usage(std::FILE* out) {
       "                     [--lr-schedule constant|cosine] [--warmup N]\n"
       "                     [--init FILE.safetensors] [--save FILE.safetensors] [--no-shuffle] [--log FILE.csv]\n"
       "                     [--threads N] [--ranks N] [--comm local|mpi] [--parallel ddp|zero1|zero2|zero3]\n"
+      "                     [--replicas R]\n"
       "                     [--precision fp32|bf16|fp16] [--bucket-mb X] [--checkpoint DIR] [--resume DIR]\n"
       "                     [--pp K] [--dp D] [--microbatches M] [--schedule gpipe|1f1b|interleaved:V|zb|FILE.csv]\n"
       "                     [--cuts 3,5] [--recompute] [--print-schedule]\n"
       "--batch is the global batch: with N ranks each takes its slice of every batch, and the run trains the\n"
       "same model as one rank does. Under mpirun, pass --comm mpi. --pp K cuts the model into K pipeline\n"
-      "stages (each of D = ranks / K data-parallel ranks); with --pp and --dp, --ranks must be K * D.\n",
+      "stages (each of D = ranks / K data-parallel ranks); with --pp and --dp, --ranks must be K * D.\n"
+      "--replicas R with --parallel zero1|zero2|zero3 is hybrid sharding: the D data-parallel ranks form R\n"
+      "replicas of D / R consecutive ranks, ZeRO shards within each, and the replicas sum their gradients.\n",
       out);
 }
 
@@ -117,6 +121,7 @@ inline options parse(int argc, char** argv) {
     else if (a == "--ranks") o.ranks = parse_number<int>(a, value());
     else if (a == "--comm") o.comm = value();
     else if (a == "--parallel") o.parallel = value();
+    else if (a == "--replicas") o.replicas = parse_number<int>(a, value());
     else if (a == "--precision") o.precision = value();
     else if (a == "--bucket-mb") o.bucket_mb = parse_number<double>(a, value());
     else if (a == "--pp") o.pp = parse_number<int>(a, value());
@@ -139,6 +144,12 @@ inline options parse(int argc, char** argv) {
     dml::fail<dml::invalid_argument>("--comm: expected local or mpi, found '", o.comm, "'");
   if (o.parallel != "ddp" && o.parallel != "zero1" && o.parallel != "zero2" && o.parallel != "zero3")
     dml::fail<dml::invalid_argument>("--parallel: expected ddp, zero1, zero2 or zero3, found '", o.parallel, "'");
+  if (o.replicas < 1)
+    dml::fail<dml::invalid_argument>("--replicas: expected a number of replicas >= 1, found ", o.replicas);
+  if (o.replicas > 1 && o.parallel == "ddp")
+    dml::fail<dml::invalid_argument>("--replicas ", o.replicas, ": hybrid sharding shards within each replica, so it "
+                                     "needs --parallel zero1, zero2 or zero3; found --parallel ddp (which holds "
+                                     "everything on every rank: leave --replicas out)");
   if (o.precision != "fp32" && o.precision != "bf16" && o.precision != "fp16")
     dml::fail<dml::invalid_argument>("--precision: expected fp32, bf16 or fp16, found '", o.precision, "'");
   if (o.precision != "fp32" && o.optimizer == "adagrad")
@@ -296,6 +307,9 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
     dml::fail<dml::invalid_argument>("expected --pp × --dp = ", o.pp * o.dp, " ranks, found ", comm.size());
   // Pipeline stages share their data-parallel rank's rows (dp rank fastest, as in Megatron).
   const int ranks = comm.size() / o.pp, dp_rank = rank % ranks;
+  if (ranks % o.replicas != 0)
+    dml::fail<dml::invalid_argument>("--replicas: the ", ranks, " data-parallel ranks form replicas of equal size: "
+                                     "expected a divisor of ", ranks, ", found ", o.replicas);
   const any_optimizer opt = make_optimizer(o);
   dml::train::sampler sampler(train_set.size(), o.batch, o.seed, o.shuffle);
   const std::int64_t per_epoch = sampler.batches_per_epoch();
@@ -308,6 +322,7 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
   to.schedule = o.schedule;
   to.stage_cuts = o.cuts;
   to.recompute = o.recompute;
+  to.replicas = o.replicas;
   to.lr = [&o, base = opt.default_lr(), planned](std::int64_t s) { return learning_rate(o, base, s, planned); };
   dml::trainer<Sharding, Precision, any_optimizer> trainer(comm, model, to, opt);
   if (!o.init.empty()) {
@@ -323,9 +338,12 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
   }
   if (rank == 0) {
     const auto mem = trainer.memory();
+    const std::string sharding = o.replicas > 1 ? o.parallel + " (hybrid, " + std::to_string(o.replicas) + " replicas)"
+                                                : o.parallel;
     std::printf("model: %zu layers, %lld parameters; %s %s on %d %s rank(s), optimizer %s lr=%g, global batch %lld; "
                 "per-rank model state (rank 0) %.2f MiB (params %.2f, grads %.2f, optimizer %.2f, buffers %.2f); gemm %s\n",
-                Model::size, static_cast<long long>(trainer.layout().numel), Sharding::name, Precision::name, comm.size(), o.comm.c_str(),
+                Model::size, static_cast<long long>(trainer.layout().numel), sharding.c_str(), Precision::name, comm.size(),
+                o.comm.c_str(),
                 opt.chosen_name(),
                 static_cast<double>(opt.default_lr()), static_cast<long long>(o.batch), mem.total() / 1048576.0,
                 mem.params / 1048576.0, mem.grads / 1048576.0, mem.optimizer / 1048576.0, mem.buffers / 1048576.0,
@@ -395,9 +413,11 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
 
 template <class Precision, class Comm, class Model>
 int run_sharding(const options& o, Comm& comm, Model model, const dml::train::dataset& tr, const dml::train::dataset& te) {
-  if (o.parallel == "zero1") return run_trainer<dml::parallel::zero<1>, Precision>(o, comm, model, tr, te);
-  if (o.parallel == "zero2") return run_trainer<dml::parallel::zero<2>, Precision>(o, comm, model, tr, te);
-  if (o.parallel == "zero3") return run_trainer<dml::parallel::zero<3>, Precision>(o, comm, model, tr, te);
+  // zeroN is always hybrid<zero<N>>: with --replicas 1 that is plain ZeRO, and it keeps the trainers compiled as many.
+  using dml::parallel::hybrid, dml::parallel::zero;
+  if (o.parallel == "zero1") return run_trainer<hybrid<zero<1>>, Precision>(o, comm, model, tr, te);
+  if (o.parallel == "zero2") return run_trainer<hybrid<zero<2>>, Precision>(o, comm, model, tr, te);
+  if (o.parallel == "zero3") return run_trainer<hybrid<zero<3>>, Precision>(o, comm, model, tr, te);
   return run_trainer<dml::parallel::replicate, Precision>(o, comm, model, tr, te);
 }
 

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -27,6 +28,7 @@ struct options {
   std::int64_t layers = 2, d_model = 128, heads = 4, seq = 64, vocab = 256;
   float dropout = 0.f;
   bool bias = false;
+  bool tie = false;  // lm_head.weight tied to wte.weight
   // mixture of experts: every --moe-every-th block's MLP becomes --experts experts (0: none)
   std::int64_t experts = 0, moe_every = 2;
   int top_k = 2;
@@ -50,6 +52,10 @@ struct options {
   std::int64_t microbatches = 1;
   std::string schedule;  // gpipe | 1f1b | interleaved:V | zb | FILE.csv; empty: the default
   bool recompute = false;
+  // sharding across the data-parallel ranks: replicate | zero1 | zero2 | zero3 ("ddp" reads as replicate);
+  // with replicas > 1 the dp ranks form that many replicas and ZeRO shards within each (hybrid sharding)
+  std::string parallel = "replicate";
+  int replicas = 1;
   // One thread per rank by default: at these sizes a second OpenMP thread gains little, and loses badly
   // when another process shares the cores (its threads spin at every barrier).
   int threads = 1;
@@ -57,6 +63,8 @@ struct options {
   std::string text;  // empty: dml::train::default_text_path
   double holdout = 0.1;  // the text's tail kept for val_loss; 0: none
   std::string init, save, log;
+  std::string checkpoint, resume;               // sharded checkpoints: save into / continue from a directory
+  std::optional<std::int64_t> checkpoint_every;  // absent: save after the last step only
   std::int64_t print_every = 0;  // 0: about 20 lines per run
   std::int64_t sample = 0;
   std::optional<std::string> prompt;
@@ -66,13 +74,16 @@ struct options {
 inline void usage(std::FILE* out) {
   std::fputs(
       "usage: gpt [--text FILE] [--layers N] [--d-model N] [--heads N] [--seq N] [--vocab N] [--dropout X] [--bias]\n"
+      "           [--tie]\n"
       "           [--batch N] [--steps N] [--lr X] [--warmup N] [--clip X] [--seed N] [--precision fp32|bf16]\n"
       "           [--experts E] [--top-k K] [--capacity-factor C] [--moe-every N] [--aux-loss-weight X]\n"
       "           [--z-loss-weight X]\n"
       "           [--ranks N] [--comm local|mpi] [--dp N] [--tp N] [--pp N] [--sp] [--ep N] [--cp N] [--cp-contiguous]\n"
       "           [--microbatches M]\n"
       "           [--schedule gpipe|1f1b|interleaved:V|zb|FILE.csv] [--recompute] [--threads N]\n"
+      "           [--parallel replicate|zero1|zero2|zero3] [--replicas R]\n"
       "           [--init FILE.safetensors] [--save FILE.safetensors] [--log FILE.csv] [--holdout X]\n"
+      "           [--checkpoint DIR] [--checkpoint-every N] [--resume DIR]\n"
       "           [--print-every N] [--sample N] [--prompt TEXT] [--temperature X]\n"
       "Trains a GPT on the bytes of a text file (default: the GNU GPL version 3 that Debian ships in\n"
       "/usr/share/common-licenses/GPL-3), one byte per token. --batch is the global number of sequences of\n"
@@ -84,7 +95,16 @@ inline void usage(std::FILE* out) {
       "--experts E turns the MLP of every --moe-every-th block (default 2) into E experts, each token routed to\n"
       "its --top-k (1 or 2); --capacity-factor C drops what overflows C·tokens·k/E per expert (<= 0: dropless).\n"
       "--ep N shares the experts out over N data-parallel ranks (all-to-all dispatch); --cp N cuts each sequence\n"
-      "over N data-parallel ranks (ring attention; zig-zag chunks unless --cp-contiguous). Both divide dp.\n",
+      "over N data-parallel ranks (ring attention; zig-zag chunks unless --cp-contiguous). Both divide dp.\n"
+      "--tie ties the LM head's weight to the token embedding's (nanoGPT, GPT-2).\n"
+      "--parallel shards the data-parallel ranks' model state: replicate (or ddp: everything on every rank,\n"
+      "the default), zero1 (optimizer state), zero2 (+ gradients) or zero3 (+ parameters). --replicas R with\n"
+      "zero1-3 is hybrid sharding: the dp ranks form R replicas of dp/R consecutive ranks, ZeRO shards within\n"
+      "each and the replicas sum their gradients; R divides dp, and --ep and --cp divide dp/R.\n"
+      "--checkpoint DIR saves a sharded checkpoint (weights, optimizer state, step) after the last step, and\n"
+      "after every N-th with --checkpoint-every N. --resume DIR loads the newest checkpoint in DIR before\n"
+      "training, in any layout and sharding, and continues from its step to --steps (the learning-rate\n"
+      "schedule and the batches follow the step, so the run goes on as if never stopped).\n",
       out);
 }
 
@@ -121,6 +141,7 @@ inline options parse(int argc, char** argv) {
     else if (a == "--vocab") o.vocab = i64();
     else if (a == "--dropout") o.dropout = parse_number<float>(a, value());
     else if (a == "--bias") o.bias = true;
+    else if (a == "--tie") o.tie = true;
     else if (a == "--batch") o.batch = i64();
     else if (a == "--steps") o.steps = i64();
     else if (a == "--lr") o.lr = parse_number<float>(a, value());
@@ -146,6 +167,11 @@ inline options parse(int argc, char** argv) {
     else if (a == "--microbatches") o.microbatches = i64();
     else if (a == "--schedule") o.schedule = value();
     else if (a == "--recompute") o.recompute = true;
+    else if (a == "--parallel") o.parallel = value();
+    else if (a == "--replicas") o.replicas = int32();
+    else if (a == "--checkpoint") o.checkpoint = value();
+    else if (a == "--checkpoint-every") o.checkpoint_every = i64();
+    else if (a == "--resume") o.resume = value();
     else if (a == "--threads") o.threads = int32();
     else if (a == "--text") o.text = value();
     else if (a == "--holdout") o.holdout = parse_number<double>(a, value());
@@ -194,6 +220,25 @@ inline options parse(int argc, char** argv) {
     dml::fail<dml::invalid_argument>("--ep shares out experts: expected --experts > 0, found 0");
   if (o.sp && o.tp == 1)
     dml::fail<dml::invalid_argument>("--sp splits the sequence over the tensor-parallel ranks: expected --tp > 1, found 1");
+  if (o.parallel != "replicate" && o.parallel != "ddp" && o.parallel != "zero1" && o.parallel != "zero2" &&
+      o.parallel != "zero3")
+    dml::fail<dml::invalid_argument>("--parallel: expected replicate (or ddp), zero1, zero2 or zero3, found '",
+                                     o.parallel, "'");
+  if (o.replicas < 1)
+    dml::fail<dml::invalid_argument>("--replicas: expected a number of replicas >= 1, found ", o.replicas);
+  if (o.replicas > 1 && (o.parallel == "replicate" || o.parallel == "ddp"))
+    dml::fail<dml::invalid_argument>("--replicas ", o.replicas, ": hybrid sharding shards within each replica, so it "
+                                     "needs --parallel zero1, zero2 or zero3; found --parallel ", o.parallel,
+                                     " (which holds everything on every rank: leave --replicas out)");
+  if (o.parallel == "ddp") o.parallel = "replicate";
+  if (o.checkpoint_every && o.checkpoint.empty())
+    dml::fail<dml::invalid_argument>("--checkpoint-every: expected --checkpoint DIR to save into, found none");
+  if (o.checkpoint_every && *o.checkpoint_every < 1)
+    dml::fail<dml::invalid_argument>("--checkpoint-every: expected a number of steps >= 1, found ",
+                                     *o.checkpoint_every);
+  if (!o.resume.empty() && !o.init.empty())
+    dml::fail<dml::invalid_argument>("--resume loads the weights from its checkpoint: expected no --init with it, "
+                                     "found --init ", o.init);
   return o;
 }
 
@@ -205,9 +250,14 @@ inline int data_parallel(const options& o, int world) {
                                      o.dp > 0 ? std::to_string(o.dp) : "(" + std::to_string(world) + " / " +
                                                                              std::to_string(o.tp * o.pp) + ")",
                                      " × ", o.pp);
-  if (dp % o.ep != 0 || dp % o.cp != 0)
-    dml::fail<dml::invalid_argument>("layout: --ep and --cp are carved out of the ", dp,
-                                     " data-parallel ranks and must divide them; found --ep ", o.ep, " and --cp ", o.cp);
+  if (dp % o.replicas != 0)
+    dml::fail<dml::invalid_argument>("--replicas: the ", dp, " data-parallel ranks form replicas of equal size: "
+                                     "expected a divisor of ", dp, ", found ", o.replicas);
+  const int replica = dp / o.replicas;
+  if (replica % o.ep != 0 || replica % o.cp != 0)
+    dml::fail<dml::invalid_argument>("layout: --ep and --cp are carved out of the ", replica, " data-parallel ranks",
+                                     o.replicas > 1 ? " of a replica (dp / --replicas)" : "",
+                                     " and must divide them; found --ep ", o.ep, " and --cp ", o.cp);
   if (o.batch < dp / o.cp)
     dml::fail<dml::invalid_argument>("--batch: expected at least one sequence per data-parallel group (", dp / o.cp,
                                      "), found ", o.batch);
@@ -253,6 +303,7 @@ inline dml::nn::gpt_config model_config(const options& o) {
   g.moe_every = o.moe_every;
   g.aux_loss_weight = o.aux_loss_weight;
   g.z_loss_weight = o.z_loss_weight;
+  g.tie_weights = o.tie;
   return g;
 }
 
@@ -325,8 +376,18 @@ class inference_model {
 
 inline constexpr std::int64_t val_rows = 64;
 
+// A number the checkpoint's user metadata holds under `key` (written by run_trainer).
+inline std::int64_t checkpoint_number(const std::map<std::string, std::string>& meta, const std::string& dir,
+                                      const char* key) {
+  const auto it = meta.find(key);
+  if (it == meta.end())
+    dml::fail<dml::format_error>("--resume ", dir, ": expected '", key, "' in the checkpoint's metadata (a checkpoint "
+                                 "of this example), found none");
+  return parse_number<std::int64_t>(dml::detail::cat("--resume ", dir, ": '", key, "'"), it->second);
+}
+
 // Every rank runs this with its communicator; rank 0 prints and writes files.
-template <class Precision, class Comm>
+template <class Precision, class Sharding, class Comm>
 int run_trainer(const options& o, Comm& comm, const corpus& text) {
   const int world = comm.size(), rank = comm.rank();
   const int dp = data_parallel(o, world);
@@ -349,13 +410,27 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   to.expert_parallel = o.ep;
   to.context_parallel = o.cp;
   to.cp_zigzag = o.cp_zigzag;
+  to.replicas = o.replicas;
   to.lr = [&o](std::int64_t s) { return learning_rate(o, s); };
-  dml::trainer<dml::parallel::replicate, dml::optim::adamw, Precision> trainer(comm, model, to,
-                                                                               dml::optim::adamw({.lr = o.lr}));
+  dml::trainer<Sharding, dml::optim::adamw, Precision> trainer(comm, model, to, dml::optim::adamw({.lr = o.lr}));
   if (!o.init.empty()) {
     std::vector<float> full(static_cast<std::size_t>(trainer.layout().total));
     dml::train::load_weights(trainer.layout(), full, o.init);
     trainer.load_full_parameters(full);
+  }
+  // Resuming: the weights, optimizer state and step of the checkpoint, whatever layout wrote it. The batches,
+  // the dropout masks and the learning rate all follow the step, so training goes on where it stopped.
+  std::int64_t resumed_at = 0, planned = o.steps;
+  if (!o.resume.empty()) {
+    const auto meta = trainer.load_checkpoint(o.resume);  // collective
+    resumed_at = checkpoint_number(meta, o.resume, "step");
+    planned = checkpoint_number(meta, o.resume, "steps");
+    if (resumed_at != trainer.steps())
+      dml::fail<dml::format_error>("--resume ", o.resume, ": the metadata says step ", resumed_at,
+                                   ", the checkpoint itself step ", trainer.steps());
+    if (resumed_at > o.steps)
+      dml::fail<dml::invalid_argument>("--resume ", o.resume, ": the checkpoint is at step ", resumed_at,
+                                       "; expected --steps >= ", resumed_at, ", found ", o.steps);
   }
   std::ofstream log;
   if (rank == 0) {
@@ -370,10 +445,10 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
     std::printf("text: %s, %lld bytes (%lld trained on, %lld held out), byte tokens, vocabulary %lld\n",
                 text.path.c_str(), static_cast<long long>(text.all.size()), static_cast<long long>(text.train.size()),
                 static_cast<long long>(text.val ? text.val->size() : 0), static_cast<long long>(o.vocab));
-    std::printf("model: gpt, %lld layers, d_model %lld, %lld heads, seq %lld, %lld parameters%s%s\n",
+    std::printf("model: gpt, %lld layers, d_model %lld, %lld heads, seq %lld, %lld parameters%s%s%s\n",
                 static_cast<long long>(o.layers), static_cast<long long>(o.d_model), static_cast<long long>(o.heads),
                 static_cast<long long>(o.seq), static_cast<long long>(trainer.layout().numel), o.bias ? ", biases" : "",
-                o.init.empty() ? "" : (", from " + o.init).c_str());
+                o.tie ? ", lm_head tied to wte" : "", o.init.empty() ? "" : (", from " + o.init).c_str());
     char clip[32] = "no clipping";
     if (o.clip > 0.f) std::snprintf(clip, sizeof clip, "clip %g", static_cast<double>(o.clip));
     std::printf("training: %lld steps of %lld sequences (%lld tokens), adamw lr=%g (warmup, cosine to lr/10), %s, "
@@ -392,13 +467,21 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
     std::string carved;
     if (o.ep > 1) carved += " (ep " + std::to_string(o.ep) + ")";
     if (o.cp > 1) carved += " (cp " + std::to_string(o.cp) + (o.cp_zigzag ? ", zig-zag)" : ", contiguous)");
-    std::printf("layout: %d %s rank(s) = tp %d%s × dp %d%s × pp %d, %lld micro-batch(es)%s%s%s; %d thread(s) per rank; "
-                "gemm %s\n",
+    std::printf("layout: %d %s rank(s) = tp %d%s × dp %d%s × pp %d, sharding %s, replicas %d, %lld micro-batch(es)"
+                "%s%s%s; %d thread(s) per rank; gemm %s\n",
                 world, o.comm.c_str(), o.tp, o.sp ? " (sequence parallel)" : "", dp, carved.c_str(), o.pp,
-                static_cast<long long>(o.microbatches), o.schedule.empty() ? "" : ", schedule ", o.schedule.c_str(),
+                o.parallel.c_str(), o.replicas, static_cast<long long>(o.microbatches),
+                o.schedule.empty() ? "" : ", schedule ", o.schedule.c_str(),
                 o.recompute ? ", recompute" : "", dml::thread_budget(),
                 dml::host_gemm_impl(o.batch * o.seq / world, o.d_model, 4 * o.d_model,
                                     dml::dtype_v<typename Precision::type>).c_str());
+    if (!o.resume.empty()) {
+      std::printf("resumed from %s at step %lld", o.resume.c_str(), static_cast<long long>(resumed_at));
+      if (planned != o.steps)
+        std::printf(" (its run planned %lld steps; the schedule now follows --steps %lld)",
+                    static_cast<long long>(planned), static_cast<long long>(o.steps));
+      std::printf("\n");
+    }
     std::fflush(stdout);
   }
 
@@ -408,7 +491,17 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   const auto start = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   float loss = std::nanf("");
-  for (std::int64_t step = 1; step <= o.steps; ++step) {
+  // Collective. The checkpoint's user metadata: the step (the trainer keeps it too) and the run's planned steps.
+  std::int64_t saved = o.resume.empty() ? -1 : resumed_at;  // the step of the newest checkpoint of this state
+  auto save_checkpoint = [&](std::int64_t step) {
+    trainer.save_checkpoint(o.checkpoint, {{"step", std::to_string(step)}, {"steps", std::to_string(o.steps)}});
+    saved = step;
+    if (rank == 0) {
+      std::printf("checkpoint %s at step %lld\n", o.checkpoint.c_str(), static_cast<long long>(step));
+      std::fflush(stdout);
+    }
+  };
+  for (std::int64_t step = resumed_at + 1; step <= o.steps; ++step) {
     text.train.batch(o.seed, static_cast<std::uint64_t>(step), first, rows, o.seq, x.data(), y.data());
     const auto r = trainer.step(dml::tensor_view<const float>(x.data(), {rows, o.seq}), y.data(), o.batch);
     loss = r.loss;
@@ -424,11 +517,11 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
         for (auto d : moe.dropped) log << ',' << d;
         log << '\n';
       }
-      if (step == 1 || step % every == 0 || step == o.steps) {
+      if (step == resumed_at + 1 || step % every == 0 || step == o.steps) {
         const double s = seconds();
         std::printf("step %lld/%lld loss=%.4f lr=%.2e tokens_per_s=%.0f", static_cast<long long>(step),
                     static_cast<long long>(o.steps), static_cast<double>(loss), static_cast<double>(learning_rate(o, step)),
-                    s > 0 ? static_cast<double>(step * o.batch * o.seq) / s : 0.0);
+                    s > 0 ? static_cast<double>((step - resumed_at) * o.batch * o.seq) / s : 0.0);
         if (o.experts > 0) {
           std::printf(" aux_loss=%.4f z_loss=%.3f dropped=%lld a2a_bytes=%lld imbalance=%.2f tokens_per_expert=",
                       moe.aux_loss, moe.z_loss, static_cast<long long>(dropped), static_cast<long long>(moe.a2a_bytes),
@@ -440,8 +533,10 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
         std::fflush(stdout);
       }
     }
+    if (!o.checkpoint.empty() && o.checkpoint_every && step % *o.checkpoint_every == 0) save_checkpoint(step);
   }
   const double train_seconds = seconds();
+  if (!o.checkpoint.empty() && saved != o.steps) save_checkpoint(o.steps);
   if (log) log.close();
 
   const auto mem = trainer.memory();  // rank 0's: its stage and its tensor-parallel part
@@ -454,7 +549,8 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   std::printf("final_loss=%.4f", static_cast<double>(loss));
   if (text.val) std::printf(" val_loss=%.4f", net.loss(*text.val, val_rows));
   std::printf(" tokens_per_s=%.0f seconds=%.1f\n",
-              train_seconds > 0 ? static_cast<double>(o.steps * o.batch * o.seq) / train_seconds : 0.0, train_seconds);
+              train_seconds > 0 ? static_cast<double>((o.steps - resumed_at) * o.batch * o.seq) / train_seconds : 0.0,
+              train_seconds);
   if (!o.save.empty()) std::printf("saved %s\n", o.save.c_str());
   if (o.sample > 0) {
     const auto head = text.all.bytes().first(std::min<std::size_t>(16, text.all.bytes().size()));
@@ -480,10 +576,20 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   return 0;
 }
 
+// zeroN is always hybrid<zero<N>>: with --replicas 1 that is plain ZeRO, and it halves the trainers compiled.
+template <class Precision, class Comm>
+int run_sharding(const options& o, Comm& comm, const corpus& text) {
+  using dml::parallel::hybrid, dml::parallel::zero;
+  if (o.parallel == "zero1") return run_trainer<Precision, hybrid<zero<1>>>(o, comm, text);
+  if (o.parallel == "zero2") return run_trainer<Precision, hybrid<zero<2>>>(o, comm, text);
+  if (o.parallel == "zero3") return run_trainer<Precision, hybrid<zero<3>>>(o, comm, text);
+  return run_trainer<Precision, dml::parallel::replicate>(o, comm, text);
+}
+
 template <class Comm>
 int run(const options& o, Comm& comm, const corpus& text) {
-  if (o.precision == "bf16") return run_trainer<dml::precision::bf16>(o, comm, text);
-  return run_trainer<dml::precision::fp32>(o, comm, text);
+  if (o.precision == "bf16") return run_sharding<dml::precision::bf16>(o, comm, text);
+  return run_sharding<dml::precision::fp32>(o, comm, text);
 }
 
 #if defined(DML_EXAMPLE_WITH_MPI)

@@ -7,7 +7,10 @@
 #   sample   --sample N prints the prompt and N bytes; sampling with a temperature repeats with its seed
 #   errors   bad flags and layouts fail with a clear message and a non-zero exit
 #   layout   the run of LAYOUT (flags, started by the command LAUNCH if given) logs one rank's losses; MODEL adds
-#            flags to both runs (a mixture of experts)
+#            flags to both runs (a mixture of experts, tied weights); a --parallel in LAYOUT is named in its layout line
+#   resume   --checkpoint every 6 of 12 steps (zero3, ep 2, experts), rolled back to step 6 and resumed by other
+#            layouts (replicate on one rank; hybrid zero1 with tp 2): the resumed steps log the uninterrupted run's
+#            losses; resuming past --steps fails
 #   moe      a mixture of experts prints and logs its per-step accounting: tokens and drops per expert, all-to-all
 #            bytes, load imbalance, and the auxiliary losses
 # Usage: cmake -DEXE=... -DWORK=... -DMODE=... [-DLAYOUT="--ranks 2 --dp 2"] [-DLAUNCH="mpirun -np 2"] [-DMODEL=...]
@@ -45,18 +48,23 @@ function(micro out_var text)
   set(${out_var} ${v} PARENT_SCOPE)
 endfunction()
 
-# The losses of a log as a list, after checking its header and row count.
+# The losses of a log as a list, after checking its header and row count; its rows are steps 1 to `steps`, or
+# FIRST to `steps` when a fourth argument FIRST is given (a resumed run).
 function(read_log out_var file steps)
+  set(step 0)
+  if(ARGC GREATER 3)
+    math(EXPR step "${ARGV3} - 1")
+  endif()
   file(STRINGS ${file} rows)
   list(LENGTH rows n)
   list(GET rows 0 header)
-  math(EXPR expected "${steps} + 1")
+  math(EXPR expected "${steps} - ${step} + 1")
   if(NOT header MATCHES "^step,loss(,|$)" OR NOT n EQUAL expected)
-    message(FATAL_ERROR "expected ${file} to hold 'step,loss' and ${steps} rows, found '${header}' and ${n} lines")
+    message(FATAL_ERROR "expected ${file} to hold 'step,loss' and rows for steps ${step}+1 to ${steps}, found "
+                        "'${header}' and ${n} lines")
   endif()
   list(REMOVE_AT rows 0)
   set(losses "")
-  set(step 0)
   foreach(row IN LISTS rows)
     math(EXPR step "${step} + 1")
     if(NOT row MATCHES "^${step},([0-9.]+)(,.*)?$")
@@ -92,6 +100,34 @@ function(compare_logs a b steps tol)
   list(GET la 0 first)
   list(GET la -1 last)
   message(STATUS "${steps} steps, losses ${first} -> ${last}, max_abs_diff=${worst}e-6")
+endfunction()
+
+# Steps first..steps of `whole` (a log from step 1) and of `resumed` (a log from step `first`) agree within
+# 1e-5 relative (DESIGN.md §5), give or take the last printed digit.
+function(compare_resumed whole resumed first steps)
+  read_log(la ${whole} ${steps})
+  read_log(lb ${resumed} ${steps} ${first})
+  set(worst 0)
+  foreach(i RANGE ${first} ${steps})
+    math(EXPR ka "${i} - 1")
+    math(EXPR kb "${i} - ${first}")
+    list(GET la ${ka} x)
+    list(GET lb ${kb} y)
+    micro(mx ${x})
+    micro(my ${y})
+    math(EXPR d "${mx} - ${my}")
+    if(d LESS 0)
+      math(EXPR d "-${d}")
+    endif()
+    if(d GREATER worst)
+      set(worst ${d})
+    endif()
+    math(EXPR tol "${mx} / 100000 + 1")
+    if(d GREATER tol)
+      message(FATAL_ERROR "step ${i}: ${whole} has loss ${x}, the resumed ${resumed} has ${y} (tolerance 1e-5 relative)")
+    endif()
+  endforeach()
+  message(STATUS "${resumed}: steps ${first} to ${steps} log the uninterrupted losses, max_abs_diff=${worst}e-6")
 endfunction()
 
 if(MODE STREQUAL "train")
@@ -176,6 +212,25 @@ elseif(MODE STREQUAL "errors")
   expect_error("--ep shares out experts: expected --experts > 0" --ranks 2 --ep 2)
   expect_error("context parallelism over 2 ranks \\(zig-zag\\) needs T divisible by 4, found T = 30"
                --layers 1 --d-model 32 --heads 2 --seq 30 --batch 8 --ranks 2 --cp 2)
+  expect_error("--parallel: expected replicate \\(or ddp\\), zero1, zero2 or zero3, found 'foo'" --parallel foo)
+  expect_error("--replicas: the 4 data-parallel ranks form replicas of equal size: expected a divisor of 4, found 3"
+               ${small} --ranks 4 --parallel zero2 --replicas 3)
+  expect_error("--replicas: the 2 data-parallel ranks form replicas of equal size: expected a divisor of 2, found 4"
+               ${small} --ranks 4 --tp 2 --parallel zero1 --replicas 4)
+  expect_error("--replicas: expected a number of replicas >= 1, found 0" --parallel zero1 --replicas 0)
+  expect_error("--replicas 2: hybrid sharding shards within each replica, so it needs --parallel zero1, zero2 or zero3; found --parallel replicate"
+               --ranks 2 --replicas 2)
+  expect_error("--replicas 2: .*found --parallel ddp \\(which" --ranks 2 --parallel ddp --replicas 2)
+  expect_error("layout: --ep and --cp are carved out of the 2 data-parallel ranks of a replica \\(dp / --replicas\\) and must divide them; found --ep 4 and --cp 1"
+               ${small} --ranks 4 --parallel zero3 --replicas 2 --ep 4 --experts 4 --moe-every 1)
+  expect_error("--checkpoint-every: expected --checkpoint DIR to save into, found none" --checkpoint-every 5)
+  expect_error("--checkpoint-every: expected a number of steps >= 1, found 0" --checkpoint ${WORK}/ckpt
+               --checkpoint-every 0)
+  expect_error("--checkpoint-every: expected a number, found 'often'" --checkpoint ${WORK}/ckpt
+               --checkpoint-every often)
+  expect_error("--resume loads the weights from its checkpoint: expected no --init with it" --resume ${WORK}/ckpt
+               --init ${WORK}/w.safetensors)
+  expect_error("/missing/latest: no checkpoint here" ${small} --steps 1 --resume ${WORK}/missing)
 elseif(MODE STREQUAL "moe")
   run_gpt(out ${small} --steps 6 --experts 4 --moe-every 1 --capacity-factor 1 --ranks 2 --ep 2 --print-every 1
           --log ${WORK}/moe.csv)
@@ -218,8 +273,52 @@ elseif(MODE STREQUAL "layout")
   endif()
   string(REGEX MATCH "layout: [^\n]*" line "${out}")
   message(STATUS "${line}")
+  # The sharding and the replicas the flags asked for (ddp reads as replicate), as the layout line names them.
+  set(sharding replicate)
+  set(replicas 1)
+  if(LAYOUT MATCHES "--parallel;(replicate|ddp|zero[123])")
+    set(sharding ${CMAKE_MATCH_1})
+  endif()
+  if(sharding STREQUAL "ddp")
+    set(sharding replicate)
+  endif()
+  if(LAYOUT MATCHES "--replicas;([0-9]+)")
+    set(replicas ${CMAKE_MATCH_1})
+  endif()
+  if(NOT line MATCHES ", sharding ${sharding}, replicas ${replicas},")
+    message(FATAL_ERROR "expected the layout line to name sharding ${sharding} and replicas ${replicas}, found '${line}'")
+  endif()
   # fp32 losses of every layout agree with one rank's to rounding (1e-5 relative in DESIGN.md §5).
   compare_logs(${WORK}/one.csv ${WORK}/many.csv 12 30)
+elseif(MODE STREQUAL "resume")
+  set(common ${small} --steps 12 --dropout 0.1 --experts 4 --moe-every 1)
+  run_gpt(out ${common} --log ${WORK}/straight.csv)
+  # Saved by zero3 with experts shared out over 2 ranks, after steps 6 and 12.
+  run_gpt(out ${common} --ranks 2 --parallel zero3 --ep 2 --checkpoint ${WORK}/ckpt --checkpoint-every 6
+          --log ${WORK}/saving.csv)
+  if(NOT out MATCHES "sharding zero3, replicas 1" OR NOT out MATCHES "checkpoint [^\n]*ckpt at step 6\n"
+     OR NOT out MATCHES "checkpoint [^\n]*ckpt at step 12\n")
+    message(FATAL_ERROR "expected zero3 and checkpoints at steps 6 and 12, found:\n${out}")
+  endif()
+  compare_logs(${WORK}/straight.csv ${WORK}/saving.csv 12 30)
+  file(READ ${WORK}/ckpt/latest latest)
+  if(NOT latest STREQUAL "step-00000012\n" OR NOT IS_DIRECTORY ${WORK}/ckpt/step-00000006)
+    message(FATAL_ERROR "expected ckpt/latest to name step-00000012 and step-00000006 kept, found '${latest}'")
+  endif()
+  # Back to the middle checkpoint (latest names the step directory to load), as if the run had stopped there.
+  file(WRITE ${WORK}/ckpt/latest "step-00000006\n")
+  set(flags_replicate "")
+  set(flags_hybrid_zero1_tp2 --ranks 4 --tp 2 --parallel zero1 --replicas 2)
+  foreach(name replicate hybrid_zero1_tp2)
+    set(flags ${flags_${name}})
+    run_gpt(out ${common} ${flags} --resume ${WORK}/ckpt --log ${WORK}/resumed_${name}.csv)
+    if(NOT out MATCHES "resumed from [^\n]*ckpt at step 6\n" OR NOT out MATCHES "\nstep 7/12 loss=")
+      message(FATAL_ERROR "expected the run to resume at step 6 and go on from step 7, found:\n${out}")
+    endif()
+    compare_resumed(${WORK}/straight.csv ${WORK}/resumed_${name}.csv 7 12)
+  endforeach()
+  expect_error("--resume [^ ]*/ckpt: the checkpoint is at step 6; expected --steps >= 6, found 4"
+               ${small} --steps 4 --dropout 0.1 --experts 4 --moe-every 1 --resume ${WORK}/ckpt)
 else()
-  message(FATAL_ERROR "MODE: expected train, weights, sample, errors, moe or layout, found '${MODE}'")
+  message(FATAL_ERROR "MODE: expected train, weights, sample, errors, moe, layout or resume, found '${MODE}'")
 endif()

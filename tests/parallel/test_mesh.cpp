@@ -101,9 +101,9 @@ TEST_CASE("parallel::mesh: a shape that does not fit the world fails on every ra
   CHECK(error_of(8, {.tp = 2, .dp = 2}) == "dml::parallel::mesh: expected a world of tp 2 × dp 2 × pp 1 = 4 ranks, found 8");
   CHECK(error_of(1, {.tp = 1, .dp = 1, .pp = 2}) ==
         "dml::parallel::mesh: expected a world of tp 1 × dp 1 × pp 2 = 2 ranks, found 1");
-  CHECK(error_of(2, {.tp = 0, .dp = 2}) == "dml::parallel::mesh: expected every degree >= 1, found tp 0, dp 2, pp 1, ep 1, cp 1");
+  CHECK(error_of(2, {.tp = 0, .dp = 2}) == "dml::parallel::mesh: expected every degree >= 1, found tp 0, dp 2, pp 1, ep 1, cp 1, replicas 1");
   CHECK(error_of(2, {.dp = 2, .pp = -1}) ==
-        "dml::parallel::mesh: expected every degree >= 1, found tp 1, dp 2, pp -1, ep 1, cp 1");
+        "dml::parallel::mesh: expected every degree >= 1, found tp 1, dp 2, pp -1, ep 1, cp 1, replicas 1");
   CHECK(error_of(4, {.dp = 4, .ep = 3}) ==
         "dml::parallel::mesh: expected ep to divide dp (an expert group is ep consecutive data-parallel ranks), found "
         "ep 3 and dp 4");
@@ -150,3 +150,35 @@ TEST_CASE("parallel::mesh: a mesh moves with its groups") {
 }
 
 static_assert(dml::comm::communicator<local>);
+
+TEST_CASE("parallel::mesh: hybrid sharding's shard, expert shard and replicate groups") {
+  // tp 1 × dp 8 (2 replicas of 4, ep 2) × pp 1: world rank = dp rank = shard rank + 4 · replica.
+  local::run(8, [](local& world) {
+    mesh<local> m(world, {.dp = 8, .ep = 2, .replicas = 2});
+    const int r = world.rank();
+    CHECK(m.shard_size() == 4);
+    CHECK(m.shard_rank() == r % 4);
+    CHECK(m.replica_rank() == r / 4);
+    CHECK(m.shard().size() == 4);
+    CHECK(m.shard().rank() == r % 4);
+    CHECK(m.replicate().size() == 2);
+    CHECK(m.replicate().rank() == r / 4);
+    CHECK(m.expert_shard().size() == 2);  // the replica's ranks with this rank's experts: r % 2 the same
+    CHECK(m.expert_shard().rank() == r % 4 / 2);
+    // The shard group sums within a replica, the replicate group across replicas.
+    std::vector<int> v{r};
+    m.shard().all_reduce(std::span(v), dml::comm::reduce_op::sum);
+    CHECK(v[0] == (r / 4) * 16 + 6);
+    v = {r};
+    m.replicate().all_reduce(std::span(v), dml::comm::reduce_op::sum);
+    CHECK(v[0] == 2 * (r % 4) + 4);
+    v = {r};
+    m.expert_shard().all_reduce(std::span(v), dml::comm::reduce_op::sum);
+    CHECK(v[0] == 2 * (r / 4 * 4 + r % 2) + 2);
+  });
+  CHECK(error_of(8, {.dp = 8, .replicas = 3}) ==
+        "dml::parallel::mesh: expected replicas to divide dp (a replica is dp / replicas consecutive data-parallel "
+        "ranks), found replicas 3 and dp 8");
+  CHECK(error_of(8, {.dp = 8, .ep = 8, .replicas = 2}) ==
+        "dml::parallel::mesh: expected ep and cp to divide a replica's 4 data-parallel ranks, found ep 8 and cp 1");
+}

@@ -56,12 +56,6 @@ inline void check_shape(const mesh_shape& s, int world_size) {
   if (s.tp < 1 || s.dp < 1 || s.pp < 1 || s.ep < 1 || s.cp < 1 || s.replicas < 1)
     fail<invalid_argument>("dml::parallel::mesh: expected every degree >= 1, found tp ", s.tp, ", dp ", s.dp,
                            ", pp ", s.pp, ", ep ", s.ep, ", cp ", s.cp, ", replicas ", s.replicas);
-  if (s.dp % s.replicas != 0)
-    fail<invalid_argument>("dml::parallel::mesh: expected replicas to divide dp (a replica is dp / replicas "
-                           "consecutive data-parallel ranks), found replicas ", s.replicas, " and dp ", s.dp);
-  if ((s.dp / s.replicas) % s.ep != 0 || (s.dp / s.replicas) % s.cp != 0)
-    fail<invalid_argument>("dml::parallel::mesh: expected ep and cp to divide a replica's ", s.dp / s.replicas,
-                           " data-parallel ranks, found ep ", s.ep, " and cp ", s.cp);
   if (s.dp % s.cp != 0)
     fail<invalid_argument>("dml::parallel::mesh: expected cp to divide dp (a context-parallel group is cp "
                            "consecutive data-parallel ranks), found cp ", s.cp, " and dp ", s.dp);
@@ -69,6 +63,12 @@ inline void check_shape(const mesh_shape& s, int world_size) {
     fail<invalid_argument>("dml::parallel::mesh: expected ep to divide dp (an expert group is ep consecutive "
                            "data-parallel ranks), found ep ",
                            s.ep, " and dp ", s.dp);
+  if (s.dp % s.replicas != 0)
+    fail<invalid_argument>("dml::parallel::mesh: expected replicas to divide dp (a replica is dp / replicas "
+                           "consecutive data-parallel ranks), found replicas ", s.replicas, " and dp ", s.dp);
+  if ((s.dp / s.replicas) % s.ep != 0 || (s.dp / s.replicas) % s.cp != 0)
+    fail<invalid_argument>("dml::parallel::mesh: expected ep and cp to divide a replica's ", s.dp / s.replicas,
+                           " data-parallel ranks, found ep ", s.ep, " and cp ", s.cp);
   const std::int64_t n = std::int64_t(s.tp) * s.dp * s.pp;
   if (n != world_size)
     fail<invalid_argument>("dml::parallel::mesh: expected a world of tp ", s.tp, " × dp ", s.dp, " × pp ", s.pp,
