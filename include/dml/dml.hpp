@@ -43,7 +43,9 @@
 #include "dml/optim/sgd.hpp"
 #include "dml/parallel/consistency.hpp"  // forwarding, kept for one release: the old dml::consistency names
 #include "dml/parallel/mesh.hpp"
+#include "dml/parallel/parallelize.hpp"
 #include "dml/parallel/partition.hpp"
+#include "dml/parallel/plan.hpp"
 #include "dml/parallel/policy.hpp"
 #include "dml/parallel/tensor.hpp"
 #include "dml/ps/consistency.hpp"

@@ -24,6 +24,21 @@ constexpr int steps = 20;
 inline nn::gpt_config config(std::int64_t layers = 2, float dropout = 0.1f) {
   return {.vocab = 32, .seq = seq, .layers = layers, .d_model = 32, .heads = 4, .dropout = dropout};
 }
+// The model of the compose tests (test_compose.cpp, test_compose_mpi.cpp): four blocks (interleaved:2 on 2 stages
+// needs 4 chunks), dropout off (the one-rank reference reorders rows as the micro-batches of the layout group
+// them, which dropout masks would notice), optionally tied and with experts in every second block (4 experts,
+// top-2, a capacity that drops tokens).
+inline nn::gpt_config compose_config(bool tied, bool moe) {
+  auto g = config(4, 0.f);
+  g.tie_weights = tied;
+  if (moe) {
+    g.experts = 4;
+    g.top_k = 2;
+    g.capacity_factor = 1.f;
+    g.moe_every = 2;
+  }
+  return g;
+}
 inline const train::text_corpus& corpus() {
   static const train::text_corpus text = [] {
     std::vector<std::uint8_t> bytes(4096);
@@ -48,12 +63,14 @@ struct layout {
   int as_dp = 1;
   int replicas = 1;        // hybrid sharding: the data-parallel ranks form this many replicas
   std::string schedule{};  // a pipeline schedule by name; empty: the trainer's default
+  bool micro_batch_residency = false;  // ZeRO-2/3 on a pipeline: reduce (and gather) per micro-batch
   int size() const { return tp * pp * dp; }
   std::string name() const {
     return "tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " + std::to_string(dp) + (sp ? " sp" : "") +
            (ep > 1 ? " ep " + std::to_string(ep) : "") +
            (cp > 1 ? " cp " + std::to_string(cp) + (zigzag ? " zig-zag" : " contiguous") : "") +
-           (replicas > 1 ? " replicas " + std::to_string(replicas) : "") + (schedule.empty() ? "" : " " + schedule);
+           (replicas > 1 ? " replicas " + std::to_string(replicas) : "") + (schedule.empty() ? "" : " " + schedule) +
+           (micro_batch_residency ? " per micro-batch" : "");
   }
 };
 
@@ -88,6 +105,7 @@ result train_gpt(C& c, const layout& l, const nn::gpt_config& g, int n_steps = s
   o.cp_zigzag = l.zigzag;
   o.replicas = l.replicas;
   o.schedule = l.schedule;
+  o.micro_batch_residency = l.micro_batch_residency;
   o.micro_batches = micro > 0 ? micro : (l.pp > 1 ? 2 : 1);
   o.clip_norm = 0.5f;  // clipping acts in most steps: the norm must count every parameter once
   trainer<P...> t(c, model, o, optim::adamw({.lr = 3e-3f}));

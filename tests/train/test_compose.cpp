@@ -4,7 +4,8 @@
 // tp2+sp·dp2; ep2 (MoE); cp2·dp2; tp2·pp2·dp2; pp2·ep2·dp2} × {tied, untied}, each trained on comm::local
 // against one rank. A pairwise subset (every sharding × layout once, tying alternating so that every sharding
 // and every layout meets both) and the full product (label `compose`; about 6 s on 2 cores) both run with the
-// unit tests.
+// unit tests. Checkpoints cross layouts: saved by zero3·pp2·ep2, hybrid zero2·tp2 and replicate·pp2·interleaved,
+// each loaded into the other two and into one rank, resumed runs repeat an uninterrupted run's losses.
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -14,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "../temp_dir.hpp"
 #include "gpt_fixture.hpp"
 
 namespace {
@@ -21,21 +23,6 @@ namespace {
 using namespace gpt_fixture;
 
 constexpr int compose_steps = 6;
-
-// Four blocks (interleaved:2 on 2 stages needs 4 chunks), dropout off (the one-rank reference reorders rows
-// as the micro-batches of the layout group them, which dropout masks would notice), optionally tied and with
-// experts in every second block (4 experts, top-2, a capacity that drops tokens).
-nn::gpt_config compose_config(bool tied, bool moe) {
-  auto g = config(4, 0.f);
-  g.tie_weights = tied;
-  if (moe) {
-    g.experts = 4;
-    g.top_k = 2;
-    g.capacity_factor = 1.f;
-    g.moe_every = 2;
-  }
-  return g;
-}
 
 struct kind {
   std::string name;
@@ -131,4 +118,60 @@ TEST_CASE("compose: the full product of shardings × layouts × {tied, untied}")
         ++runs;
       }
   CHECK(runs == 108);
+}
+
+namespace {
+
+// A layout with the sharding it runs under, as a checkpoint's writer or reader.
+using ck_runner = std::function<result(const layout&, const nn::gpt_config&, int, const checkpoints&)>;
+template <class S>
+ck_runner run_ck() {
+  return [](const layout& l, const nn::gpt_config& g, int n_steps, const checkpoints& ck) {
+    result out;
+    comm::local::run(l.size(), [&](comm::local& c) {
+      auto r = train_gpt<S, optim::adamw>(c, l, g, n_steps, 2, ck);
+      if (c.rank() == 0) out = std::move(r);
+    });
+    return out;
+  };
+}
+struct endpoint {
+  std::string name;
+  layout l;
+  ck_runner run;
+};
+
+}  // namespace
+
+// Every layout here has 2 data-parallel ranks (dp / cp = 2), so one rank ordering its rows as 2 ranks' micro-batches
+// (as_dp 2) routes tokens as each of them does; one rank runs the experts unsplit, as does tp.
+TEST_CASE("compose: checkpoints of zero3·pp2·ep2, hybrid zero2·tp2 and replicate·pp2·interleaved resume in each other and one rank") {
+  constexpr int before = 3, after = 3;
+  const std::vector<endpoint> layouts = {
+      {"zero3 · pp2·ep2·dp2", {.pp = 2, .dp = 2, .ep = 2}, run_ck<parallel::zero<3>>()},
+      {"hybrid zero2 · tp2·dp2 (2 replicas)", {.tp = 2, .dp = 2, .replicas = 2}, run_ck<parallel::hybrid<parallel::zero<2>>>()},
+      {"replicate · pp2·dp2 interleaved:2", {.pp = 2, .dp = 2, .schedule = "interleaved:2"}, run_ck<parallel::replicate>()},
+  };
+  const endpoint one{"one rank", {.as_dp = 2}, run_ck<parallel::replicate>()};
+  for (bool tied : {false, true}) {
+    const auto g = compose_config(tied, true);
+    const auto whole = one.run(one.l, g, before + after, {});
+    REQUIRE(whole.losses.size() == before + after);
+    int resumed = 0;
+    for (const auto& from : layouts) {
+      dml_test::temp_dir dir("dml-compose-ckpt");
+      const auto first = from.run(from.l, g, before, {.save = dir.path.string()});
+      for (const auto* to : {&layouts[0], &layouts[1], &layouts[2], &one}) {
+        if (to == &from) continue;
+        const auto rest = to->run(to->l, g, after, {.load = dir.path.string()});
+        result joined = first;
+        joined.losses.insert(joined.losses.end(), rest.losses.begin(), rest.losses.end());
+        joined.grad_norms.insert(joined.grad_norms.end(), rest.grad_norms.begin(), rest.grad_norms.end());
+        joined.params = rest.params;
+        check_same(whole, joined, from.name + " saved, " + to->name + " resumed" + (tied ? ", tied" : ""));
+        ++resumed;
+      }
+    }
+    CHECK(resumed == 9);
+  }
 }

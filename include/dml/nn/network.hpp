@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/nn/network.hpp — a sequential given flat parameter/gradient storage and activations in one space.
-// Sits on nn/sequential.hpp; optim/ updates its flat buffers and train/ drives forward and backward.
+// Sits on nn/param_layout.hpp and nn/sequential.hpp; optim/ updates its flat buffers and train/ drives forward and
+// backward.
 #pragma once
 
 #include <algorithm>
@@ -17,123 +18,10 @@
 #include "dml/core/rng.hpp"
 #include "dml/nn/activation.hpp"
 #include "dml/nn/linear.hpp"
+#include "dml/nn/param_layout.hpp"
 #include "dml/nn/sequential.hpp"
 
 namespace dml::nn {
-
-// Where each parameter lives in the flat buffer. Gradients and optimizer states use the same offsets.
-struct param_slot {
-  std::string name;
-  dml::shape shape;
-  std::size_t layer = 0;
-  std::int64_t offset = 0;
-  param_spec spec;
-  std::size_t id = 0;       // index among all the model's parameters
-  std::size_t init_id = 0;  // its initial values follow (seed, init_id): its own id, or a tied parameter's
-};
-
-// Layers [first, end) of a sequential: a pipeline stage, or one chunk of an interleaved one.
-struct layer_range {
-  std::size_t first = 0, end = 0;
-  bool contains(std::size_t l) const { return first <= l && l < end; }
-  friend bool operator==(const layer_range&, const layer_range&) = default;
-};
-
-struct param_layout {
-  // Each parameter starts on a 64-byte boundary, so a bucket or shard boundary never splits a vector lane.
-  static constexpr std::int64_t alignment = 16;
-  std::int64_t padding_unit = alignment;  // what each slot was rounded to
-  std::vector<param_slot> slots;
-  std::vector<std::size_t> first_slot;  // per layer, plus one past the end
-  std::int64_t total = 0;               // floats, padding included
-  std::int64_t numel = 0;               // floats, padding excluded
-
-  const param_slot& find(std::string_view name) const {
-    for (const auto& s : slots)
-      if (s.name == name) return s;
-    std::string have;
-    for (const auto& s : slots) have += (have.empty() ? "" : ", ") + s.name;
-    fail<invalid_argument>("dml::nn::param_layout: no parameter named '", name, "'; the model has: ", have);
-  }
-};
-
-// alignment: floats each parameter's start and the total are rounded to (a multiple of 16; sharded
-// trainers pass 16·ranks so every parameter splits into equal, aligned per-rank parts).
-// held: the layers whose parameters the layout holds (a pipeline stage's); empty means all of them.
-template <class... Layers>
-param_layout make_layout(const sequential<Layers...>& model, std::int64_t alignment = param_layout::alignment,
-                         std::span<const layer_range> held = {}) {
-  if (alignment <= 0 || alignment % param_layout::alignment != 0)
-    fail<invalid_argument>("dml::nn::make_layout: expected an alignment that is a positive multiple of ",
-                           param_layout::alignment, ", found ", alignment);
-  auto holds = [&](std::size_t l) {
-    return held.empty() || std::ranges::any_of(held, [&](const layer_range& r) { return r.contains(l); });
-  };
-  param_layout out;
-  const std::size_t depth = model.depth();
-  out.first_slot.assign(depth + 1, 0);
-  std::int64_t offset = 0;
-  std::size_t id = 0;
-  const auto all = model.parameters();
-  auto id_of = [&](const std::string& name, const std::string& tied) {
-    for (std::size_t i = 0; i < all.size(); ++i)
-      if (all[i].second.name == tied) return i;
-    fail<invalid_argument>("dml::nn::make_layout: parameter '", name, "' is tied to '", tied, "', which the model lacks");
-  };
-  for (auto& [layer, spec] : all) {
-    if (!holds(layer)) {
-      ++id;
-      continue;
-    }
-    const std::int64_t n = spec.shape.numel();
-    const std::size_t init_id = spec.tied_to.empty() ? id : id_of(spec.name, spec.tied_to);
-    out.slots.push_back({spec.name, spec.shape, layer, offset, spec, id++, init_id});
-    offset += (n + alignment - 1) / alignment * alignment;
-    out.numel += n;
-  }
-  out.total = offset;
-  out.padding_unit = alignment;
-  for (std::size_t l = 0, s = 0; l <= depth; ++l) {
-    while (s < out.slots.size() && out.slots[s].layer < l) ++s;
-    out.first_slot[l] = s;
-  }
-  return out;
-}
-
-namespace kernels {
-template <class T = float>
-struct init_param {
-  rng_stream rng;
-  init_kind kind;
-  float a, b;
-  T* w;
-  param_shard shard;  // element i of a tensor-parallel part draws the whole parameter's element
-  DML_HOST_DEVICE static float value(const rng_stream& rng, init_kind kind, float a, float b, std::uint64_t k) {
-    switch (kind) {
-      case init_kind::ones: return 1.f;
-      case init_kind::uniform: return rng.uniform(k, a, b);
-      case init_kind::normal: return rng.normal(k, a, b);
-      case init_kind::zeros: break;
-    }
-    return 0.f;
-  }
-  DML_HOST_DEVICE void operator()(std::int64_t i) const {
-    w[i] = T(value(rng, kind, a, b, static_cast<std::uint64_t>(shard.whole_index(i))));
-  }
-};
-// Elements [first, first + n) of a parameter, written to out[0, n).
-struct init_param_range {
-  rng_stream rng;
-  init_kind kind;
-  float a, b;
-  float* out;
-  std::int64_t first;
-  param_shard shard;
-  DML_HOST_DEVICE void operator()(std::int64_t i) const {
-    out[i] = init_param<>::value(rng, kind, a, b, static_cast<std::uint64_t>(shard.whole_index(first + i)));
-  }
-};
-}  // namespace kernels
 
 // Called around each layer by forward and backward: sharded trainers gather parameters and launch
 // gradient reductions here. Layers are numbered as in the sequential.

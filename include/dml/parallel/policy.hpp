@@ -8,6 +8,7 @@
 
 #include "dml/core/space.hpp"
 #include "dml/optim/optimizer.hpp"
+#include "dml/parallel/plan.hpp"
 #include "dml/parallel/precision.hpp"
 #include "dml/parallel/replicate.hpp"
 #include "dml/parallel/schedule.hpp"
@@ -39,7 +40,7 @@ struct find_policy<Family, Default, P, Rest...> {
 template <class P>
 inline constexpr bool known_family = in_family<P, sharding_family>() || in_family<P, schedule_family>() ||
                                      in_family<P, precision_family>() || in_family<P, optimizer_family>() ||
-                                     in_family<P, space_family>();
+                                     in_family<P, space_family>() || in_family<P, plan_family>();
 }  // namespace detail
 
 // The policy of Family among P..., or Default when none is given.
@@ -59,7 +60,7 @@ struct policy_check {
                 "(parallel::replicate, parallel::zero<S>), schedules, precisions, optimizers or execution spaces");
   static_assert(!has_policy_family<P> || known_family<P>,
                 "dml::trainer: a template argument's `policy_family` is none of sharding_family, schedule_family, "
-                "precision_family, optim::optimizer_family, space_family");
+                "precision_family, optim::optimizer_family, space_family, plan_family");
   static constexpr int same_family = [] {
     if constexpr (has_policy_family<P>) return count_policies<typename P::policy_family, All...>;
     else return 1;

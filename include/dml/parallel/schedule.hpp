@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/parallel/schedule.hpp — pipeline schedules: single, GPipe, 1F1B, interleaved 1F1B and ZB-H1 as policies,
-// CSV, a text picture, choice by name. Sits on schedule_check.hpp (tables, checker, simulator); the trainer runs them.
+// CSV, a text picture, choice by name. Sits on schedule_check.hpp (the checker and simulator, and through it the
+// tables of schedule_table.hpp); the trainer runs them.
 #pragma once
 
 #include <algorithm>

@@ -6,13 +6,15 @@
 // data-parallel state of one rank (buckets, gradients, optimizer state, float master weights) and
 // its work: layer hooks that launch bucket reductions during backward, the program's unshard, reduce and
 // reshard of each chunk, gradient pieces for tied parameters, the update, and what the rank owns (for
-// gradient norms and checkpoints).
+// gradient norms and checkpoints). sharding_sync below is that whole contract, in named parts.
 #pragma once
 
 #include <concepts>
 #include <cstdint>
+#include <ranges>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dml/comm/communicator.hpp"
@@ -83,26 +85,6 @@ concept has_shards = requires {
 template <class P>
 concept sharding_policy = in_sharding_family<P> && has_sharding_name<P> && has_shards<P>;
 
-// What a trainer calls on P::sync<...>; checked where the trainer instantiates it. The program (parallel/
-// program.hpp) drives it: unshard(c) before chunk c computes, begin_backward(first) before each backward pass
-// given the hooks, reduce(c, final) once the chunk's reductions were launched, reshard(c) after its last
-// compute; then gradient pieces for ties, the norm, and the update.
-template <class S>
-concept sharding_sync = std::derived_from<S, nn::layer_hooks> && requires(S& s, const S& cs, typename S::optimizer_type& o) {
-  s.unshard(0);
-  s.reshard(0);
-  s.begin_backward(true);
-  s.reduce(0, true);
-  s.grad_piece(std::size_t{0});
-  s.update(o, 1.f, std::int64_t{1}, 1.f);
-  { s.grad_squared_norm() } -> std::convertible_to<double>;
-  { s.has_overflow() } -> std::convertible_to<bool>;
-  { s.parameters() } -> std::same_as<std::vector<float>>;
-  { cs.memory() } -> std::same_as<memory_report>;
-  { cs.owned_pieces() } -> std::same_as<std::vector<owned_piece>>;
-  { cs.writes_checkpoint() } -> std::convertible_to<bool>;
-};
-
 // static_assert(diagnose_sharding<P>()) names the first missing part.
 template <class P>
 consteval bool diagnose_sharding() {
@@ -113,13 +95,119 @@ consteval bool diagnose_sharding() {
                 "shards_parameters`");
   return true;
 }
+
+// ---- The sync: S = P::sync<Space, Comm, Optimizer, Precision, Net>, one per rank, is the whole contract the
+// trainer (train/trainer.hpp) and checkpoints (train/checkpoint_io.hpp) use; a sharding written against these
+// parts alone works with every schedule and layout the trainer runs (examples/learn/09_custom_sharding.cpp).
+// The trainer asks sync_setup before building the network, builds S (sync_construction), then runs each
+// step's program (parallel/program.hpp): begin_pass before every compute pass; unshard(c) before chunk c's
+// first compute and reshard(c) after its last; begin_backward(first) before a backward pass that gets the
+// hooks; reduce(c, final) once the chunk's reductions were launched; grad_piece for tied parameters; then
+// grad_squared_norm, has_overflow and update. "Owns" below: what a rank counts and writes, so that over the
+// world each element counts once (DESIGN.md §9, ownership).
+
+// How the network is laid out for S; static, asked before S and the network exist.
 template <class S>
+concept sync_setup = requires(int ranks, bool per_step) {
+  // true: S can take gradients per micro-batch (each backward hands them over as it leaves a bucket), and the
+  // trainer lets it where the program allows (one stage, backward not split); false: once per step.
+  { S::streams_gradients } -> std::convertible_to<bool>;
+  // The network's alignment and whether it owns parameters and gradients (else S points each slot at its own
+  // storage), for `ranks` ranks in the shard group; per_step: how this run hands gradients over.
+  { S::network_options(ranks, per_step) } -> std::convertible_to<nn::network_options>;
+};
+
+// S(groups, net, options): the groups to reduce over, the network (whose layout is S's flat index space) and
+// sync_options (chunks, per_step, seed, bucket size, event log). Once per trainer, before the first step.
+template <class S, class Comm, class Net>
+concept sync_construction = std::constructible_from<S, shard_groups<Comm>, Net&, const sync_options&>;
+
+// Where parameters are whole while layers compute (ZeRO-3 gathers them; others hold them whole already).
+template <class S>
+concept sync_residency = requires(S& s, int chunk) {
+  s.begin_pass();     // before every forward or backward pass (and correct()'s forward)
+  s.unshard(chunk);   // before chunk's first compute of the step: its parameters must be readable
+  s.reshard(chunk);   // after chunk's last compute of the step: S may free what unshard gathered
+};
+
+// Gradients from backward to where the update reads them. S is the backward's nn::layer_hooks (before_forward,
+// before_backward, after_backward per layer): it may launch reductions while backward runs.
+template <class S>
+concept sync_gradients = std::derived_from<S, nn::layer_hooks> &&
+                         requires(S& s, bool first, int chunk, bool last, std::size_t slot) {
+  s.begin_backward(first);  // before a backward pass that gets the hooks; first: the chunk's first of the step
+  s.reduce(chunk, last);    // complete the chunk's reductions; last: the chunk's final reduce of the step
+  // After the reductions: the gradient elements of a slot this rank holds, as a contiguous range of the
+  // working type (tied parameters sum their copies' pieces in place).
+  { s.grad_piece(slot) } -> std::ranges::contiguous_range;
+};
+
+// The step's tail, after every reduction and tie sum.
+template <class S>
+concept sync_update = requires(S& s, typename S::optimizer_type& o, float lr, std::int64_t step, float scale,
+                               const std::vector<bool>& skip) {
+  // Squared norm of the gradients this rank owns, leaving out slots with skip[slot] (counted on another rank).
+  { s.grad_squared_norm(skip) } -> std::convertible_to<double>;
+  { s.has_overflow() } -> std::convertible_to<bool>;  // a non-finite gradient this rank holds (fp16)
+  // One optimizer step (the step-th applied) over what this rank updates: gradients times grad scale.
+  s.update(o, lr, step, scale);
+};
+
+// The parameters and memory as the trainer reports and sets them.
+template <class S>
+concept sync_state = requires(S& s, const S& cs, std::span<const float> full) {
+  { s.parameters() } -> std::same_as<std::vector<float>>;  // every float parameter of the layout (collective)
+  s.load_parameters(full);                                 // the reverse, also rewriting the working copy
+  s.refresh_working();  // the float parameters changed outside an update (a checkpoint load): recast them
+  { cs.memory() } -> std::same_as<memory_report>;          // bytes held, from allocated sizes
+  { cs.buckets() } -> std::convertible_to<std::span<const bucket>>;  // its gradient buckets (may be none)
+};
+
+// Checkpoints: each rank writes what it owns; reading fills what the layout holds, by pieces or whole.
+template <class S>
+concept sync_checkpoint = requires(S& s, const S& cs, int k, const owned_piece& piece) {
+  { cs.owned_pieces() } -> std::same_as<std::vector<owned_piece>>;  // the elements this rank owns
+  { cs.writes_checkpoint() } -> std::convertible_to<bool>;          // false: this rank writes nothing
+  // k = −1: the float parameters; k ≥ 0: optimizer state slot k.
+  { s.held(k, piece) } -> std::same_as<float*>;         // where the piece's first element lives
+  { s.loads_pieces(k) } -> std::convertible_to<bool>;   // true: read owned pieces; false: read whole(k)
+  { s.whole(k) } -> std::same_as<float*>;               // every element of the layout (when not by pieces)
+};
+
+template <class S>
+concept sharding_sync = sync_setup<S> && sync_residency<S> && sync_gradients<S> && sync_update<S> &&
+                        sync_state<S> && sync_checkpoint<S>;
+
+// static_assert(diagnose_sharding_sync<S, Comm, Net>()) names each missing part and its members (construction
+// only when Comm and Net are given).
+template <class S, class Comm = void, class Net = void>
 consteval bool diagnose_sharding_sync() {
-  static_assert(std::derived_from<S, nn::layer_hooks>, "dml: a sharding's sync must derive from dml::nn::layer_hooks");
-  static_assert(sharding_sync<S>,
-                "dml: a sharding's sync needs unshard(chunk), reshard(chunk), begin_backward(first), reduce(chunk, "
-                "final), grad_piece(slot), update(optimizer&, lr, step, grad_scale), grad_squared_norm(), "
-                "has_overflow(), parameters(), memory(), owned_pieces() and writes_checkpoint()");
+  if constexpr (!std::is_void_v<Comm>)
+    static_assert(sync_construction<S, Comm, Net>,
+                  "dml: a sharding's sync needs (sync_construction) a constructor "
+                  "`sync(dml::parallel::shard_groups<Comm>, Net&, const dml::parallel::sync_options&)`");
+  static_assert(sync_setup<S>, "dml: a sharding's sync needs (sync_setup) `static constexpr bool streams_gradients` "
+                               "and `static dml::nn::network_options network_options(int ranks, bool per_step)`");
+  static_assert(sync_residency<S>, "dml: a sharding's sync needs (sync_residency) `void begin_pass()`, "
+                                   "`void unshard(int chunk)` and `void reshard(int chunk)`");
+  static_assert(sync_gradients<S>,
+                "dml: a sharding's sync needs (sync_gradients) to derive from `dml::nn::layer_hooks`, and "
+                "`void begin_backward(bool first)`, `void reduce(int chunk, bool final)` and "
+                "`std::span<T> grad_piece(std::size_t slot)`");
+  static_assert(sync_update<S>,
+                "dml: a sharding's sync needs (sync_update) `using optimizer_type = Optimizer`, "
+                "`double grad_squared_norm(const std::vector<bool>& skip)`, `bool has_overflow()` and "
+                "`void update(Optimizer&, float lr, std::int64_t step, float grad_scale)`");
+  static_assert(sync_state<S>,
+                "dml: a sharding's sync needs (sync_state) `std::vector<float> parameters()`, "
+                "`void load_parameters(std::span<const float>)`, `void refresh_working()`, "
+                "`dml::parallel::memory_report memory() const` and "
+                "`std::span<const dml::parallel::bucket> buckets() const`");
+  static_assert(sync_checkpoint<S>,
+                "dml: a sharding's sync needs (sync_checkpoint) `std::vector<dml::parallel::owned_piece> "
+                "owned_pieces() const`, `bool writes_checkpoint() const`, "
+                "`float* held(int k, const dml::parallel::owned_piece&)`, `bool loads_pieces(int k)` and "
+                "`float* whole(int k)`");
   return true;
 }
 
@@ -189,34 +277,6 @@ class data_parallel : public nn::layer_hooks {
   void begin_backward(bool first) { first_ = first; }
   void unshard(int) {}
   void reshard(int) {}
-
-  // A scalar summed over a group, through memory of the trainer's space (NCCL reads device memory only).
-  template <class V>
-  V sum(Comm& group, V value) {
-    if (group.size() == 1) return value;
-    buffer<V, Space> v(1);
-    dml::copy_n(&value, 1, v.data());
-    order_after_compute();
-    group.all_reduce(v.span(), comm::reduce_op::sum);
-    dml::copy_n(v.data(), 1, &value);
-    return value;
-  }
-  // The global index of this rank's first row among the `data` ranks (the data-parallel group): ranks pass
-  // contiguous slices of the global batch in rank order (train::sampler::slice), so it is the sum of the
-  // earlier ranks' row counts; one all_gather, made only for models with a layer that reads it (dropout).
-  // Under context parallelism the cp consecutive ranks of a group pass the same rows, which count once.
-  std::int64_t first_global_row(Comm& data, std::int64_t rows, int cp = 1) {
-    if (!Net::model_type::uses_row_index || data.size() == 1) return 0;
-    buffer<std::int64_t, Space> mine(1), all(static_cast<std::size_t>(data.size()));
-    dml::copy_n(&rows, 1, mine.data());
-    order_after_compute();
-    data.all_gather(std::span<const std::int64_t>(mine.data(), 1), all.span());
-    std::vector<std::int64_t> counts(all.size());
-    dml::copy_n(all.data(), counts.size(), counts.data());
-    std::int64_t first = 0;
-    for (int r = 0; r < data.rank() / cp * cp; r += cp) first += counts[static_cast<std::size_t>(r)];
-    return first;
-  }
 
   // Collectives run on the communicator's stream, kernels on the compute stream (current_stream()):
   // before a collective reads or writes memory that kernels touched, its stream waits for what the

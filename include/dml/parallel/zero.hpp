@@ -374,15 +374,11 @@ struct hybrid {
   static_assert(sizeof(Sharding) == 0, "dml::parallel::hybrid<S>: S is zero<1>, zero<2> or zero<3> (replicate "
                                        "already holds everything on every rank)");
 };
+// zero<Stage>'s policy, sync included (the trainer hands it the replica group); only the name and the flag differ.
 template <int Stage>
-struct hybrid<zero<Stage>> {
-  using policy_family = sharding_family;
-  static constexpr int stage = Stage;
+struct hybrid<zero<Stage>> : zero<Stage> {
   static constexpr bool hybrid_sharding = true;
   static constexpr const char* name = Stage == 1 ? "hybrid_zero1" : Stage == 2 ? "hybrid_zero2" : "hybrid_zero3";
-  static constexpr bool shards_optimizer_state = true, shards_gradients = Stage >= 2, shards_parameters = Stage == 3;
-  template <class Space, class Comm, class Optimizer, class Precision, class Net>
-  using sync = detail::zero_sync<Stage, Space, Comm, Optimizer, Precision, Net>;
 };
 
 }  // namespace dml::parallel

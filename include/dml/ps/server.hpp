@@ -2,14 +2,14 @@
 // dml/ps/server.hpp — the parameter server's server: a service loop over the key ranges this rank holds, which
 // applies workers' pushes with a server-side optimizer, answers pulls under the consistency bound enforced by
 // vector clocks, filters both directions with error feedback, and chain-replicates every range.
-// Sits on ps/transport.hpp, comm/compression.hpp and optim/adagrad.hpp; used by ps/downpour.hpp.
+// Sits on ps/detail/server_ranges.hpp (what it holds), ps/transport.hpp and comm/compression.hpp; used by
+// ps/downpour.hpp.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <list>
 #include <map>
 #include <memory>
@@ -20,9 +20,8 @@
 
 #include "dml/comm/communicator.hpp"
 #include "dml/comm/compression.hpp"
-#include "dml/core/algorithm.hpp"
 #include "dml/core/error.hpp"
-#include "dml/optim/adagrad.hpp"
+#include "dml/ps/detail/server_ranges.hpp"
 #include "dml/ps/transport.hpp"
 
 namespace dml::ps {
@@ -38,25 +37,11 @@ class server {
         place_(std::move(lengths), opt_), ep_(world, everyone_but(world.rank(), world.size()),
                                               everyone_but(world.rank(), world.size())),
         me_(world.rank()), pull_filter_(comm::any_filter::parse(opt_.pull_filter)),
-        push_filter_(comm::any_filter::parse(opt_.push_filter)), dead_servers_(opt_.servers, false),
-        dead_workers_(workers_, false), left_(workers_, false) {
+        push_filter_(comm::any_filter::parse(opt_.push_filter)), ranges_(place_, opt_, me_, workers_),
+        dead_servers_(opt_.servers, false) {
     if (me_ >= opt_.servers)
       fail<invalid_argument>("dml::ps::server: rank ", me_, " is a worker (servers are ranks 0..",
                              opt_.servers - 1, ")");
-    const auto ranges = place_.table.ranges();
-    state_.resize(ranges.size());
-    for (std::size_t r = 0; r < ranges.size(); ++r) {
-      const auto& ch = place_.chains[r];
-      if (std::ranges::find(ch, me_) == ch.end()) continue;
-      auto& s = state_[r];
-      s.held = true;
-      s.value.assign(std::size_t(ranges[r].length), 0.f);
-      if (opt_.optimizer.kind == server_optimizer::adagrad)
-        s.accum.assign(std::size_t(ranges[r].length), opt_.optimizer.initial_accumulator);
-      s.clock.assign(std::size_t(workers_), 0);
-      s.applied.resize(std::size_t(workers_));
-      s.view.resize(std::size_t(workers_));
-    }
   }
 
   // Serves until every worker has left or died (or this server's fault hook fires), then finishes.
@@ -69,7 +54,7 @@ class server {
         last_check = clock::now();
         check_liveness();
       }
-      if (opt_.fault && opt_.fault(me_, max_clock_)) {
+      if (opt_.fault && opt_.fault(me_, ranges_.max_clock())) {
         stopped_ = true;
         break;
       }
@@ -90,15 +75,6 @@ class server {
   bool stopped() const { return stopped_; }  // the fault hook fired
 
  private:
-  struct range_state {
-    bool held = false, initialised = false;
-    std::vector<float> value, accum;
-    std::vector<std::int64_t> clock;                  // per worker: pushes applied
-    std::vector<std::vector<std::uint64_t>> applied;  // per worker: push sequence numbers received, ascending
-    std::map<std::int64_t, std::map<int, std::vector<float>>> pending;  // bsp: step -> worker -> gradient
-    std::vector<std::vector<float>> view;             // per worker: what its copy holds (pull filters)
-    std::int64_t max_lead = 0;
-  };
   struct entry {  // one range of a push or forward, decoded
     std::uint32_t range;
     std::uint8_t kind;  // 0 gradient, 1 initial values
@@ -131,14 +107,8 @@ class server {
   bool is_worker(int rank) const { return rank >= opt_.servers; }
   bool done() const {
     for (int w = 0; w < workers_; ++w)
-      if (!left_[w] && !dead_workers_[w]) return false;
+      if (ranges_.live(w)) return false;
     return forwards_.empty();
-  }
-  std::int64_t min_live_clock(const range_state& s) const {
-    std::int64_t m = std::numeric_limits<std::int64_t>::max();
-    for (int w = 0; w < workers_; ++w)
-      if (!dead_workers_[w] && !left_[w]) m = std::min(m, s.clock[w]);
-    return m;
   }
 
   void reply_error(int peer, const detail::header& h, const std::string& what) {
@@ -150,7 +120,7 @@ class server {
   void handle(int peer, const detail::header& h, std::span<const std::byte> payload) {
     if (is_worker(peer) && h.type != std::int64_t(detail::msg::pong)) {
       const int w = worker_index(peer);
-      if (dead_workers_[w] && h.type != std::int64_t(detail::msg::leave) && h.type != std::int64_t(detail::msg::ping) &&
+      if (ranges_.dead(w) && h.type != std::int64_t(detail::msg::leave) && h.type != std::int64_t(detail::msg::ping) &&
           h.type != std::int64_t(detail::msg::bye)) {
         reply_error(peer, h, dml::detail::cat("dml::ps: server ", me_, " declared worker ", w, " dead after ",
                                          opt_.timeout.count(), " ms of silence; it cannot rejoin"));
@@ -196,12 +166,12 @@ class server {
       e.kind = rd.get<std::uint8_t>("an entry kind");
       const auto n = rd.get<std::uint32_t>("an entry length");
       e.bytes = rd.take(n, "an entry");
-      if (e.range >= state_.size())
-        fail<invalid_argument>("dml::ps: expected a key range below ", state_.size(),
+      if (e.range >= ranges_.size())
+        fail<invalid_argument>("dml::ps: expected a key range below ", ranges_.size(),
                                " (keys outside every range), found range ", e.range);
       if (e.kind > 1) fail<invalid_argument>("dml::ps: expected entry kind 0 or 1, found ", int(e.kind));
       const auto& ch = place_.chains[e.range];
-      if (!state_[e.range].held)
+      if (!ranges_[e.range].held)
         fail<invalid_argument>("dml::ps: range ", e.range, " lives on servers ", list(ch), ", not on server ",
                                me_);
       if (from_worker) {
@@ -246,9 +216,10 @@ class server {
       fail<invalid_argument>("dml::ps: expected a worker index in [0, ", workers_, "), found ", w);
     std::vector<std::size_t> first;
     const auto es = parse_entries(peer, payload, first);
-    for (std::size_t i = 0; i < es.size(); ++i)
-      apply(es[i], w, std::uint64_t(h.seq),
-            std::span<const float>(decoded_).subspan(first[i], std::size_t(place_.table.range(es[i].range).length)));
+    for (std::size_t i = 0; i < es.size(); ++i) {
+      const auto g = std::span<const float>(decoded_).subspan(first[i], std::size_t(place_.table.range(es[i].range).length));
+      ranges_.apply(es[i].range, es[i].kind, w, std::uint64_t(h.seq), g);
+    }
     forwarding f{peer, h.id, from_worker ? detail::msg::push_ack : detail::msg::forward_ack, w, h.seq, {}};
     dispatch(f, payload);
     if (f.parts.empty()) acknowledge(f);
@@ -304,75 +275,14 @@ class server {
     return detail::next_live(ch, at + 1, dead_servers_);
   }
 
-  void apply(const entry& e, int w, std::uint64_t seq, std::span<const float> g) {
-    auto& s = state_[e.range];
-    if (e.kind == 1) {  // initial values: the first to arrive wins
-      if (!s.initialised) s.value.assign(g.begin(), g.end());
-      s.initialised = true;
-      return;
-    }
-    auto& seen = s.applied[std::size_t(w)];
-    auto pos = std::ranges::lower_bound(seen, seq);
-    if (pos != seen.end() && *pos == seq) return;  // a retry of what this server already has
-    seen.insert(pos, seq);
-    if (opt_.staleness == 0) {
-      s.pending[std::int64_t(seq)][w].assign(g.begin(), g.end());
-      complete_steps(s);
-    } else {
-      step(s, g);
-      ++s.clock[std::size_t(w)];
-      note_clock(s);
-    }
-  }
-
-  void step(range_state& s, std::span<const float> g) {
-    const auto n = std::int64_t(g.size());
-    if (opt_.optimizer.kind == server_optimizer::sgd) {
-      const float lr = opt_.optimizer.lr;
-      float* v = s.value.data();
-      for (std::int64_t i = 0; i < n; ++i) v[i] -= lr * g[std::size_t(i)];
-    } else {
-      for_each_index<host>(n, optim::kernels::adagrad_update<float>{s.value.data(), g.data(), s.accum.data(),
-                                                                     opt_.optimizer.lr, opt_.optimizer.eps, 0.f, 1.f});
-    }
-  }
-
-  // bsp: step t is applied when every live worker's push of it is in, summed in worker order.
-  void complete_steps(range_state& s) {
-    while (!s.pending.empty()) {
-      auto it = s.pending.begin();
-      bool all = true;
-      for (int w = 0; w < workers_; ++w)
-        if (!dead_workers_[w] && !left_[w] && !it->second.contains(w)) all = false;
-      if (!all) return;
-      std::vector<float> sum(s.value.size(), 0.f);
-      for (auto& [w, g] : it->second) {
-        for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += g[i];
-        ++s.clock[std::size_t(w)];
-      }
-      step(s, sum);
-      s.pending.erase(it);
-      note_clock(s);
-    }
-  }
-
-  void note_clock(range_state& s) {
-    const std::int64_t lo = min_live_clock(s);
-    for (int w = 0; w < workers_; ++w) {
-      max_clock_ = std::max(max_clock_, s.clock[std::size_t(w)]);
-      if (!dead_workers_[w] && !left_[w] && lo != std::numeric_limits<std::int64_t>::max())
-        s.max_lead = std::max(s.max_lead, s.clock[std::size_t(w)] - lo);
-    }
-  }
-
   void on_pull(int peer, const detail::header& h, std::span<const std::byte> payload) {
     if (!is_worker(peer)) fail<invalid_argument>("dml::ps: expected pulls from workers, found one from server ", peer);
     waiting_pull wp{peer, h, {}};
     detail::reader rd{payload};
     while (!rd.done()) {
       const auto r = rd.get<std::uint32_t>("a range id");
-      if (r >= state_.size())
-        fail<invalid_argument>("dml::ps: expected a key range below ", state_.size(),
+      if (r >= ranges_.size())
+        fail<invalid_argument>("dml::ps: expected a key range below ", ranges_.size(),
                                " (keys outside every range), found range ", r);
       const int prim = place_.primary(r, dead_servers_);
       if (prim != me_)
@@ -384,19 +294,14 @@ class server {
     else waiting_.push_back(std::move(wp));
   }
 
-  bool ready(const waiting_pull& wp) const {
-    if (opt_.staleness < 0) return true;
-    for (auto r : wp.ranges)
-      if (min_live_clock(state_[r]) < wp.h.seq - opt_.staleness) return false;
-    return true;
-  }
+  bool ready(const waiting_pull& wp) const { return ranges_.ready(wp.ranges, wp.h.seq); }
 
   void answer(const waiting_pull& wp) {
     const int w = worker_index(wp.peer);
     auto buffer = pool_.take();
     auto& out = *buffer;
     for (auto r : wp.ranges) {
-      auto& s = state_[r];
+      auto& s = ranges_[r];
       auto& view = s.view[std::size_t(w)];
       // Mode 0: the values, which replace the worker's copy; 1: a filtered change to add to it.
       const bool whole = pull_filter_.kind() == comm::filter_kind::none || view.empty();
@@ -428,17 +333,14 @@ class server {
   }
 
   void after_membership_change() {
-    for (auto& s : state_)
-      if (s.held) {
-        if (opt_.staleness == 0) complete_steps(s);
-      }
+    ranges_.complete_steps();
     serve_waiting();
   }
 
   void on_leave(int peer, std::span<const std::byte> payload) {
     const int w = worker_index(peer);
-    if (left_[w]) return;
-    left_[w] = true;
+    if (ranges_.left(w)) return;
+    ranges_.set_left(w);
     const std::size_t n = payload.size() / sizeof(double);
     if (left_sums_.size() < n) left_sums_.resize(n, 0.0);
     for (std::size_t i = 0; i < n; ++i) {
@@ -451,8 +353,8 @@ class server {
   }
 
   void mark_worker_dead(int w, bool tell) {
-    if (w < 0 || w >= workers_ || dead_workers_[w] || left_[w]) return;
-    dead_workers_[w] = true;
+    if (w < 0 || w >= workers_ || !ranges_.live(w)) return;
+    ranges_.set_dead(w);
     // A dead worker's pulls are never answered.
     std::erase_if(waiting_, [&](const waiting_pull& p) { return worker_index(p.peer) == w; });
     if (tell)
@@ -495,7 +397,7 @@ class server {
     for (const auto& f : forwards_)
       for (const auto& [id, part] : f.parts) owes[std::size_t(part.dest)] = true;
     // Every worker owes a push or a leave; while it waits it pings, so only a stopped worker falls silent.
-    for (int w = 0; w < workers_; ++w) owes[std::size_t(opt_.servers + w)] = !left_[w] && !dead_workers_[w];
+    for (int w = 0; w < workers_; ++w) owes[std::size_t(opt_.servers + w)] = ranges_.live(w);
     for (int p = 0; p < world_size_; ++p) {
       if (!owes[std::size_t(p)]) continue;
       if (now - ep_.heard(p) > opt_.timeout) {
@@ -509,18 +411,7 @@ class server {
   }
   void on_stats(int peer, const detail::header& h) {
     std::vector<std::byte> out;
-    for (std::uint32_t r = 0; r < state_.size(); ++r) {
-      const auto& s = state_[r];
-      if (!s.held) continue;
-      detail::put(out, r);
-      detail::put(out, s.max_lead);
-      for (int w = 0; w < workers_; ++w) {
-        const auto& seen = s.applied[std::size_t(w)];
-        detail::put(out, s.clock[std::size_t(w)]);
-        detail::put(out, std::uint32_t(seen.size()));
-        detail::put_bytes(out, seen.data(), seen.size() * sizeof(std::uint64_t));
-      }
-    }
+    ranges_.stats(out);
     ep_.send(peer, {std::int64_t(detail::msg::stats_reply), h.id}, detail::share(std::move(out)));
   }
 
@@ -530,11 +421,11 @@ class server {
   detail::endpoint<C> ep_;
   int me_;
   comm::any_filter pull_filter_, push_filter_;
-  std::vector<range_state> state_;
-  std::vector<bool> dead_servers_, dead_workers_, left_;
+  detail::server_ranges ranges_;  // the ranges' state and the workers' membership
+  std::vector<bool> dead_servers_;
   std::list<forwarding> forwards_;
   std::list<waiting_pull> waiting_;
-  std::int64_t next_forward_ = 0, max_clock_ = 0;
+  std::int64_t next_forward_ = 0;
   detail::buffer_pool pool_;
   std::vector<float> decoded_;
   std::vector<double> left_sums_;  // what the workers that left asked to have summed

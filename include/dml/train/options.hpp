@@ -43,6 +43,11 @@ struct trainer_options {
   // and attention runs as ring attention over the group. Ranks of a group pass the same rows to step().
   int context_parallel = 1;
   bool cp_zigzag = true;
+  // ZeRO-2/3 on a pipeline: false reduces a chunk's gradients once per step, so the chunk holds its whole
+  // gradients (and under ZeRO-3 its parameters) from its unshard to its reshard; true reduces after every
+  // backward and ZeRO-3 gathers parameters bucket by bucket around each pass, as on one stage: less memory,
+  // more traffic. Schedules that split backward (zb) always reduce per step.
+  bool micro_batch_residency = false;
   // Hybrid sharding (parallel::hybrid<zero<S>>): the data-parallel ranks form `replicas` replicas of
   // consecutive ranks; ZeRO shards within each and the replicas' shards sum their gradients once per step.
   // Above 1 only with a hybrid sharding.

@@ -1,0 +1,240 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/train/engine.hpp — the trainer's engine: a sequencer. parallelize() places the model; the engine runs
+// this rank's program, handing forward and backward to the pipeline and gradient work to the sharding's
+// sync, then clips, scales and updates. Sits on parallel/parallelize.hpp and optim/; train/trainer.hpp is
+// the typed façade over it. See DESIGN.md §1 and §9.
+#pragma once
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dml/parallel/group_scalars.hpp"
+#include "dml/parallel/parallelize.hpp"
+#include "dml/parallel/routing.hpp"
+#include "dml/parallel/ties.hpp"
+#include "dml/train/checkpoint_io.hpp"
+#include "dml/train/options.hpp"
+
+namespace dml::train {
+
+using parallel::event, parallel::event_kind, parallel::hidden_communication, parallel::memory_report;
+
+namespace detail {
+
+template <class Space>
+struct engine_base {
+  virtual ~engine_base() = default;
+  virtual step_result step(tensor_view<const float, Space> x, const std::int32_t* y, std::int64_t global_batch) = 0;
+  virtual std::int64_t correct(tensor_view<const float, Space> x, const std::int32_t* y) = 0;
+  virtual std::vector<float> full_parameters() = 0;
+  virtual void load_full_parameters(std::span<const float> full) = 0;
+  virtual memory_report memory() const = 0;
+  virtual const nn::param_layout& layout() const = 0;
+  virtual const std::vector<event>& events() const = 0;
+  virtual std::int64_t steps() const = 0;
+  virtual std::span<const parallel::bucket> buckets() const = 0;
+  virtual void save_checkpoint(const std::filesystem::path& dir, const std::map<std::string, std::string>& user) = 0;
+  virtual std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) = 0;
+  virtual const schedule::table& schedule_table(std::int64_t micro_batches) = 0;
+  virtual const parallel::program& program(std::int64_t micro_batches) = 0;
+  virtual std::pair<std::int64_t, std::int64_t> activation_peaks() const = 0;  // bytes, sets
+  virtual const nn::tensor_group* tensor_parallel_group() const = 0;            // null without tensor parallelism
+};
+
+template <class Space, class Comm, class Plan, class Optimizer, class Precision, class... Layers>
+class engine final : public engine_base<Space> {
+  using T = typename Precision::type;
+  using Sharding = typename Plan::sharding;
+  using net_type = nn::basic_network<Space, T, Layers...>;
+  using sync_type = typename Sharding::template sync<Space, Comm, Optimizer, Precision, net_type>;
+  static_assert(parallel::diagnose_sharding_sync<sync_type, Comm, net_type>());
+
+ public:
+  engine(Comm& world, const nn::sequential<Layers...>& model, trainer_options opt, Optimizer optimizer)
+      : world_(world), opt_(std::move(opt)), optimizer_(optimizer),
+        place_(world,
+               parallel::trainer_mesh(world, opt_.tensor_parallel, opt_.pipeline_stages, opt_.expert_parallel,
+                                      opt_.context_parallel, opt_.replicas),
+               model, placement_options(opt_)),
+        log_(opt_.record_events), net_(place_.part(), opt_.seed, network_options()),
+        full_layout_(nn::make_layout(model, net_.layout().padding_unit)),
+        sync_(place_.shards(), net_, {.seed = opt_.seed, .bucket_mb = opt_.bucket_mb, .chunks = place_.chunks(),
+                                      .log = &log_, .per_step = place_.per_step()}),
+        pipe_(place_.pipe(), net_, opt_.pipeline_stages, place_.pp_rank(), {place_.chunks().begin(), place_.chunks().end()},
+              opt_.recompute, log_, place_.tensor()),
+        ties_(parallel::find_ties(net_.layout(), full_layout_, place_.grid() ? &place_.grid()->pp() : nullptr)) {
+    if constexpr (Precision::loss_scaling) scaler_ = optim::loss_scaler({.init_scale = opt_.initial_loss_scale});
+    pipe_.set_layer_context(place_.layer_groups());
+    for (const auto& s : net_.layout().slots)  // counted by another rank (tensor rank 0), or by the tie's target
+      uncounted_.push_back((place_.tp_rank() > 0 && !s.spec.shard.tensor_sharded()) || !s.spec.tied_to.empty());
+    program(opt_.micro_batches);  // a bad schedule fails here, before any work
+  }
+
+  // Runs this rank's program: the schedule's compute and transfers, the sharding's unshard, reshard and
+  // reductions per chunk, the tie sums and the update.
+  step_result step(tensor_view<const float, Space> x, const std::int32_t* y, std::int64_t global_batch) override {
+    if (x.shape.rank < 1 || global_batch <= 0)
+      fail<invalid_argument>("dml::trainer::step: expected a batch of rows and global_batch > 0, found shape ",
+                             x.shape, " and global_batch ", global_batch);
+    ++step_;
+    const std::int64_t rows = x.shape[0], m = std::min(opt_.micro_batches, std::max<std::int64_t>(rows, 1));
+    pipe_.begin_step({.x = x, .y = y, .global_batch = global_batch, .rows = rows, .micro_batches = m,
+                      .first_row = first_row(rows),
+                      .seed = opt_.seed, .step = static_cast<std::uint64_t>(step_), .loss_scale = loss_scale()});
+    float local_loss = 0.f;
+    step_result out;
+    using k = parallel::instruction::kind;
+    const auto& prog = program(m);
+    for (std::size_t i = 0; i < prog.size(); ++i) {
+      const auto& [what, a, chunk, first, reduces, final] = prog[i];
+      switch (what) {
+        case k::unshard: sync_.unshard(chunk); break;
+        case k::reshard: sync_.reshard(chunk); break;
+        case k::reduce_gradients: sync_.reduce(chunk, final); break;
+        case k::tie_gradients: parallel::sum_ties<Space, T>(std::span(ties_), [&](std::size_t s) { return sync_.grad_piece(s); }); break;
+        case k::update: out = update(local_loss); break;
+        case k::run:
+          if (!schedule::is_compute(a.kind)) {
+            if (a.kind == schedule::op::send_activation || a.kind == schedule::op::send_gradient) pipe_.send(a);
+            else pipe_.receive(a);
+            break;
+          }
+          log_(event_kind::compute_begin, static_cast<int>(i));
+          sync_.begin_pass();
+          if (a.kind == schedule::op::forward) {
+            local_loss += pipe_.forward(a, &sync_);
+          } else {
+            if (reduces) sync_.begin_backward(first);
+            // Per step, passes after a chunk's first add into its gradients; per micro-batch each writes its own.
+            pipe_.backward(a, !first && place_.per_step(), reduces ? &sync_ : nullptr);
+          }
+          log_(event_kind::compute_end, static_cast<int>(i));
+          break;
+      }
+    }
+    pipe_.end_step();
+    return out;
+  }
+
+  std::int64_t correct(tensor_view<const float, Space> x, const std::int32_t* y) override {
+    const int chunks = static_cast<int>(place_.chunks().size());
+    sync_.begin_pass();
+    for (int c = 0; c < chunks; ++c) sync_.unshard(c);
+    const auto n = pipe_.correct(x, y, &sync_);
+    for (int c = 0; c < chunks; ++c) sync_.reshard(c);
+    return n;
+  }
+  std::vector<float> full_parameters() override {
+    auto* m = place_.grid();
+    if (!m) return sync_.parameters();
+    return parallel::whole_model<Space>(net_.layout(), full_layout_, sync_.parameters(), m->tp_rank(), m->ep_rank(),
+                                        m->tp(), m->pp(), m->ep());
+  }
+  void load_full_parameters(std::span<const float> full) override {
+    if (static_cast<std::int64_t>(full.size()) != full_layout_.total)
+      fail<shape_error>("dml::trainer: expected ", full_layout_.total, " parameters (padding included), found ", full.size());
+    if (!place_.grid()) return sync_.load_parameters(full);
+    sync_.load_parameters(parallel::part_of_whole(net_.layout(), full_layout_, full));
+  }
+  const nn::tensor_group* tensor_parallel_group() const override { return place_.tensor(); }
+  memory_report memory() const override {
+    auto m = sync_.memory();
+    m.activations = pipe_.peak_bytes();
+    return m;
+  }
+  // The whole model's layout, whatever stage this rank runs: what full_parameters fills.
+  const nn::param_layout& layout() const override { return full_layout_; }
+  const std::vector<event>& events() const override { return log_.events(); }
+  std::int64_t steps() const override { return step_; }
+  std::span<const parallel::bucket> buckets() const override { return sync_.buckets(); }
+  const schedule::table& schedule_table(std::int64_t m) override { return place_.table(m); }
+  const parallel::program& program(std::int64_t m) override { return place_.program(m, !ties_.empty()); }
+  std::pair<std::int64_t, std::int64_t> activation_peaks() const override { return {pipe_.peak_bytes(), pipe_.peak_sets()}; }
+
+  void save_checkpoint(const std::filesystem::path& dir, const std::map<std::string, std::string>& user) override {
+    auto info = description();
+    info.user = user;
+    put_trainer_meta(info, optimizer_step_, Precision::loss_scaling ? &scaler_ : nullptr);
+    save_sharded<Space, Optimizer::state_slots>(world_, sync_, dir, std::move(info), net_.layout(), place_.tp_rank());
+  }
+  std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) override {
+    auto info = load_sharded<Optimizer::state_slots>(world_, sync_, net_.layout(), dir, description());
+    step_ = info.step;
+    opt_.seed = info.seed;  // dropout masks follow (seed, step)
+    optimizer_step_ = take_trainer_meta(info, Precision::loss_scaling ? &scaler_ : nullptr);
+    sync_.refresh_working();
+    return info.user;
+  }
+
+ private:
+  static parallel::placement_options placement_options(const trainer_options& o) {
+    return {.micro_batches = o.micro_batches, .stage_cuts = o.stage_cuts, .cost_rows = o.cost_rows,
+            .schedule = o.schedule, .sequence_parallel = o.sequence_parallel, .cp_zigzag = o.cp_zigzag,
+            .streams_gradients = sync_type::streams_gradients,
+            .micro_batch_residency = o.micro_batch_residency};
+  }
+  // Where this rank's rows start in the global batch: only models whose layers read row indices ask.
+  std::int64_t first_row(std::int64_t rows) {
+    if constexpr (!nn::sequential<Layers...>::uses_row_index) return 0;
+    else return parallel::first_global_row<Space>(place_.data(), rows, place_.shape().cp);
+  }
+  template <class V>
+  V sum(V v) { return parallel::sum_over<Space>(world_, v); }
+  nn::network_options network_options() {
+    auto o = sync_type::network_options(place_.shards().dense.size(), place_.per_step());
+    o.layers.assign(place_.chunks().begin(), place_.chunks().end());
+    return o;
+  }
+  checkpoint_info description() const {
+    return describe_checkpoint<Optimizer>(full_layout_, step_, opt_.seed, world_.size(), Sharding::name);
+  }
+
+  // ---- the step's tail: loss over every rank, clipping, loss scaling, the update
+  step_result update(float local_loss) {
+    step_result out{.loss = sum(local_loss)};  // only last stages hold a loss
+    float scale = 1.f;
+    if (opt_.clip_norm > 0.f) {
+      // Each element counts once over the world: what a rank owns, but tensor copies and tied copies.
+      out.grad_norm = std::sqrt(sum(sync_.grad_squared_norm(uncounted_))) / loss_scale();
+      scale = optim::clip_scale(out.grad_norm, opt_.clip_norm);
+    }
+    if constexpr (Precision::loss_scaling) {
+      // Every rank sees the same verdict: the overflow flag is summed over ranks.
+      out.skipped = !scaler_.update(sum(static_cast<int>(sync_.has_overflow())) > 0);
+      out.loss_scale = scaler_.scale();
+    }
+    Comm* pp = place_.pipe();
+    if (experts_ < 0) experts_ = parallel::count_experts<Space>(pipe_.routing(), pp);
+    out.routing = parallel::summarise_routing<Space>(pipe_.routing(), experts_, pp);
+    if (!out.skipped) sync_.update(optimizer_, opt_.lr ? opt_.lr(step_) : optimizer_.default_lr(), ++optimizer_step_,
+                                   scale / loss_scale());
+    log_(event_kind::step_end);
+    return out;
+  }
+  float loss_scale() const {
+    if constexpr (Precision::loss_scaling) return scaler_.scale();
+    else return 1.f;
+  }
+
+  Comm& world_;
+  trainer_options opt_;
+  Optimizer optimizer_;
+  parallel::placement<Plan, Comm, Layers...> place_;  // this rank's part of the model, its groups, its programs
+  parallel::event_log log_;
+  net_type net_;
+  nn::param_layout full_layout_;
+  sync_type sync_;
+  parallel::pipeline<Space, Comm, net_type> pipe_;
+  std::vector<parallel::tie<Comm>> ties_;
+  optim::loss_scaler scaler_;
+  std::int64_t step_ = 0, optimizer_step_ = 0;  // steps taken; updates applied (fp16 skips some)
+  std::vector<bool> uncounted_;  // per slot of this rank: left out of the gradient norm (counted elsewhere)
+  std::int64_t experts_ = -1;    // experts per MoE layer of the model (0: none); −1 until the first step
+};
+
+}  // namespace detail
+}  // namespace dml::train
