@@ -211,7 +211,7 @@ layout_result run_layout(const nn::moe_config& cfg, const whole_params& whole, c
     const int r = world.rank();
     comm::local group = world.split(ep > 1 ? color(r, ep) : r, r);
     comm::local data_comm = world.split(r % tp, r), tensor_comm = world.split(r / tp, r);
-    parallel::tensor_group<comm::local> data(data_comm), experts(group), tensor(tensor_comm);
+    parallel::rank_group<comm::local> data(data_comm), experts(group), tensor(tensor_comm);
     nn::moe m(cfg);
     if (ep > 1) m.set_expert_split(group.size(), group.rank());
     if (tp > 1) m.set_split({.ranks = tp, .rank = tensor_comm.rank(), .sequence = true});

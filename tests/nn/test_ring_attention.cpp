@@ -133,7 +133,7 @@ attention_result ring(const ring_attention_shape& s, int ranks, bool zigzag, con
                       const std::vector<float>& dy, bool backward = true, ring_counts* counts = nullptr) {
   const std::int64_t w = s.width();
   attention_result out{std::vector<float>(sz(s.batch * s.seq * w)), std::vector<float>(backward ? qkv.size() : 0)};
-  auto body = [&](dml::nn::tensor_group* group, int rank) {
+  auto body = [&](dml::nn::rank_group* group, int rank) {
     const cp_layout at{.ranks = ranks, .rank = rank, .zigzag = zigzag};
     std::vector<T> q, g;
     for (float x : local_rows(qkv, s, at, 3 * w)) q.push_back(T(x));
@@ -162,7 +162,7 @@ attention_result ring(const ring_attention_shape& s, int ranks, bool zigzag, con
     body(nullptr, 0);
   } else {
     local::run(ranks, [&](local& comm) {
-      dml::parallel::tensor_group<local> group(comm);
+      dml::parallel::rank_group<local> group(comm);
       body(&group, comm.rank());
     });
   }
@@ -334,7 +334,7 @@ TEST_CASE("a sequence that does not split into the layout's chunks is refused wi
   CHECK_THROWS_WITH_AS(dml::nn::ring_attention_forward<dml::host>(s8, cp_layout{.ranks = 2, .rank = 0}, nullptr, p, p, p, p),
                        doctest::Contains("expected a context-parallel group of 2 ranks, found none"), invalid_argument);
   local::run(2, [&](local& comm) {
-    dml::parallel::tensor_group<local> group(comm);
+    dml::parallel::rank_group<local> group(comm);
     std::vector<float> mine(256);
     float* q = mine.data();
     CHECK_THROWS_WITH_AS(dml::nn::ring_attention_backward<dml::host>(s8, cp_layout{.ranks = 4, .rank = 0}, &group, q, q,

@@ -9,7 +9,7 @@
 #include "dml/optim/adagrad.hpp"
 #include "dml/optim/adam.hpp"
 #include "dml/optim/clip.hpp"
-#include "dml/optim/lr_schedule.hpp"
+#include "dml/optim/learning_rate.hpp"
 #include "dml/optim/sgd.hpp"
 
 using namespace dml;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/nn/gpt.hpp — a GPT as a layer sequence: embeddings, a stack of pre-LayerNorm blocks, a final LayerNorm
 // and LM head; each layer also runs as one rank's part of Megatron tensor (and sequence) parallelism.
-// Sits on nn/attention.hpp, nn/tensor_group.hpp and core/gemm.hpp; nn::gpt(config) builds the sequential.
+// Sits on nn/attention.hpp, nn/rank_group.hpp and core/gemm.hpp; nn::gpt(config) builds the sequential.
 // Its parts: nn/gpt_config.hpp (the configuration), nn/detail/gpt_common.hpp (the layers' kernels and tensor-parallel
 // plumbing) and nn/detail/gpt_block.hpp (the transformer block).
 //

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "dml/core/tensor.hpp"
-#include "dml/nn/tensor_group.hpp"
+#include "dml/nn/rank_group.hpp"
 
 namespace dml::nn {
 
@@ -97,20 +97,20 @@ struct context {
   // 64-byte aligned, for layers that declare saved_bytes.
   std::byte* saved = nullptr;
   // The tensor-parallel group (null or size 1: no tensor parallelism).
-  tensor_group* tp = nullptr;
+  rank_group* tp = nullptr;
   // This backward completes the gradients of the step (the last micro-batch, or each one where they are
   // reduced every backward): partial sums over the tensor group are summed now.
   bool gradients_complete = true;
   // The rest serve mixture-of-experts and context-parallel layers; the defaults mean neither is in use.
   // Expert parallelism: the group that shares out a layer's experts (null or size 1: every expert here).
-  tensor_group* ep = nullptr;
+  rank_group* ep = nullptr;
   // Context parallelism: the ring of ranks holding the chunks of each sequence (null or size 1: whole ones),
   // zig-zag: rank r holds chunks r and 2·cp−1−r of 2·cp, else chunk r of cp.
-  tensor_group* cp = nullptr;
+  rank_group* cp = nullptr;
   bool cp_zigzag = true;
   // The data-parallel group: the ranks whose rows together make the global batch (null: this rank alone).
   // Layers with batch statistics (a router's load) sum them over it.
-  tensor_group* data = nullptr;
+  rank_group* data = nullptr;
   std::int64_t global_batch = 0;  // rows of the step's global batch (0: this call's rows are all of it)
   float loss_scale = 1.f;         // gradients of auxiliary losses are scaled as the main loss's are
   routing_log* routing = nullptr; // where routing layers record their accounting (null: nowhere)

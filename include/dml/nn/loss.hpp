@@ -8,7 +8,7 @@
 
 #include "dml/core/algorithm.hpp"
 #include "dml/core/tensor.hpp"
-#include "dml/nn/tensor_group.hpp"
+#include "dml/nn/rank_group.hpp"
 
 namespace dml::nn {
 
@@ -161,7 +161,7 @@ struct softmax_cross_entropy {
   // floats. Collective over tp; without one (or of size 1) it is the call above.
   template <execution_space S, class T>
   float forward_backward(tensor_view<const T, S> logits, const std::int32_t* labels, tensor_view<T, S> dlogits,
-                         float* scratch, std::int64_t scale_rows, float loss_scale, tensor_group* tp) const {
+                         float* scratch, std::int64_t scale_rows, float loss_scale, rank_group* tp) const {
     if (!tp || tp->size() == 1)
       return forward_backward<S, T>(logits, labels, dlogits, scratch, scale_rows, loss_scale);
     const std::int64_t rows = logits.rows(), n = logits.cols(), offset = n * tp->rank();
@@ -185,7 +185,7 @@ struct softmax_cross_entropy {
 };
 
 // Floats of scratch softmax_cross_entropy needs for `rows` rows (row_loss), vocabulary-parallel or not.
-inline std::int64_t cross_entropy_scratch(std::int64_t rows, const tensor_group* tp) {
+inline std::int64_t cross_entropy_scratch(std::int64_t rows, const rank_group* tp) {
   return tp && tp->size() > 1 ? 4 * rows : rows;
 }
 

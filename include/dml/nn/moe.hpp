@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/nn/moe.hpp — a mixture-of-experts MLP: a softmax router sends each token to its top-k of E GELU MLPs.
-// Sits on nn/layer.hpp, nn/tensor_group.hpp and core/gemm.hpp; gpt_block runs it in place of its dense MLP.
+// Sits on nn/layer.hpp, nn/rank_group.hpp and core/gemm.hpp; gpt_block runs it in place of its dense MLP.
 // Its parts: nn/detail/moe_kernels.hpp (the per-element functors) and nn/detail/moe_routing.hpp (routing and
 // the router's gradient, on the host).
 //
@@ -32,7 +32,7 @@
 #include "dml/nn/detail/moe_kernels.hpp"
 #include "dml/nn/detail/rows.hpp"
 #include "dml/nn/layer.hpp"
-#include "dml/nn/tensor_group.hpp"
+#include "dml/nn/rank_group.hpp"
 
 namespace dml::nn {
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/nn/ring_attention.hpp — ring attention for context parallelism: K/V blocks travel a ring of ranks, each
-// rank attends its own queries to every block with an online softmax. Sits on nn/attention.hpp and nn/tensor_group.hpp.
+// rank attends its own queries to every block with an online softmax. Sits on nn/attention.hpp and nn/rank_group.hpp.
 #pragma once
 
 #include <cmath>
@@ -17,7 +17,7 @@
 #include "dml/core/space.hpp"
 #include "dml/nn/attention.hpp"
 #include "dml/nn/layer.hpp"
-#include "dml/nn/tensor_group.hpp"
+#include "dml/nn/rank_group.hpp"
 
 namespace dml::nn {
 
@@ -274,7 +274,7 @@ struct ring_carver {
   }
 };
 
-inline void check_ring_call(const char* what, const ring_attention_shape& s, const cp_layout& at, const tensor_group* cp) {
+inline void check_ring_call(const char* what, const ring_attention_shape& s, const cp_layout& at, const rank_group* cp) {
   const auto positive = [&](const char* name, std::int64_t v) {
     if (v <= 0) fail<invalid_argument>(what, ": expected ", name, " > 0, found ", name, " = ", v);
   };
@@ -388,7 +388,7 @@ void ring_backward_block(const ring_attention_shape& s, std::int64_t n, const ke
 // ring_attention_workspace_size elements. cp: the ring (null or one rank: the whole sequence is local).
 // Collective over cp: every rank of the ring calls it with the same shape.
 template <execution_space S, float_like T>
-void ring_attention_forward(const ring_attention_shape& s, const cp_layout& at, tensor_group* cp, const T* qkv, T* y,
+void ring_attention_forward(const ring_attention_shape& s, const cp_layout& at, rank_group* cp, const T* qkv, T* y,
                             float* lse, T* workspace) {
   constexpr const char* what = "dml::nn::ring_attention_forward";
   detail::check_ring_call(what, s, at, cp);
@@ -434,7 +434,7 @@ void ring_attention_forward(const ring_attention_shape& s, const cp_layout& at, 
 // dy: [batch, seq/ranks, width]; writes (overwrites) dqkv [batch, seq/ranks, 3·width]. K/V travel the ring again
 // with their dK/dV accumulators, which come back to their owner after a full turn; dQ accumulates in place.
 template <execution_space S, float_like T>
-void ring_attention_backward(const ring_attention_shape& s, const cp_layout& at, tensor_group* cp, const T* qkv,
+void ring_attention_backward(const ring_attention_shape& s, const cp_layout& at, rank_group* cp, const T* qkv,
                              const T* y, const float* lse, const T* dy, T* dqkv, T* workspace) {
   constexpr const char* what = "dml::nn::ring_attention_backward";
   detail::check_ring_call(what, s, at, cp);

@@ -56,7 +56,7 @@ class placement {
     tp_ = group(s.tp, &mesh<Comm>::tp);
     ep_ = group(s.ep, &mesh<Comm>::ep);
     cp_ = group(s.cp, &mesh<Comm>::cp);
-    if (data().size() > 1) data_ = std::make_unique<tensor_group<Comm>>(data());
+    if (data().size() > 1) data_ = std::make_unique<rank_group<Comm>>(data());
     const auto t = make_table(o_.micro_batches);
     virtual_stages_ = t.virtual_stages;
     per_step_ = !o_.streams_gradients || (s.pp > 1 && !o_.micro_batch_residency) || schedule::splits_backward(t);
@@ -95,8 +95,8 @@ class placement {
             .replicate = &mesh_->replicate()};
   }
   // What the layers talk to (null: not in use): the tensor group, and the expert, context and data groups.
-  nn::tensor_group* tensor() { return tp_.get(); }
-  const nn::tensor_group* tensor() const { return tp_.get(); }
+  nn::rank_group* tensor() { return tp_.get(); }
+  const nn::rank_group* tensor() const { return tp_.get(); }
   nn::context layer_groups() { return {.ep = ep_.get(), .cp = cp_.get(), .cp_zigzag = zigzag(), .data = data_.get()}; }
 
   // ---- the program
@@ -140,9 +140,9 @@ class placement {
     else return true;
   }
   int s_pp() const { return shape().pp; }
-  std::unique_ptr<tensor_group<Comm>> group(int degree, Comm& (mesh<Comm>::*axis)()) {
+  std::unique_ptr<rank_group<Comm>> group(int degree, Comm& (mesh<Comm>::*axis)()) {
     if (degree == 1) return nullptr;
-    return std::make_unique<tensor_group<Comm>>(((*mesh_).*axis)());
+    return std::make_unique<rank_group<Comm>>(((*mesh_).*axis)());
   }
   schedule::table make_table(std::int64_t m) const {
     const int k = s_pp();
@@ -154,7 +154,7 @@ class placement {
   std::optional<mesh<Comm>> mesh_;
   placement_options o_;
   model_type part_;
-  std::unique_ptr<tensor_group<Comm>> tp_, ep_, cp_, data_;
+  std::unique_ptr<rank_group<Comm>> tp_, ep_, cp_, data_;
   int virtual_stages_ = 1;
   bool per_step_ = true;
   std::vector<nn::layer_range> chunks_;

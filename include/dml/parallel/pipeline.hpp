@@ -85,7 +85,7 @@ class pipeline {
   // pp: the pipeline group (rank r holds stage r); null for one stage.
   // tp: the tensor-parallel group the layers talk to (null without tensor parallelism).
   pipeline(Comm* pp, Net& net, int stages, int rank, std::vector<nn::layer_range> chunks, bool recompute, event_log& log,
-           nn::tensor_group* tp = nullptr)
+           nn::rank_group* tp = nullptr)
       : pp_(pp), net_(net), stages_(stages), rank_(rank), chunks_(std::move(chunks)), recompute_(recompute), log_(log),
         tp_(tp) {}
 
@@ -306,7 +306,7 @@ class pipeline {
   batch run_;
   std::map<std::pair<std::int64_t, int>, micro_state> micro_;
   tensor<T, Space> handoff_;
-  nn::tensor_group* tp_;
+  nn::rank_group* tp_;
   nn::context groups_{};
   nn::routing_log routing_;
   std::vector<std::int32_t> cp_labels_;

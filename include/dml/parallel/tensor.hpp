@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// dml/parallel/tensor.hpp — Megatron tensor parallelism: a communicator's tensor group as the nn::tensor_group
+// dml/parallel/tensor.hpp — Megatron tensor parallelism: a communicator's tensor group as the nn::rank_group
 // that layers talk to, and the map between one rank's parts of the parameters and the whole model's.
 // Sits on comm/communicator.hpp and nn/network.hpp; train/trainer.hpp builds the group from the mesh's tp axis.
 #pragma once
@@ -14,15 +14,15 @@
 
 namespace dml::parallel {
 
-// Comm's group seen as the type-erased, counting group of nn/tensor_group.hpp.
+// Comm's group seen as the type-erased, counting group of nn/rank_group.hpp.
 template <comm::communicator Comm>
-class tensor_group final : public nn::tensor_group {
+class rank_group final : public nn::rank_group {
  public:
-  explicit tensor_group(Comm& group) : nn::tensor_group(group.rank(), group.size()), comm_(group) {}
+  explicit rank_group(Comm& group) : nn::rank_group(group.rank(), group.size()), comm_(group) {}
 
  private:
   void do_all_reduce(typed_ptr x, std::int64_t n) override {
-    dml::detail::visit_float_like(x.type, "dml::parallel::tensor_group", [&]<class T>(T) {
+    dml::detail::visit_float_like(x.type, "dml::parallel::rank_group", [&]<class T>(T) {
       comm_.all_reduce(std::span<T>(x.as<T>(), static_cast<std::size_t>(n)), comm::reduce_op::sum);
     });
   }
@@ -30,13 +30,13 @@ class tensor_group final : public nn::tensor_group {
     comm_.all_reduce(std::span<float>(x, static_cast<std::size_t>(n)), comm::reduce_op::max);
   }
   void do_all_gather(const_typed_ptr in, typed_ptr out, std::int64_t n) override {
-    dml::detail::visit_float_like(in.type, "dml::parallel::tensor_group", [&]<class T>(T) {
+    dml::detail::visit_float_like(in.type, "dml::parallel::rank_group", [&]<class T>(T) {
       comm_.all_gather(std::span<const T>(in.as<T>(), static_cast<std::size_t>(n)),
                        std::span<T>(out.as<T>(), static_cast<std::size_t>(n * size())));
     });
   }
   void do_reduce_scatter(const_typed_ptr in, typed_ptr out, std::int64_t n) override {
-    dml::detail::visit_float_like(in.type, "dml::parallel::tensor_group", [&]<class T>(T) {
+    dml::detail::visit_float_like(in.type, "dml::parallel::rank_group", [&]<class T>(T) {
       comm_.reduce_scatter(std::span<const T>(in.as<T>(), static_cast<std::size_t>(n * size())),
                            std::span<T>(out.as<T>(), static_cast<std::size_t>(n)), comm::reduce_op::sum);
     });
@@ -50,7 +50,7 @@ class tensor_group final : public nn::tensor_group {
     std::vector<std::size_t> sc(send_counts, send_counts + p), rc(recv_counts, recv_counts + p);
     std::size_t ns = 0, nr = 0;
     for (std::size_t r = 0; r < p; ++r) ns += sc[r], nr += rc[r];
-    dml::detail::visit_float_like(send.type, "dml::parallel::tensor_group::all_to_allv", [&]<class T>(T) {
+    dml::detail::visit_float_like(send.type, "dml::parallel::rank_group::all_to_allv", [&]<class T>(T) {
       comm_.all_to_allv(std::span<const T>(send.as<T>(), ns), std::span<const std::size_t>(sc), std::span<T>(recv.as<T>(), nr),
                         std::span<const std::size_t>(rc));
     });
@@ -65,17 +65,19 @@ class tensor_group final : public nn::tensor_group {
     return nn::group_request([held] { held->wait(); });
   }
   nn::group_request do_isend(const_typed_ptr x, std::int64_t n, int peer, int tag) override {
-    return dml::detail::visit_float_like(x.type, "dml::parallel::tensor_group::isend", [&]<class T>(T) {
+    return dml::detail::visit_float_like(x.type, "dml::parallel::rank_group::isend", [&]<class T>(T) {
       return wrap(comm_.isend(std::span<const T>(x.as<T>(), static_cast<std::size_t>(n)), peer, tag));
     });
   }
   nn::group_request do_irecv(typed_ptr x, std::int64_t n, int peer, int tag) override {
-    return dml::detail::visit_float_like(x.type, "dml::parallel::tensor_group::irecv", [&]<class T>(T) {
+    return dml::detail::visit_float_like(x.type, "dml::parallel::rank_group::irecv", [&]<class T>(T) {
       return wrap(comm_.irecv(std::span<T>(x.as<T>(), static_cast<std::size_t>(n)), peer, tag));
     });
   }
   Comm& comm_;
 };
+template <comm::communicator Comm>
+using tensor_group [[deprecated("dml: parallel::tensor_group is parallel::rank_group")]] = rank_group<Comm>;
 
 // The whole model's parameters from each rank's parts: every rank writes its slots (tensor- or expert-parallel
 // parts where the whole parameter's elements are; parameters not split along a group only from rank 0 of that

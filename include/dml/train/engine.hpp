@@ -42,7 +42,7 @@ struct engine_base {
   virtual const schedule::table& schedule_table(std::int64_t micro_batches) = 0;
   virtual const parallel::program& program(std::int64_t micro_batches) = 0;
   virtual std::pair<std::int64_t, std::int64_t> activation_peaks() const = 0;  // bytes, sets
-  virtual const nn::tensor_group* tensor_parallel_group() const = 0;            // null without tensor parallelism
+  virtual const nn::rank_group* tensor_parallel_group() const = 0;            // null without tensor parallelism
 };
 
 template <class Space, class Comm, class Plan, class Optimizer, class Precision, class... Layers>
@@ -140,7 +140,7 @@ class engine final : public engine_base<Space> {
     if (!place_.grid()) return sync_.load_parameters(full);
     sync_.load_parameters(parallel::part_of_whole(net_.layout(), full_layout_, full));
   }
-  const nn::tensor_group* tensor_parallel_group() const override { return place_.tensor(); }
+  const nn::rank_group* tensor_parallel_group() const override { return place_.tensor(); }
   memory_report memory() const override {
     auto m = sync_.memory();
     m.activations = pipe_.peak_bytes();

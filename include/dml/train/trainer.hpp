@@ -84,7 +84,7 @@ class trainer {
   std::int64_t peak_activation_bytes() const { return engine_->activation_peaks().first; }
   std::int64_t peak_in_flight() const { return engine_->activation_peaks().second; }
   // The tensor-parallel group the layers talk to, with its per-pass call counts; null without one.
-  const nn::tensor_group* tensor_parallel_group() const { return engine_->tensor_parallel_group(); }
+  const nn::rank_group* tensor_parallel_group() const { return engine_->tensor_parallel_group(); }
 
   // Sharded checkpoint of parameters, optimizer state, step and seed, with the caller's position in
   // `user_meta`: writes dir/step-<step>/, then points dir/latest at it (train/checkpoint.hpp). Collective.

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/nn/detail/gpt_common.hpp — what nn::gpt's layers share: the element kernels (dropout keyed by the token's
 // place in the global batch, embedding lookups and their gradients) and the tensor-parallel plumbing (split_part).
-// Sits on nn/layer.hpp, nn/tensor_group.hpp and core/rng.hpp; used by nn/gpt.hpp and nn/detail/gpt_block.hpp.
+// Sits on nn/layer.hpp, nn/rank_group.hpp and core/rng.hpp; used by nn/gpt.hpp and nn/detail/gpt_block.hpp.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +9,7 @@
 #include "dml/core/cast.hpp"
 #include "dml/core/rng.hpp"
 #include "dml/nn/layer.hpp"
-#include "dml/nn/tensor_group.hpp"
+#include "dml/nn/rank_group.hpp"
 
 namespace dml::nn {
 

@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/nn/rank_group.hpp — a group of ranks a layer talks to inside forward and backward: the tensor-parallel
+// group, the expert-parallel group (all_to_allv), the context-parallel ring (isend/irecv) and the data group
+// over which batch statistics are summed (all_reduce_sum).
+// Sits on core/cast.hpp: a communicator's group behind a small type-erased interface, so nn/ stays below
+// comm/; parallel/tensor.hpp adapts any communicator to it. Every call is counted, so tests can prove
+// how many collectives a layer makes in each pass.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <utility>
+
+#include "dml/core/cast.hpp"
+
+namespace dml::nn {
+
+enum class group_op : std::uint8_t { all_reduce, all_reduce_max, all_gather, reduce_scatter, all_to_allv, send, recv };
+inline constexpr int group_ops = 7;
+enum class pass : std::uint8_t { forward, backward };
+
+// A point-to-point transfer in flight; wait() completes it (and rethrows its failure). Destroying one
+// that was never waited on waits for it.
+class group_request {
+ public:
+  group_request() = default;
+  explicit group_request(std::function<void()> wait) : wait_(std::move(wait)) {}
+  group_request(group_request&& o) noexcept : wait_(std::exchange(o.wait_, nullptr)) {}
+  group_request& operator=(group_request&& o) noexcept {
+    if (this != &o) {
+      finish_quietly();
+      wait_ = std::exchange(o.wait_, nullptr);
+    }
+    return *this;
+  }
+  ~group_request() { finish_quietly(); }
+  void wait() {
+    if (auto w = std::exchange(wait_, nullptr)) w();
+  }
+
+ private:
+  void finish_quietly() noexcept {
+    try {
+      wait();
+    } catch (...) {
+    }
+  }
+  std::function<void()> wait_;
+};
+
+class rank_group {
+ public:
+  virtual ~rank_group() = default;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // Sums x[0, n) over the group, in place.
+  void all_reduce(typed_ptr x, std::int64_t n) {
+    note(group_op::all_reduce, n, x.type);
+    do_all_reduce(x, n);
+  }
+  // Elementwise maximum of x[0, n) over the group, in place.
+  void all_reduce_max(float* x, std::int64_t n) {
+    note(group_op::all_reduce_max, n, dtype::f32);
+    do_all_reduce_max(x, n);
+  }
+  // out[r·n, (r+1)·n) = rank r's in[0, n).
+  void all_gather(const_typed_ptr in, typed_ptr out, std::int64_t n) {
+    note(group_op::all_gather, n * size_, in.type);
+    do_all_gather(in, out, n);
+  }
+  // out[0, n) = Σ over ranks of their in[rank()·n, (rank()+1)·n).
+  void reduce_scatter(const_typed_ptr in, typed_ptr out, std::int64_t n) {
+    note(group_op::reduce_scatter, n * size_, in.type);
+    do_reduce_scatter(in, out, n);
+  }
+
+  // Sums x[0, n) of doubles over the group, in place: batch statistics (token counts, router means).
+  void all_reduce_sum(double* x, std::int64_t n) {
+    note(group_op::all_reduce, n, dtype::f64);
+    do_all_reduce_sum(x, n);
+  }
+  // Exchanges one block per rank: send_counts[r] elements of send (blocks in rank order) go to rank r, and
+  // recv_counts[r] elements arrive from rank r, in rank order. Counts may be 0; every rank must call it.
+  void all_to_allv(const_typed_ptr send, const std::int64_t* send_counts, typed_ptr recv, const std::int64_t* recv_counts) {
+    std::int64_t n = 0;
+    for (int r = 0; r < size_; ++r) n += send_counts[r];
+    note(group_op::all_to_allv, n, send.type);
+    do_all_to_allv(send, send_counts, recv, recv_counts);
+  }
+  // n integers to each rank: recv[r·n, (r+1)·n) = rank r's send[rank()·n, (rank()+1)·n) (counts before all_to_allv).
+  void all_to_all(const std::int64_t* send, std::int64_t* recv, std::int64_t n) {
+    note(group_op::all_to_allv, n * size_, dtype::i64);
+    do_all_to_all(send, recv, n);
+  }
+  // Non-blocking point-to-point with a peer of the group (the context-parallel ring).
+  [[nodiscard]] group_request isend(const_typed_ptr x, std::int64_t n, int peer, int tag) {
+    note(group_op::send, n, x.type);
+    return do_isend(x, n, peer, tag);
+  }
+  [[nodiscard]] group_request irecv(typed_ptr x, std::int64_t n, int peer, int tag) {
+    note(group_op::recv, n, x.type);
+    return do_irecv(x, n, peer, tag);
+  }
+
+  // What the network is running: calls are counted per pass.
+  void set_pass(pass p) { pass_ = p; }
+  std::int64_t calls(pass p, group_op op) const { return calls_[index(p)][static_cast<std::size_t>(op)]; }
+  std::int64_t calls(pass p) const {
+    std::int64_t n = 0;
+    for (auto c : calls_[index(p)]) n += c;
+    return n;
+  }
+  std::int64_t bytes() const { return bytes_; }  // payload of every call so far
+  void reset_counts() {
+    calls_ = {};
+    bytes_ = 0;
+  }
+
+ protected:
+  rank_group(int rank, int size) : rank_(rank), size_(size) {}
+  virtual void do_all_reduce(typed_ptr x, std::int64_t n) = 0;
+  virtual void do_all_reduce_max(float* x, std::int64_t n) = 0;
+  virtual void do_all_gather(const_typed_ptr in, typed_ptr out, std::int64_t n) = 0;
+  virtual void do_reduce_scatter(const_typed_ptr in, typed_ptr out, std::int64_t n) = 0;
+  virtual void do_all_reduce_sum(double* x, std::int64_t n) = 0;
+  virtual void do_all_to_allv(const_typed_ptr send, const std::int64_t* send_counts, typed_ptr recv,
+                              const std::int64_t* recv_counts) = 0;
+  virtual void do_all_to_all(const std::int64_t* send, std::int64_t* recv, std::int64_t n) = 0;
+  virtual group_request do_isend(const_typed_ptr x, std::int64_t n, int peer, int tag) = 0;
+  virtual group_request do_irecv(typed_ptr x, std::int64_t n, int peer, int tag) = 0;
+
+ private:
+  static std::size_t index(pass p) { return static_cast<std::size_t>(p); }
+  void note(group_op op, std::int64_t n, dtype t) {
+    ++calls_[index(pass_)][static_cast<std::size_t>(op)];
+    bytes_ += n * static_cast<std::int64_t>(dtype_size(t));
+  }
+  int rank_ = 0, size_ = 1;
+  pass pass_ = pass::forward;
+  std::array<std::array<std::int64_t, group_ops>, 2> calls_{};
+  std::int64_t bytes_ = 0;
+};
+
+}  // namespace dml::nn
