@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// dml/parallel/buckets.hpp — gradient buckets over a flat parameter layout, their runs, and the piece of each run
-// that a rank owns. Sits on nn/network.hpp (param_layout); the shardings reduce, gather and update by them, and
-// checkpoints and gradient norms count what each rank owns.
+// dml/parallel/buckets.hpp — gradient buckets over a flat parameter layout, and their runs. Sits on
+// nn/network.hpp (param_layout); the shardings reduce, gather and update by them; parallel/ownership.hpp says
+// which piece of each run a rank owns.
 #pragma once
 
 #include <algorithm>
@@ -116,28 +116,6 @@ inline bucket_plan make_buckets(const nn::param_layout& L, std::size_t layers, s
     r->shard_offset = out.shard;
     out.shard += r->part;
   }
-  return out;
-}
-
-// The elements [begin, end) of a slot that lie in a rank's part of its run, at `flat` in the full buffers
-// and at `shard` in shard buffers.
-struct owned_piece {
-  std::size_t slot;
-  std::int64_t begin, end, flat, shard;
-};
-
-// A rank's pieces: in each run, the part of the rank's index in that run's group (rank[axis]).
-inline std::vector<owned_piece> owned_pieces(const nn::param_layout& L, std::span<const bucket> buckets, shard_ranks rank) {
-  std::vector<owned_piece> out;
-  for (const auto& bk : buckets)
-    for (const auto& run : bk.runs) {
-      const std::int64_t p0 = run.lo + rank[run.axis] * run.part, p1 = p0 + run.part;
-      for (std::size_t s = run.first_slot; s < run.end_slot; ++s) {
-        const std::int64_t o = L.slots[s].offset, b = std::max(o, p0), e = std::min(o + L.slots[s].shape.numel(), p1);
-        if (b < e) out.push_back({s, b - o, e - o, b, run.shard_offset + (b - p0)});
-      }
-    }
-  std::ranges::sort(out, [](const auto& a, const auto& b) { return a.flat < b.flat; });
   return out;
 }
 

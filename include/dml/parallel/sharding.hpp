@@ -26,6 +26,7 @@
 #include "dml/parallel/buckets.hpp"
 #include "dml/parallel/events.hpp"
 #include "dml/parallel/master_weights.hpp"
+#include "dml/parallel/ownership.hpp"
 
 namespace dml {
 

@@ -66,11 +66,10 @@ class engine final : public engine_base<Space> {
                                       .log = &log_, .per_step = place_.per_step()}),
         pipe_(place_.pipe(), net_, opt_.pipeline_stages, place_.pp_rank(), {place_.chunks().begin(), place_.chunks().end()},
               opt_.recompute, log_, place_.tensor()),
-        ties_(parallel::find_ties(net_.layout(), full_layout_, place_.grid() ? &place_.grid()->pp() : nullptr)) {
+        ties_(parallel::find_ties(net_.layout(), full_layout_, place_.grid() ? &place_.grid()->pp() : nullptr)),
+        uncounted_(parallel::uncounted_slots(net_.layout(), place_.tp_rank())) {
     if constexpr (Precision::loss_scaling) scaler_ = optim::loss_scaler({.init_scale = opt_.initial_loss_scale});
     pipe_.set_layer_context(place_.layer_groups());
-    for (const auto& s : net_.layout().slots)  // counted by another rank (tensor rank 0), or by the tie's target
-      uncounted_.push_back((place_.tp_rank() > 0 && !s.spec.shard.tensor_sharded()) || !s.spec.tied_to.empty());
     program(opt_.micro_batches);  // a bad schedule fails here, before any work
   }
 
