@@ -31,7 +31,7 @@ while (($#)); do
     -n) rounds=$2; shift 2 ;;
     -t) tolerance=$2; shift 2 ;;
     --build-only) build_only=1; shift ;;
-    -h|--help) sed -n '3,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '3,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) positional+=("$1"); shift ;;
   esac
 done
@@ -39,12 +39,12 @@ before=${positional[0]:-6a692e0}
 after=${positional[1]:-HEAD}
 specs=("${positional[@]:2}")
 if ((${#specs[@]} == 0)); then
-  # Each run takes about 10-30 s on a 2-core machine. train_throughput's trainer row is the path
+  # Each run takes about 15-30 s on a 2-core machine. train_throughput's trainer row is the path
   # dml::trainer adds over the bare network; pipeline_throughput runs every schedule (best of 3 each).
-  specs=("train_throughput:--json --steps 300"
-         "train_throughput:--json --steps 300 --parallel ddp --ranks 1"
-         "pipeline_throughput:--json"
-         "gpt_throughput:--json {json} --no-torch --layers 2 --steps 6")
+  specs=("train_throughput:--json --steps 200"
+         "train_throughput:--json --steps 200 --parallel ddp --ranks 1"
+         "pipeline_throughput:--json --steps 20"
+         "gpt_throughput:--json {json} --no-torch --layers 2 --warmup 1")
 fi
 
 say() { printf 'compare: %s\n' "$*" >&2; }

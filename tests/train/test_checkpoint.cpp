@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -314,6 +315,65 @@ TEST_CASE("zero<1> saved by 3 ranks loads into 2-rank zero<3> and 1-rank zero<2>
   });
   CHECK(max_relative(saved, z3) <= 1e-5);
   CHECK(max_relative(saved, z2) <= 1e-5);
+}
+
+namespace {
+// tests/train/data/make_checkpoint_fixture.cpp's data: 8 rows of 6 features per step, labels row % 4.
+void fixture_batch(int step, int first, int rows, std::vector<float>& x, std::vector<std::int32_t>& y) {
+  x.resize(static_cast<std::size_t>(rows) * 6);
+  y.resize(static_cast<std::size_t>(rows));
+  for (int r = 0; r < rows; ++r) {
+    for (int f = 0; f < 6; ++f)
+      x[static_cast<std::size_t>(r * 6 + f)] = std::sin(0.37f * float((first + r) * 6 + f) + float(step));
+    y[static_cast<std::size_t>(r)] = (first + r) % 4;
+  }
+}
+}  // namespace
+
+// checkpoint-6a692e0 was written by dml before the composition work (zero<2>, 2 ranks, step 3): it loads into
+// today's shardings on 1, 2 and 4 ranks with the same parameters, bit for bit, and steps 4 to 6 repeat the
+// losses of the run that wrote it.
+TEST_CASE_TEMPLATE("a checkpoint of an earlier release loads, whatever the layout", S, parallel::replicate,
+                   parallel::zero<1>, parallel::zero<3>) {
+  const fs::path dir = fs::path(DML_TEST_SOURCE_DIR) / "data" / "checkpoint-6a692e0";
+  std::ifstream in(dir / "expected.txt");
+  REQUIRE(in);
+  auto read_floats = [&](const char* tag) {
+    std::string word;
+    std::size_t n = 0;
+    in >> word >> n;
+    REQUIRE(word == tag);
+    std::vector<float> v(n);
+    for (auto& x : v) {
+      std::string hex;
+      in >> hex;
+      x = std::strtof(hex.c_str(), nullptr);
+    }
+    return v;
+  };
+  const auto params = read_floats("params"), losses = read_floats("losses");
+  const auto model = nn::sequential{nn::linear{6, 16}, nn::gelu{}, nn::linear{16, 4}};
+  for (int ranks : {1, 2, 4}) {
+    INFO(ranks, " ranks");
+    comm::local::run(ranks, [&](comm::local& c) {
+      trainer<S, optim::adamw> t(c, model, {.seed = 77}, optim::adamw({.lr = 1e-2f}));
+      t.load_checkpoint(dir);
+      CHECK(t.steps() == 3);
+      const auto p = t.full_parameters();
+      std::vector<float> got;
+      for (const auto& slot : t.layout().slots)
+        got.insert(got.end(), p.begin() + slot.offset, p.begin() + slot.offset + slot.shape.numel());
+      CHECK(got == params);
+      std::vector<float> x;
+      std::vector<std::int32_t> y;
+      for (int s = 4; s <= 6; ++s) {
+        const int first = 8 * c.rank() / ranks, rows = 8 * (c.rank() + 1) / ranks - first;
+        fixture_batch(s, first, rows, x, y);
+        const auto r = t.step(tensor_view<const float>(x.data(), {rows, 6}), y.data(), 8);
+        CHECK(std::abs(r.loss - losses[static_cast<std::size_t>(s - 4)]) <= 1e-5f * losses[static_cast<std::size_t>(s - 4)]);
+      }
+    });
+  }
 }
 
 TEST_CASE("damaged or mismatched checkpoints get clear errors, and loading writes nothing") {
