@@ -104,7 +104,7 @@ TEST_CASE("parallelize places a model by itself: the trainer's part, chunks, gro
   // Without a mesh, the world is one data-parallel group and nothing is split off.
   comm::local::run(2, [&](comm::local& c) {
     auto placed = pl::parallelize(c, model, pl::plan<pl::data<pl::zero<2>>>{}, {.streams_gradients = true});
-    CHECK(placed.grid() == nullptr);
+    CHECK(placed.mesh() == nullptr);
     CHECK(placed.data().size() == 2);
     CHECK(!placed.per_step());  // one stage, backward whole: ZeRO-2 streams per micro-batch
     CHECK(placed.tensor() == nullptr);

@@ -46,16 +46,16 @@ class placement {
  public:
   using model_type = nn::sequential<Layers...>;
 
-  placement(Comm& world, std::optional<mesh<Comm>> m, const model_type& model, placement_options o)
+  placement(Comm& world, std::optional<parallel::mesh<Comm>> m, const model_type& model, placement_options o)
       : world_(world), mesh_(std::move(m)), o_(checked(std::move(o))), part_(model) {
     check_degrees<Plan>(shape());
     const auto s = shape();
     if (s.tp > 1) nn::set_tensor_split(part_, {.ranks = s.tp, .rank = mesh_->tp_rank(), .sequence = sequence()});
     if (s.ep > 1) nn::set_expert_split(part_, s.ep, mesh_->ep_rank());
     if (s.cp > 1) nn::set_context_split(part_, {.ranks = s.cp, .rank = mesh_->cp_rank(), .zigzag = zigzag()});
-    tp_ = group(s.tp, &mesh<Comm>::tp);
-    ep_ = group(s.ep, &mesh<Comm>::ep);
-    cp_ = group(s.cp, &mesh<Comm>::cp);
+    tp_ = group(s.tp, &parallel::mesh<Comm>::tp);
+    ep_ = group(s.ep, &parallel::mesh<Comm>::ep);
+    cp_ = group(s.cp, &parallel::mesh<Comm>::cp);
     if (data().size() > 1) data_ = std::make_unique<rank_group<Comm>>(data());
     const auto t = make_table(o_.micro_batches);
     virtual_stages_ = t.virtual_stages;
@@ -73,7 +73,7 @@ class placement {
   mesh_shape shape() const {
     return mesh_ ? mesh_->shape() : mesh_shape{.dp = world_.size()};
   }
-  mesh<Comm>* grid() { return mesh_ ? &*mesh_ : nullptr; }
+  parallel::mesh<Comm>* mesh() { return mesh_ ? &*mesh_ : nullptr; }  // null: one data-parallel group
   int pp_rank() const { return mesh_ ? mesh_->pp_rank() : 0; }
   int tp_rank() const { return mesh_ ? mesh_->tp_rank() : 0; }
   int ep_rank() const { return mesh_ ? mesh_->ep_rank() : 0; }
@@ -140,7 +140,7 @@ class placement {
     else return true;
   }
   int s_pp() const { return shape().pp; }
-  std::unique_ptr<rank_group<Comm>> group(int degree, Comm& (mesh<Comm>::*axis)()) {
+  std::unique_ptr<rank_group<Comm>> group(int degree, Comm& (parallel::mesh<Comm>::*axis)()) {
     if (degree == 1) return nullptr;
     return std::make_unique<rank_group<Comm>>(((*mesh_).*axis)());
   }
@@ -151,7 +151,7 @@ class placement {
   }
 
   Comm& world_;
-  std::optional<mesh<Comm>> mesh_;
+  std::optional<parallel::mesh<Comm>> mesh_;
   placement_options o_;
   model_type part_;
   std::unique_ptr<rank_group<Comm>> tp_, ep_, cp_, data_;

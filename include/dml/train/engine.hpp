@@ -66,7 +66,7 @@ class engine final : public engine_base<Space> {
                                       .log = &log_, .per_step = place_.per_step()}),
         pipe_(place_.pipe(), net_, opt_.pipeline_stages, place_.pp_rank(), {place_.chunks().begin(), place_.chunks().end()},
               opt_.recompute, log_, place_.tensor()),
-        ties_(parallel::find_ties(net_.layout(), full_layout_, place_.grid() ? &place_.grid()->pp() : nullptr)),
+        ties_(parallel::find_ties(net_.layout(), full_layout_, place_.mesh() ? &place_.mesh()->pp() : nullptr)),
         uncounted_(parallel::uncounted_slots(net_.layout(), place_.tp_rank())) {
     if constexpr (Precision::loss_scaling) scaler_ = optim::loss_scaler({.init_scale = opt_.initial_loss_scale});
     pipe_.set_layer_context(place_.layer_groups());
@@ -128,7 +128,7 @@ class engine final : public engine_base<Space> {
     return n;
   }
   std::vector<float> full_parameters() override {
-    auto* m = place_.grid();
+    auto* m = place_.mesh();
     if (!m) return sync_.parameters();
     return parallel::whole_model<Space>(net_.layout(), full_layout_, sync_.parameters(), m->tp_rank(), m->ep_rank(),
                                         m->tp(), m->pp(), m->ep());
@@ -136,7 +136,7 @@ class engine final : public engine_base<Space> {
   void load_full_parameters(std::span<const float> full) override {
     if (static_cast<std::int64_t>(full.size()) != full_layout_.total)
       fail<shape_error>("dml::trainer: expected ", full_layout_.total, " parameters (padding included), found ", full.size());
-    if (!place_.grid()) return sync_.load_parameters(full);
+    if (!place_.mesh()) return sync_.load_parameters(full);
     sync_.load_parameters(parallel::part_of_whole(net_.layout(), full_layout_, full));
   }
   const nn::rank_group* tensor_parallel_group() const override { return place_.tensor(); }
