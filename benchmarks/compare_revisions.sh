@@ -14,8 +14,8 @@
 #   with its flags as 'name:flags' (e.g. 'train_throughput:--json --parallel ddp --ranks 1'). Without targets:
 #   train_throughput (the bare network and the trainer, ddp on one rank), pipeline_throughput and
 #   gpt_throughput. A run must print JSON (one object per line, or to the file '{json}' in its flags stands for).
-# The figures and every run's output stay under $DML_COMPARE_DIR/results-<before>-<after>/. JOBS sets build
-# parallelism (default 2).
+# The figures and every run's output stay under $DML_COMPARE_DIR/results-<before>-<after>-<time>/.
+# JOBS sets build parallelism (default 2).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -82,8 +82,7 @@ build_revision "$sha_before"
 build_revision "$sha_after"
 ((build_only)) && { say "built: $root/$sha_before $root/$sha_after"; exit 0; }
 
-results=$root/results-$sha_before-$sha_after
-rm -rf "$results"
+results=$root/results-$sha_before-$sha_after-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$results/runs"
 table=$results/figures.tsv   # round, job, revision, config, value, unit, load1, others
 : >"$table"
@@ -156,7 +155,7 @@ for o in objects:
 if n == 0:
     sys.exit(f"compare: no figures in {base}.out")
 PY
-  printf '  round %d  %-20s %s  %5.1f s  load %s  others %s\n' "$round" "$target" "$sha" \
+  printf '  round %d  job %d  %-20s %s  %5.1f s  load %s  others %s\n' "$round" "$job" "$target" "$sha" \
     "$(cut -f3 "$base.meta")" "$(cut -f1 "$base.meta")" "$(cut -f2 "$base.meta")" >&2
 }
 
@@ -194,7 +193,7 @@ head = (f"{'benchmark':<20} {'config':<22} {'unit':<10} {'before med':>11} {'aft
         f"{'before min-max':>19} {'after min-max':>19} {'noise':>6}  verdict (±{tol:g}%)")
 print(head)
 print("-" * len(head))
-for (job, config), by in sorted(groups.items()):
+for (job, config), by in sorted(groups.items(), key=lambda g: g[0][0]):  # per job, in printed order
     b, a = by.get(before, []), by.get(after, [])
     if not b or not a:
         continue
