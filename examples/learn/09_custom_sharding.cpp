@@ -57,11 +57,11 @@ class flat_allreduce_sync : public dml::nn::layer_hooks {  // the backward's per
   void reduce(int /*chunk*/, bool final) {
     if (!final || ++finals_ < chunks_) return;
     finals_ = 0;
-    dp::order_after_compute<Space>(comm_);  // on a GPU: the all-reduce waits for the backward's kernels
-    comm_.all_reduce(net_.grads(), dml::comm::reduce_op::sum);
+    comm_.all_reduce(net_.grads(), dml::comm::reduce_op::sum);  // on a GPU, after the backward's kernels: the
+                                                                 // communicator orders itself (comm/communicator.hpp)
   }
   // A slot's gradient as this rank holds it after the reduction (tied parameters sum theirs): whole.
-  std::span<float> grad_piece(std::size_t slot) {
+  dml::span_in<float, Space> grad_piece(std::size_t slot) {
     return {net_.grad(slot), static_cast<std::size_t>(net_.layout().slots[slot].shape.numel())};
   }
 

@@ -153,3 +153,29 @@ TEST_CASE("comm::local: customisation points forward to the model") {
     dml::comm::barrier(c);
   });
 }
+
+TEST_CASE("comm::local: isendrecv around a ring, and the host-staged forms are the plain operations") {
+  for (int n : {1, 2, 3, 5})
+    local::run(n, [n](local& c) {
+      const int r = c.rank(), next = (r + 1) % n, prev = (r + n - 1) % n;
+      std::vector<float> out(7), in(7, -1.f);
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] = float(100 * r + int(i));
+      dml::comm::isendrecv(c, std::span<const float>(out), next, std::span<float>(in), prev, 4).wait();
+      for (std::size_t i = 0; i < in.size(); ++i) CHECK(in[i] == float(100 * prev + int(i)));
+
+      std::vector<double> s{double(r), 1.0};
+      dml::comm::all_reduce_host(c, std::span<double>(s), reduce_op::sum);
+      CHECK(s[0] == double(n * (n - 1) / 2));
+      CHECK(s[1] == double(n));
+      std::vector<std::int64_t> mine{r}, all(static_cast<std::size_t>(n));
+      dml::comm::all_gather_host(c, std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+      for (int p = 0; p < n; ++p) CHECK(all[std::size_t(p)] == p);
+      std::vector<char> word{r == 0 ? 'y' : 'n'};
+      dml::comm::broadcast_host(c, std::span<char>(word), 0);
+      CHECK(word[0] == 'y');
+      std::vector<std::int64_t> to(static_cast<std::size_t>(n)), from(static_cast<std::size_t>(n));
+      for (int p = 0; p < n; ++p) to[std::size_t(p)] = 10 * r + p;
+      dml::comm::all_to_all_host(c, std::span<const std::int64_t>(to), std::span<std::int64_t>(from));
+      for (int p = 0; p < n; ++p) CHECK(from[std::size_t(p)] == 10 * p + r);
+    });
+}

@@ -143,3 +143,37 @@ TEST_CASE("ZeRO-2/3 with per-micro-batch residency on a pipeline: one rank's los
   CHECK(z3_micro.grads * 2 == z1.grads);  // gradients at the shard
   CHECK(z3_micro.total() < z1.total());
 }
+
+namespace {
+// comm::local seen as a communicator without tags, as comm::nccl is: messages between two ranks match in the
+// order they are sent.
+struct tagless : comm::local {
+  static constexpr bool has_tags = false;
+  explicit tagless(comm::local c) : comm::local(std::move(c)) {}
+  tagless split(int color, int key) { return tagless(comm::local::split(color, key)); }
+};
+static_assert(comm::communicator<tagless> && !comm::matches_tags<tagless> && comm::matches_tags<comm::local>);
+}  // namespace
+
+TEST_CASE("a communicator without tags refuses a schedule that reorders the messages between two ranks") {
+  const auto model = nn::gpt(compose_config(true, false));
+  using P = pl::plan<pl::data<pl::replicate>, pl::pipe<schedule::interleaved<2>>>;
+  const auto place = [&](std::int64_t micro) {
+    std::string what;
+    comm::local::run(2, [&](comm::local& c) {
+      tagless world(std::move(c));
+      auto placed = pl::parallelize(pl::mesh<tagless>(world, {.pp = 2}), model, P{}, {.micro_batches = micro});
+      try {
+        (void)placed.program(micro, false);
+      } catch (const dml::invalid_argument& e) {
+        if (world.rank() == 0) what = e.what();
+      }
+    });
+    return what;
+  };
+  // Interleaving on 2 ranks keeps the order for 4 micro-batches, not for 5 (tests/parallel/test_schedule.cpp).
+  CHECK(place(4).empty());
+  CHECK(place(5).find("this communicator matches the messages between two ranks in the order they are sent (it has "
+                      "no tags), and the schedule for 5 micro-batches reorders them: rank 0 sends RG0.0's message as "
+                      "its 7th to rank 1") != std::string::npos);
+}

@@ -3,6 +3,7 @@
 // Sits on core/; comm::local, comm::mpi and comm::nccl model it; parallel/ uses it. See DESIGN.md §4.
 #pragma once
 
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -15,6 +16,7 @@
 
 #include "dml/core/dtype.hpp"
 #include "dml/core/error.hpp"
+#include "dml/core/space.hpp"
 
 namespace dml {
 
@@ -185,8 +187,53 @@ constexpr double bus_factor(collective c, int n) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The concept, in named parts so a failure names the missing operation. Checked with float;
-// models are templates over every reducible type.
+// The contract every model keeps, and what a caller may rely on.
+//
+// Memory. A communicator moves memory of one space, its `space` member (host when absent): comm::local and
+// comm::mpi take std::span over host memory, comm::nccl takes dml::device_span over device memory (Debian's
+// Open MPI is not CUDA-aware, so comm::mpi never takes device memory). A span of the other space does not
+// compile: buffer<T, Space>::span() and dml::make_span<Space>(p, n) name the space a pointer lives in, so
+// generic code that hands a Space's memory to a communicator compiles only for a communicator of that Space.
+// Host data that must cross a communicator over device memory (agreement flags, counts, statistics) goes
+// through all_reduce_host, broadcast_host, all_gather_host and all_to_all_host below, which stage it through
+// device memory there and are the plain operations elsewhere.
+//
+// Order. An operation reads its input as the calling thread's work left it when the call was made, and its
+// output may be read by any work the thread issues after the plain form returns or the request's wait()
+// does. On the host this is program order. On a GPU the communicator keeps it, not the caller: before it
+// enqueues, its stream waits for what the thread's compute stream (dml::current_stream()) has queued, and
+// on completion the compute stream waits for it. Operations on one communicator run in call order, and
+// every rank must call its collectives in the same order.
+//
+// Pairs. isend and irecv may start only at the next wait, test or operation on the communicator (NCCL
+// issues them together then, as one group), so a rank may post a receive and a send to its neighbours in
+// any order without deadlock; isendrecv starts both at once. Messages between two ranks on one tag arrive in
+// the order they were sent; comm::nccl has no tags, so there the order is that of the calls.
+
+// The memory space a communicator moves, and the span it takes for T.
+template <class C>
+struct memory_space {
+  using type = host;
+};
+template <class C>
+  requires requires { typename C::space; }
+struct memory_space<C> {
+  using type = typename C::space;
+};
+template <class C>
+using memory_space_t = typename memory_space<std::remove_cvref_t<C>>::type;
+template <class C, class T>
+using span_for = span_in<T, memory_space_t<C>>;
+template <class C>
+inline constexpr bool moves_host_memory = std::same_as<memory_space_t<C>, host>;
+// Whether messages between two ranks match by tag (comm::local, comm::mpi) or only in the order they were
+// sent (a model that says `static constexpr bool has_tags = false`: comm::nccl).
+template <class C>
+inline constexpr bool matches_tags = !requires { requires !std::remove_cvref_t<C>::has_tags; };
+
+// ---------------------------------------------------------------------------------------------
+// The concept, in named parts so a failure names the missing operation. Checked with float in the
+// communicator's space; models are templates over every reducible type.
 
 template <class R>
 concept request_like = requires(R& r) {
@@ -200,38 +247,39 @@ concept has_topology = requires(const C& c) {
   { c.size() } -> std::convertible_to<int>;
 };
 template <class C>
-concept has_all_reduce = requires(C& c, std::span<float> s, std::span<const float> in, reduce_op op) {
-  c.all_reduce(s, op);
-  c.all_reduce(in, s, op);
-};
+concept has_all_reduce =
+    requires(C& c, span_for<C, float> s, span_for<C, const float> in, reduce_op op) {
+      c.all_reduce(s, op);
+      c.all_reduce(in, s, op);
+    };
 template <class C>
 concept has_reduce_scatter =
-    requires(C& c, std::span<float> s, std::span<const float> in, reduce_op op) {
+    requires(C& c, span_for<C, float> s, span_for<C, const float> in, reduce_op op) {
       c.reduce_scatter(in, s, op);
       c.reduce_scatter(s, op);
     };
 template <class C>
 concept has_all_gather =
-    requires(C& c, std::span<float> s, std::span<const float> in, std::span<const std::size_t> n) {
+    requires(C& c, span_for<C, float> s, span_for<C, const float> in, std::span<const std::size_t> n) {
       c.all_gather(in, s);
       c.all_gather(s);
       c.all_gatherv(in, s, n);
     };
 template <class C>
-concept has_broadcast = requires(C& c, std::span<float> s) { c.broadcast(s, 0); };
+concept has_broadcast = requires(C& c, span_for<C, float> s) { c.broadcast(s, 0); };
 template <class C>
-concept has_reduce = requires(C& c, std::span<float> s, std::span<const float> in, reduce_op op) {
+concept has_reduce = requires(C& c, span_for<C, float> s, span_for<C, const float> in, reduce_op op) {
   c.reduce(in, s, op, 0);
   c.reduce(s, op, 0);
 };
 template <class C>
 concept has_all_to_all =
-    requires(C& c, std::span<float> s, std::span<const float> in, std::span<const std::size_t> n) {
+    requires(C& c, span_for<C, float> s, span_for<C, const float> in, std::span<const std::size_t> n) {
       c.all_to_all(in, s);
       c.all_to_allv(in, n, s, n);
     };
 template <class C>
-concept has_point_to_point = requires(C& c, std::span<float> s, std::span<const float> in) {
+concept has_point_to_point = requires(C& c, span_for<C, float> s, span_for<C, const float> in) {
   c.send(in, 0, 0);
   c.recv(s, 0, 0);
 };
@@ -242,20 +290,30 @@ concept has_split = requires(C& c) {
   { c.split(0, 0) } -> std::same_as<C>;
 };
 template <class C>
-concept has_nonblocking = requires(C& c, std::span<float> s, std::span<const float> in, reduce_op op) {
-  { c.iall_reduce(s, op) } -> request_like;
-  { c.ireduce_scatter(in, s, op) } -> request_like;
-  { c.iall_gather(in, s) } -> request_like;
-  { c.ibroadcast(s, 0) } -> request_like;
-  { c.isend(in, 0, 0) } -> request_like;
-  { c.irecv(s, 0, 0) } -> request_like;
-};
+concept has_nonblocking =
+    requires(C& c, span_for<C, float> s, span_for<C, const float> in, reduce_op op) {
+      { c.iall_reduce(s, op) } -> request_like;
+      { c.ireduce_scatter(in, s, op) } -> request_like;
+      { c.iall_gather(in, s) } -> request_like;
+      { c.ibroadcast(s, 0) } -> request_like;
+      { c.isend(in, 0, 0) } -> request_like;
+      { c.irecv(s, 0, 0) } -> request_like;
+    };
+// A communicator over device memory also takes host memory where the name says so (staged).
+template <class C>
+concept has_host_staging =
+    moves_host_memory<C> || requires(C& c, std::span<float> s, std::span<const float> in, reduce_op op) {
+      c.all_reduce_host(s, op);
+      c.broadcast_host(s, 0);
+      c.all_gather_host(in, s);
+      c.all_to_all_host(in, s);
+    };
 
 template <class C>
 concept communicator = has_topology<C> && has_all_reduce<C> && has_reduce_scatter<C> &&
                        has_all_gather<C> && has_broadcast<C> && has_reduce<C> &&
                        has_all_to_all<C> && has_point_to_point<C> && has_barrier<C> &&
-                       has_split<C> && has_nonblocking<C>;
+                       has_split<C> && has_nonblocking<C> && has_host_staging<C>;
 
 // static_assert(diagnose_communicator<C>()) names the first missing operation.
 template <class C>
@@ -285,7 +343,63 @@ consteval bool diagnose_communicator() {
   static_assert(has_nonblocking<C>,
                 "dml: a communicator needs non-blocking forms returning a request (wait/test): "
                 "iall_reduce, ireduce_scatter, iall_gather, ibroadcast, isend, irecv");
+  static_assert(has_host_staging<C>,
+                "dml: a communicator over device memory needs all_reduce_host, broadcast_host, all_gather_host and "
+                "all_to_all_host, which take std::span over host memory");
   return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host data over any communicator: the plain operation where the communicator moves host memory, staged
+// through device memory where it moves device memory. For small things (flags, counts, statistics).
+
+template <class C, reducible T>
+void all_reduce_host(C& c, std::span<T> data, reduce_op op) {
+  if constexpr (moves_host_memory<C>) c.all_reduce(data, op);
+  else c.all_reduce_host(data, op);
+}
+template <class C, transferable T>
+void broadcast_host(C& c, std::span<T> data, int root) {
+  if constexpr (moves_host_memory<C>) c.broadcast(data, root);
+  else c.broadcast_host(data, root);
+}
+template <class C, transferable T>
+void all_gather_host(C& c, std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+  if constexpr (moves_host_memory<C>) c.all_gather(send, recv);
+  else c.all_gather_host(send, recv);
+}
+template <class C, transferable T>
+void all_to_all_host(C& c, std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+  if constexpr (moves_host_memory<C>) c.all_to_all(send, recv);
+  else c.all_to_all_host(send, recv);
+}
+
+// ---------------------------------------------------------------------------------------------
+// isendrecv: a send to one peer and a receive from another (or the same), started together; the request
+// completes when both have. A model may provide its own (comm::nccl: one group); otherwise an irecv and an
+// isend. Ring exchanges use it: every rank sends first and receives first, at once.
+
+namespace detail {
+struct request_pair final : request_state {
+  request a, b;
+  request_pair(request x, request y) : a(std::move(x)), b(std::move(y)) {}
+  bool test() override { return a.test() && b.test(); }
+  void wait() override {
+    std::array<request, 2> both{std::move(a), std::move(b)};
+    wait_all(both);
+  }
+};
+}  // namespace detail
+
+template <class C, class Send, class Recv>
+request isendrecv(C& c, Send send, int to, Recv recv, int from, int tag) {
+  if constexpr (requires { c.isendrecv(send, to, recv, from, tag); }) {
+    return c.isendrecv(send, to, recv, from, tag);
+  } else {
+    request r = c.irecv(recv, from, tag);
+    request s = c.isend(send, to, tag);
+    return request(std::make_unique<detail::request_pair>(std::move(r), std::move(s)));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ struct local_options {
 class local {
  public:
   using options = local_options;
+  using space = dml::host;  // the memory it moves (comm/communicator.hpp)
 
   // Starts n ranks as threads, calls fn(local&) on each and joins them. If any fn throws, every
   // other rank's pending or next operation throws comm_error, and run rethrows the first error.

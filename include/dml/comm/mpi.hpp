@@ -44,6 +44,7 @@ struct mpi_options {
 class mpi {
  public:
   using options = mpi_options;
+  using space = dml::host;  // Debian's Open MPI is not CUDA-aware: host memory only
 
   // Initialises MPI for the process's lifetime (MPI_THREAD_MULTIPLE asked for: the watchdog
   // calls MPI_Abort from its own thread); finalises it unless someone else had initialised it.

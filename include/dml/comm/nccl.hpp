@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/comm/nccl.hpp — communicator over NCCL on GPUs, bootstrapped over comm::mpi.
-// Sits on comm/mpi.hpp and the CUDA runtime; spans hold device memory. See DESIGN.md §4.
+// Sits on comm/mpi.hpp, core/stream.hpp and the CUDA runtime; it moves device memory (dml::device_span) and
+// keeps the order contract of comm/communicator.hpp against the compute stream. See DESIGN.md §4.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,6 +20,8 @@
 
 #include "dml/comm/communicator.hpp"
 #include "dml/comm/mpi.hpp"
+#include "dml/core/space.hpp"
+#include "dml/core/stream.hpp"
 
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
 #  error "dml::comm::nccl needs NCCL 2.18 or later (ncclCommSplit)"
@@ -80,16 +83,37 @@ inline ncclRedOp_t red_op(reduce_op op) {
   return ncclSum;
 }
 
-// The communicator, its stream and a scratch word for barrier; shared with pending requests so
-// that a timeout seen through a request can abort the communicator.
+// A point-to-point transfer posted by isend or irecv and not yet issued: they are issued together, as one
+// NCCL group, at the next wait, test or operation on the communicator.
+struct pending_p2p {
+  bool send = false;
+  void* data = nullptr;
+  std::size_t count = 0;
+  ncclDataType_t type = ncclUint8;
+  int peer = 0;
+};
+// The posts issued by one flush share its completion event.
+struct p2p_batch {
+  cudaEvent_t done = nullptr;
+  bool issued = false;
+  ~p2p_batch() {
+    if (done) cudaEventDestroy(done);
+  }
+};
+
+// The communicator, its stream, a scratch word for barrier and the posts not yet issued; shared with
+// pending requests so that a timeout seen through a request can abort the communicator.
 struct state {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   bool owns_stream = false;
   int* scratch = nullptr;
+  cudaEvent_t input_ready = nullptr;
   int rank = 0, size = 1;
   std::chrono::milliseconds timeout{};
   bool aborted = false;
+  std::vector<pending_p2p> pending;
+  std::shared_ptr<p2p_batch> batch;
 
   ~state() {
     if (comm) {
@@ -97,7 +121,54 @@ struct state {
       else ncclCommDestroy(comm);
     }
     if (scratch) cudaFree(scratch);
+    if (input_ready) cudaEventDestroy(input_ready);
     if (owns_stream && stream) cudaStreamDestroy(stream);
+  }
+
+  ncclComm_t live() const {
+    if (!comm || aborted) fail<comm_error>("dml::comm::nccl: rank ", rank, ": the communicator was aborted");
+    return comm;
+  }
+
+  // The order contract's first half: what the calling thread's compute stream has queued so far happens
+  // before what this communicator enqueues next.
+  void after_compute() {
+    const cudaStream_t compute = current_stream();
+    if (compute == stream) return;
+    DML_CHECK_CUDA(cudaEventRecord(input_ready, compute));
+    DML_CHECK_CUDA(cudaStreamWaitEvent(stream, input_ready, 0));
+  }
+
+  // A new post joins the batch the next flush issues; returns that batch.
+  std::shared_ptr<p2p_batch> post(const pending_p2p& p) {
+    if (!batch) {
+      batch = std::make_shared<p2p_batch>();
+      DML_CHECK_CUDA(cudaEventCreateWithFlags(&batch->done, cudaEventDisableTiming));
+    }
+    pending.push_back(p);
+    return batch;
+  }
+
+  // Issues the posts as one group (a send and a receive between two ranks, posted in either order on
+  // both, cannot deadlock), after the compute queued so far.
+  void flush() {
+    if (pending.empty()) return;
+    auto b = std::move(batch);
+    auto posts = std::move(pending);
+    pending.clear();
+    after_compute();
+    const ncclComm_t c = live();
+    DML_CHECK_NCCL(ncclGroupStart());
+    ncclResult_t rc = ncclSuccess;
+    for (const auto& p : posts) {
+      rc = p.send ? ncclSend(p.data, p.count, p.type, p.peer, c, stream) : ncclRecv(p.data, p.count, p.type, p.peer, c, stream);
+      if (rc != ncclSuccess) break;
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    DML_CHECK_NCCL(rc);
+    DML_CHECK_NCCL(end);
+    DML_CHECK_CUDA(cudaEventRecord(b->done, stream));
+    b->issued = true;
   }
 
   [[noreturn]] void abort(const std::string& why) {
@@ -116,7 +187,11 @@ struct state {
     auto nap = std::chrono::microseconds(2);
     for (;;) {
       const cudaError_t rc = cudaEventQuery(done);
-      if (rc == cudaSuccess) return;
+      if (rc == cudaSuccess) {
+        // The contract's second half: work the thread issues from now on comes after the operation.
+        if (current_stream() != stream) DML_CHECK_CUDA(cudaStreamWaitEvent(current_stream(), done, 0));
+        return;
+      }
       if (rc != cudaErrorNotReady) fail_cuda(rc, "cudaEventQuery", __FILE__, __LINE__);
       if (aborted || !comm)
         throw comm_error(dml::detail::cat("dml::comm::nccl: rank ", rank, " in ", op, ": the communicator was aborted"));
@@ -154,28 +229,137 @@ struct event_request final : request_state {
   void wait() override { s->wait(done, op); }
 };
 
+// A device copy of host data for the host-staged operations: stream-ordered allocation and copies on the
+// communicator's stream.
+template <class T>
+struct staging {
+  cudaStream_t stream;
+  T* p = nullptr;
+  std::size_t n;
+  staging(cudaStream_t s, std::size_t count) : stream(s), n(count) {
+    if (n) DML_CHECK_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&p), n * sizeof(T), stream));
+  }
+  ~staging() {
+    if (p) cudaFreeAsync(p, stream);
+  }
+  staging(const staging&) = delete;
+  staging& operator=(const staging&) = delete;
+  device_span<T> span() { return {p, n}; }
+  void from_host(std::span<const T> h) {
+    if (n) DML_CHECK_CUDA(cudaMemcpyAsync(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice, stream));
+  }
+  // After the operation has completed (the plain forms wait for it, with the communicator's timeout).
+  void to_host(std::span<T> h) {
+    if (!n) return;
+    DML_CHECK_CUDA(cudaMemcpyAsync(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost, stream));
+    DML_CHECK_CUDA(cudaStreamSynchronize(stream));
+  }
+};
+
+// An isend or irecv: issued with its batch at the first wait or test that needs it (or earlier, by the
+// next operation on the communicator).
+struct p2p_request final : request_state {
+  std::shared_ptr<state> s;
+  std::shared_ptr<p2p_batch> b;
+  const char* op = "";
+  p2p_request(std::shared_ptr<state> st, std::shared_ptr<p2p_batch> batch, const char* name)
+      : s(std::move(st)), b(std::move(batch)), op(name) {}
+  bool test() override {
+    if (!b->issued) s->flush();
+    const cudaError_t rc = cudaEventQuery(b->done);
+    if (rc == cudaErrorNotReady) return false;
+    if (rc != cudaSuccess) fail_cuda(rc, "cudaEventQuery", __FILE__, __LINE__);
+    return true;
+  }
+  void wait() override {
+    if (!b->issued) s->flush();
+    s->wait(b->done, op);
+  }
+};
+
+template <class A>
+struct is_device_span : std::false_type {};
+template <class T>
+struct is_device_span<device_span<T>> : std::true_type {};
+// Memory a host container or std::span holds (but not the host arrays of counts that v-collectives take).
+template <class A>
+concept host_data =
+    !is_device_span<std::remove_cvref_t<A>>::value && requires(A& a) {
+      std::data(a);
+      std::size(a);
+    } && !std::same_as<std::remove_cvref_t<decltype(*std::data(std::declval<A&>()))>, std::size_t>;
+template <class... A>
+concept any_host_data = (host_data<A> || ...);
+template <class... A>
+inline constexpr bool never = false;
+
 }  // namespace detail::nccl_impl
+
+// Every operation of comm::nccl that receives host memory lands here and stops the build with one line.
+#define DML_NCCL_DEVICE_MEMORY_ONLY(op)                                                                          \
+  template <class... A>                                                                                         \
+    requires detail::nccl_impl::any_host_data<A...>                                                             \
+  request op(A&&...) {                                                                                          \
+    static_assert(detail::nccl_impl::never<A...>,                                                               \
+                  "dml::comm::nccl::" #op " moves device memory: pass a dml::device_span (buffer<T, dml::cuda>::span() or " \
+                  "dml::make_span<dml::cuda>(p, n)); host data goes through comm::all_reduce_host and its siblings"); \
+    return {};                                                                                                  \
+  }
 
 struct nccl_options {
   // A blocking call or wait() longer than this aborts the communicator and throws comm_error.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // The CUDA device; -1: the rank's node-local rank (nccl::node_local_device).
+  int device = -1;
 };
 
-// Operations are enqueued on stream() in call order. The i-forms return a request that completes
-// when the GPU has finished (an event), so the host can compute meanwhile; the plain forms wait.
+// Operations take device memory only (dml::device_span; comm/communicator.hpp's contract) and are enqueued
+// on stream() in call order, each after the compute stream's queued work. The i-forms return a request that
+// completes when the GPU has finished (an event), so the host can compute meanwhile; the plain forms wait.
+// isend and irecv are issued together at the next wait, test or operation (one NCCL group).
 // NCCL has no message tags: send/recv between two ranks match in the order they are issued,
 // and the tag argument is accepted for interface compatibility only.
 class nccl {
  public:
   using options = nccl_options;
+  using space = dml::cuda;
+  static constexpr bool has_tags = false;  // messages between two ranks match in call order
 
-  // Collective over bootstrap's ranks, on the current CUDA device: rank 0 creates the unique id
-  // and MPI broadcasts it. With no stream given, the communicator makes its own.
+  // The CUDA device of this rank: its rank among the ranks on its node (MPI's shared-memory split), which
+  // must be below the node's device count. Collective over bootstrap: if any rank has no device, every
+  // rank throws the same error, so none waits for it.
+  static int node_local_device(const mpi& bootstrap) {
+    MPI_Comm node = MPI_COMM_NULL;
+    DML_CHECK_MPI(MPI_Comm_split_type(bootstrap.native(), MPI_COMM_TYPE_SHARED, bootstrap.rank(), MPI_INFO_NULL, &node));
+    int local = 0, local_size = 1;
+    MPI_Comm_rank(node, &local);
+    MPI_Comm_size(node, &local_size);
+    MPI_Comm_free(&node);
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+    // [the first rank without a device, its node-local rank, its node's ranks, its node's devices]
+    int mine[4] = {local < devices ? bootstrap.size() : bootstrap.rank(), local, local_size, devices}, first = 0;
+    DML_CHECK_MPI(MPI_Allreduce(mine, &first, 1, MPI_INT, MPI_MIN, bootstrap.native()));
+    if (first < bootstrap.size()) {
+      int who[4] = {};
+      if (bootstrap.rank() == first) std::copy(mine, mine + 4, who);
+      DML_CHECK_MPI(MPI_Bcast(who, 4, MPI_INT, first, bootstrap.native()));
+      fail<comm_error>("dml::comm::nccl: rank ", first, " is rank ", who[1], " of ", who[2], " on its node, which has ",
+                       who[3], " CUDA device", who[3] == 1 ? "" : "s", ": run at most ", who[3],
+                       " ranks per node (one GPU each), or give nccl_options::device");
+    }
+    return local;
+  }
+
+  // Collective over bootstrap's ranks: selects the rank's device (nccl_options::device, or the node-local
+  // rank's), then rank 0 creates the unique id and MPI broadcasts it. With no stream given, the
+  // communicator makes its own.
   explicit nccl(const mpi& bootstrap, cudaStream_t stream = nullptr, options opt = {})
       : s_(std::make_shared<detail::nccl_impl::state>()) {
     s_->rank = bootstrap.rank();
     s_->size = bootstrap.size();
     s_->timeout = opt.timeout;
+    DML_CHECK_CUDA(cudaSetDevice(opt.device >= 0 ? opt.device : node_local_device(bootstrap)));
     ncclUniqueId id{};
     if (s_->rank == 0) DML_CHECK_NCCL(ncclGetUniqueId(&id));
     DML_CHECK_MPI(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, bootstrap.native()));
@@ -193,73 +377,77 @@ class nccl {
 
   // ---- all_reduce
   template <reducible T>
-  request iall_reduce(std::span<const std::type_identity_t<T>> send, std::span<T> recv, reduce_op op) {
+  request iall_reduce(device_span<const std::type_identity_t<T>> send, device_span<T> recv, reduce_op op) {
     check_reduce<T>(op, "dml::comm::nccl::all_reduce");
     expect_size("all_reduce", "recv", recv.size(), send.size());
-    DML_CHECK_NCCL(ncclAllReduce(send.data(), recv.data(), recv.size(), dt<T>(), red(op), comm(), stream()));
+    const ncclComm_t c = begin();
+    DML_CHECK_NCCL(ncclAllReduce(send.data(), recv.data(), recv.size(), dt<T>(), red(op), c, stream()));
     return done("all_reduce");
   }
   template <reducible T>
-  request iall_reduce(std::span<T> data, reduce_op op) {
-    return iall_reduce(std::span<const T>(data), data, op);
+  request iall_reduce(device_span<T> data, reduce_op op) {
+    return iall_reduce(device_span<const T>(data), data, op);
   }
   template <reducible T>
-  void all_reduce(std::span<const std::type_identity_t<T>> send, std::span<T> recv, reduce_op op) {
+  void all_reduce(device_span<const std::type_identity_t<T>> send, device_span<T> recv, reduce_op op) {
     iall_reduce(send, recv, op).wait();
   }
   template <reducible T>
-  void all_reduce(std::span<T> data, reduce_op op) {
+  void all_reduce(device_span<T> data, reduce_op op) {
     iall_reduce(data, op).wait();
   }
 
   // ---- reduce_scatter
   template <reducible T>
-  request ireduce_scatter(std::span<const std::type_identity_t<T>> send, std::span<T> recv, reduce_op op) {
+  request ireduce_scatter(device_span<const std::type_identity_t<T>> send, device_span<T> recv, reduce_op op) {
     check_reduce<T>(op, "dml::comm::nccl::reduce_scatter");
     expect_size("reduce_scatter", "send", send.size(), recv.size() * size());
-    DML_CHECK_NCCL(ncclReduceScatter(send.data(), recv.data(), recv.size(), dt<T>(), red(op), comm(), stream()));
+    const ncclComm_t c = begin();
+    DML_CHECK_NCCL(ncclReduceScatter(send.data(), recv.data(), recv.size(), dt<T>(), red(op), c, stream()));
     return done("reduce_scatter");
   }
   template <reducible T>
-  void reduce_scatter(std::span<const std::type_identity_t<T>> send, std::span<T> recv, reduce_op op) {
+  void reduce_scatter(device_span<const std::type_identity_t<T>> send, device_span<T> recv, reduce_op op) {
     ireduce_scatter(send, recv, op).wait();
   }
   // In place: the result lands in block rank() of data (returned).
   template <reducible T>
-  std::span<T> reduce_scatter(std::span<T> data, reduce_op op) {
+  device_span<T> reduce_scatter(device_span<T> data, reduce_op op) {
     auto mine = own_block(data, "reduce_scatter");
-    ireduce_scatter(std::span<const T>(data), mine, op).wait();
+    ireduce_scatter(device_span<const T>(data), mine, op).wait();
     return mine;
   }
 
   // ---- all_gather
   template <transferable T>
-  request iall_gather(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+  request iall_gather(device_span<const std::type_identity_t<T>> send, device_span<T> recv) {
     expect_size("all_gather", "recv", recv.size(), send.size() * size());
-    DML_CHECK_NCCL(ncclAllGather(send.data(), recv.data(), send.size() * units<T>(), dt<T>(), comm(), stream()));
+    const ncclComm_t c = begin();
+    DML_CHECK_NCCL(ncclAllGather(send.data(), recv.data(), send.size() * units<T>(), dt<T>(), c, stream()));
     return done("all_gather");
   }
   template <transferable T>
-  void all_gather(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+  void all_gather(device_span<const std::type_identity_t<T>> send, device_span<T> recv) {
     iall_gather(send, recv).wait();
   }
   template <transferable T>
-  void all_gather(std::span<T> data) {
+  void all_gather(device_span<T> data) {
     auto mine = own_block(data, "all_gather");
-    iall_gather(std::span<const T>(mine), data).wait();
+    iall_gather(device_span<const T>(mine), data).wait();
   }
   // One broadcast per rank, fused in a group.
   template <transferable T>
-  void all_gatherv(std::span<const std::type_identity_t<T>> send, std::span<T> recv,
+  void all_gatherv(device_span<const std::type_identity_t<T>> send, device_span<T> recv,
                    std::span<const std::size_t> counts) {
     expect_size("all_gatherv", "counts", counts.size(), std::size_t(size()));
     expect_size("all_gatherv", "send", send.size(), counts[rank()]);
     expect_size("all_gatherv", "recv", recv.size(), std::accumulate(counts.begin(), counts.end(), std::size_t(0)));
+    const ncclComm_t c = begin();
     DML_CHECK_NCCL(ncclGroupStart());
     std::size_t off = 0;
     for (int p = 0; p < size(); ++p) {
       const ncclResult_t rc = ncclBroadcast(p == rank() ? static_cast<const void*>(send.data()) : nullptr,
-                                            recv.data() + off, counts[p] * units<T>(), dt<T>(), p, comm(), stream());
+                                            recv.data() + off, counts[p] * units<T>(), dt<T>(), p, c, stream());
       if (rc != ncclSuccess) {
         ncclGroupEnd();
         DML_CHECK_NCCL(rc);
@@ -272,38 +460,40 @@ class nccl {
 
   // ---- broadcast
   template <transferable T>
-  request ibroadcast(std::span<T> data, int root) {
+  request ibroadcast(device_span<T> data, int root) {
     check_rank(root, "broadcast", "root");
-    DML_CHECK_NCCL(ncclBroadcast(data.data(), data.data(), data.size() * units<T>(), dt<T>(), root, comm(), stream()));
+    const ncclComm_t c = begin();
+    DML_CHECK_NCCL(ncclBroadcast(data.data(), data.data(), data.size() * units<T>(), dt<T>(), root, c, stream()));
     return done("broadcast");
   }
   template <transferable T>
-  void broadcast(std::span<T> data, int root) {
+  void broadcast(device_span<T> data, int root) {
     ibroadcast(data, root).wait();
   }
 
   // ---- reduce (recv is used at the root only)
   template <reducible T>
-  request ireduce(std::span<const std::type_identity_t<T>> send, std::span<T> recv, reduce_op op, int root) {
+  request ireduce(device_span<const std::type_identity_t<T>> send, device_span<T> recv, reduce_op op, int root) {
     check_reduce<T>(op, "dml::comm::nccl::reduce");
     check_rank(root, "reduce", "root");
     if (rank() == root) expect_size("reduce", "recv", recv.size(), send.size());
+    const ncclComm_t c = begin();
     DML_CHECK_NCCL(ncclReduce(send.data(), rank() == root ? recv.data() : nullptr, send.size(), dt<T>(), red(op),
-                              root, comm(), stream()));
+                              root, c, stream()));
     return done("reduce");
   }
   template <reducible T>
-  void reduce(std::span<const std::type_identity_t<T>> send, std::span<T> recv, reduce_op op, int root) {
+  void reduce(device_span<const std::type_identity_t<T>> send, device_span<T> recv, reduce_op op, int root) {
     ireduce(send, recv, op, root).wait();
   }
   template <reducible T>
-  void reduce(std::span<T> data, reduce_op op, int root) {
-    ireduce(std::span<const T>(data), rank() == root ? data : std::span<T>{}, op, root).wait();
+  void reduce(device_span<T> data, reduce_op op, int root) {
+    ireduce(device_span<const T>(data), rank() == root ? data : device_span<T>{}, op, root).wait();
   }
 
   // ---- all_to_all and all_to_allv: grouped point-to-point
   template <transferable T>
-  request iall_to_all(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+  request iall_to_all(device_span<const std::type_identity_t<T>> send, device_span<T> recv) {
     if (send.size() % size() != 0 || recv.size() != send.size())
       fail<invalid_argument>("dml::comm::nccl::all_to_all: expected send and recv of equal size divisible by the "
                              "group size ", size(), ", found ", send.size(), " and ", recv.size());
@@ -313,12 +503,12 @@ class nccl {
     return done("all_to_all");
   }
   template <transferable T>
-  void all_to_all(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+  void all_to_all(device_span<const std::type_identity_t<T>> send, device_span<T> recv) {
     iall_to_all(send, recv).wait();
   }
   template <transferable T>
-  void all_to_allv(std::span<const std::type_identity_t<T>> send, std::span<const std::size_t> send_counts,
-                   std::span<T> recv, std::span<const std::size_t> recv_counts) {
+  void all_to_allv(device_span<const std::type_identity_t<T>> send, std::span<const std::size_t> send_counts,
+                   device_span<T> recv, std::span<const std::size_t> recv_counts) {
     expect_size("all_to_allv", "send_counts", send_counts.size(), std::size_t(size()));
     expect_size("all_to_allv", "recv_counts", recv_counts.size(), std::size_t(size()));
     expect_size("all_to_allv", "send", send.size(), std::accumulate(send_counts.begin(), send_counts.end(), std::size_t(0)));
@@ -327,38 +517,103 @@ class nccl {
     done("all_to_allv").wait();
   }
 
-  // ---- point to point (tag unused: see the class comment)
+  // ---- point to point (tag unused: see the class comment). Posted, and issued as one group with the other
+  // posts at the next wait, test or operation; isendrecv issues at once.
   template <transferable T>
-  request isend(std::span<const T> data, int peer, int /*tag*/) {
+  request isend(device_span<const T> data, int peer, int /*tag*/) {
     check_rank(peer, "send", "peer");
-    DML_CHECK_NCCL(ncclSend(data.data(), data.size() * units<T>(), dt<T>(), peer, comm(), stream()));
-    return done("send");
+    return post(true, const_cast<T*>(data.data()), data.size() * units<T>(), dt<T>(), peer, "send");
   }
   template <transferable T>
-  request isend(std::span<T> data, int peer, int tag) {
-    return isend(std::span<const T>(data), peer, tag);
+  request isend(device_span<T> data, int peer, int tag) {
+    return isend(device_span<const T>(data), peer, tag);
   }
   template <transferable T>
-  void send(std::span<const T> data, int peer, int tag) {
+  void send(device_span<const T> data, int peer, int tag) {
     isend(data, peer, tag).wait();
   }
   template <transferable T>
-  void send(std::span<T> data, int peer, int tag) {
-    isend(std::span<const T>(data), peer, tag).wait();
+  void send(device_span<T> data, int peer, int tag) {
+    isend(device_span<const T>(data), peer, tag).wait();
   }
   template <transferable T>
-  request irecv(std::span<T> data, int peer, int /*tag*/) {
+  request irecv(device_span<T> data, int peer, int /*tag*/) {
     check_rank(peer, "recv", "peer");
-    DML_CHECK_NCCL(ncclRecv(data.data(), data.size() * units<T>(), dt<T>(), peer, comm(), stream()));
-    return done("recv");
+    return post(false, data.data(), data.size() * units<T>(), dt<T>(), peer, "recv");
   }
   template <transferable T>
-  void recv(std::span<T> data, int peer, int tag) {
+  void recv(device_span<T> data, int peer, int tag) {
     irecv(data, peer, tag).wait();
   }
+  template <transferable T>
+  request isendrecv(device_span<const std::type_identity_t<T>> send, int to, device_span<T> recv, int from, int /*tag*/) {
+    check_rank(to, "sendrecv", "destination");
+    check_rank(from, "sendrecv", "source");
+    s_->post({.send = true, .data = const_cast<T*>(send.data()), .count = send.size() * units<T>(), .type = dt<T>(), .peer = to});
+    request r = post(false, recv.data(), recv.size() * units<T>(), dt<T>(), from, "sendrecv");
+    s_->flush();
+    return r;
+  }
+  template <transferable T>
+  void sendrecv(device_span<const std::type_identity_t<T>> send, int to, device_span<T> recv, int from, int tag) {
+    isendrecv(send, to, recv, from, tag).wait();
+  }
+
+  // ---- host memory, staged through device memory on the communicator's stream (small data: flags, counts)
+  template <reducible T>
+  void all_reduce_host(std::span<T> data, reduce_op op) {
+    detail::nccl_impl::staging<T> d(stream(), data.size());
+    d.from_host(data);
+    all_reduce(d.span(), op);
+    d.to_host(data);
+  }
+  template <transferable T>
+  void broadcast_host(std::span<T> data, int root) {
+    detail::nccl_impl::staging<T> d(stream(), data.size());
+    d.from_host(data);
+    broadcast(d.span(), root);
+    d.to_host(data);
+  }
+  template <transferable T>
+  void all_gather_host(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+    detail::nccl_impl::staging<T> in(stream(), send.size()), out(stream(), recv.size());
+    in.from_host(send);
+    all_gather(device_span<const T>(in.span()), out.span());
+    out.to_host(recv);
+  }
+  template <transferable T>
+  void all_to_all_host(std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+    detail::nccl_impl::staging<T> in(stream(), send.size()), out(stream(), recv.size());
+    in.from_host(send);
+    all_to_all(device_span<const T>(in.span()), out.span());
+    out.to_host(recv);
+  }
+
+  // Host memory given to any operation above: one line saying what to pass instead.
+  DML_NCCL_DEVICE_MEMORY_ONLY(all_reduce)
+  DML_NCCL_DEVICE_MEMORY_ONLY(iall_reduce)
+  DML_NCCL_DEVICE_MEMORY_ONLY(reduce_scatter)
+  DML_NCCL_DEVICE_MEMORY_ONLY(ireduce_scatter)
+  DML_NCCL_DEVICE_MEMORY_ONLY(all_gather)
+  DML_NCCL_DEVICE_MEMORY_ONLY(iall_gather)
+  DML_NCCL_DEVICE_MEMORY_ONLY(all_gatherv)
+  DML_NCCL_DEVICE_MEMORY_ONLY(broadcast)
+  DML_NCCL_DEVICE_MEMORY_ONLY(ibroadcast)
+  DML_NCCL_DEVICE_MEMORY_ONLY(reduce)
+  DML_NCCL_DEVICE_MEMORY_ONLY(ireduce)
+  DML_NCCL_DEVICE_MEMORY_ONLY(all_to_all)
+  DML_NCCL_DEVICE_MEMORY_ONLY(iall_to_all)
+  DML_NCCL_DEVICE_MEMORY_ONLY(all_to_allv)
+  DML_NCCL_DEVICE_MEMORY_ONLY(send)
+  DML_NCCL_DEVICE_MEMORY_ONLY(isend)
+  DML_NCCL_DEVICE_MEMORY_ONLY(recv)
+  DML_NCCL_DEVICE_MEMORY_ONLY(irecv)
+  DML_NCCL_DEVICE_MEMORY_ONLY(sendrecv)
+  DML_NCCL_DEVICE_MEMORY_ONLY(isendrecv)
 
   void barrier() {
-    DML_CHECK_NCCL(ncclAllReduce(s_->scratch, s_->scratch, 1, ncclInt32, ncclSum, comm(), stream()));
+    const ncclComm_t c = begin();
+    DML_CHECK_NCCL(ncclAllReduce(s_->scratch, s_->scratch, 1, ncclInt32, ncclSum, c, stream()));
     done("barrier").wait();
   }
 
@@ -368,7 +623,8 @@ class nccl {
     if (color < 0) fail<invalid_argument>("dml::comm::nccl::split: expected a color >= 0, found ", color);
     nccl out;
     out.s_->timeout = s_->timeout;
-    DML_CHECK_NCCL(ncclCommSplit(comm(), color, key, &out.s_->comm, nullptr));
+    s_->flush();
+    DML_CHECK_NCCL(ncclCommSplit(s_->live(), color, key, &out.s_->comm, nullptr));
     DML_CHECK_NCCL(ncclCommCount(out.s_->comm, &out.s_->size));
     DML_CHECK_NCCL(ncclCommUserRank(out.s_->comm, &out.s_->rank));
     out.init_stream(nullptr);
@@ -386,12 +642,18 @@ class nccl {
       s_->owns_stream = true;
     }
     DML_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&s_->scratch), sizeof(int)));
+    DML_CHECK_CUDA(cudaEventCreateWithFlags(&s_->input_ready, cudaEventDisableTiming));
   }
 
-  ncclComm_t comm() const {
-    if (!s_->comm || s_->aborted)
-      fail<comm_error>("dml::comm::nccl: rank ", s_->rank, ": the communicator was aborted");
-    return s_->comm;
+  // Before an operation is enqueued: the posts before it are issued, and it comes after the compute.
+  ncclComm_t begin() {
+    s_->flush();
+    s_->after_compute();
+    return s_->live();
+  }
+  request post(bool send, void* data, std::size_t count, ncclDataType_t type, int peer, const char* op) {
+    auto batch = s_->post({.send = send, .data = data, .count = count, .type = type, .peer = peer});
+    return request(std::make_unique<detail::nccl_impl::p2p_request>(s_, std::move(batch), op));
   }
   template <class T>
   static ncclDataType_t dt() {
@@ -417,7 +679,7 @@ class nccl {
       fail<invalid_argument>("dml::comm::nccl::", op, ": expected a ", what, " in [0, ", size(), "), found ", r);
   }
   template <class T>
-  std::span<T> own_block(std::span<T> data, const char* op) const {
+  device_span<T> own_block(device_span<T> data, const char* op) const {
     if (data.size() % size() != 0)
       fail<invalid_argument>("dml::comm::nccl::", op, ": expected a size divisible by the group size ", size(),
                              ", found ", data.size());
@@ -426,17 +688,18 @@ class nccl {
   }
 
   template <class T>
-  void exchange(const char* op, std::span<const T> send, std::span<const std::size_t> sc, std::span<T> recv,
+  void exchange(const char* op, device_span<const T> send, std::span<const std::size_t> sc, device_span<T> recv,
                 std::span<const std::size_t> rc) {
     if (!send.empty() && static_cast<const void*>(send.data()) == static_cast<const void*>(recv.data()))
       fail<invalid_argument>("dml::comm::nccl::", op, ": expected distinct send and recv buffers, found the same");
+    const ncclComm_t c = begin();
     DML_CHECK_NCCL(ncclGroupStart());
     std::size_t so = 0, ro = 0;
     ncclResult_t rc_all = ncclSuccess;
     for (int p = 0; p < size() && rc_all == ncclSuccess; ++p) {
-      if (sc[p]) rc_all = ncclSend(send.data() + so, sc[p] * units<T>(), dt<T>(), p, comm(), stream());
+      if (sc[p]) rc_all = ncclSend(send.data() + so, sc[p] * units<T>(), dt<T>(), p, c, stream());
       if (rc_all == ncclSuccess && rc[p])
-        rc_all = ncclRecv(recv.data() + ro, rc[p] * units<T>(), dt<T>(), p, comm(), stream());
+        rc_all = ncclRecv(recv.data() + ro, rc[p] * units<T>(), dt<T>(), p, c, stream());
       so += sc[p];
       ro += rc[p];
     }
@@ -449,5 +712,6 @@ class nccl {
 };
 
 static_assert(diagnose_communicator<nccl>());
+#undef DML_NCCL_DEVICE_MEMORY_ONLY
 
 }  // namespace dml::comm

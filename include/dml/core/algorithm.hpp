@@ -14,6 +14,7 @@
 #  include <omp.h>
 #endif
 #if DML_HAS_CUDA
+#  include "dml/core/stream.hpp"
 #  include <thrust/execution_policy.h>
 #  include <thrust/for_each.h>
 #  include <thrust/iterator/counting_iterator.h>
@@ -47,18 +48,6 @@ inline void set_thread_budget(int n) {
   omp_set_num_threads(n < 1 ? 1 : n);  // per-thread ICV: also what oneDNN's OpenMP runtime reads
 #endif
 }
-
-#if DML_HAS_CUDA
-namespace detail {
-inline cudaStream_t& current_stream_slot() {
-  thread_local cudaStream_t s = nullptr;
-  return s;
-}
-}  // namespace detail
-// The stream this thread's CUDA kernels are issued on (default: the legacy stream).
-inline cudaStream_t current_stream() { return detail::current_stream_slot(); }
-inline void set_current_stream(cudaStream_t s) { detail::current_stream_slot() = s; }
-#endif
 
 namespace detail {
 // Host loops are compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2, FMA) and the baseline, and the
@@ -100,7 +89,7 @@ void for_each_index(std::int64_t n, F f) {
   } else {
 #if DML_HAS_CUDA
     thrust::counting_iterator<std::int64_t> first(0);
-    thrust::for_each(thrust::cuda::par.on(current_stream()), first, first + n, f);
+    thrust::for_each(thrust::cuda::par_nosync.on(current_stream()), first, first + n, f);  // no host wait
 #else
     static_assert(sizeof(F) == 0, "dml: the cuda space needs a translation unit compiled by nvcc");
 #endif
@@ -165,6 +154,7 @@ T transform_reduce_index(std::int64_t n, F f, T init, Op op = {}) {
   } else {
 #if DML_HAS_CUDA
     thrust::counting_iterator<std::int64_t> first(0);
+    // The host needs the value: this one waits for the stream.
     return thrust::transform_reduce(thrust::cuda::par.on(current_stream()), first, first + n, f, init, op);
 #else
     static_assert(sizeof(F) == 0, "dml: the cuda space needs a translation unit compiled by nvcc");

@@ -11,6 +11,11 @@
 
 #include "dml/core/error.hpp"
 #include "dml/core/space.hpp"
+#if DML_HAS_CUDA
+#  include <cstdint>
+
+#  include "dml/core/stream.hpp"
+#endif
 
 namespace dml {
 
@@ -33,16 +38,42 @@ struct allocator<host> {
 };
 
 #if DML_HAS_CUDA
+// Device memory from the device's stream-ordered pool, on the compute stream: a buffer freed and another
+// allocated reuse the pool's memory without a device-wide synchronisation (cudaFree has one), and the
+// release threshold keeps freed memory in the pool rather than handing it back to the driver.
 template <>
 struct allocator<cuda> {
   static void* allocate(std::size_t bytes) {
+    static const bool pool_ready = keep_pool_memory();
+    (void)pool_ready;
     void* p = nullptr;
-    DML_CHECK_CUDA(cudaMalloc(&p, bytes));
+    DML_CHECK_CUDA(cudaMallocAsync(&p, bytes, current_stream()));
     return p;
   }
-  static void deallocate(void* p) noexcept { cudaFree(p); }
+  static void deallocate(void* p) noexcept { cudaFreeAsync(p, current_stream()); }
+  // Ordered on the compute stream after the kernels that produced src; complete on return when the host
+  // reads or wrote either side.
   static void copy(void* dst, const void* src, std::size_t bytes) {
-    if (bytes) DML_CHECK_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+    if (!bytes) return;
+    DML_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, current_stream()));
+    if (!on_device(dst) || !on_device(src)) DML_CHECK_CUDA(cudaStreamSynchronize(current_stream()));
+  }
+  static bool on_device(const void* p) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      (void)cudaGetLastError();  // an unregistered host pointer on older runtimes
+      return false;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+  }
+  static bool keep_pool_memory() {
+    int device = 0;
+    cudaMemPool_t pool = nullptr;
+    DML_CHECK_CUDA(cudaGetDevice(&device));
+    DML_CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, device));
+    std::uint64_t keep = UINT64_MAX;
+    DML_CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    return true;
   }
 };
 #endif
@@ -78,8 +109,9 @@ class buffer {
   std::size_t size() const noexcept { return size_; }
   std::size_t bytes() const noexcept { return size_ * sizeof(T); }
   bool empty() const noexcept { return size_ == 0; }
-  std::span<T> span() noexcept { return {data_, size_}; }
-  std::span<const T> span() const noexcept { return {data_, size_}; }
+  // The whole buffer as a view in its space: std::span on the host, device_span on the GPU.
+  span_in<T, Space> span() noexcept { return {data_, size_}; }
+  span_in<const T, Space> span() const noexcept { return {data_, size_}; }
 
   T& operator[](std::size_t i) noexcept
     requires std::same_as<Space, host>
@@ -102,7 +134,9 @@ class buffer {
   std::size_t size_ = 0;
 };
 
-// Copies between spaces (host<->host, host<->cuda, cuda<->cuda); sizes in elements.
+// Copies between spaces (host<->host, host<->cuda, cuda<->cuda); sizes in elements. A host compiler's
+// translation unit knows host memory only: its copy_n is another function (config.hpp, DML_TU_NAMESPACE).
+inline namespace DML_TU_NAMESPACE {
 template <class T>
 void copy_n(const T* src, std::size_t n, T* dst) {
 #if DML_HAS_CUDA
@@ -111,5 +145,6 @@ void copy_n(const T* src, std::size_t n, T* dst) {
   detail::allocator<host>::copy(dst, src, n * sizeof(T));
 #endif
 }
+}  // namespace DML_TU_NAMESPACE
 
 }  // namespace dml

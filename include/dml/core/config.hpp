@@ -16,6 +16,7 @@
 // vectorise it (GCC otherwise keeps larger ones, such as the bf16 conversions, out of line).
 #  define DML_HOST_DEVICE inline __attribute__((always_inline))
 #  define DML_DEVICE inline __attribute__((always_inline))
+#  define DML_HAS_CUDA 0
 #else
 #  define DML_HOST_DEVICE inline
 #  define DML_DEVICE inline
@@ -34,6 +35,16 @@
 #  define DML_SIMD _Pragma("omp simd")
 #endif
 #define DML_STRINGIFY(x) #x
+
+// A program may link translation units of nvcc and of a host compiler. A function whose body differs between
+// the two (a host/device copy, the host GEMM stack, which nvcc reaches through oneDNN's C API) is declared in
+// this inline namespace, named for the compiler: each kind of unit then has its own function, with its own
+// symbol, instead of two definitions of one that the linker would pick between. Callers name it as before.
+#if defined(__CUDACC__)
+#  define DML_TU_NAMESPACE nvcc_unit
+#else
+#  define DML_TU_NAMESPACE host_unit
+#endif
 
 // Pull Thrust's host back ends without CUB's CUDA headers when g++ compiles.
 #if !defined(__CUDACC__) && !defined(THRUST_DEVICE_SYSTEM)

@@ -65,6 +65,8 @@ struct narrow_rows {
 // When set on a thread, each host GEMM it runs is timed and recorded here (benchmarks, profiles).
 inline thread_local std::vector<gemm_call>* host_gemm_trace = nullptr;
 
+// The host GEMM stack differs between nvcc and host compilers (config.hpp, DML_TU_NAMESPACE).
+inline namespace DML_TU_NAMESPACE {
 // Inputs without a native kernel: A, B, bias (and C when accumulating) are widened to packed f32
 // copies, multiplied in f32 and rounded once into C. The copies cost O(mk + kn + mn) against the
 // product's O(mnk), and f32 holds every bf16 and fp16 value exactly, so the result equals a native
@@ -123,6 +125,7 @@ inline void host_gemm(const gemm_args& g) {
   if (host_gemm_trace)
     host_gemm_trace->push_back({g, lib, native, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
 }
+}  // namespace DML_TU_NAMESPACE
 
 inline void check_gemm_args(const gemm_args& g) {
   if (g.m < 0 || g.n < 0 || g.k < 0)
@@ -164,6 +167,7 @@ void gemm(const gemm_args& g) {
   }
 }
 
+inline namespace DML_TU_NAMESPACE {
 // Whether host products with inputs of type ab run on a native oneDNN kernel here. false means they
 // are widened to f32 and multiplied by the f32 dispatch: bf16 and f16 on CPUs without AVX-512
 // (oneDNN 2.6 has no 16-bit matmul for AVX2), f16 without AVX512-FP16.
@@ -220,5 +224,7 @@ inline std::string host_gemm_impl(std::int64_t = 256, std::int64_t = 1024, std::
   return ab == dtype::f32 ? "dnnl_sgemm" : "widened to f32: dnnl_sgemm";
 }
 #endif
+
+}  // namespace DML_TU_NAMESPACE
 
 }  // namespace dml

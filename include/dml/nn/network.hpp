@@ -131,10 +131,10 @@ class basic_network {
 
   const model_type& model() const { return model_; }
   const param_layout& layout() const { return layout_; }
-  std::span<T> params() { return params_.span(); }
-  std::span<const T> params() const { return params_.span(); }
-  std::span<T> grads() { return grads_.span(); }
-  std::span<const T> grads() const { return grads_.span(); }
+  span_in<T, Space> params() { return params_.span(); }
+  span_in<const T, Space> params() const { return params_.span(); }
+  span_in<T, Space> grads() { return grads_.span(); }
+  span_in<const T, Space> grads() const { return grads_.span(); }
   T* param(std::size_t slot) { return w_ptrs_[slot]; }
   T* grad(std::size_t slot) { return g_ptrs_[slot]; }
   // Where a slot's parameter or gradient lives from now on (storage owned by a sharded trainer).

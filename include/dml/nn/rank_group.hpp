@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <utility>
 
 #include "dml/core/cast.hpp"
@@ -103,6 +104,13 @@ class rank_group {
     note(group_op::recv, n, x.type);
     return do_irecv(x, n, peer, tag);
   }
+  // n elements of send to rank `to` and n from rank `from` into recv, started together (a ring step: every
+  // rank sends and receives at once, which a GPU communicator must issue as one group).
+  [[nodiscard]] group_request isendrecv(const_typed_ptr send, int to, typed_ptr recv, int from, std::int64_t n, int tag) {
+    note(group_op::send, n, send.type);
+    note(group_op::recv, n, recv.type);
+    return do_isendrecv(send, to, recv, from, n, tag);
+  }
 
   // What the network is running: calls are counted per pass.
   void set_pass(pass p) { pass_ = p; }
@@ -130,6 +138,15 @@ class rank_group {
   virtual void do_all_to_all(const std::int64_t* send, std::int64_t* recv, std::int64_t n) = 0;
   virtual group_request do_isend(const_typed_ptr x, std::int64_t n, int peer, int tag) = 0;
   virtual group_request do_irecv(typed_ptr x, std::int64_t n, int peer, int tag) = 0;
+  // A group whose communicator has no paired form: the receive, then the send.
+  virtual group_request do_isendrecv(const_typed_ptr send, int to, typed_ptr recv, int from, std::int64_t n, int tag) {
+    auto r = std::make_shared<group_request>(do_irecv(recv, n, from, tag));
+    auto s = std::make_shared<group_request>(do_isend(send, n, to, tag));
+    return group_request([r, s] {
+      r->wait();
+      s->wait();
+    });
+  }
 
  private:
   static std::size_t index(pass p) { return static_cast<std::size_t>(p); }

@@ -415,16 +415,13 @@ void ring_attention_forward(const ring_attention_shape& s, const cp_layout& at, 
     for (int step = 0; step < ranks; ++step) {
       const int cur = step % 2;
       // The next block is on its way while this one is used: post both transfers before computing.
-      group_request in, out;
-      if (step + 1 < ranks) {
-        in = cp->irecv(kv[1 - cur], z.kv, prev, detail::ring_forward_tag + step);
-        out = cp->isend(static_cast<const T*>(kv[cur]), z.kv, next, detail::ring_forward_tag + step);
-      }
+      group_request both;
+      if (step + 1 < ranks)
+        both = cp->isendrecv(static_cast<const T*>(kv[cur]), next, kv[1 - cur], prev, z.kv, detail::ring_forward_tag + step);
       const cp_layout from{.ranks = ranks, .rank = (at.rank - step + ranks) % ranks, .zigzag = at.zigzag};
       detail::ring_forward_block<S>(s, n, qr, kernels::cp_runs_of(from, s.seq), qkv, kv[cur], kv[cur] + w, 2 * w,
                                     lse, sum, acc, sc);
-      out.wait();
-      in.wait();
+      both.wait();
     }
   }
   for_each_row<S>(z.rows, kernels::ring_forward_finish<T>{acc, sum, lse, y, n, s.heads, s.head_dim});
@@ -467,22 +464,18 @@ void ring_attention_backward(const ring_attention_shape& s, const cp_layout& at,
   for (int step = 0; step < ranks; ++step) {
     const int cur = step % 2;
     const int kv_tag = detail::ring_backward_tag + 2 * step, dkv_tag = kv_tag + 1;
-    group_request kv_in, kv_out, dkv_in;
-    // K/V go on before this block is used; dK/dV can leave only once this rank has added to them. After a
-    // full turn (the last step) the accumulators arrive back at their owner: this rank's own lands in dkv_in.
-    if (step + 1 < ranks) {
-      kv_in = cp->irecv(kv[1 - cur], z.kv, prev, kv_tag);
-      kv_out = cp->isend(static_cast<const T*>(kv[cur]), z.kv, next, kv_tag);
-    }
-    dkv_in = cp->irecv(dkv[1 - cur], z.kv, prev, dkv_tag);
+    group_request kv_both;
+    // K/V go on before this block is used; dK/dV can leave only once this rank has added to them, so they
+    // travel after the block, each rank sending and receiving at once. After a full turn (the last step) the
+    // accumulators arrive back at their owner: this rank's own lands in dkv[1 - cur].
+    if (step + 1 < ranks)
+      kv_both = cp->isendrecv(static_cast<const T*>(kv[cur]), next, kv[1 - cur], prev, z.kv, kv_tag);
     const cp_layout from{.ranks = ranks, .rank = (at.rank - step + ranks) % ranks, .zigzag = at.zigzag};
     detail::ring_backward_block<S>(s, n, qr, kernels::cp_runs_of(from, s.seq), qkv, dy, lse, dot, kv[cur],
                                    kv[cur] + w, 2 * w, dqkv, dkv[cur], dkv[cur] + w, 2 * w, p, d);
-    group_request dkv_out = cp->isend(static_cast<const T*>(dkv[cur]), z.kv, next, dkv_tag);
-    kv_out.wait();
-    kv_in.wait();
-    dkv_out.wait();
-    dkv_in.wait();
+    group_request dkv_both = cp->isendrecv(static_cast<const T*>(dkv[cur]), next, dkv[1 - cur], prev, z.kv, dkv_tag);
+    kv_both.wait();
+    dkv_both.wait();
   }
   for_each_index<S>(z.kv, kernels::ring_unpack_dkv<T>{dkv[ranks % 2], dqkv, w});
 }

@@ -99,8 +99,8 @@ class state {
   }
   std::int64_t size() const { return n_; }
   float* const* pointers() { return ptrs_; }
-  std::span<float> slot(int s) { return slots_[s].span(); }
-  std::span<const float> slot(int s) const { return slots_[s].span(); }
+  span_in<float, Space> slot(int s) { return slots_[s].span(); }
+  span_in<const float, Space> slot(int s) const { return slots_[s].span(); }
   std::int64_t bytes() const { return n_ * O::state_slots * static_cast<std::int64_t>(sizeof(float)); }
 
  private:

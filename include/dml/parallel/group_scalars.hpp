@@ -3,43 +3,19 @@
 // Sits on comm/ and core/; train/trainer.hpp calls them. Not a sharding's business: any sharding's step needs them.
 #pragma once
 
-#include <concepts>
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "dml/comm/communicator.hpp"
-#include "dml/core/algorithm.hpp"
-#include "dml/core/buffer.hpp"
 
 namespace dml::parallel {
 
-// Collectives run on the communicator's stream, kernels on the compute stream (current_stream()): before a
-// collective on `group` reads or writes memory that kernels touched, the group's stream waits for what the
-// compute stream has queued so far. Nothing to do on the host, or for a communicator without a stream.
-template <class Space, class Comm>
-void order_after_compute([[maybe_unused]] Comm& group) {
-#if DML_HAS_CUDA
-  if constexpr (std::same_as<Space, cuda> && requires { group.stream(); }) {
-    cudaEvent_t done = nullptr;
-    DML_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    DML_CHECK_CUDA(cudaEventRecord(done, current_stream()));
-    DML_CHECK_CUDA(cudaStreamWaitEvent(group.stream(), done, 0));
-    cudaEventDestroy(done);  // the wait above holds what it needs
-  }
-#endif
-}
-
-// A scalar summed over a group, through memory of the Space (NCCL reads device memory only), ordered after
-// the compute queued so far.
+// A scalar summed over a group (staged through device memory where the group moves device memory).
 template <class Space, class Comm, class V>
 V sum_over(Comm& group, V value) {
   if (group.size() == 1) return value;
-  buffer<V, Space> v(1);
-  dml::copy_n(&value, 1, v.data());
-  order_after_compute<Space>(group);
-  group.all_reduce(v.span(), comm::reduce_op::sum);
-  dml::copy_n(v.data(), 1, &value);
+  comm::all_reduce_host(group, std::span<V>(&value, 1), comm::reduce_op::sum);
   return value;
 }
 
@@ -51,12 +27,8 @@ V sum_over(Comm& group, V value) {
 template <class Space, class Comm>
 std::int64_t first_global_row(Comm& data, std::int64_t rows, int cp = 1) {
   if (data.size() == 1) return 0;
-  buffer<std::int64_t, Space> mine(1), all(static_cast<std::size_t>(data.size()));
-  dml::copy_n(&rows, 1, mine.data());
-  order_after_compute<Space>(data);
-  data.all_gather(std::span<const std::int64_t>(mine.data(), 1), all.span());
-  std::vector<std::int64_t> counts(all.size());
-  dml::copy_n(all.data(), counts.size(), counts.data());
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(data.size()));
+  comm::all_gather_host(data, std::span<const std::int64_t>(&rows, 1), std::span<std::int64_t>(counts));
   std::int64_t first = 0;
   for (int r = 0; r < data.rank() / cp * cp; r += cp) first += counts[static_cast<std::size_t>(r)];
   return first;

@@ -108,8 +108,15 @@ class placement {
   const parallel::program& program(std::int64_t m, bool ties) {
     const auto key = std::pair{m, ties};
     if (auto it = programs_.find(key); it != programs_.end()) return it->second;
-    if (!tables_.contains(m))
-      tables_.emplace(m, schedule::checked(make_table(m), s_pp(), static_cast<int>(m), static_cast<int>(chunks_.size())));
+    if (!tables_.contains(m)) {
+      auto t = schedule::checked(make_table(m), s_pp(), static_cast<int>(m), static_cast<int>(chunks_.size()));
+      if constexpr (!comm::matches_tags<Comm>)
+        if (auto e = schedule::verify_in_order(t))
+          fail<invalid_argument>("dml::parallelize: this communicator matches the messages between two ranks in the "
+                                 "order they are sent (it has no tags), and the schedule for ", m,
+                                 " micro-batches reorders them: ", *e, "; choose gpipe, 1f1b or zb, or another micro-batch count");
+      tables_.emplace(m, std::move(t));
+    }
     const lowering how{.per_micro_batch = !per_step_, .ties = ties};
     auto p = lower(tables_.at(m), pp_rank(), how);
     if (auto e = check(p, static_cast<int>(chunks_.size()), how); !e.empty())

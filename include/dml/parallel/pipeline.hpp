@@ -181,7 +181,7 @@ class pipeline {
     auto& m = micro(a.micro, a.chunk);
     const auto& t = gradient ? m.gradient_out : m.activation_out;
     (gradient ? m.gradient_send : m.activation_send) =
-        pp_->isend(std::span<const T>(t.data(), static_cast<std::size_t>(t.numel())), stage_of(to),
+        pp_->isend(span_in<const T, Space>(t.data(), static_cast<std::size_t>(t.numel())), stage_of(to),
                    tag(gradient, to, a.micro));
   }
   void receive(const schedule::action& a) {
@@ -217,7 +217,7 @@ class pipeline {
         count = nn::count_correct<Space>(out, y);
       }
       else if (stage_of(v + 1) != rank_)
-        pp_->send(std::span<const T>(out.data, static_cast<std::size_t>(out.numel())), stage_of(v + 1), tag(false, v + 1, 0));
+        pp_->send(span_in<const T, Space>(out.data, static_cast<std::size_t>(out.numel())), stage_of(v + 1), tag(false, v + 1, 0));
       else copy_into(handoff_, out);
     }
     return count;
@@ -252,7 +252,7 @@ class pipeline {
   }
   void receive_into(tensor<T, Space>& t, const dml::shape& s, int message, int from) {
     t.resize(s);
-    pp_->recv(std::span<T>(t.data(), static_cast<std::size_t>(t.numel())), from, message);
+    pp_->recv(span_in<T, Space>(t.data(), static_cast<std::size_t>(t.numel())), from, message);
   }
   int virtual_stage(const schedule::action& a) const { return a.chunk * stages_ + rank_; }
   int last_virtual_stage() const { return static_cast<int>(chunks_.size()) * stages_ - 1; }

@@ -41,7 +41,6 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
     if (!bk) return;
     const int b = this->bucket_index(*bk);
     (*log_)(event_kind::bucket_launch, b);
-    this->order_after_compute();  // the bucket's gradients come from kernels still in the queue
     typename base::inflight f{.r = {}, .bucket = b, .seen = false};
     for (const auto& rn : bk->runs)
       f.r.push_back(this->group(rn).iall_reduce(net_.grads().subspan(rn.lo, rn.hi - rn.lo), comm::reduce_op::sum));
@@ -53,7 +52,7 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
     this->current_ = -1;
   }
   // The gradient of slot s as this rank holds it after the reductions: whole.
-  std::span<T> grad_piece(std::size_t s) {
+  span_in<T, Space> grad_piece(std::size_t s) {
     return {net_.grad(s), static_cast<std::size_t>(net_.layout().slots[s].shape.numel())};
   }
 

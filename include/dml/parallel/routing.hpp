@@ -47,12 +47,7 @@ routing_summary summarise_routing(const nn::routing_log& log, std::int64_t exper
     }
     bytes += r.a2a_bytes;
   }
-  if (pp && pp->size() > 1) {
-    buffer<double, Space> d(v.size());
-    dml::copy_n(v.data(), v.size(), d.data());
-    pp->all_reduce(d.span(), comm::reduce_op::sum);
-    dml::copy_n(d.data(), v.size(), v.data());
-  }
+  if (pp && pp->size() > 1) comm::all_reduce_host(*pp, std::span<double>(v), comm::reduce_op::sum);
   out.aux_loss = v[0];
   out.z_loss = v[1];
   for (std::int64_t e = 0; e < experts; ++e) {
@@ -70,10 +65,7 @@ std::int64_t count_experts(const nn::routing_log& log, Comm* pp) {
   std::int64_t e = 0;
   for (const auto& [key, r] : log.records) e = std::max<std::int64_t>(e, static_cast<std::int64_t>(r.tokens.size()));
   if (!pp || pp->size() == 1) return e;
-  buffer<std::int64_t, Space> d(1);
-  dml::copy_n(&e, 1, d.data());
-  pp->all_reduce(d.span(), comm::reduce_op::max);
-  dml::copy_n(d.data(), 1, &e);
+  comm::all_reduce_host(*pp, std::span<std::int64_t>(&e, 1), comm::reduce_op::max);
   return e;
 }
 

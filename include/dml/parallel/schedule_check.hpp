@@ -252,6 +252,35 @@ inline void check(const table& t) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// In order. A communicator without message tags (comm::nccl) matches the messages between two ranks in the
+// order they are sent, not by identity: a table runs on it only if, for every pair of ranks, the sends from
+// one come in the order the other receives them. nullopt if so; else the first pair and message that differ.
+inline std::optional<std::string> verify_in_order(const table& t) {
+  const auto k = static_cast<std::size_t>(t.stages);
+  // Per (from, to): the messages as sent, and as received, each named by its receive action.
+  std::vector<std::vector<action>> sent(k * k), received(k * k);
+  for (int r = 0; r < t.stages; ++r)
+    for (const auto& a : t.ranks[std::size_t(r)]) {
+      const auto other = counterpart(t, r, a);
+      if (!other || other->rank == r) continue;
+      if (a.kind == op::send_activation || a.kind == op::send_gradient)
+        sent[std::size_t(r) * k + std::size_t(other->rank)].push_back(other->act);
+      else if (a.kind == op::recv_activation || a.kind == op::recv_gradient)
+        received[std::size_t(other->rank) * k + std::size_t(r)].push_back(a);
+    }
+  for (std::size_t from = 0; from < k; ++from)
+    for (std::size_t to = 0; to < k; ++to) {
+      const auto& s = sent[from * k + to];
+      const auto& q = received[from * k + to];
+      for (std::size_t i = 0; i < std::min(s.size(), q.size()); ++i)
+        if (!(s[i] == q[i]))
+          return detail::cat("rank ", from, " sends ", to_string(s[i], t.virtual_stages), "'s message as its ", i + 1,
+                             "th to rank ", to, ", which receives ", to_string(q[i], t.virtual_stages), " there");
+    }
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Simulation. Costs are per micro-batch per stage, that is for all V chunks of a rank together:
 // one chunk's forward takes forward / V, and so on, so a rank's work per micro-batch is the same
 // for every V and interleaving shows up as a smaller bubble (Megatron's (K-1)/(V·M + K-1)).

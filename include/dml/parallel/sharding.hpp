@@ -138,9 +138,10 @@ concept sync_gradients = std::derived_from<S, nn::layer_hooks> &&
                          requires(S& s, bool first, int chunk, bool last, std::size_t slot) {
   s.begin_backward(first);  // before a backward pass that gets the hooks; first: the chunk's first of the step
   s.reduce(chunk, last);    // complete the chunk's reductions; last: the chunk's final reduce of the step
-  // After the reductions: the gradient elements of a slot this rank holds, as a contiguous range of the
-  // working type (tied parameters sum their copies' pieces in place).
-  { s.grad_piece(slot) } -> std::ranges::contiguous_range;
+  // After the reductions: the gradient elements of a slot this rank holds, as a span of the working type in
+  // the trainer's space (tied parameters sum their copies' pieces in place).
+  s.grad_piece(slot).data();
+  s.grad_piece(slot).size();
 };
 
 // The step's tail, after every reduction and tie sum.
@@ -194,7 +195,7 @@ consteval bool diagnose_sharding_sync() {
   static_assert(sync_gradients<S>,
                 "dml: a sharding's sync needs (sync_gradients) to derive from `dml::nn::layer_hooks`, and "
                 "`void begin_backward(bool first)`, `void reduce(int chunk, bool final)` and "
-                "`std::span<T> grad_piece(std::size_t slot)`");
+                "`dml::span_in<T, Space> grad_piece(std::size_t slot)`");
   static_assert(sync_update<S>,
                 "dml: a sharding's sync needs (sync_update) `using optimizer_type = Optimizer`, "
                 "`double grad_squared_norm(const std::vector<bool>& skip)`, `bool has_overflow()` and "
@@ -257,11 +258,7 @@ class data_parallel : public nn::layer_hooks {
     layer_bucket_ = std::move(plan.layer_bucket);
     shard_ = plan.shard;
   }
-  ~data_parallel() override {
-#if DML_HAS_CUDA
-    if (compute_done_) cudaEventDestroy(compute_done_);
-#endif
-  }
+  ~data_parallel() override = default;
   data_parallel(const data_parallel&) = delete;
   data_parallel& operator=(const data_parallel&) = delete;
 
@@ -278,22 +275,6 @@ class data_parallel : public nn::layer_hooks {
   void begin_backward(bool first) { first_ = first; }
   void unshard(int) {}
   void reshard(int) {}
-
-  // Collectives run on the communicator's stream, kernels on the compute stream (current_stream()):
-  // before a collective reads or writes memory that kernels touched, its stream waits for what the
-  // compute stream has queued so far. (Completion needs no event: wait() blocks the host, and kernels
-  // are only queued after it returns.)
-  void order_after_compute() {
-#if DML_HAS_CUDA
-    if constexpr (std::same_as<Space, cuda> && requires(Comm& c) { c.stream(); }) {
-      if (!compute_done_) DML_CHECK_CUDA(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
-      DML_CHECK_CUDA(cudaEventRecord(compute_done_, current_stream()));
-      Comm* const groups[] = {groups_[0], groups_[1], replicate_};  // an array: nvcc cannot range over a braced list
-      for (Comm* c : groups)
-        if (c) DML_CHECK_CUDA(cudaStreamWaitEvent(c->stream(), compute_done_, 0));
-    }
-#endif
-  }
 
  protected:
   // A bucket's communications in flight (one per run).
@@ -344,8 +325,7 @@ class data_parallel : public nn::layer_hooks {
           hi = std::max(hi, rn.shard_offset + rn.part);
         }
     if (lo < 0 || hi <= lo) return;
-    order_after_compute();
-    replicate_->all_reduce(std::span<T>(shard_grads + lo, static_cast<std::size_t>(hi - lo)), comm::reduce_op::sum);
+    replicate_->all_reduce(span_in<T, Space>(shard_grads + lo, static_cast<std::size_t>(hi - lo)), comm::reduce_op::sum);
   }
   int chunk_of(const bucket& bk) const {
     for (std::size_t c = 0; c < chunks_.size(); ++c)
@@ -384,9 +364,6 @@ class data_parallel : public nn::layer_hooks {
   optim::state<Optimizer, Space> state_;
   std::vector<inflight> pending_;  // one per bucket (DDP, ZeRO-1, and every stage per step)
   inflight reduce_[2];             // one per staging buffer (ZeRO-2/3 per micro-batch)
-#if DML_HAS_CUDA
-  cudaEvent_t compute_done_ = nullptr;
-#endif
 };
 
 }  // namespace detail

@@ -14,50 +14,53 @@
 
 namespace dml::parallel {
 
-// Comm's group seen as the type-erased, counting group of nn/rank_group.hpp.
+// Comm's group seen as the type-erased, counting group of nn/rank_group.hpp. The typed pointers a layer
+// passes are in the network's memory space, which is the communicator's (train/engine.hpp checks it); the
+// counts and statistics (all_to_all of int64, all_reduce_sum of doubles) are host memory, staged where the
+// communicator moves device memory.
 template <comm::communicator Comm>
 class rank_group final : public nn::rank_group {
  public:
   explicit rank_group(Comm& group) : nn::rank_group(group.rank(), group.size()), comm_(group) {}
 
  private:
+  template <class T>
+  static comm::span_for<Comm, T> view(T* p, std::int64_t n) {
+    return comm::span_for<Comm, T>(p, static_cast<std::size_t>(n));
+  }
   void do_all_reduce(typed_ptr x, std::int64_t n) override {
     dml::detail::visit_float_like(x.type, "dml::parallel::rank_group", [&]<class T>(T) {
-      comm_.all_reduce(std::span<T>(x.as<T>(), static_cast<std::size_t>(n)), comm::reduce_op::sum);
+      comm_.all_reduce(view(x.as<T>(), n), comm::reduce_op::sum);
     });
   }
-  void do_all_reduce_max(float* x, std::int64_t n) override {
-    comm_.all_reduce(std::span<float>(x, static_cast<std::size_t>(n)), comm::reduce_op::max);
-  }
+  void do_all_reduce_max(float* x, std::int64_t n) override { comm_.all_reduce(view(x, n), comm::reduce_op::max); }
   void do_all_gather(const_typed_ptr in, typed_ptr out, std::int64_t n) override {
     dml::detail::visit_float_like(in.type, "dml::parallel::rank_group", [&]<class T>(T) {
-      comm_.all_gather(std::span<const T>(in.as<T>(), static_cast<std::size_t>(n)),
-                       std::span<T>(out.as<T>(), static_cast<std::size_t>(n * size())));
+      comm_.all_gather(view(in.as<T>(), n), view(out.as<T>(), n * size()));
     });
   }
   void do_reduce_scatter(const_typed_ptr in, typed_ptr out, std::int64_t n) override {
     dml::detail::visit_float_like(in.type, "dml::parallel::rank_group", [&]<class T>(T) {
-      comm_.reduce_scatter(std::span<const T>(in.as<T>(), static_cast<std::size_t>(n * size())),
-                           std::span<T>(out.as<T>(), static_cast<std::size_t>(n)), comm::reduce_op::sum);
+      comm_.reduce_scatter(view(in.as<T>(), n * size()), view(out.as<T>(), n), comm::reduce_op::sum);
     });
   }
   void do_all_reduce_sum(double* x, std::int64_t n) override {
-    comm_.all_reduce(std::span<double>(x, static_cast<std::size_t>(n)), comm::reduce_op::sum);
+    comm::all_reduce_host(comm_, std::span<double>(x, static_cast<std::size_t>(n)), comm::reduce_op::sum);
   }
   void do_all_to_allv(const_typed_ptr send, const std::int64_t* send_counts, typed_ptr recv,
                       const std::int64_t* recv_counts) override {
     const auto p = static_cast<std::size_t>(size());
     std::vector<std::size_t> sc(send_counts, send_counts + p), rc(recv_counts, recv_counts + p);
-    std::size_t ns = 0, nr = 0;
-    for (std::size_t r = 0; r < p; ++r) ns += sc[r], nr += rc[r];
+    std::int64_t ns = 0, nr = 0;
+    for (std::size_t r = 0; r < p; ++r) ns += static_cast<std::int64_t>(sc[r]), nr += static_cast<std::int64_t>(rc[r]);
     dml::detail::visit_float_like(send.type, "dml::parallel::rank_group::all_to_allv", [&]<class T>(T) {
-      comm_.all_to_allv(std::span<const T>(send.as<T>(), ns), std::span<const std::size_t>(sc), std::span<T>(recv.as<T>(), nr),
+      comm_.all_to_allv(view(send.as<T>(), ns), std::span<const std::size_t>(sc), view(recv.as<T>(), nr),
                         std::span<const std::size_t>(rc));
     });
   }
   void do_all_to_all(const std::int64_t* send, std::int64_t* recv, std::int64_t n) override {
     const auto total = static_cast<std::size_t>(n * size());
-    comm_.all_to_all(std::span<const std::int64_t>(send, total), std::span<std::int64_t>(recv, total));
+    comm::all_to_all_host(comm_, std::span<const std::int64_t>(send, total), std::span<std::int64_t>(recv, total));
   }
   // comm's request moves into the returned one; shared_ptr because std::function needs a copyable target.
   static nn::group_request wrap(auto r) {
@@ -66,12 +69,17 @@ class rank_group final : public nn::rank_group {
   }
   nn::group_request do_isend(const_typed_ptr x, std::int64_t n, int peer, int tag) override {
     return dml::detail::visit_float_like(x.type, "dml::parallel::rank_group::isend", [&]<class T>(T) {
-      return wrap(comm_.isend(std::span<const T>(x.as<T>(), static_cast<std::size_t>(n)), peer, tag));
+      return wrap(comm_.isend(view(x.as<T>(), n), peer, tag));
     });
   }
   nn::group_request do_irecv(typed_ptr x, std::int64_t n, int peer, int tag) override {
     return dml::detail::visit_float_like(x.type, "dml::parallel::rank_group::irecv", [&]<class T>(T) {
-      return wrap(comm_.irecv(std::span<T>(x.as<T>(), static_cast<std::size_t>(n)), peer, tag));
+      return wrap(comm_.irecv(view(x.as<T>(), n), peer, tag));
+    });
+  }
+  nn::group_request do_isendrecv(const_typed_ptr send, int to, typed_ptr recv, int from, std::int64_t n, int tag) override {
+    return dml::detail::visit_float_like(send.type, "dml::parallel::rank_group::isendrecv", [&]<class T>(T) {
+      return wrap(comm::isendrecv(comm_, view(send.as<T>(), n), to, view(recv.as<T>(), n), from, tag));
     });
   }
   Comm& comm_;

@@ -67,13 +67,12 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
       at.resize(static_cast<std::size_t>(hi - lo));
       resident_bytes_ += (hi - lo) * static_cast<std::int64_t>(sizeof(T));
       peak_resident_ = std::max(peak_resident_, resident_bytes_);
-      this->order_after_compute();
       std::vector<comm::request> rs;
       for (const auto& bk : buckets_)
         if (this->chunk_of(bk) == c)
           for (const auto& rn : bk.runs)
-            rs.push_back(this->group(rn).iall_gather(std::span<const T>(working_shard() + rn.shard_offset, rn.part),
-                                                     std::span<T>(at.data() + (rn.lo - lo), rn.hi - rn.lo)));
+            rs.push_back(this->group(rn).iall_gather(span_in<const T, Space>(working_shard() + rn.shard_offset, rn.part),
+                                                     span_in<T, Space>(at.data() + (rn.lo - lo), rn.hi - rn.lo)));
       for (auto& r : rs) r.wait();
       const auto& L = net_.layout();
       for (std::size_t s = 0; s < L.slots.size(); ++s)
@@ -126,12 +125,11 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     if (!bk) return;
     const int b = this->bucket_index(*bk);
     (*log_)(event_kind::bucket_launch, b);
-    this->order_after_compute();  // the bucket's gradients come from kernels still in the queue
     typename base::inflight f{.r = {}, .bucket = b, .seen = false};
     if (!streams()) {  // whole gradients: each run's part lands in the shard
       for (const auto& rn : bk->runs)
-        f.r.push_back(this->group(rn).ireduce_scatter(std::span<const T>(net_.grads().data() + rn.lo, rn.hi - rn.lo),
-                                                      std::span<T>(shard_grads_.data() + rn.shard_offset, rn.part),
+        f.r.push_back(this->group(rn).ireduce_scatter(span_in<const T, Space>(net_.grads().data() + rn.lo, rn.hi - rn.lo),
+                                                      span_in<T, Space>(shard_grads_.data() + rn.shard_offset, rn.part),
                                                       comm::reduce_op::sum));
       pending_.push_back(std::move(f));
       return;
@@ -143,8 +141,8 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
       out = shard_tmp_.data();
     }
     for (const auto& rn : bk->runs)
-      f.r.push_back(this->group(rn).ireduce_scatter(std::span<const T>(staging_[slot].data() + (rn.lo - bk->lo), rn.hi - rn.lo),
-                                                    std::span<T>(out + rn.shard_offset, rn.part), comm::reduce_op::sum));
+      f.r.push_back(this->group(rn).ireduce_scatter(span_in<const T, Space>(staging_[slot].data() + (rn.lo - bk->lo), rn.hi - rn.lo),
+                                                    span_in<T, Space>(out + rn.shard_offset, rn.part), comm::reduce_op::sum));
     reduce_[slot] = std::move(f);
   }
   // Waits for the reductions in flight; the chunk's last (final) one sums its shard over the replicas.
@@ -156,7 +154,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     if (final) this->reduce_replicas(c, shard_grads_.data());
   }
   // This rank's part of slot s's run (a tied slot is a run alone, so both copies' parts cover the same elements).
-  std::span<T> grad_piece(std::size_t s) {
+  span_in<T, Space> grad_piece(std::size_t s) {
     const auto& rn = this->run_of(s);
     return {shard_grads_.data() + rn.shard_offset, static_cast<std::size_t>(rn.part)};
   }
@@ -198,8 +196,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
             a.w = w + mine;
           }
           opt.template update<Space>(a);
-          this->order_after_compute();  // the update kernels wrote this rank's part
-          this->group(rn).all_gather(std::span<T>(w, rn.hi - rn.lo));  // in place: this rank's part is at rank·part
+          this->group(rn).all_gather(span_in<T, Space>(w, rn.hi - rn.lo));  // in place: this rank's part is at rank·part
         }
     }
   }
@@ -210,11 +207,10 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     if constexpr (sharded_master) {
       buffer<float, Space> gathered(total);  // collectives work in the trainer's space
       fill_n<Space>(gathered.data(), net_.layout().total, 0.f);
-      this->order_after_compute();
       for (const auto& bk : buckets_)
         for (const auto& rn : bk.runs)
-          this->group(rn).all_gather(std::span<const float>(shard_params_.data() + rn.shard_offset, rn.part),
-                                     std::span<float>(gathered.data() + rn.lo, rn.hi - rn.lo));
+          this->group(rn).all_gather(span_in<const float, Space>(shard_params_.data() + rn.shard_offset, rn.part),
+                                     span_in<float, Space>(gathered.data() + rn.lo, rn.hi - rn.lo));
       dml::copy_n(gathered.data(), total, full.data());
     } else {
       dml::copy_n(net_.params().data(), total, full.data());
@@ -242,8 +238,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
         for (const auto& rn : bk.runs) {
           T* w = net_.params().data() + rn.lo;
           cast_n<Space>(shard_params_.data() + rn.shard_offset, w + this->rank_in(rn) * rn.part, rn.part);
-          this->order_after_compute();
-          this->group(rn).all_gather(std::span<T>(w, rn.hi - rn.lo));
+          this->group(rn).all_gather(span_in<T, Space>(w, rn.hi - rn.lo));
         }
     }
   }
@@ -314,11 +309,10 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
   void gather(int b, bool async) {
     const auto& bk = buckets_[static_cast<std::size_t>(b)];
     const auto slot = static_cast<std::size_t>(b % 2);
-    this->order_after_compute();  // the slot may still be read by kernels of the bucket it held
     gather_req_[slot].clear();
     for (const auto& rn : bk.runs) {
-      auto send = std::span<const T>(working_shard() + rn.shard_offset, rn.part);
-      auto recv = std::span<T>(gathered_[slot].data() + (rn.lo - bk.lo), rn.hi - rn.lo);
+      auto send = span_in<const T, Space>(working_shard() + rn.shard_offset, rn.part);
+      auto recv = span_in<T, Space>(gathered_[slot].data() + (rn.lo - bk.lo), rn.hi - rn.lo);
       if (async) gather_req_[slot].push_back(this->group(rn).iall_gather(send, recv));
       else this->group(rn).all_gather(send, recv);
     }

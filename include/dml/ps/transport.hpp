@@ -156,6 +156,9 @@ class buffer_pool {
 // no receive is ever left posted and no send left unmatched, whichever nodes died.
 template <class C>
 class endpoint {
+  static_assert(comm::moves_host_memory<C>, "dml::ps: servers and workers exchange host memory: run them over "
+                                            "comm::local or comm::mpi");
+
  public:
   endpoint(C& world, std::vector<int> listen, std::vector<int> talk)
       : comm_(world.split(0, world.rank())), rank_(comm_.rank()), listen_(std::move(listen)), talk_(std::move(talk)),

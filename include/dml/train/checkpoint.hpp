@@ -149,12 +149,12 @@ void agree(Comm& comm, F&& f) {
     kind = other, what = e.what();
   }
   std::array<std::int32_t, 1> first{kind >= 0 ? comm.rank() : comm.size()};
-  comm.all_reduce(std::span<std::int32_t>(first), comm::reduce_op::min);
+  comm::all_reduce_host(comm, std::span<std::int32_t>(first), comm::reduce_op::min);
   if (first[0] >= comm.size()) return;
   std::array<std::int64_t, 2> head{kind, static_cast<std::int64_t>(what.size())};
-  comm.broadcast(std::span<std::int64_t>(head), first[0]);
+  comm::broadcast_host(comm, std::span<std::int64_t>(head), first[0]);
   what.resize(static_cast<std::size_t>(head[1]));
-  if (!what.empty()) comm.broadcast(std::span<char>(what.data(), what.size()), first[0]);
+  if (!what.empty()) comm::broadcast_host(comm, std::span<char>(what.data(), what.size()), first[0]);
   if (comm.size() > 1 && first[0] != comm.rank()) what = dml::detail::cat(what, " (on rank ", first[0], ")");
   switch (head[0]) {
     case format: throw format_error(what);
@@ -278,7 +278,7 @@ void write_checkpoint(Comm& comm, const std::filesystem::path& dir, checkpoint_i
       fail<io_error>(staging.string(), ": cannot create the directory for a new checkpoint: ",
                      ec ? ec.message() : std::string("it exists"));
   });
-  comm.broadcast(std::span<char>(tag), 0);
+  comm::broadcast_host(comm, std::span<char>(tag), 0);
   const fs::path staging = dir / (step_name + ".partial-" + std::string(tag.data(), tag.size()));
   auto abandon = [&] {
     if (rank != 0) return;
@@ -317,7 +317,7 @@ void write_checkpoint(Comm& comm, const std::filesystem::path& dir, checkpoint_i
     throw;
   }
   std::vector<std::int64_t> all(2 * static_cast<std::size_t>(n));
-  comm.all_gather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+  comm::all_gather_host(comm, std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
 
   try {
     agree(comm, [&] {

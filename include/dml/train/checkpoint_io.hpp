@@ -73,16 +73,13 @@ inline bool writes_slot(const nn::param_slot& s, int tp_rank) { return tp_rank =
 
 // Every rank's ranges, from each rank's own: one all_gather of counts, one of (tensor, begin, end) triples
 // padded to the longest list. A tensor travels as its index among `names`.
-template <class Space, class Comm>
+template <class Comm>
 std::vector<std::vector<checkpoint_range>> gather_ranges(Comm& comm, const std::vector<checkpoint_range>& mine,
                                                          const std::vector<std::string>& names) {
   const auto n = static_cast<std::size_t>(comm.size());
-  buffer<std::int64_t, Space> count(1), counts(n);
   const auto own = static_cast<std::int64_t>(mine.size());
-  dml::copy_n(&own, 1, count.data());
-  comm.all_gather(std::span<const std::int64_t>(count.data(), 1), counts.span());
   std::vector<std::int64_t> sizes(n);
-  dml::copy_n(counts.data(), n, sizes.data());
+  comm::all_gather_host(comm, std::span<const std::int64_t>(&own, 1), std::span<std::int64_t>(sizes));
   const auto most = static_cast<std::size_t>(std::max<std::int64_t>(1, *std::ranges::max_element(sizes)));
   std::vector<std::int64_t> triples(3 * most, 0);
   for (std::size_t i = 0; i < mine.size(); ++i) {
@@ -91,11 +88,8 @@ std::vector<std::vector<checkpoint_range>> gather_ranges(Comm& comm, const std::
     triples[3 * i + 1] = mine[i].begin;
     triples[3 * i + 2] = mine[i].end;
   }
-  buffer<std::int64_t, Space> send(3 * most), all(3 * most * n);
-  dml::copy_n(triples.data(), triples.size(), send.data());
-  comm.all_gather(std::span<const std::int64_t>(send.data(), 3 * most), all.span());
   std::vector<std::int64_t> every(3 * most * n);
-  dml::copy_n(all.data(), every.size(), every.data());
+  comm::all_gather_host(comm, std::span<const std::int64_t>(triples), std::span<std::int64_t>(every));
   std::vector<std::vector<checkpoint_range>> out(n);
   for (std::size_t r = 0; r < n; ++r)
     for (std::int64_t i = 0; i < sizes[r]; ++i) {
@@ -129,7 +123,7 @@ void save_sharded(Comm& comm, Sync& sync, const std::filesystem::path& dir, chec
   std::vector<std::string> names;
   for (int k = -1; k < StateSlots; ++k)
     for (const auto& m : info.model) names.push_back(checkpoint_tensor_name(k, m.name));
-  const auto ranges = gather_ranges<Space>(comm, mine, names);
+  const auto ranges = gather_ranges(comm, mine, names);
   // The writer reads host memory: a device trainer stages its pieces first.
   std::vector<std::vector<float>> staged;
   if constexpr (!std::same_as<Space, host>) {

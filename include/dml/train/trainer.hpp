@@ -54,7 +54,7 @@ class trainer {
   // replicas; the rest of the world is data parallel). Collective: every rank of comm constructs one.
   template <comm::communicator C, class... L>
   trainer(C& comm, const nn::sequential<L...>& model, train::trainer_options options = {}, optimizer_policy opt = {})
-      : engine_((static_cast<void>(parallel::plan_fits<plan_policy, L...>()),
+      : engine_((static_cast<void>(parallel::plan_fits<plan_policy, L...>()), static_cast<void>(same_space<C>()),
                  std::make_unique<train::detail::engine<space, C, plan_policy, optimizer_policy, precision_policy, L...>>(
                      comm, model, std::move(options), opt))) {}
 
@@ -96,6 +96,14 @@ class trainer {
   std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) { return engine_->load_checkpoint(dir); }
 
  private:
+  // The trainer's memory is the communicator's: dml::cuda over comm::nccl, dml::host over comm::local or comm::mpi.
+  template <class C>
+  static consteval bool same_space() {
+    static_assert(std::same_as<comm::memory_space_t<C>, space>,
+                  "dml::trainer: the communicator moves memory of another space than the trainer's: train dml::cuda "
+                  "over comm::nccl, dml::host over comm::local or comm::mpi");
+    return true;
+  }
   std::unique_ptr<train::detail::engine_base<space>> engine_;
 };
 

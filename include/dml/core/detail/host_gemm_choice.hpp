@@ -32,7 +32,7 @@
 #  include "dml/core/detail/host_blas.hpp"
 #endif
 
-namespace dml::detail {
+namespace dml::detail::inline DML_TU_NAMESPACE {  // differs between nvcc and host compilers (config.hpp)
 
 #if !defined(__CUDACC__)
 // C += bias, then ReLU, over an m×n block: what oneDNN fuses as post-ops, as one pass after a BLAS call.
@@ -255,4 +255,4 @@ inline host_gemm_library host_gemm_choose(const gemm_args&) { return host_gemm_l
 inline void host_gemm_run(host_gemm_library, const gemm_args& g) { host_gemm_onednn(g); }
 #endif
 
-}  // namespace dml::detail
+}  // namespace dml::detail::DML_TU_NAMESPACE

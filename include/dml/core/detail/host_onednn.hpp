@@ -23,7 +23,7 @@
 #include "dml/core/error.hpp"
 #include "dml/core/gemm_args.hpp"
 
-namespace dml::detail {
+namespace dml::detail::inline DML_TU_NAMESPACE {  // differs between nvcc and host compilers (config.hpp)
 
 #if !defined(__CUDACC__)
 struct dnnl_host_context {
@@ -160,4 +160,4 @@ inline void host_gemm_onednn(const gemm_args& g) {
 inline bool host_gemm_is_native(dtype ab) { return ab == dtype::f32; }
 #endif
 
-}  // namespace dml::detail
+}  // namespace dml::detail::DML_TU_NAMESPACE
