@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // tests/cuda/test_cuda_attention.cu — causal attention forward and backward in dml::cuda against dml::host on
-// the same random data, in float and bf16. Needs a GPU (ctest label gpu); without one it only has to compile.
+// the same random data, in float and bf16. Needs a GPU (ctest label gpu); without one it prints
+// `SKIPPED: <reason>` and exits 77.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -11,6 +12,7 @@
 
 #include "dml/core/buffer.hpp"
 #include "dml/nn/attention.hpp"
+#include "gpu_skip.hpp"
 
 namespace {
 
@@ -80,11 +82,7 @@ void check_attention(const dml::nn::attention_shape& s, double tol, const char* 
 }  // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("dml_cuda_attention: no CUDA device; skipped\n");
-    return 77;  // ctest's SKIP_RETURN_CODE
-  }
+  if (gpu_skip::skip_without_device()) return gpu_skip::exit_code;
   try {
     // Short rows take the one-warp kernels, long ones (seq > 256) the 256-thread ones.
     const dml::nn::attention_shape shapes[] = {{1, 1, 1, 8}, {3, 17, 4, 13}, {2, 64, 2, 32}, {1, 300, 3, 64}};

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // tests/cuda/test_cuda_gpt.cu — a GPT's forward, loss and backward in dml::cuda against dml::host from the same
-// initial weights and tokens. Needs a GPU (ctest label gpu); without one it only has to compile.
+// initial weights and tokens. Needs a GPU (ctest label gpu); without one it prints `SKIPPED: <reason>` and exits 77.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -10,6 +10,7 @@
 #include "dml/nn/gpt.hpp"
 #include "dml/nn/loss.hpp"
 #include "dml/nn/network.hpp"
+#include "gpu_skip.hpp"
 
 namespace {
 
@@ -55,11 +56,7 @@ std::pair<float, std::vector<float>> run(const model_t& model, const std::vector
 }  // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device; skipped\n");
-    return 77;  // ctest's SKIP_RETURN_CODE
-  }
+  if (gpu_skip::skip_without_device()) return gpu_skip::exit_code;
   const nn::gpt_config g{.vocab = 64, .seq = 32, .layers = 2, .d_model = 64, .heads = 4, .dropout = 0.1f, .bias = true};
   const auto model = nn::gpt(g);
   const std::int64_t b = 3, t = 32;
