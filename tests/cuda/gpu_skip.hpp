@@ -35,7 +35,7 @@ inline bool skip_without_device() {
 }  // namespace gpu_skip
 
 #if __has_include(<mpi.h>)
-#  include <mpi.h>
+#  include "dml/comm/mpi.hpp"
 
 namespace gpu_skip {
 
@@ -46,12 +46,7 @@ namespace gpu_skip {
 inline bool skip_without_devices(MPI_Comm world) {
   int rank = 0;
   MPI_Comm_rank(world, &rank);
-  MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-  int local = 0, local_size = 1;
-  MPI_Comm_rank(node, &local);
-  MPI_Comm_size(node, &local_size);
-  MPI_Comm_free(&node);
+  const auto [local, local_size] = dml::comm::place_on_node(world);
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
   // [a rank without any device, a rank whose node has fewer devices than ranks, most ranks on a node, -fewest devices]

@@ -459,6 +459,23 @@ class mpi {
 
 static_assert(diagnose_communicator<mpi>());
 
+// This process's rank among the processes of its node, and how many there are (MPI's shared-memory split):
+// what picks a rank's GPU. Collective over comm.
+struct node_place {
+  int rank = 0, size = 1;
+};
+inline node_place place_on_node(MPI_Comm comm) {
+  int rank = 0;
+  DML_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  MPI_Comm node = MPI_COMM_NULL;
+  DML_CHECK_MPI(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+  node_place out;
+  MPI_Comm_rank(node, &out.rank);
+  MPI_Comm_size(node, &out.size);
+  MPI_Comm_free(&node);
+  return out;
+}
+
 }  // namespace dml::comm
 
 // The members declared above and defined out of the class.

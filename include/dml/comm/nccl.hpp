@@ -96,6 +96,7 @@ struct pending_p2p {
 struct p2p_batch {
   cudaEvent_t done = nullptr;
   bool issued = false;
+  std::string failed;  // why issuing it failed: every request of the batch throws it
   ~p2p_batch() {
     if (done) cudaEventDestroy(done);
   }
@@ -157,18 +158,23 @@ struct state {
     auto posts = std::move(pending);
     pending.clear();
     after_compute();
-    const ncclComm_t c = live();
-    DML_CHECK_NCCL(ncclGroupStart());
-    ncclResult_t rc = ncclSuccess;
-    for (const auto& p : posts) {
-      rc = p.send ? ncclSend(p.data, p.count, p.type, p.peer, c, stream) : ncclRecv(p.data, p.count, p.type, p.peer, c, stream);
-      if (rc != ncclSuccess) break;
-    }
-    const ncclResult_t end = ncclGroupEnd();
-    DML_CHECK_NCCL(rc);
-    DML_CHECK_NCCL(end);
-    DML_CHECK_CUDA(cudaEventRecord(b->done, stream));
     b->issued = true;
+    try {
+      const ncclComm_t c = live();
+      DML_CHECK_NCCL(ncclGroupStart());
+      ncclResult_t rc = ncclSuccess;
+      for (const auto& p : posts) {
+        rc = p.send ? ncclSend(p.data, p.count, p.type, p.peer, c, stream) : ncclRecv(p.data, p.count, p.type, p.peer, c, stream);
+        if (rc != ncclSuccess) break;
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      DML_CHECK_NCCL(rc);
+      DML_CHECK_NCCL(end);
+      DML_CHECK_CUDA(cudaEventRecord(b->done, stream));
+    } catch (const std::exception& e) {
+      b->failed = e.what();
+      throw;
+    }
   }
 
   [[noreturn]] void abort(const std::string& why) {
@@ -266,6 +272,7 @@ struct p2p_request final : request_state {
       : s(std::move(st)), b(std::move(batch)), op(name) {}
   bool test() override {
     if (!b->issued) s->flush();
+    if (!b->failed.empty()) throw comm_error(b->failed);
     const cudaError_t rc = cudaEventQuery(b->done);
     if (rc == cudaErrorNotReady) return false;
     if (rc != cudaSuccess) fail_cuda(rc, "cudaEventQuery", __FILE__, __LINE__);
@@ -273,6 +280,7 @@ struct p2p_request final : request_state {
   }
   void wait() override {
     if (!b->issued) s->flush();
+    if (!b->failed.empty()) throw comm_error(b->failed);
     s->wait(b->done, op);
   }
 };
@@ -329,12 +337,7 @@ class nccl {
   // must be below the node's device count. Collective over bootstrap: if any rank has no device, every
   // rank throws the same error, so none waits for it.
   static int node_local_device(const mpi& bootstrap) {
-    MPI_Comm node = MPI_COMM_NULL;
-    DML_CHECK_MPI(MPI_Comm_split_type(bootstrap.native(), MPI_COMM_TYPE_SHARED, bootstrap.rank(), MPI_INFO_NULL, &node));
-    int local = 0, local_size = 1;
-    MPI_Comm_rank(node, &local);
-    MPI_Comm_size(node, &local_size);
-    MPI_Comm_free(&node);
+    const auto [local, local_size] = place_on_node(bootstrap.native());
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
     // [the first rank without a device, its node-local rank, its node's ranks, its node's devices]
