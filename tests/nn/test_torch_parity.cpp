@@ -3,6 +3,8 @@
 // file order, 50 steps of SGD (Nesterov momentum, weight decay) and of AdamW; per-step losses and final weights.
 #include <doctest/doctest.h>
 
+#include "skip.hpp"
+
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -52,7 +54,7 @@ std::vector<double> read_lines(const fs::path& p) {
 template <class O>
 void check_parity(const O& opt, const std::string& torch_name) {
   if (!fs::exists(data_dir)) {
-    MESSAGE("skipped: ", data_dir, " is missing (scripts/setup installs dataset-fashion-mnist)");
+    dml_test::skip(std::string(data_dir) + " is missing (scripts/setup installs dataset-fashion-mnist)");
     return;
   }
   const int steps = 50;

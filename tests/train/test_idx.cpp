@@ -2,6 +2,8 @@
 // tests/train/test_idx.cpp — IDX reader and MNIST loader (synthetic files, raw and gzip, and
 // Debian's Fashion-MNIST when installed); the sampler's slices and gather.
 #include <doctest/doctest.h>
+
+#include "skip.hpp"
 #include <zlib.h>
 
 #include <algorithm>
@@ -224,7 +226,7 @@ TEST_CASE("load_mnist reports missing files and count mismatches") {
 TEST_CASE("Fashion-MNIST from Debian loads with the published sizes and balanced classes") {
   const fs::path dir = "/usr/share/datasets/fashion-mnist";
   if (!fs::exists(dir / "train-images-idx3-ubyte.gz")) {
-    MESSAGE("skipped: " << dir << " not installed (Debian package dataset-fashion-mnist)");
+    dml_test::skip(dir.string() + " is not installed (Debian package dataset-fashion-mnist)");
     return;
   }
   struct expect {

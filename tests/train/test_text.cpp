@@ -3,6 +3,8 @@
 // targets are the inputs shifted by one, positions stay in range, split, errors, the default text.
 #include <doctest/doctest.h>
 
+#include "skip.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
@@ -176,7 +178,7 @@ TEST_CASE("text_corpus: errors say what was expected and what was found") {
 
 TEST_CASE("text_corpus: the default text loads where Debian ships it") {
   if (!fs::exists(dml::train::default_text_path)) {
-    MESSAGE("skipped: ", dml::train::default_text_path, " is not installed");
+    dml_test::skip(std::string(dml::train::default_text_path) + " is not installed");
     return;
   }
   const auto c = text_corpus::load(dml::train::default_text_path);
