@@ -149,15 +149,20 @@ result train_gpt(C& c, const layout& l, const nn::gpt_config& g, int n_steps = s
 // to 1e-4 absolute (seen: 5e-5), lr being 3e-3: a layout sums gradients in another order, and Adam's normalised
 // step turns rounding-level differences in a near-zero gradient into steps of up to lr.
 inline void check_same(const result& ref, const result& got, const std::string& what, double param_bound = 1e-4) {
+  // Empty records would make every comparison below vacuous.
+  REQUIRE(!ref.losses.empty());
+  REQUIRE(!ref.params.empty());
   REQUIRE(ref.losses.size() == got.losses.size());
   REQUIRE(ref.params.size() == got.params.size());
+  REQUIRE(ref.grad_norms.size() == ref.losses.size());
+  REQUIRE(got.grad_norms.size() == got.losses.size());
   double worst = 0, worst_w = 0;
   for (std::size_t i = 0; i < ref.losses.size(); ++i)
     worst = std::max(worst, std::abs(double(ref.losses[i]) - got.losses[i]) / std::abs(double(ref.losses[i])));
   for (std::size_t i = 0; i < ref.params.size(); ++i)
     worst_w = std::max(worst_w, double(std::abs(ref.params[i] - got.params[i])));
   double worst_norm = 0;
-  for (std::size_t i = 0; i < ref.grad_norms.size() && i < got.grad_norms.size(); ++i)
+  for (std::size_t i = 0; i < ref.grad_norms.size(); ++i)
     worst_norm = std::max(worst_norm, std::abs(ref.grad_norms[i] - got.grad_norms[i]) / ref.grad_norms[i]);
   MESSAGE(what << ": max_rel_loss_diff=" << worst << " max_abs_param_diff=" << worst_w << " max_rel_grad_norm_diff=" << worst_norm);
   CHECK(worst_norm <= 1e-5);

@@ -56,7 +56,7 @@ TEST_CASE("comm::mpi: tensor, sequence, pipeline and data parallelism of a GPT e
   comm::mpi alone = world.split(world.rank(), 0);
   const auto ref = gpt_fixture::train_gpt<parallel::replicate, optim::adamw>(alone, {}, gpt_fixture::config());
   const int n = world.size();
-  for (const gpt_fixture::layout l : {gpt_fixture::layout{.tp = n}, gpt_fixture::layout{.tp = n, .sp = true},
+  for (const gpt_fixture::layout& l : {gpt_fixture::layout{.tp = n}, gpt_fixture::layout{.tp = n, .sp = true},
                                       gpt_fixture::layout{.tp = 2, .dp = n / 2}, gpt_fixture::layout{.tp = 2, .pp = n / 2, .sp = true}}) {
     if (l.size() != n || (n == 4 && l.tp == 4 && !l.sp)) continue;
     CAPTURE(l.name());
