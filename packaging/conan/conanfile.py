@@ -15,6 +15,10 @@ class DmlConan(ConanFile):
     topics = ("deep-learning", "distributed-training", "header-only", "cuda", "mpi")
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"
+    # The components beside dml::dml (cmake/dml-config.cmake.in): mpi from Conan; cuda and nccl from the
+    # CUDA toolkit on the machine (Conan has no recipe for it), so those two only declare the targets.
+    options = {"mpi": [True, False], "cuda": [True, False], "nccl": [True, False]}
+    default_options = {"mpi": False, "cuda": False, "nccl": False}
     no_copy_source = True
 
     def export_sources(self):
@@ -26,11 +30,20 @@ class DmlConan(ConanFile):
     def layout(self):
         cmake_layout(self)
 
+    def configure(self):
+        if self.options.nccl:
+            self.options.mpi = True
+            self.options.cuda = True
+
     def requirements(self):
-        # dml's headers include these, so their headers travel to consumers too.
-        self.requires("onednn/[>=3.0 <4]", transitive_headers=True)
+        # dml's headers include these, so their headers travel to consumers too. The ranges are
+        # cmake/dml-dependencies.cmake's DML_DEPENDENCY_VERSIONS (scripts/check-recipes compares them).
+        self.requires("onednn/[>=2.6 <4]", transitive_headers=True)
         self.requires("nlohmann_json/[>=3.11 <4]", transitive_headers=True)
         self.requires("zlib/[>=1.2.11 <2]", transitive_headers=True)
+        self.requires("thrust/[>=1.17 <4]", transitive_headers=True)  # Thrust and CUB headers (CCCL)
+        if self.options.mpi:
+            self.requires("openmpi/[>=4.1 <6]", transitive_headers=True)
 
     def package_id(self):
         self.info.clear()
@@ -42,7 +55,7 @@ class DmlConan(ConanFile):
             "DML_BUILD_TESTS": False,
             "DML_BUILD_EXAMPLES": False,
             "DML_BUILD_BENCHMARKS": False,
-            "DML_ENABLE_CUDA": False,
+            "DML_ENABLE_CUDA": bool(self.options.cuda),
             "DML_INSTALL": True,
         })
         toolchain.generate()
@@ -58,15 +71,30 @@ class DmlConan(ConanFile):
 
     def package_info(self):
         self.cpp_info.set_property("cmake_file_name", "dml")
-        self.cpp_info.set_property("cmake_target_name", "dml::dml")
         self.cpp_info.bindirs = []
         self.cpp_info.libdirs = []
-        self.cpp_info.requires = ["onednn::onednn", "nlohmann_json::nlohmann_json", "zlib::zlib"]
+        # One Conan component per CMake target of dml-config.cmake: dml::dml always, the others with
+        # their option (their CMake names are dml::mpi, dml::cuda, dml::nccl).
+        core = self.cpp_info.components["dml"]
+        core.set_property("cmake_target_name", "dml::dml")
+        core.bindirs = []
+        core.libdirs = []
+        core.requires = ["onednn::onednn", "nlohmann_json::nlohmann_json", "zlib::zlib", "thrust::thrust"]
         if self.settings.compiler in ("gcc", "clang"):
-            self.cpp_info.cxxflags = ["-fopenmp"]
-            self.cpp_info.exelinkflags = ["-fopenmp"]
-            self.cpp_info.sharedlinkflags = ["-fopenmp"]
-        # Thrust and CUB (host back ends) come from the CUDA toolkit on the consumer's machine.
-        cccl = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include", "cccl")
-        if os.path.isdir(cccl):
-            self.cpp_info.includedirs.append(cccl)
+            core.cxxflags = ["-fopenmp"]
+            core.exelinkflags = ["-fopenmp"]
+            core.sharedlinkflags = ["-fopenmp"]
+        if self.options.mpi:
+            mpi = self.cpp_info.components["mpi"]
+            mpi.set_property("cmake_target_name", "dml::mpi")
+            mpi.requires = ["dml", "openmpi::openmpi"]
+        if self.options.cuda:
+            cuda = self.cpp_info.components["cuda"]
+            cuda.set_property("cmake_target_name", "dml::cuda")
+            cuda.requires = ["dml"]
+            cuda.system_libs = ["cudart", "cublas", "cublasLt"]
+        if self.options.nccl:
+            nccl = self.cpp_info.components["nccl"]
+            nccl.set_property("cmake_target_name", "dml::nccl")
+            nccl.requires = ["cuda", "mpi"]
+            nccl.system_libs = ["nccl"]

@@ -13,14 +13,17 @@ else()
   get_filename_component(SOURCE_PATH "${CMAKE_CURRENT_LIST_DIR}/../.." ABSOLUTE)
 endif()
 
+# The features only pull in their dependencies: every component's targets are installed, and
+# find_package(dml COMPONENTS ...) loads one when what it needs is found (packaging/vcpkg/usage).
+vcpkg_check_features(OUT_FEATURE_OPTIONS FEATURE_OPTIONS FEATURES cuda DML_ENABLE_CUDA)
 vcpkg_cmake_configure(
   SOURCE_PATH "${SOURCE_PATH}"
   OPTIONS
     -DDML_BUILD_TESTS=OFF
     -DDML_BUILD_EXAMPLES=OFF
     -DDML_BUILD_BENCHMARKS=OFF
-    -DDML_ENABLE_CUDA=OFF
     -DDML_INSTALL=ON
+    ${FEATURE_OPTIONS}
 )
 vcpkg_cmake_install()
 vcpkg_cmake_config_fixup(PACKAGE_NAME dml CONFIG_PATH lib/cmake/dml)

@@ -18,6 +18,7 @@
 #else
 #  include <oneapi/dnnl/dnnl.hpp>
 #endif
+#include <oneapi/dnnl/dnnl_version.h>  // DNNL_VERSION_MAJOR: the 2.x and 3.x forms below
 
 #include "dml/core/dtype.hpp"
 #include "dml/core/error.hpp"
@@ -72,16 +73,31 @@ inline std::optional<dnnl::matmul::primitive_desc> try_host_matmul_desc(const dn
   dnnl::memory::desc c_md({g.m, g.n}, ct, dims{g.ldc, 1});
   dnnl::post_ops ops;
   if (g.beta != 0.f) ops.append_sum(g.beta);
+  // oneDNN 3.0 dropped the eltwise post-op's scale and the operation descriptors (matmul::desc): the
+  // primitive descriptor takes the engine and the memory descriptors directly. Both forms are kept so
+  // the package builds with Debian's 2.x and with the 3.x that vcpkg and Conan ship (README: Packaging).
+#if DNNL_VERSION_MAJOR >= 3
+  if (g.ep == epilogue::relu) ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+#else
   if (g.ep == epilogue::relu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+#endif
   dnnl::primitive_attr attr;
   attr.set_post_ops(ops);
   try {
     std::optional<dnnl::matmul::primitive_desc> pd;
     if (g.bias.ptr) {
       dnnl::memory::desc bias_md({1, g.n}, ct, dims{g.n, 1});
+#if DNNL_VERSION_MAJOR >= 3
+      pd.emplace(eng, a_md, b_md, bias_md, c_md, attr);
+#else
       pd.emplace(dnnl::matmul::desc(a_md, b_md, bias_md, c_md), attr, eng);
+#endif
     } else {
+#if DNNL_VERSION_MAJOR >= 3
+      pd.emplace(eng, a_md, b_md, c_md, attr);
+#else
       pd.emplace(dnnl::matmul::desc(a_md, b_md, c_md), attr, eng);
+#endif
     }
     if (g.a.type != dtype::f32 && std::string_view(pd->impl_info_str()).starts_with("ref")) return std::nullopt;
     return pd;
