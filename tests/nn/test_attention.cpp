@@ -6,22 +6,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <random>
 #include <vector>
 
 #include "dml/nn/attention.hpp"
+#include "dml/nn/gradcheck.hpp"
+#include "support.hpp"
 
 using dml::nn::attention_shape;
 
 namespace {
 
-std::vector<float> random_vector(std::size_t n, unsigned seed, float lo = -1.f, float hi = 1.f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
+using dml_test::random_vector;
 
 std::size_t qkv_size(const attention_shape& s) { return static_cast<std::size_t>(s.batch * s.seq * 3 * s.width()); }
 std::size_t y_size(const attention_shape& s) { return static_cast<std::size_t>(s.batch * s.seq * s.width()); }
@@ -175,17 +170,10 @@ TEST_CASE("causal attention backward: every element of dqkv matches central fini
     const float h = 1e-2f;
     double max_rel = 0, max_abs = 0;
     for (std::size_t i = 0; i < qkv.size(); ++i) {
-      const float keep = qkv[i];
-      qkv[i] = keep + h;
-      const double up = loss();
-      qkv[i] = keep - h;
-      const double down = loss();
-      qkv[i] = keep;
-      // The step as float stores it, so rounding of keep ± h does not count as gradient error.
-      const double numeric = (up - down) / (double(keep + h) - double(keep - h));
-      const double diff = std::abs(dqkv[i] - numeric);
-      max_abs = std::max(max_abs, diff);
-      max_rel = std::max(max_rel, diff / std::max(1e-2, std::abs(numeric) + std::abs(double(dqkv[i]))));
+      // The step as float stores it, so rounding of qkv[i] ± h does not count as gradient error.
+      const double numeric = dml::nn::central_difference(qkv[i], h, loss, dml::nn::difference_step::stored);
+      max_abs = std::max(max_abs, std::abs(dqkv[i] - numeric));
+      max_rel = std::max(max_rel, dml::nn::gradient_difference(dqkv[i], numeric));
     }
     MESSAGE("backward over " << qkv.size() << " elements: max_rel_diff=" << max_rel << " max_abs_diff=" << max_abs);
     CHECK(max_rel < 2e-3);

@@ -7,20 +7,16 @@
 #include <vector>
 
 #include "dml/nn/gpt.hpp"
+#include "dml/nn/gradcheck.hpp"
 #include "dml/nn/loss.hpp"
 #include "dml/nn/network.hpp"
+#include "support.hpp"
 
 namespace {
 
 using namespace dml;
 
-std::vector<float> random_vector(std::size_t n, unsigned seed, float lo = -1.f, float hi = 1.f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
+using dml_test::random_vector;
 std::vector<float> random_ids(std::size_t n, int vocab, unsigned seed) {
   std::mt19937 rng(seed);
   std::vector<float> v(n);
@@ -28,14 +24,9 @@ std::vector<float> random_ids(std::size_t n, int vocab, unsigned seed) {
   return v;
 }
 
-struct fd_report {
-  double max_rel = 0;
-  int checked = 0;
-};
-
 // loss = Σ y·r; analytic gradients of every parameter (sampled) and of the input against differences.
 template <class... L>
-fd_report gradcheck(nn::sequential<L...> model, shape xs, std::vector<float> x, bool check_input, float h,
+nn::gradcheck_result gradcheck(nn::sequential<L...> model, shape xs, std::vector<float> x, bool check_input, float h,
                     nn::context c = {}) {
   nn::network<host, L...> net(model, 7);
   const shape ys = model.output_shape(xs);
@@ -50,11 +41,11 @@ fd_report gradcheck(nn::sequential<L...> model, shape xs, std::vector<float> x, 
   auto dx = net.backward(tensor_view<const float>(r.data(), ys), c, check_input);
   std::vector<float> grad_x(dx.data, dx.data + (check_input ? dx.numel() : 0));
   std::vector<float> grads(net.grads().begin(), net.grads().end());
-  fd_report rep;
+  nn::gradcheck_result rep;
   std::string where;
   auto compare = [&](float analytic, double numeric) {
     // The floor sits above the float rounding of Σ y·r over a step of 2h.
-    const double rel = std::abs(analytic - numeric) / std::max(1e-2, std::abs(numeric) + std::abs(analytic));
+    const double rel = nn::gradient_difference(analytic, numeric);
     if (rel > 3e-3) MESSAGE(where << " analytic " << analytic << " numeric " << numeric);
     rep.max_rel = std::max(rep.max_rel, rel);
     ++rep.checked;
@@ -63,26 +54,14 @@ fd_report gradcheck(nn::sequential<L...> model, shape xs, std::vector<float> x, 
     float* w = net.params().data() + slot.offset;
     const std::int64_t n = slot.shape.numel();
     for (std::int64_t i = 0; i < n; i += std::max<std::int64_t>(1, n / 29)) {
-      const float keep = w[i];
-      w[i] = keep + h;
-      const double up = probe();
-      w[i] = keep - h;
-      const double down = probe();
-      w[i] = keep;
       where = slot.name + "[" + std::to_string(i) + "]";
-      compare(grads[static_cast<std::size_t>(slot.offset + i)], (up - down) / (2.0 * h));
+      compare(grads[static_cast<std::size_t>(slot.offset + i)], nn::central_difference(w[i], h, probe));
     }
   }
   if (check_input)
     for (std::size_t i = 0; i < x.size(); i += std::max<std::size_t>(1, x.size() / 37)) {
-      const float keep = x[i];
-      x[i] = keep + h;
-      const double up = probe();
-      x[i] = keep - h;
-      const double down = probe();
-      x[i] = keep;
       where = "x[" + std::to_string(i) + "]";
-      compare(grad_x[i], (up - down) / (2.0 * h));
+      compare(grad_x[i], nn::central_difference(x[i], h, probe));
     }
   return rep;
 }
@@ -140,14 +119,8 @@ TEST_CASE("gpt embedding, blocks and head: whole-model gradients through the cro
   for (const auto& slot : net.layout().slots) {
     float* w = net.params().data() + slot.offset;
     for (std::int64_t i = 0; i < slot.shape.numel(); i += std::max<std::int64_t>(1, slot.shape.numel() / 11)) {
-      const float keep = w[i];
-      w[i] = keep + h;
-      const double up = loss(false);
-      w[i] = keep - h;
-      const double down = loss(false);
-      w[i] = keep;
-      const double num = (up - down) / (2.0 * h), ana = grads[static_cast<std::size_t>(slot.offset + i)];
-      const double rel = std::abs(ana - num) / std::max(2e-2, std::abs(num) + std::abs(ana));
+      const double num = nn::central_difference(w[i], h, [&] { return loss(false); });
+      const double ana = grads[static_cast<std::size_t>(slot.offset + i)], rel = nn::gradient_difference(ana, num, 2e-2);
       if (rel > 1e-2) MESSAGE(slot.name << "[" << i << "] analytic " << ana << " numeric " << num);
       worst = std::max(worst, rel);
       ++checked;
@@ -219,14 +192,10 @@ TEST_CASE("tied LM head: both copies start equal, and their summed gradients are
   double worst = 0;
   const float h = 2e-3f;
   for (std::int64_t i = 0; i < n; i += 7) {
-    const float keep = w[wte.offset + i];
-    w[wte.offset + i] = w[head.offset + i] = keep + h;  // the one shared weight moves
-    const double up = loss(false);
-    w[wte.offset + i] = w[head.offset + i] = keep - h;
-    const double down = loss(false);
-    w[wte.offset + i] = w[head.offset + i] = keep;
-    const double num = (up - down) / (2.0 * h), ana = double(grads[wte.offset + i]) + grads[head.offset + i];
-    worst = std::max(worst, std::abs(ana - num) / std::max(2e-2, std::abs(num) + std::abs(ana)));
+    // The one shared weight moves: both copies at once.
+    const double num = nn::central_difference({&w[wte.offset + i], &w[head.offset + i]}, h, [&] { return loss(false); });
+    const double ana = double(grads[wte.offset + i]) + grads[head.offset + i];
+    worst = std::max(worst, nn::gradient_difference(ana, num, 2e-2));
   }
   MESSAGE("tied max_rel_diff=" << worst);
   CHECK(worst < 1e-2);

@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <random>
 #include <vector>
 
 #include "dml/nn/activation.hpp"
@@ -15,16 +14,11 @@
 #include "dml/nn/linear.hpp"
 #include "dml/nn/loss.hpp"
 #include "dml/nn/network.hpp"
+#include "support.hpp"
 
 namespace {
 
-std::vector<float> random_vector(std::size_t n, unsigned seed, float lo = -1.f, float hi = 1.f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
+using dml_test::random_vector;
 
 }  // namespace
 
@@ -162,13 +156,7 @@ TEST_CASE("softmax cross-entropy: loss and logit gradients match finite differen
   double max_rel = 0;
   const float h = 1e-2f;
   for (std::size_t i = 0; i < logits.size(); ++i) {
-    const float keep = logits[i];
-    logits[i] = keep + h;
-    const double up = eval(logits, nullptr);
-    logits[i] = keep - h;
-    const double down = eval(logits, nullptr);
-    logits[i] = keep;
-    const double numeric = (up - down) / (2 * h);
+    const double numeric = dml::nn::central_difference(logits[i], h, [&] { return eval(logits, nullptr); });
     max_rel = std::max(max_rel, std::abs(numeric - dlogits[i]) / std::max(1e-2, std::abs(numeric)));
   }
   MESSAGE("softmax_xent max_rel_diff=" << max_rel);

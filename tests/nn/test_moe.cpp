@@ -8,26 +8,21 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "dml/comm/local.hpp"
 #include "dml/core/buffer.hpp"
+#include "dml/nn/gradcheck.hpp"
 #include "dml/nn/moe.hpp"
 #include "dml/parallel/tensor.hpp"
+#include "support.hpp"
 
 namespace {
 
 using namespace dml;
 
-std::vector<float> random_vector(std::size_t n, unsigned seed, float lo = -1.f, float hi = 1.f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
+using dml_test::random_vector;
 
 // The whole layer's parameters (one expert rank), in parameters() order.
 struct whole_params {
@@ -119,13 +114,8 @@ double routing_margin(const nn::moe& m, const whole_params& p, const std::vector
   return margin;
 }
 
-struct fd_report {
-  double max_rel = 0;
-  int checked = 0;
-};
-
 // Objective y·r + w_aux·aux + w_z·z (the losses as the layer records them) against the layer's gradients.
-fd_report gradcheck(const nn::moe& m, std::int64_t rows, unsigned seed, bool with_r, nn::routing_record* seen = nullptr) {
+nn::gradcheck_result gradcheck(const nn::moe& m, std::int64_t rows, unsigned seed, bool with_r, nn::routing_record* seen = nullptr) {
   auto whole = make_params(m, seed);
   auto x = random_vector(static_cast<std::size_t>(rows * m.cfg.dim), seed + 100);
   const auto r = with_r ? random_vector(x.size(), seed + 200) : std::vector<float>(x.size(), 0.f);
@@ -149,21 +139,12 @@ fd_report gradcheck(const nn::moe& m, std::int64_t rows, unsigned seed, bool wit
   if (seen) *seen = log.records.at({0, 0});
   const auto dx = st.backward(c, x.data(), r.data());
 
-  fd_report rep;
+  nn::gradcheck_result rep;
   auto compare = [&](double analytic, double numeric) {
-    const double rel = std::fabs(analytic - numeric) / std::max(1e-2, std::fabs(analytic) + std::fabs(numeric));
-    rep.max_rel = std::max(rep.max_rel, rel);
+    rep.max_rel = std::max(rep.max_rel, nn::gradient_difference(analytic, numeric));
     ++rep.checked;
   };
-  auto difference = [&](float& v) {
-    const float keep = v;
-    v = keep + h;
-    const double up = objective();
-    v = keep - h;
-    const double down = objective();
-    v = keep;
-    return (up - down) / (2.0 * h);
-  };
+  auto difference = [&](float& v) { return nn::central_difference(v, h, objective); };
   for (std::size_t i = 0; i < whole.values.size(); ++i) {
     auto& v = whole.values[i];
     for (std::size_t k = 0; k < v.size(); k += std::max<std::size_t>(1, v.size() / 29)) compare(st.g[i][k], difference(v[k]));

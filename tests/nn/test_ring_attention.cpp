@@ -6,14 +6,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <random>
 #include <set>
 #include <vector>
 
 #include "dml/comm/local.hpp"
 #include "dml/nn/attention.hpp"
+#include "dml/nn/gradcheck.hpp"
 #include "dml/nn/ring_attention.hpp"
 #include "dml/parallel/tensor.hpp"
+#include "support.hpp"
 
 using dml::comm::local;
 using dml::nn::attention_shape;
@@ -22,13 +23,7 @@ using dml::nn::ring_attention_shape;
 
 namespace {
 
-std::vector<float> random_vector(std::size_t n, unsigned seed, float lo = -1.f, float hi = 1.f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
+using dml_test::random_vector;
 
 std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
 
@@ -252,17 +247,10 @@ TEST_CASE("ring attention over 2 ranks: every element of dqkv matches central fi
     const std::int64_t w = s.width();
     double max_rel[3] = {0, 0, 0}, max_abs = 0;
     for (std::size_t i = 0; i < qkv.size(); ++i) {
-      const float keep = qkv[i];
-      qkv[i] = keep + h;
-      const double up = loss();
-      qkv[i] = keep - h;
-      const double down = loss();
-      qkv[i] = keep;
-      const double numeric = (up - down) / (double(keep + h) - double(keep - h));
-      const double diff = std::abs(dqkv[i] - numeric);
+      const double numeric = dml::nn::central_difference(qkv[i], h, loss, dml::nn::difference_step::stored);
       const auto part = sz((std::int64_t(i) % (3 * w)) / w);  // 0: q, 1: k, 2: v
-      max_abs = std::max(max_abs, diff);
-      max_rel[part] = std::max(max_rel[part], diff / std::max(1e-2, std::abs(numeric) + std::abs(double(dqkv[i]))));
+      max_abs = std::max(max_abs, std::abs(dqkv[i] - numeric));
+      max_rel[part] = std::max(max_rel[part], dml::nn::gradient_difference(dqkv[i], numeric));
     }
     MESSAGE("causal=" << causal << ": max_rel_diff dq=" << max_rel[0] << " dk=" << max_rel[1] << " dv=" << max_rel[2]
                       << " max_abs_diff=" << max_abs);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <string>
 #include <vector>
@@ -38,6 +39,36 @@ struct gradcheck_result {
   std::int64_t checked = 0;
   std::string worst;  // the entry with the worst relative difference: "0.weight[12]" or "input[3]"
 };
+
+// What a central difference divides by: 2h, or the step float made, (v + h) − (v − h) in double, which is not
+// quite 2h when v + h or v − h rounds (so that rounding does not count as gradient error).
+enum class difference_step { nominal, stored };
+
+// ∂loss/∂v by a central difference: loss() with every one of `tied` at v + h, then at v − h (v: the first one's
+// value), divided by the step; they all get v back. Tied values are one parameter held twice (a tied LM head).
+template <class Loss>
+double central_difference(std::initializer_list<float*> tied, float h, Loss&& loss,
+                          difference_step step = difference_step::nominal) {
+  const float keep = **tied.begin();
+  for (float* p : tied) *p = keep + h;
+  const double up = loss();
+  for (float* p : tied) *p = keep - h;
+  const double down = loss();
+  for (float* p : tied) *p = keep;
+  return (up - down) / (step == difference_step::nominal ? 2.0 * double(h) : double(keep + h) - double(keep - h));
+}
+
+// The same for one value.
+template <class Loss>
+double central_difference(float& v, float h, Loss&& loss, difference_step step = difference_step::nominal) {
+  return central_difference({&v}, h, loss, step);
+}
+
+// |analytic − numeric| / max(floor, |analytic| + |numeric|): relative, but not for gradients near 0, where
+// float rounding in the difference quotient dominates. The measure of gradcheck_result::max_rel.
+inline double gradient_difference(double analytic, double numeric, double floor = 1e-2) {
+  return std::abs(analytic - numeric) / std::max(floor, std::abs(analytic) + std::abs(numeric));
+}
 
 namespace detail {
 template <class M>
@@ -90,14 +121,8 @@ gradcheck_result check_gradients(const M& layer_or_model, shape input_shape, std
   const auto check = [&](float* v, std::int64_t n, const float* analytic, const std::string& name) {
     const std::int64_t stride = opt.per_tensor > 0 ? std::max<std::int64_t>(1, n / opt.per_tensor) : 1;
     for (std::int64_t i = 0; i < n; i += stride) {
-      const float keep = v[i];
-      v[i] = keep + opt.h;
-      const double up = loss();
-      v[i] = keep - opt.h;
-      const double down = loss();
-      v[i] = keep;
-      const double numeric = (up - down) / (2.0 * double(opt.h)), a = analytic[i], diff = std::abs(a - numeric);
-      const double rel = diff / std::max(1e-2, std::abs(a) + std::abs(numeric));
+      const double numeric = central_difference(v[i], opt.h, loss), a = analytic[i], diff = std::abs(a - numeric);
+      const double rel = gradient_difference(a, numeric);
       out.max_abs = std::max(out.max_abs, diff);
       if (out.checked++ == 0 || rel > out.max_rel) out.max_rel = rel, out.worst = name + "[" + std::to_string(i) + "]";
     }
