@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dml/comm/compression.hpp"
+#include "support.hpp"
 
 namespace {
 
@@ -30,13 +31,7 @@ using dml::comm::significant_filter;
 using dml::comm::topk_filter;
 using bytes = std::vector<std::byte>;
 
-std::vector<float> normal_vector(std::size_t n, std::uint32_t seed, float scale = 1.f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.f, scale);
-  std::vector<float> x(n);
-  for (auto& v : x) v = dist(gen);
-  return x;
-}
+using dml_test::normal_vector;
 
 template <class F>
 bytes encode(const F& f, std::vector<float>& acc) {

@@ -18,18 +18,13 @@
 
 #include "dml/core/cast.hpp"
 #include "dml/core/gemm.hpp"
+#include "support.hpp"
 
 using namespace dml;
 
 namespace {
 
-template <class T>
-std::vector<T> random_matrix(std::size_t count, std::mt19937& rng, float lo = -1.f, float hi = 1.f) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<T> v(count);
-  for (auto& x : v) x = T(u(rng));
-  return v;
-}
+using dml_test::random_vector;
 
 // The largest |got - want| seen and whether every element was within its bound.
 struct diff_report {
@@ -54,10 +49,10 @@ diff_report run_case(const case_spec& s, std::mt19937& rng, std::optional<host_g
   const std::int64_t a_rows = s.ta == trans::n ? s.m : s.k, a_cols = s.ta == trans::n ? s.k : s.m;
   const std::int64_t b_rows = s.tb == trans::n ? s.k : s.n, b_cols = s.tb == trans::n ? s.n : s.k;
   const std::int64_t lda = a_cols + s.pad, ldb = b_cols + s.pad, ldc = s.n + s.pad;
-  const auto a = random_matrix<In>(static_cast<std::size_t>(a_rows * lda), rng);
-  const auto b = random_matrix<In>(static_cast<std::size_t>(b_rows * ldb), rng);
-  const auto bias = random_matrix<Out>(static_cast<std::size_t>(s.n), rng);
-  auto c = random_matrix<Out>(static_cast<std::size_t>(s.m * ldc), rng);
+  const auto a = random_vector<In>(rng, static_cast<std::size_t>(a_rows * lda));
+  const auto b = random_vector<In>(rng, static_cast<std::size_t>(b_rows * ldb));
+  const auto bias = random_vector<Out>(rng, static_cast<std::size_t>(s.n));
+  auto c = random_vector<Out>(rng, static_cast<std::size_t>(s.m * ldc));
   const auto c0 = c;
   if (!s.accumulate)  // beta = 0 must not read C: NaN there would show if it did
     for (std::int64_t i = 0; i < s.m; ++i)
@@ -184,8 +179,8 @@ TEST_CASE("gemm: bf16 result is the f32 result rounded once") {
   // is not within a hair of a rounding tie or of zero (another summation order may tip either).
   std::mt19937 rng(6);
   const std::int64_t m = 16, n = 24, k = 40;
-  const auto a = random_matrix<bf16>(m * k, rng), b = random_matrix<bf16>(k * n, rng);
-  const auto bias_f = random_matrix<bf16>(n, rng);
+  const auto a = random_vector<bf16>(rng, m * k), b = random_vector<bf16>(rng, k * n);
+  const auto bias_f = random_vector<bf16>(rng, n);
   std::vector<float> bias32(bias_f.begin(), bias_f.end()), c32(m * n);
   std::vector<bf16> c16(m * n);
   gemm<host>({.m = m, .n = n, .k = k, .a = a.data(), .lda = k, .b = b.data(), .ldb = n, .c = c32.data(), .ldc = n,
@@ -286,7 +281,7 @@ TEST_CASE("cast_n: round trips and single rounding") {
 
   // Large enough for the threaded loop.
   std::mt19937 rng(7);
-  const auto big = random_matrix<float>(1 << 17, rng, -1e3f, 1e3f);
+  const auto big = random_vector<float>(rng, 1 << 17, -1e3f, 1e3f);
   std::vector<bf16> big16(big.size());
   cast_n<host>(big.data(), big16.data(), static_cast<std::int64_t>(big.size()));
   int big_bad = 0;

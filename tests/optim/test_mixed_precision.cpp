@@ -12,18 +12,13 @@
 #include "dml/optim/adam.hpp"
 #include "dml/optim/loss_scaler.hpp"
 #include "dml/optim/sgd.hpp"
+#include "support.hpp"
 
 using namespace dml;
 
 namespace {
 
-std::vector<float> random_vector(std::size_t n, std::uint32_t seed, float scale = 1.f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using dml_test::normal_vector;
 
 // GradScaler's update written out plainly: the reference the class is held to.
 struct reference_scaler {
@@ -146,13 +141,13 @@ namespace {
 template <class O, class W>
 void check_working_copy(const O& opt, std::int64_t n) {
   const float loss_scale = 1024.f;
-  auto w_plain = random_vector(static_cast<std::size_t>(n), 11);
+  auto w_plain = normal_vector(static_cast<std::size_t>(n), 11);
   auto w_mixed = w_plain;
   std::vector<W> working(static_cast<std::size_t>(n), W(std::numeric_limits<float>::quiet_NaN()));
   optim::state<O> s_plain(n), s_mixed(n);
   int copy_bad = 0, master_bad = 0;
   for (int step = 1; step <= 4; ++step) {
-    const auto g = random_vector(static_cast<std::size_t>(n), 100 + step);
+    const auto g = normal_vector(static_cast<std::size_t>(n), 100 + step);
     std::vector<float> g_scaled(g);
     for (auto& x : g_scaled) x *= loss_scale;  // a power of two: exact, and exactly undone below
     opt.template update<host>({.n = n, .w = w_plain.data(), .g = g.data(), .state = s_plain.pointers(),
