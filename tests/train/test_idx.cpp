@@ -3,7 +3,6 @@
 // Debian's Fashion-MNIST when installed); the sampler's slices and gather.
 #include <doctest/doctest.h>
 
-#include "skip.hpp"
 #include <zlib.h>
 
 #include <algorithm>
@@ -17,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "../temp_dir.hpp"
 #include "dml/train/idx.hpp"
 #include "dml/train/sampler.hpp"
+#include "support.hpp"
 
 namespace fs = std::filesystem;
 
@@ -58,16 +57,7 @@ std::vector<std::uint8_t> random_bytes(std::size_t n, unsigned seed) {
   return v;
 }
 
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("expected an exception, none was thrown");
-  return {};
-}
+using dml_test::error_of;
 
 }  // namespace
 

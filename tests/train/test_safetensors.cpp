@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "../temp_dir.hpp"
 #include "dml/train/safetensors.hpp"
+#include "support.hpp"
 
 namespace fs = std::filesystem;
 namespace dt = dml::train;
@@ -48,18 +48,7 @@ std::vector<std::uint8_t> raw_file(const std::string& header, std::size_t data_b
   return out;
 }
 
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    FAIL("expected a different exception type, caught: " << e.what());
-  }
-  FAIL("expected an exception, none was thrown");
-  return {};
-}
+using dml_test::error_of;
 
 template <class T>
 std::vector<T> read_all(const dt::safetensors_file& f, const std::string& name) {

@@ -3,8 +3,6 @@
 // targets are the inputs shifted by one, positions stay in range, split, errors, the default text.
 #include <doctest/doctest.h>
 
-#include "skip.hpp"
-
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
@@ -13,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "../temp_dir.hpp"
 #include "dml/train/text.hpp"
+#include "support.hpp"
 
 namespace fs = std::filesystem;
 using dml::train::text_corpus;
@@ -37,16 +35,7 @@ void write_file(const fs::path& p, const std::string& text) {
   f << text;
 }
 
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  FAIL("expected an exception, none was thrown");
-  return {};
-}
+using dml_test::error_of;
 
 struct windows {
   std::vector<float> x;
