@@ -161,12 +161,7 @@ TEST_CASE("causal attention backward: every element of dqkv matches central fini
     const auto dqkv = backward(s, qkv, run.probs, r, 1000.f);
 
     // loss = Σ y·r, so ∂loss/∂y = r; summed in double so the quotient sees only the attention's error.
-    auto loss = [&] {
-      const auto y = forward(s, qkv).y;
-      double sum = 0;
-      for (std::size_t i = 0; i < y.size(); ++i) sum += double(y[i]) * r[i];
-      return sum;
-    };
+    auto loss = [&] { return dml::nn::projected_loss(forward(s, qkv).y, r); };
     const float h = 1e-2f;
     double max_rel = 0, max_abs = 0;
     for (std::size_t i = 0; i < qkv.size(); ++i) {

@@ -33,9 +33,7 @@ nn::gradcheck_result gradcheck(nn::sequential<L...> model, shape xs, std::vector
   const auto r = random_vector(static_cast<std::size_t>(ys.numel()), 99);
   auto probe = [&] {
     auto y = net.forward(tensor_view<const float>(x.data(), xs), c);
-    double s = 0;
-    for (std::int64_t i = 0; i < y.numel(); ++i) s += double(y.data[i]) * r[i];
-    return s;
+    return nn::projected_loss({y.data, static_cast<std::size_t>(y.numel())}, r);
   };
   probe();
   auto dx = net.backward(tensor_view<const float>(r.data(), ys), c, check_input);

@@ -129,9 +129,7 @@ nn::gradcheck_result gradcheck(const nn::moe& m, std::int64_t rows, unsigned see
   rank_state st(m, whole, rows, rows);
   auto objective = [&]() {
     rank_state probe(m, whole, rows, rows);
-    const auto y = probe.forward(c, x.data());
-    double s = 0;
-    for (std::size_t i = 0; i < y.size(); ++i) s += double(y[i]) * r[i];
+    const double s = nn::projected_loss(probe.forward(c, x.data()), r);
     const auto& rec = log.records.at({0, 0});
     return s + double(m.cfg.aux_loss_weight) * rec.aux_loss + double(m.cfg.z_loss_weight) * rec.z_loss;
   };

@@ -237,12 +237,7 @@ TEST_CASE("ring attention over 2 ranks: every element of dqkv matches central fi
     const auto r = random_vector(sz(s.batch * s.seq * s.width()), 12);
     const auto dqkv = ring(s, 2, true, qkv, r).dqkv;
     // loss = Σ y·r, so ∂loss/∂y = r; summed in double so the quotient sees only the attention's error.
-    auto loss = [&] {
-      const auto y = ring(s, 2, true, qkv, r, false).y;
-      double sum = 0;
-      for (std::size_t i = 0; i < y.size(); ++i) sum += double(y[i]) * r[i];
-      return sum;
-    };
+    auto loss = [&] { return dml::nn::projected_loss(ring(s, 2, true, qkv, r, false).y, r); };
     const float h = 1e-2f;
     const std::int64_t w = s.width();
     double max_rel[3] = {0, 0, 0}, max_abs = 0;

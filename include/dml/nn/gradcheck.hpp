@@ -64,6 +64,14 @@ double central_difference(float& v, float h, Loss&& loss, difference_step step =
   return central_difference({&v}, h, loss, step);
 }
 
+// Σ y·r summed in double: a scalar loss whose gradient with respect to y is r, so that one backward with dy = r
+// exercises every output, and whose difference quotient sees only the layer's own rounding.
+inline double projected_loss(std::span<const float> y, std::span<const float> r) {
+  double s = 0;
+  for (std::size_t i = 0; i < y.size(); ++i) s += double(y[i]) * double(r[i]);
+  return s;
+}
+
 // |analytic − numeric| / max(floor, |analytic| + |numeric|): relative, but not for gradients near 0, where
 // float rounding in the difference quotient dominates. The measure of gradcheck_result::max_rel.
 inline double gradient_difference(double analytic, double numeric, double floor = 1e-2) {
@@ -107,9 +115,7 @@ gradcheck_result check_gradients(const M& layer_or_model, shape input_shape, std
   for (std::size_t i = 0; i < r.size(); ++i) r[i] = rng_stream{opt.seed, 1}.uniform(i, -1.f, 1.f);
   const auto loss = [&] {
     const auto y = net.forward(xv, opt.ctx);
-    double s = 0;
-    for (std::int64_t i = 0; i < y.numel(); ++i) s += double(y.data[i]) * double(r[std::size_t(i)]);
-    return s;
+    return projected_loss({y.data, std::size_t(y.numel())}, r);
   };
 
   net.forward(xv, opt.ctx);
