@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // tests/parallel/ps_fixture.hpp — what the parameter-server tests share: a separable data set, a small MLP,
-// and synchronous data parallel's per-step losses computed on one rank.
+// synchronous data parallel's per-step losses computed on one rank, and the options of a fail-over run.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -11,6 +12,7 @@
 #include "dml/nn/loss.hpp"
 #include "dml/nn/mlp.hpp"
 #include "dml/nn/network.hpp"
+#include "dml/ps/ps.hpp"
 #include "dml/train/idx.hpp"
 #include "dml/train/sampler.hpp"
 
@@ -76,6 +78,20 @@ inline std::vector<double> sync_losses(const train::dataset& train, int workers,
     for (std::size_t i = 0; i < grad.size(); ++i) net.params()[i] -= lr * grad[i];
   }
   return want;
+}
+
+// Three servers, one replica of each range, and server 1 stopping at clock 20: the fail-over runs. The timeout is
+// long enough that a thread descheduled on a loaded machine (or slowed by ThreadSanitizer) is not taken for
+// dead; the stopped server costs one timeout.
+inline ps::options failover_options() {
+  ps::options o;
+  o.servers = 3;
+  o.replicas = 1;
+  o.max_range = 64;
+  o.timeout = std::chrono::milliseconds(1000);
+  o.optimizer = {ps::server_optimizer::sgd, 0.2f};
+  o.fault = [](int s, std::int64_t clk) { return s == 1 && clk >= 20; };
+  return o;
 }
 
 }  // namespace ps_fixture

@@ -15,6 +15,7 @@
 #include "dml/nn/mlp.hpp"
 #include "dml/ps/downpour.hpp"
 #include "dml/ps/ps.hpp"
+#include "support.hpp"
 #include "ps_fixture.hpp"
 
 using namespace dml;
@@ -163,12 +164,10 @@ TEST_CASE("bsp with SGD gives synchronous data parallel's losses") {
   comm::local::run(o.servers + workers, [&](comm_t& c) {
     ps::downpour(c, small_model(), train, test, ps::consistency::bsp{}, o, d);
   }, quick());
-  double worst = 0;
-  for (std::int64_t s = 0; s < steps; ++s) {
-    double mean = 0;
-    for (int w = 0; w < workers; ++w) mean += got[std::size_t(w)][std::size_t(s)] / workers;
-    worst = std::max(worst, std::abs(mean - want[std::size_t(s)]) / std::abs(want[std::size_t(s)]));
-  }
+  std::vector<double> mean(std::size_t(steps), 0.0);
+  for (std::int64_t s = 0; s < steps; ++s)
+    for (int w = 0; w < workers; ++w) mean[std::size_t(s)] += got[std::size_t(w)][std::size_t(s)] / workers;
+  const double worst = dml_test::max_rel_difference(want, mean).value;
   MESSAGE("bsp against synchronous data parallel: max relative loss difference ", worst, " over ", steps, " steps");
   CHECK(worst < 1e-5);
   CHECK(want.back() < 0.6 * want.front());
@@ -261,15 +260,7 @@ TEST_CASE("filters with error feedback train through the servers and cut the byt
 TEST_CASE("a server stops mid-training: its ranges fail over to their replicas and no acknowledged update is lost") {
   const auto train = blobs(2048, 8), test = blobs(400, 9);
   for (auto policy : {ps::consistency::any{ps::consistency::bsp{}}, ps::consistency::any{ps::consistency::async{}}}) {
-    ps::options o;
-    o.servers = 3;
-    o.replicas = 1;
-    o.max_range = 64;
-    // Long enough that a thread descheduled on a loaded machine (or slowed by ThreadSanitizer) is not taken
-    // for dead; the stopped server costs one timeout.
-    o.timeout = std::chrono::milliseconds(1000);
-    o.optimizer = {ps::server_optimizer::sgd, 0.2f};
-    o.fault = [](int s, std::int64_t clk) { return s == 1 && clk >= 20; };
+    const ps::options o = failover_options();
     ps::downpour_options d;
     d.epochs = 3;
     d.batch = 16;

@@ -47,13 +47,7 @@ TEST_CASE("comm::mpi: a server stops mid-training and no acknowledged update is 
   environment();
   comm::mpi world;
   const auto train = blobs(2048, 8), test = blobs(400, 9);
-  ps::options o;
-  o.servers = 3;
-  o.replicas = 1;
-  o.max_range = 64;
-  o.timeout = std::chrono::milliseconds(1000);
-  o.optimizer = {ps::server_optimizer::sgd, 0.2f};
-  o.fault = [](int s, std::int64_t clk) { return s == 1 && clk >= 20; };
+  const ps::options o = failover_options();
   ps::downpour_options d;
   d.epochs = 2;
   d.batch = 16;

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "dml/parallel/schedule.hpp"
+#include "support.hpp"
 
-#include "../temp_dir.hpp"
 
 using namespace dml::schedule;
 

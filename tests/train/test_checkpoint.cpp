@@ -14,13 +14,12 @@
 #include <fstream>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
-#include "../temp_dir.hpp"
 #include "dml/dml.hpp"
 #include "dml/train/checkpoint.hpp"
+#include "support.hpp"
 #include "trainer_fixture.hpp"
 
 using namespace dml;
@@ -31,6 +30,7 @@ namespace {
 using trainer_fixture::classes;
 using trainer_fixture::features;
 using trainer_fixture::global_batch;
+using trainer_fixture::on_ranks;
 using trainer_fixture::samples;
 
 auto make_model(std::int64_t hidden = 40) {
@@ -78,21 +78,6 @@ std::vector<float> packed_parameters(T& t) {
   return out;
 }
 
-// Runs fn on `ranks` local ranks; returns what rank 0 returned.
-template <class R, class F>
-R on_ranks(int ranks, F fn) {
-  R out{};
-  std::mutex m;
-  comm::local::run(ranks, [&](comm::local& c) {
-    auto r = fn(c);
-    if (c.rank() == 0) {
-      std::lock_guard lk(m);
-      out = std::move(r);
-    }
-  });
-  return out;
-}
-
 struct temp_dir : dml_test::temp_dir {
   temp_dir() : dml_test::temp_dir("dml-checkpoint-test") {}
 };
@@ -132,10 +117,7 @@ void check_equal_bitwise(const std::vector<float>& ref, const std::vector<float>
 
 double max_relative(const std::vector<float>& ref, const std::vector<float>& got) {
   REQUIRE(ref.size() == got.size());
-  double m = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i)
-    m = std::max(m, std::abs(double(ref[i]) - got[i]) / std::max(1e-12, std::abs(double(ref[i]))));
-  return m;
+  return dml_test::max_rel_difference(ref, got, 1e-12).value;
 }
 
 std::vector<float> concat(std::vector<float> a, const std::vector<float>& b) {
@@ -284,13 +266,11 @@ TEST_CASE("a checkpoint re-shards: 4-rank zero<3> -> 2-rank replicate -> 1 rank"
   });
   const auto got = concat(concat(a, b), c.losses);
   const double rel = max_relative(ref.losses, got);
-  double max_w = 0;
   REQUIRE(ref.params.size() == c.params.size());
-  for (std::size_t i = 0; i < ref.params.size(); ++i)
-    max_w = std::max(max_w, double(std::abs(ref.params[i] - c.params[i])));
+  const auto max_w = dml_test::max_abs_difference(ref.params, c.params);
   MESSAGE("max_rel_loss_diff=" << rel << " max_abs_param_diff=" << max_w);
   CHECK(rel <= 1e-5);
-  CHECK(max_w <= 1e-4);
+  CHECK(max_w.value <= 1e-4);
   CHECK(ref.losses.back() < 0.8 * ref.losses.front());  // it learns, so the comparison means something
 }
 

@@ -3,10 +3,10 @@
 // dropout in the model, trains to one rank's per-step losses; in-flight activations follow each schedule.
 #include <doctest/doctest.h>
 
-#include <mutex>
+#include <span>
 #include <string>
 
-#include "../temp_dir.hpp"
+#include "support.hpp"
 #include "trainer_fixture.hpp"
 
 using namespace trainer_fixture;
@@ -17,16 +17,7 @@ constexpr int pipeline_steps = 20;
 
 template <class... P>
 run_result train_local(int ranks, train::trainer_options opt, float p = 0.2f) {
-  run_result r0;
-  std::mutex m;
-  comm::local::run(ranks, [&](comm::local& c) {
-    auto r = train_ranks<P...>(c, opt, make_deep_model(p), pipeline_steps);
-    if (c.rank() == 0) {
-      std::lock_guard lk(m);
-      r0 = std::move(r);
-    }
-  });
-  return r0;
+  return on_ranks<run_result>(ranks, [&](comm::local& c) { return train_ranks<P...>(c, opt, make_deep_model(p), pipeline_steps); });
 }
 
 // Per-step peaks of the last step on every rank: (rank, peak sets, peak bytes).
@@ -174,26 +165,18 @@ TEST_CASE("pipeline: checkpoints load into any dp x pp layout") {
                                             layout{4, 2, "interleaved:2"}, layout{2, 1, ""}}) {
     CAPTURE(ranks);
     CAPTURE(stages);
-    std::vector<float> losses;
-    std::mutex m;
-    comm::local::run(ranks, [&](comm::local& c) {
+    const auto losses = on_ranks<std::vector<float>>(ranks, [&](comm::local& c) {
       auto o = options();
       o.pipeline_stages = stages;
       o.micro_batches = 2;
       o.schedule = sched;
       trainer<parallel::zero<1>> t(c, make_deep_model(0.2f), o);
       t.load_checkpoint(dir.path);
-      auto l = run_steps(t, c, stages, half, pipeline_steps);
-      if (c.rank() == 0) {
-        std::lock_guard lk(m);
-        losses = l;
-      }
+      return run_steps(t, c, stages, half, pipeline_steps);
     });
     REQUIRE(losses.size() == static_cast<std::size_t>(pipeline_steps - half));
-    double worst = 0;
-    for (int s = half; s < pipeline_steps; ++s)
-      worst = std::max(worst, std::abs(double(losses[s - half]) - ref.losses[s]) / ref.losses[s]);
+    const auto worst = dml_test::max_rel_difference(std::span(ref.losses).subspan(half, losses.size()), losses);
     MESSAGE("max_rel_loss_diff=" << worst);
-    CHECK(worst <= 1e-5);
+    CHECK(worst.value <= 1e-5);
   }
 }

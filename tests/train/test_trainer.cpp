@@ -5,8 +5,7 @@
 
 #include <mutex>
 
-#include "../temp_dir.hpp"
-
+#include "support.hpp"
 #include "trainer_fixture.hpp"
 
 using namespace trainer_fixture;
@@ -15,16 +14,7 @@ namespace {
 
 template <class... P, class Model = model_type>
 run_result train_local(int ranks, train::trainer_options opt, const Model& model = make_model()) {
-  run_result r0;
-  std::mutex m;
-  comm::local::run(ranks, [&](comm::local& c) {
-    auto r = train_ranks<P...>(c, opt, model);
-    if (c.rank() == 0) {
-      std::lock_guard lk(m);
-      r0 = std::move(r);
-    }
-  });
-  return r0;
+  return on_ranks<run_result>(ranks, [&](comm::local& c) { return train_ranks<P...>(c, opt, model); });
 }
 
 }  // namespace
@@ -48,9 +38,7 @@ TEST_CASE_TEMPLATE("dropout: every sharding x group size x micro-batches gives o
   const auto ref = train_local<parallel::replicate, optim::adamw>(1, options(), model);
   // The masks matter: without them the same steps give other losses.
   const auto plain = train_local<parallel::replicate, optim::adamw>(1, options(), make_dropout_model(0.f));
-  double vs_plain = 0;
-  for (std::size_t i = 0; i < ref.losses.size(); ++i)
-    vs_plain = std::max(vs_plain, std::abs(double(ref.losses[i]) - plain.losses[i]) / plain.losses[i]);
+  const double vs_plain = dml_test::max_rel_difference(plain.losses, ref.losses).value;
   MESSAGE("one rank: loss " << ref.losses.front() << " -> " << ref.losses.back() << "; max_rel_diff_vs_p0="
                             << vs_plain);
   CHECK(vs_plain > 1e-2);
@@ -196,9 +184,7 @@ TEST_CASE_TEMPLATE("mixed precision: every sharding x group size tracks one rank
   const double bound = std::is_same_v<P, precision::bf16> ? 2e-2 : 5e-3;
   const auto ref = train_local<parallel::replicate, P>(1, options());
   const auto fp32 = train_local<parallel::replicate>(1, options());
-  double vs32 = 0;
-  for (std::size_t i = 0; i < ref.losses.size(); ++i)
-    vs32 = std::max(vs32, std::abs(double(ref.losses[i]) - fp32.losses[i]) / fp32.losses[i]);
+  const double vs32 = dml_test::max_rel_difference(fp32.losses, ref.losses).value;
   MESSAGE(std::string(P::name) << ": one rank vs fp32 max_rel_loss_diff=" << vs32 << "; last loss "
                                << ref.losses.back() << " vs " << fp32.losses.back());
   CHECK(vs32 < 5 * bound);
@@ -209,11 +195,9 @@ TEST_CASE_TEMPLATE("mixed precision: every sharding x group size tracks one rank
                             train_local<parallel::zero<1>, P>(ranks, options()),
                             train_local<parallel::zero<2>, P>(ranks, options()),
                             train_local<parallel::zero<3>, P>(ranks, options())}) {
-      double max_rel = 0;
-      for (std::size_t i = 0; i < ref.losses.size(); ++i)
-        max_rel = std::max(max_rel, std::abs(double(ref.losses[i]) - got.losses[i]) / ref.losses[i]);
+      const auto max_rel = dml_test::max_rel_difference(ref.losses, got.losses);
       MESSAGE(std::string(P::name) << " max_rel_loss_diff=" << max_rel);
-      CHECK(max_rel < bound);
+      CHECK(max_rel.value < bound);
     }
   }
 }

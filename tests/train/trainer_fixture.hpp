@@ -6,9 +6,11 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <mutex>
 #include <vector>
 
 #include "dml/dml.hpp"
+#include "support.hpp"
 
 namespace trainer_fixture {
 
@@ -68,6 +70,21 @@ struct run_result {
   std::vector<train::event> events;
 };
 
+// Runs fn on `ranks` local ranks; returns what rank 0 returned.
+template <class R, class F>
+R on_ranks(int ranks, F fn) {
+  R out{};
+  std::mutex m;
+  comm::local::run(ranks, [&](comm::local& c) {
+    auto r = fn(c);
+    if (c.rank() == 0) {
+      std::lock_guard lk(m);
+      out = std::move(r);
+    }
+  });
+  return out;
+}
+
 // Trains `steps` steps of `model` on rank r's slices of shuffled global batches; returns rank 0's record.
 template <class... P, class C, class Model = model_type>
 run_result train_ranks(C& comm, train::trainer_options opt, const Model& model = make_model(), int steps = steps) {
@@ -97,14 +114,12 @@ run_result train_ranks(C& comm, train::trainer_options opt, const Model& model =
 
 inline void check_same(const run_result& ref, const run_result& got, double bound) {
   REQUIRE(ref.losses.size() == got.losses.size());
-  double max_rel = 0, max_w = 0;
-  for (std::size_t i = 0; i < ref.losses.size(); ++i)
-    max_rel = std::max(max_rel, std::abs(double(ref.losses[i]) - got.losses[i]) / std::abs(double(ref.losses[i])));
+  const auto max_rel = dml_test::max_rel_difference(ref.losses, got.losses);
   REQUIRE(ref.params.size() == got.params.size());
-  for (std::size_t i = 0; i < ref.params.size(); ++i) max_w = std::max(max_w, double(std::abs(ref.params[i] - got.params[i])));
+  const auto max_w = dml_test::max_abs_difference(ref.params, got.params);
   MESSAGE("max_rel_loss_diff=" << max_rel << " max_abs_param_diff=" << max_w);
-  CHECK(max_rel <= bound);
-  CHECK(max_w <= 1e-4);
+  CHECK(max_rel.value <= bound);
+  CHECK(max_w.value <= 1e-4);
 }
 
 inline train::trainer_options options() {
