@@ -10,6 +10,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -25,8 +26,7 @@
 
 #ifdef __CUDACC__
 #  include "dml/core/buffer.hpp"
-#endif
-#ifndef __CUDACC__
+#else
 #  include <doctest/doctest.h>
 #endif
 

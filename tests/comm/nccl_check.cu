@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../cuda/gpu_skip.hpp"
+#include "../support.hpp"
 #include "dml/comm/mpi.hpp"
 #include "dml/comm/nccl.hpp"
 #include "dml/core/buffer.hpp"
@@ -130,22 +131,8 @@ std::vector<T> make(std::size_t count, F f) {
   for (std::size_t i = 0; i < count; ++i) v[i] = f(i);
   return v;
 }
-template <class T>
-device_buffer<T> to_device(const std::vector<T>& h) {
-  device_buffer<T> d(h.size());
-  dml::copy_n(h.data(), h.size(), d.data());
-  return d;
-}
-template <class T>
-std::vector<T> to_host(const T* p, std::size_t count) {
-  std::vector<T> h(count);
-  dml::copy_n(p, count, h.data());
-  return h;
-}
-template <class T>
-std::vector<T> to_host(const device_buffer<T>& d) {
-  return to_host(d.data(), d.size());
-}
+using dml_test::to_device;
+using dml_test::to_host;
 template <class T>
 dml::device_span<const T> in(const device_buffer<T>& d) {
   return d.span();

@@ -12,6 +12,7 @@
 
 #include "dml/core/buffer.hpp"
 #include "dml/nn/attention.hpp"
+#include "../support.hpp"
 #include "gpu_skip.hpp"
 
 namespace {
@@ -20,37 +21,14 @@ int failures = 0;
 int checks = 0;
 std::mt19937 gen{20240611};
 
-template <class T>
-std::vector<T> random_vector(std::size_t n, float lo = -1.f, float hi = 1.f) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<T> v(n);
-  for (auto& x : v) x = T(d(gen));
-  return v;
-}
-template <class T>
-dml::buffer<T, dml::cuda> to_device(const std::vector<T>& v) {
-  dml::buffer<T, dml::cuda> b(v.size());
-  dml::copy_n(v.data(), v.size(), b.data());
-  return b;
-}
-template <class T>
-std::vector<T> to_host(const T* p, std::size_t n) {
-  std::vector<T> v(n);
-  dml::copy_n(p, n, v.data());
-  return v;
-}
+using namespace dml_test;  // random_vector, to_device, to_host
 
 // max |got − want| <= tol · max |want| (NaN fails); prints the largest difference seen.
 template <class T>
 void expect_close(const std::string& what, const std::vector<T>& got, const std::vector<T>& want, double tol) {
   ++checks;
-  double max_diff = 0.0, scale = 0.0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const double diff = std::fabs(double(static_cast<float>(got[i])) - static_cast<float>(want[i]));
-    max_diff = std::isnan(diff) ? INFINITY : std::max(max_diff, diff);
-    scale = std::max(scale, std::fabs(double(static_cast<float>(want[i]))));
-  }
-  const bool ok = got.size() == want.size() && max_diff <= tol * scale;
+  const double max_diff = dml_test::max_abs_difference(want, got).value, scale = dml_test::max_abs(want);
+  const bool ok = max_diff <= tol * scale;  // vectors of other sizes differ infinitely
   std::printf("%-4s %-60s n=%-8zu max_abs_diff=%.3g\n", ok ? "ok" : "FAIL", what.c_str(), want.size(), max_diff);
   if (!ok) ++failures;
 }
@@ -58,8 +36,8 @@ void expect_close(const std::string& what, const std::vector<T>& got, const std:
 template <class T>
 void check_attention(const dml::nn::attention_shape& s, double tol, const char* type) {
   const std::int64_t w = s.width();
-  const auto qkv = random_vector<T>(static_cast<std::size_t>(s.batch * s.seq * 3 * w), -2.f, 2.f);
-  const auto dy = random_vector<T>(static_cast<std::size_t>(s.batch * s.seq * w));
+  const auto qkv = random_vector<T>(gen, static_cast<std::size_t>(s.batch * s.seq * 3 * w), -2.f, 2.f);
+  const auto dy = random_vector<T>(gen, static_cast<std::size_t>(s.batch * s.seq * w));
   const auto saved = static_cast<std::size_t>(dml::nn::attention_saved_size(s));
   const auto scratch = static_cast<std::size_t>(dml::nn::attention_scratch_size(s));
 

@@ -10,6 +10,7 @@
 #include "dml/nn/gpt.hpp"
 #include "dml/nn/loss.hpp"
 #include "dml/nn/network.hpp"
+#include "../support.hpp"
 #include "gpu_skip.hpp"
 
 namespace {
@@ -22,12 +23,7 @@ using net_t = nn::network<S, nn::gpt_embedding, nn::stack<nn::gpt_block>, nn::gp
 int failures = 0;
 
 void expect_close(const char* what, const std::vector<float>& got, const std::vector<float>& want, double tol) {
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const double d = std::fabs(double(got[i]) - want[i]);
-    diff = std::isnan(d) ? INFINITY : std::max(diff, d);
-    scale = std::max(scale, std::fabs(double(want[i])));
-  }
+  const double diff = dml_test::max_abs_difference(want, got).value, scale = dml_test::max_abs(want);
   const bool ok = diff <= tol * std::max(scale, 1e-6);
   std::printf("%s %s: max diff %.3g (scale %.3g)\n", ok ? "ok  " : "FAIL", what, diff, scale);
   failures += ok ? 0 : 1;

@@ -35,6 +35,7 @@
 #include "dml/optim/clip.hpp"
 #include "dml/optim/loss_scaler.hpp"
 #include "dml/optim/sgd.hpp"
+#include "../support.hpp"
 #include "gpu_skip.hpp"
 
 namespace {
@@ -43,25 +44,7 @@ int failures = 0;
 int checks = 0;
 std::mt19937 gen{20240607};
 
-std::vector<float> random_vector(std::size_t n, float lo = -1.f, float hi = 1.f) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
-
-template <class T>
-dml::buffer<T, dml::cuda> to_device(const std::vector<T>& v) {
-  dml::buffer<T, dml::cuda> b(v.size());
-  dml::copy_n(v.data(), v.size(), b.data());
-  return b;
-}
-template <class T>
-std::vector<T> to_host(const T* p, std::size_t n) {
-  std::vector<T> v(n);
-  dml::copy_n(p, n, v.data());
-  return v;
-}
+using namespace dml_test;  // random_vector, to_device, to_host
 
 // |got − want| <= atol + rtol·|want| everywhere (NaN fails); prints the largest difference seen.
 void expect_close(const std::string& what, const std::vector<float>& got, const std::vector<float>& want,
@@ -144,10 +127,10 @@ void check_gemm(dml::trans ta, dml::trans tb, std::int64_t m, std::int64_t n, st
   const std::int64_t a_rows = at ? k : m, a_cols = (at ? m : k) + pad;
   const std::int64_t b_rows = bt ? n : k, b_cols = (bt ? k : n) + pad;
   const std::int64_t ldc = n + pad;
-  const auto a = random_vector(static_cast<std::size_t>(a_rows * a_cols + offset));
-  const auto b = random_vector(static_cast<std::size_t>(b_rows * b_cols + offset));
-  const auto bv = random_vector(static_cast<std::size_t>(n + offset));
-  const auto c0 = random_vector(static_cast<std::size_t>(m * ldc + offset));
+  const auto a = random_vector(gen, static_cast<std::size_t>(a_rows * a_cols + offset));
+  const auto b = random_vector(gen, static_cast<std::size_t>(b_rows * b_cols + offset));
+  const auto bv = random_vector(gen, static_cast<std::size_t>(n + offset));
+  const auto c0 = random_vector(gen, static_cast<std::size_t>(m * ldc + offset));
 
   std::vector<float> want = c0;
   for (std::int64_t i = 0; i < m; ++i)
@@ -237,7 +220,7 @@ void check_layer(const std::string& name, const Layer& layer, const layer_case& 
   const auto y_host = std::vector<float>(yh.data, yh.data + yh.numel());
   expect_close(name + " forward", to_host(yd.data, static_cast<std::size_t>(yd.numel())), y_host, atol, rtol);
 
-  const auto dy = random_vector(static_cast<std::size_t>(yh.numel()));
+  const auto dy = random_vector(gen, static_cast<std::size_t>(yh.numel()));
   auto ddy = to_device(dy);
   for (int pass = 0; pass < 2; ++pass) {
     // The second pass accumulates into the gradients of the first, as micro-batches do.
@@ -256,7 +239,7 @@ void check_layer(const std::string& name, const Layer& layer, const layer_case& 
 }
 
 layer_case dense_case(std::int64_t rows, std::int64_t cols, float scale = 1.f) {
-  return {{rows, cols}, random_vector(static_cast<std::size_t>(rows * cols), -scale, scale)};
+  return {{rows, cols}, random_vector(gen, static_cast<std::size_t>(rows * cols), -scale, scale)};
 }
 
 void layer_tests() {
@@ -330,12 +313,12 @@ void check_moe(const std::string& name, const dml::nn::moe_config& cfg) {
   const dml::nn::moe layer(cfg);
   const dml::nn::network<dml::host, dml::nn::moe> probe{dml::nn::sequential<dml::nn::moe>{layer}, 7};
   const auto& router = probe.layout().slots[0];  // parameters() lists router.weight first
-  const auto params = random_vector(static_cast<std::size_t>(probe.layout().total), -0.5f, 0.5f);
+  const auto params = random_vector(gen, static_cast<std::size_t>(probe.layout().total), -0.5f, 0.5f);
   const std::int64_t rows = 64;
   layer_case lc{{rows, cfg.dim}, {}};
   bool clear = false;
   for (int attempt = 0; attempt < 1000 && !clear; ++attempt) {
-    lc.x = random_vector(static_cast<std::size_t>(rows * cfg.dim));
+    lc.x = random_vector(gen, static_cast<std::size_t>(rows * cfg.dim));
     clear = routing_margin(layer, router, params, lc.x, rows) > 1e-3;
   }
   expect_true(name + ": inputs whose routing rounding cannot change", clear);
@@ -382,7 +365,7 @@ void parallel_layer_tests() {
 // ---- softmax + cross-entropy ------------------------------------------------------------------
 
 void check_loss(std::int64_t rows, std::int64_t n, float spread) {
-  const auto x = random_vector(static_cast<std::size_t>(rows * n), -spread, spread);
+  const auto x = random_vector(gen, static_cast<std::size_t>(rows * n), -spread, spread);
   std::vector<std::int32_t> labels(static_cast<std::size_t>(rows));
   std::uniform_int_distribution<std::int32_t> pick(0, static_cast<std::int32_t>(n - 1));
   for (auto& l : labels) l = pick(gen);
@@ -408,7 +391,7 @@ void check_loss(std::int64_t rows, std::int64_t n, float spread) {
 
 // bf16 logits: on CUDA the per-row functor (softmax_xent_row), not the float kernel; and argmax_hit in bf16.
 void check_loss_bf16(std::int64_t rows, std::int64_t n) {
-  const auto xf = random_vector(static_cast<std::size_t>(rows * n), -3.f, 3.f);
+  const auto xf = random_vector(gen, static_cast<std::size_t>(rows * n), -3.f, 3.f);
   std::vector<dml::bf16> x(xf.size());
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = dml::bf16(xf[i]);
   std::vector<std::int32_t> labels(static_cast<std::size_t>(rows));
@@ -441,7 +424,7 @@ void check_loss_bf16(std::int64_t rows, std::int64_t n) {
 // two: this rank's n columns, labels anywhere in the whole vocabulary of 2n.
 void check_parallel_loss(std::int64_t rows, std::int64_t n) {
   standin_pair tp;
-  const auto x = random_vector(static_cast<std::size_t>(rows * n), -5.f, 5.f);
+  const auto x = random_vector(gen, static_cast<std::size_t>(rows * n), -5.f, 5.f);
   std::vector<std::int32_t> labels(static_cast<std::size_t>(rows));
   std::uniform_int_distribution<std::int32_t> pick(0, static_cast<std::int32_t>(2 * n - 1));
   for (auto& l : labels) l = pick(gen);
@@ -471,7 +454,7 @@ void loss_tests() {
   check_loss(7, 257, 50.f);     // just past the switch, with large logits (the max shift matters)
   {
     // A label outside [0, n) cannot throw on the device; it must show as a NaN loss.
-    const std::vector<float> x = random_vector(20);
+    const std::vector<float> x = random_vector(gen, 20);
     auto dx = to_device(x);
     auto dl = to_device(std::vector<std::int32_t>{1, 10});
     dml::buffer<float, dml::cuda> drow(2);
@@ -486,12 +469,12 @@ void loss_tests() {
 template <class O>
 void check_optimizer(const std::string& name, const O& opt) {
   const std::int64_t n = 10003;
-  auto w = random_vector(static_cast<std::size_t>(n));
+  auto w = random_vector(gen, static_cast<std::size_t>(n));
   dml::optim::state<O, dml::host> sh(n);
   dml::optim::state<O, dml::cuda> sd(n);
   auto dw = to_device(w);
   for (std::int64_t step = 1; step <= 3; ++step) {
-    const auto g = random_vector(static_cast<std::size_t>(n));
+    const auto g = random_vector(gen, static_cast<std::size_t>(n));
     auto dg = to_device(g);
     const dml::optim::step_args ha{.n = n, .w = w.data(), .g = g.data(), .state = sh.pointers(), .step = step,
                                    .lr = 0.01f, .grad_scale = 0.5f};
@@ -523,7 +506,7 @@ T special(bool nan, bool negative) {
 template <class T>
 void check_nonfinite(const char* type) {
   const std::int64_t n = 100003;
-  const auto f = random_vector(static_cast<std::size_t>(n), -60000.f, 60000.f);  // finite in fp16 too
+  const auto f = random_vector(gen, static_cast<std::size_t>(n), -60000.f, 60000.f);  // finite in fp16 too
   std::vector<T> v(f.size());
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = T(f[i]);
   struct poison {
@@ -558,7 +541,7 @@ void optimizer_tests() {
   check_nonfinite<dml::bf16>("bf16");
   check_nonfinite<dml::fp16>("fp16");
 
-  const auto g = random_vector(100001);
+  const auto g = random_vector(gen, 100001);
   auto dg = to_device(g);
   const double nh = dml::optim::squared_norm<dml::host>(g.data(), static_cast<std::int64_t>(g.size()));
   const double nd = dml::optim::squared_norm<dml::cuda>(dg.data(), static_cast<std::int64_t>(g.size()));
@@ -574,8 +557,8 @@ void check_ring_attention(const dml::nn::ring_attention_shape& s, const dml::nn:
   standin_pair pair;
   dml::nn::rank_group* cp = at.ranks > 1 ? &pair : nullptr;
   const std::int64_t local = s.seq / at.ranks, w = s.width();
-  const auto qkv = random_vector(static_cast<std::size_t>(s.batch * local * 3 * w), -2.f, 2.f);
-  const auto dy = random_vector(static_cast<std::size_t>(s.batch * local * w));
+  const auto qkv = random_vector(gen, static_cast<std::size_t>(s.batch * local * 3 * w), -2.f, 2.f);
+  const auto dy = random_vector(gen, static_cast<std::size_t>(s.batch * local * w));
   const auto saved = static_cast<std::size_t>(dml::nn::ring_attention_saved_size(s, at));
   const auto scratch = static_cast<std::size_t>(dml::nn::ring_attention_workspace_size(s, at));
   std::vector<float> y(dy.size()), lse(saved), dqkv(qkv.size()), work(scratch);
@@ -638,7 +621,7 @@ void training_test() {
   std::vector<float> losses_h, losses_d;
   std::uniform_int_distribution<std::int32_t> pick(0, 9);
   for (std::uint64_t step = 1; step <= 5; ++step) {
-    const auto x = random_vector(static_cast<std::size_t>(rows * 20));
+    const auto x = random_vector(gen, static_cast<std::size_t>(rows * 20));
     std::vector<std::int32_t> labels(static_cast<std::size_t>(rows));
     for (auto& l : labels) l = pick(gen);
     auto dx = to_device(x);
