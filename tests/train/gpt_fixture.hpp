@@ -13,6 +13,7 @@
 #include "dml/dml.hpp"
 #include "dml/nn/gpt.hpp"
 #include "dml/train/text.hpp"
+#include "support.hpp"
 
 namespace gpt_fixture {
 
@@ -156,18 +157,13 @@ inline void check_same(const result& ref, const result& got, const std::string& 
   REQUIRE(ref.params.size() == got.params.size());
   REQUIRE(ref.grad_norms.size() == ref.losses.size());
   REQUIRE(got.grad_norms.size() == got.losses.size());
-  double worst = 0, worst_w = 0;
-  for (std::size_t i = 0; i < ref.losses.size(); ++i)
-    worst = std::max(worst, std::abs(double(ref.losses[i]) - got.losses[i]) / std::abs(double(ref.losses[i])));
-  for (std::size_t i = 0; i < ref.params.size(); ++i)
-    worst_w = std::max(worst_w, double(std::abs(ref.params[i] - got.params[i])));
-  double worst_norm = 0;
-  for (std::size_t i = 0; i < ref.grad_norms.size(); ++i)
-    worst_norm = std::max(worst_norm, std::abs(ref.grad_norms[i] - got.grad_norms[i]) / ref.grad_norms[i]);
+  const auto worst = dml_test::max_rel_difference(ref.losses, got.losses);
+  const auto worst_w = dml_test::max_abs_difference(ref.params, got.params);
+  const auto worst_norm = dml_test::max_rel_difference(ref.grad_norms, got.grad_norms);
   MESSAGE(what << ": max_rel_loss_diff=" << worst << " max_abs_param_diff=" << worst_w << " max_rel_grad_norm_diff=" << worst_norm);
-  CHECK(worst_norm <= 1e-5);
-  CHECK(worst <= 1e-5);
-  CHECK(worst_w <= param_bound);
+  CHECK(worst_norm.value <= 1e-5);
+  CHECK(worst.value <= 1e-5);
+  CHECK(worst_w.value <= param_bound);
 }
 
 }  // namespace gpt_fixture

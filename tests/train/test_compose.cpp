@@ -17,7 +17,7 @@
 #include <tuple>
 #include <vector>
 
-#include "../temp_dir.hpp"
+#include "support.hpp"
 #include "gpt_fixture.hpp"
 
 namespace {

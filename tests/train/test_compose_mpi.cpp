@@ -5,8 +5,6 @@
 // (MoE); zero1 · cp2·dp2; replicate · tp2·pp2, tied; zero3 · pp2·ep2 (MoE), tied.
 #include <doctest/doctest.h>
 
-#include "skip.hpp"
-
 #include <functional>
 #include <map>
 #include <string>
@@ -15,6 +13,7 @@
 
 #include "dml/comm/mpi.hpp"
 #include "gpt_fixture.hpp"
+#include "support.hpp"
 
 namespace {
 

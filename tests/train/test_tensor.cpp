@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "../temp_dir.hpp"
+#include "support.hpp"
 #include "gpt_fixture.hpp"
 
 namespace {
