@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "../temp_dir.hpp"
 #include "dml/dml.hpp"
 #include "dml/nn/gpt.hpp"
+#include "support.hpp"
 
 namespace {
 
@@ -65,12 +65,7 @@ void write_config(const fs::path& p, bool bias) {
   REQUIRE(out.good());
 }
 
-std::vector<double> read_lines(const fs::path& p) {
-  std::ifstream in(p);
-  std::vector<double> v;
-  for (double x; in >> x;) v.push_back(x);
-  return v;
-}
+using dml_test::read_numbers;
 
 struct dml_run {
   std::vector<float> init, final_params;
@@ -120,7 +115,7 @@ torch_run train_torch(bool bias, const dml_run& ours, const std::vector<std::int
                           (dir / "final.safetensors").string();
   REQUIRE(std::system(cmd.c_str()) == 0);
   torch_run t;
-  t.losses = read_lines(dir / "losses.txt");
+  t.losses = read_numbers(dir / "losses.txt");
   t.final_params.assign(static_cast<std::size_t>(ours.layout.total), 0.f);
   train::load_weights(ours.layout, t.final_params, dir / "final.safetensors");
   return t;

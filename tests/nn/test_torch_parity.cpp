@@ -3,8 +3,6 @@
 // file order, 50 steps of SGD (Nesterov momentum, weight decay) and of AdamW; per-step losses and final weights.
 #include <doctest/doctest.h>
 
-#include "skip.hpp"
-
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -13,6 +11,7 @@
 #include <vector>
 
 #include "dml/dml.hpp"
+#include "support.hpp"
 
 namespace {
 
@@ -44,12 +43,7 @@ std::vector<double> train_dml(Net& net, const O& opt, const dml::train::dataset&
   return losses;
 }
 
-std::vector<double> read_lines(const fs::path& p) {
-  std::ifstream in(p);
-  std::vector<double> v;
-  for (double x; in >> x;) v.push_back(x);
-  return v;
-}
+using dml_test::read_numbers;
 
 template <class O>
 void check_parity(const O& opt, const std::string& torch_name) {
@@ -74,12 +68,10 @@ void check_parity(const O& opt, const std::string& torch_name) {
                           std::to_string(steps) + " " + std::to_string(batch) + " 128,64 " +
                           (dir / "torch_losses.txt").string() + " " + (dir / "torch_final.safetensors").string();
   REQUIRE(std::system(cmd.c_str()) == 0);
-  const auto theirs = read_lines(dir / "torch_losses.txt");
+  const auto theirs = read_numbers(dir / "torch_losses.txt");
   REQUIRE(theirs.size() == ours.size());
 
-  double max_rel = 0;
-  for (std::size_t i = 0; i < ours.size(); ++i)
-    max_rel = std::max(max_rel, std::abs(ours[i] - theirs[i]) / std::abs(theirs[i]));
+  const double max_rel = dml_test::max_rel_difference(theirs, ours).value;
   // Final weights: load PyTorch's into a second network and compare slot by slot.
   dml::nn::network<dml::host, dml::nn::linear<>, dml::nn::relu, dml::nn::linear<>, dml::nn::relu, dml::nn::linear<>>
       ref(dml::nn::mlp<2>(784, hidden, 10), 0);
