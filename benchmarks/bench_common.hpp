@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// benchmarks/bench_common.hpp — what the benchmarks share: timing, the machine's load, flag parsing, synthetic data.
-// Sits on dml/dml.hpp; used by gpt_throughput, pipeline_throughput and train_throughput.
+// benchmarks/bench_common.hpp — what the benchmarks share: timing, the machine's load, synthetic data.
+// Sits on dml/dml.hpp and dml/train/flags.hpp (every benchmark's command line); used by gpt_throughput, pipeline_throughput and train_throughput.
 #pragma once
 
 #include <algorithm>
@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "dml/dml.hpp"
+#include "dml/train/flags.hpp"
 
 namespace dml_bench {
 
@@ -70,23 +71,6 @@ struct load_meter {
     return std::max(0.0, (end.machine_busy - start.machine_busy) - (end.self - start.self)) / total;
   }
 };
-
-// The value after flag argv[i], moving i onto it.
-inline std::string flag_value(int argc, char** argv, int& i) {
-  if (i + 1 >= argc) dml::fail<dml::invalid_argument>(std::string_view(argv[i]), ": expected a value");
-  return std::string(argv[++i]);
-}
-
-// "a,b,,c" -> {"a", "b", "c"}: the non-empty pieces between commas.
-inline std::vector<std::string> split_list(const std::string& v) {
-  std::vector<std::string> out;
-  for (std::size_t pos = 0; pos <= v.size();) {
-    const std::size_t comma = std::min(v.find(',', pos), v.size());
-    if (comma > pos) out.push_back(v.substr(pos, comma - pos));
-    pos = comma + 1;
-  }
-  return out;
-}
 
 // `rows` rows of 784 uniform inputs and labels in [0, 10) for the MLP benchmarks, from Philox stream `stream`.
 inline void synthetic_batch(std::int64_t rows, int stream, std::vector<float>& x, std::vector<std::int32_t>& y) {

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -16,6 +18,7 @@
 
 #include "dml/comm/local.hpp"
 #include "dml/comm/mpi.hpp"
+#include "dml/train/flags.hpp"
 
 namespace {
 
@@ -26,9 +29,11 @@ using clk = std::chrono::steady_clock;
 struct config {
   std::string comm = "local";
   int ranks = 2;
-  std::vector<collective> ops{collective::all_reduce};
-  std::size_t min_bytes = 4 << 10;
-  std::size_t max_bytes = 256 << 20;
+  std::string op = "all_reduce";  // or "all"
+  std::string min_bytes_text = "4K", max_bytes_text = "256M";
+  // Read from the three above by check_across.
+  std::vector<collective> ops;
+  std::size_t min_bytes = 0, max_bytes = 0;
   int iters = 20;
   int warmup = 3;
   int repeats = 3;
@@ -36,61 +41,55 @@ struct config {
   bool json = false;
 };
 
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "collectives: %s\n"
-               "usage: collectives [--comm local|mpi] [--ranks N] "
-               "[--op all_reduce|reduce_scatter|all_gather|broadcast|all_to_all|all]\n"
-               "                   [--min-bytes B] [--max-bytes B] (K/M/G suffixes) [--iters N] [--warmup N]\n"
-               "                   [--repeats N] [--in-place] [--json]\n",
-               why.c_str());
-  std::exit(2);
-}
-
-std::size_t parse_bytes(const std::string& s) {
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  std::size_t mul = 1;
-  if (*end == 'K' || *end == 'k') mul = 1 << 10, ++end;
-  else if (*end == 'M' || *end == 'm') mul = 1 << 20, ++end;
-  else if (*end == 'G' || *end == 'g') mul = std::size_t(1) << 30, ++end;
-  if (end == s.c_str() || *end || v < 0) usage("expected a byte count like 4K or 64M, found '" + s + "'");
-  return std::size_t(v * mul);
-}
-
-config parse(int argc, char** argv) {
-  config c;
-  const std::vector<collective> all{collective::all_reduce, collective::reduce_scatter, collective::all_gather,
-                                    collective::broadcast, collective::all_to_all};
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const auto next = [&]() -> std::string {
-      if (i + 1 >= argc) usage(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--comm") c.comm = next();
-    else if (a == "--ranks") c.ranks = std::atoi(next().c_str());
-    else if (a == "--op") {
-      const std::string o = next();
-      if (o == "all") c.ops = all;
-      else {
-        auto it = std::find_if(all.begin(), all.end(), [&](collective k) { return dml::comm::name(k) == o; });
-        if (it == all.end()) usage("unknown --op '" + o + "'");
-        c.ops = {*it};
-      }
-    } else if (a == "--min-bytes") c.min_bytes = parse_bytes(next());
-    else if (a == "--max-bytes") c.max_bytes = parse_bytes(next());
-    else if (a == "--iters") c.iters = std::max(1, std::atoi(next().c_str()));
-    else if (a == "--warmup") c.warmup = std::max(0, std::atoi(next().c_str()));
-    else if (a == "--repeats") c.repeats = std::max(1, std::atoi(next().c_str()));
-    else if (a == "--in-place") c.in_place = true;
-    else if (a == "--json") c.json = true;
-    else usage("unknown argument '" + a + "'");
+// "64M" -> 67108864: a number with an optional K, M or G suffix (powers of 1024), up to 1T; nullopt if the text
+// is not one.
+std::optional<std::size_t> parse_bytes(std::string_view s) {
+  double mul = 1;
+  if (!s.empty() && std::string_view("KkMmGg").find(s.back()) != std::string_view::npos) {
+    mul = std::tolower(s.back()) == 'k' ? 0x1p10 : std::tolower(s.back()) == 'm' ? 0x1p20 : 0x1p30;
+    s.remove_suffix(1);
   }
-  if (c.comm != "local" && c.comm != "mpi") usage("--comm is local or mpi, found '" + c.comm + "'");
-  if (c.ranks < 1) usage("--ranks must be at least 1");
-  if (c.min_bytes < 4) c.min_bytes = 4;
-  return c;
+  try {
+    const double v = dml::parse_number<double>("", s) * mul;
+    if (v >= 0 && v <= 0x1p40) return static_cast<std::size_t>(v);
+  } catch (const dml::invalid_argument&) {
+  }
+  return std::nullopt;
+}
+
+const std::vector<collective>& all_ops() {
+  static const std::vector<collective> all{collective::all_reduce, collective::reduce_scatter,
+                                           collective::all_gather, collective::broadcast, collective::all_to_all};
+  return all;
+}
+
+// The command line (dml/train/flags.hpp).
+dml::flags command_line(config& c) {
+  dml::flags f("collectives", "nccl-tests-style bandwidth of dml's communicators, with baselines.");
+  std::vector<std::string> ops{"all"};
+  for (const auto k : all_ops()) ops.emplace_back(dml::comm::name(k));
+  const auto bytes = [](const std::string& v) { return parse_bytes(v) ? std::string() : "a byte count like 4K or 64M"; };
+  f.add("--comm", c.comm, "C", "communicator; mpi under mpirun").choices({"local", "mpi"});
+  f.add("--ranks", c.ranks, "N", "comm::local ranks").min(1);
+  f.add("--op", c.op, "OP", "the collective to time").choices(ops);
+  f.add("--min-bytes", c.min_bytes_text, "B", "the smallest message; K, M, G suffixes").check(bytes);
+  f.add("--max-bytes", c.max_bytes_text, "B", "the largest message; K, M, G suffixes").check(bytes);
+  f.add("--iters", c.iters, "N", "timed iterations per size").min(1);
+  f.add("--warmup", c.warmup, "N", "untimed iterations first").min(0);
+  f.add("--repeats", c.repeats, "N", "runs per size; the fastest is kept").min(1);
+  f.add_switch("--in-place", c.in_place, "the output buffer is the input buffer");
+  f.add_switch("--json", c.json, "print one JSON object per result too");
+  return f;
+}
+
+// The flags' texts read into what the runs use.
+void check_across(config& c) {
+  if (c.op == "all") c.ops = all_ops();
+  else
+    for (const auto k : all_ops())
+      if (dml::comm::name(k) == c.op) c.ops = {k};
+  c.min_bytes = std::max<std::size_t>(4, *parse_bytes(c.min_bytes_text));
+  c.max_bytes = *parse_bytes(c.max_bytes_text);
 }
 
 struct result {
@@ -417,7 +416,9 @@ int run_local(const config& cfg) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const config cfg = parse(argc, argv);
+  config cfg;
+  auto cli = command_line(cfg);
+  if (const auto status = cli.parse_for_main(argc, argv, [&] { check_across(cfg); })) return *status;
   try {
     return cfg.comm == "mpi" ? run_mpi(cfg, argc, argv) : run_local(cfg);
   } catch (const std::exception& e) {

@@ -15,6 +15,7 @@
 
 #include "dml/dml.hpp"
 #include "dml/nn/gpt.hpp"
+#include "dml/train/flags.hpp"
 
 #include "bench_common.hpp"
 
@@ -51,10 +52,8 @@ const std::vector<layout>& known_layouts() {
 }
 
 using dml_bench::clock_type;
-using dml_bench::flag_value;
 using dml_bench::load_meter;
 using dml_bench::seconds_since;
-using dml_bench::split_list;
 using dml_bench::step_trace;
 using dml_bench::trace_step;
 
@@ -257,51 +256,42 @@ double torch_tokens_per_s(const options& o, int threads, std::string& info, doub
   return std::stod(rate);
 }
 
-options parse(int argc, char** argv) {
-  options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    const auto next = [&] { return flag_value(argc, argv, i); };
-    if (a == "--layers") o.layers = std::stoll(next());
-    else if (a == "--d-model") o.d_model = std::stoll(next());
-    else if (a == "--heads") o.heads = std::stoll(next());
-    else if (a == "--seq") o.seq = std::stoll(next());
-    else if (a == "--batch") o.batch = std::stoll(next());
-    else if (a == "--steps") o.steps = std::stoll(next());
-    else if (a == "--warmup") o.warmup = std::stoll(next());
-    else if (a == "--microbatches") o.microbatches = std::stoll(next());
-    else if (a == "--threads") o.threads = std::stoi(next());
-    else if (a == "--repeats") o.repeats = std::stoi(next());
-    else if (a == "--lr") o.lr = std::stof(next());
-    else if (a == "--layouts") {
-      const std::string v = next();
-      o.layouts = v == "all" ? std::vector<std::string>{} : split_list(v);
-    } else if (a == "--json") o.json = next();
-    else if (a == "--python") o.python = next();
-    else if (a == "--torch-script") o.torch_script = next();
-    else if (a == "--no-torch") o.torch = false;
-    else dml::fail<dml::invalid_argument>("unknown flag '", a,
-                                          "'; flags: --layouts 1,1-bf16,tp2,tp2-sp,dp2,pp2|all --layers L --d-model C "
-                                          "--heads H --seq T --batch B (global sequences) --steps N --warmup N "
-                                          "--microbatches M (pp) --threads N (per rank) --repeats N --lr X --json FILE "
-                                          "--python PATH --torch-script PATH --no-torch");
-  }
-  if (o.layers < 1 || o.d_model < 1 || o.heads < 1 || o.seq < 1 || o.batch < 1 || o.steps < 1 || o.warmup < 0 ||
-      o.threads < 1 || o.microbatches < 1 || o.repeats < 1)
-    dml::fail<dml::invalid_argument>("expected positive --layers --d-model --heads --seq --batch --steps --threads "
-                                     "--microbatches --repeats and --warmup >= 0");
+// The command line (dml/train/flags.hpp).
+dml::flags command_line(options& o) {
+  dml::flags f("gpt_throughput", "Tokens/s of nn::gpt per layout beside PyTorch and the GEMM roofline.");
+  f.add("--layouts", o.layouts, "L,L", "layouts to run")
+      .choices({"1", "1-bf16", "tp2", "tp2-sp", "dp2", "pp2", "all"})
+      .default_text("all that fit the machine");
+  f.add("--layers", o.layers, "L", "transformer blocks").min(1);
+  f.add("--d-model", o.d_model, "C", "model width, a multiple of --heads").min(1);
+  f.add("--heads", o.heads, "H", "attention heads").min(1);
+  f.add("--seq", o.seq, "T", "tokens per sequence").min(1);
+  f.add("--batch", o.batch, "B", "global sequences per step").min(1);
+  f.add("--steps", o.steps, "N", "timed steps").min(1);
+  f.add("--warmup", o.warmup, "N", "untimed steps first").min(0);
+  f.add("--microbatches", o.microbatches, "M", "microbatches of the pp layout").min(1);
+  f.add("--threads", o.threads, "N", "threads per rank, dml and PyTorch alike").min(1);
+  f.add("--repeats", o.repeats, "N", "runs per layout; the fastest is kept").min(1);
+  f.add("--lr", o.lr, "X", "learning rate").min(0.f);
+  f.add("--json", o.json, "FILE", "write one JSON object per result");
+  f.add("--python", o.python, "PATH", "the Python of the PyTorch baseline");
+  f.add("--torch-script", o.torch_script, "PATH", "the PyTorch baseline's script");
+  f.add_switch("--no-torch", o.torch, "skip the PyTorch baseline", false);
+  return f;
+}
+
+void check_across(options& o) {
   if (o.d_model % o.heads != 0)
     dml::fail<dml::invalid_argument>("--d-model: expected a multiple of --heads ", o.heads, ", found ", o.d_model);
-  for (const auto& name : o.layouts)
-    if (std::none_of(known_layouts().begin(), known_layouts().end(), [&](const layout& l) { return l.name == name; }))
-      dml::fail<dml::invalid_argument>("--layouts: unknown layout '", name, "'; expected 1, 1-bf16, tp2, tp2-sp, dp2, pp2");
-  return o;
+  if (std::find(o.layouts.begin(), o.layouts.end(), "all") != o.layouts.end()) o.layouts.clear();
 }
 
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const options o = parse(argc, argv);
+  options o;
+  auto cli = command_line(o);
+  if (const auto status = cli.parse_for_main(argc, argv, [&] { check_across(o); })) return *status;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<layout> layouts;
   for (const auto& l : known_layouts()) {

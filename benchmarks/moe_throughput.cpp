@@ -168,43 +168,39 @@ memory_row attention_memory(const options& o, int cp) {
   return m;
 }
 
-options parse(int argc, char** argv) {
-  options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto num = [&] { return std::stoll(dml_bench::flag_value(argc, argv, i)); };
-    if (a == "--experts") o.experts = num();
-    else if (a == "--d-model") o.d_model = num();
-    else if (a == "--layers") o.layers = num();
-    else if (a == "--seq") o.seq = num();
-    else if (a == "--batch") o.batch = num();
-    else if (a == "--top-k") o.top_k = static_cast<int>(num());
-    else if (a == "--steps") o.steps = static_cast<int>(num());
-    else if (a == "--max-ep") o.max_ep = static_cast<int>(num());
-    else if (a == "--attention-seq") o.attention_seq = num();
-    else if (a == "--capacity-factor") o.capacity_factor = std::stof(dml_bench::flag_value(argc, argv, i));
-    else if (a == "--skew") {
-      o.skews.clear();
-      for (const auto& v : dml_bench::split_list(dml_bench::flag_value(argc, argv, i))) o.skews.push_back(std::stof(v));
-    }
-    else if (a == "--json") o.json = dml_bench::flag_value(argc, argv, i);
-    else if (a == "--quick") o.quick = true;
-    else
-      dml::fail<dml::invalid_argument>("moe_throughput: unknown flag '", a, "'; flags: --experts E --d-model N --layers N "
-                                       "--seq N --batch N (per rank) --top-k K --steps N --max-ep N --attention-seq N "
-                                       "--capacity-factor C --skew S[,S...] --json FILE --quick");
-  }
+// The command line (dml/train/flags.hpp).
+dml::flags command_line(options& o) {
+  dml::flags f("moe_throughput", "Tokens/s of a mixture-of-experts GPT against ep, all_to_allv beside all_reduce, "
+                                 "and ring attention's memory beside full attention.");
+  f.add("--experts", o.experts, "E", "experts in every MLP").min(1);
+  f.add("--d-model", o.d_model, "N", "model width").min(1);
+  f.add("--layers", o.layers, "N", "transformer blocks").min(1);
+  f.add("--seq", o.seq, "N", "tokens per sequence").min(1);
+  f.add("--batch", o.batch, "N", "sequences per rank").min(1);
+  f.add("--top-k", o.top_k, "K", "experts per token").min(1);
+  f.add("--steps", o.steps, "N", "timed steps").min(1);
+  f.add("--max-ep", o.max_ep, "N", "the largest expert-parallel degree").min(1);
+  f.add("--attention-seq", o.attention_seq, "N", "sequence of the ring-attention part").min(1);
+  f.add("--capacity-factor", o.capacity_factor, "C", "expert capacity factor; <= 0: dropless");
+  f.add("--skew", o.skews, "S,S", "router skews (imbalance on purpose)");
+  f.add("--json", o.json, "FILE", "write one JSON object per result");
+  f.add_switch("--quick", o.quick, "a smoke run: every part, tiny");
+  return f;
+}
+
+void check_across(options& o) {
   if (o.quick) {  // a smoke run: every part, tiny
     o.experts = 4, o.d_model = 32, o.layers = 1, o.seq = 16, o.batch = 2, o.steps = 1, o.warmup = 1, o.attention_seq = 32;
     o.skews = {0.f, 4.f};
   }
-  return o;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const options o = parse(argc, argv);
+  options o;
+  auto cli = command_line(o);
+  if (const auto status = cli.parse_for_main(argc, argv, [&] { check_across(o); })) return *status;
   std::FILE* json = o.json.empty() ? nullptr : std::fopen(o.json.c_str(), "w");
   if (!o.json.empty() && !json) dml::fail("--json: cannot write ", o.json);
   std::printf("# moe_throughput on %s, %d hardware threads; 1 thread per rank\n", dml::host_cpu_model().c_str(),

@@ -34,10 +34,8 @@ struct options {
 };
 
 using dml_bench::clock_type;
-using dml_bench::flag_value;
 using dml_bench::load_meter;
 using dml_bench::seconds_since;
-using dml_bench::split_list;
 using dml_bench::synthetic_batch;
 
 // What one rank saw in each measured step.
@@ -271,44 +269,31 @@ result best_of(const options& o, const std::string& schedule, int pp, int dp, st
   return best;
 }
 
-options parse(int argc, char** argv) {
-  options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    const auto next = [&] { return flag_value(argc, argv, i); };
-    if (a == "--hidden") {
-      o.hidden.clear();
-      for (const auto& w : split_list(next())) o.hidden.push_back(std::stoll(w));
-    } else if (a == "--batch") o.batch = std::stoll(next());
-    else if (a == "--steps") o.steps = std::stoll(next());
-    else if (a == "--warmup") o.warmup = std::stoll(next());
-    else if (a == "--repeats") o.repeats = std::stoi(next());
-    else if (a == "--pp") o.pp = std::stoi(next());
-    else if (a == "--dp") o.dp = std::stoi(next());
-    else if (a == "--microbatches") o.microbatches = std::stoll(next());
-    else if (a == "--schedule") {
-      const std::string v = next();
-      o.schedules = v == "all" ? std::vector<std::string>{"gpipe", "1f1b", "interleaved:2", "zb"} : split_list(v);
-    } else if (a == "--cuts") {
-      o.cuts.clear();
-      for (const auto& c : split_list(next())) o.cuts.push_back(static_cast<std::size_t>(std::stoull(c)));
-    } else if (a == "--recompute") o.recompute = true;
-    else if (a == "--json") o.json = true;
-    else dml::fail<dml::invalid_argument>("unknown flag '", a,
-                                          "'; flags: --schedule gpipe|1f1b|interleaved:V|zb|FILE.csv|all (a comma "
-                                          "list too) --pp K --dp D --microbatches M --batch N (global) --steps N "
-                                          "--warmup N --repeats N --hidden a,b,c --cuts 3,5 --recompute --json");
-  }
-  if (o.pp < 1 || o.dp < 1 || o.microbatches < 1 || o.batch < 1 || o.warmup < 0 || o.repeats < 1)
-    dml::fail<dml::invalid_argument>("expected --pp >= 1, --dp >= 1, --microbatches >= 1, --batch >= 1, --warmup >= 0, "
-                                     "--repeats >= 1; found ", o.pp, ", ", o.dp, ", ", o.microbatches, ", ", o.batch,
-                                     ", ", o.warmup, ", ", o.repeats);
-  if (o.steps < 2) dml::fail<dml::invalid_argument>("--steps: expected at least 2, found ", o.steps);
+// The command line (dml/train/flags.hpp).
+dml::flags command_line(options& o) {
+  dml::flags f("pipeline_throughput", "Samples/s and the measured bubble of every pipeline schedule beside one rank.");
+  f.add("--schedule", o.schedules, "S,S", "schedules: gpipe, 1f1b, interleaved:V, zb, FILE.csv, or all")
+      .default_text("all");
+  f.add("--pp", o.pp, "K", "pipeline stages").min(1);
+  f.add("--dp", o.dp, "D", "data-parallel ranks per stage").min(1);
+  f.add("--microbatches", o.microbatches, "M", "microbatches per step").min(1);
+  f.add("--batch", o.batch, "N", "global rows per step").min(1);
+  f.add("--steps", o.steps, "N", "timed steps").min(2);
+  f.add("--warmup", o.warmup, "N", "untimed steps first").min(0);
+  f.add("--repeats", o.repeats, "N", "runs per configuration; the fastest is kept").min(1);
+  f.add("--hidden", o.hidden, "W,W", "hidden layer widths").min(1);
+  f.add("--cuts", o.cuts, "L,L", "first layer of each stage after the first").default_text("balanced");
+  f.add_switch("--recompute", o.recompute, "recompute activations in the backward pass");
+  f.add_switch("--json", o.json, "print one JSON object per result too");
+  return f;
+}
+
+void check_across(options& o) {
+  if (o.schedules.size() == 1 && o.schedules[0] == "all") o.schedules = {"gpipe", "1f1b", "interleaved:2", "zb"};
   if (o.batch < o.dp * o.microbatches)
     dml::fail<dml::invalid_argument>("--batch: expected at least dp × M = ", o.dp * o.microbatches, " rows, found ",
                                      o.batch);
   if (o.schedules.empty()) dml::fail<dml::invalid_argument>("--schedule: expected at least one schedule");
-  return o;
 }
 
 std::string model_name(const options& o) {
@@ -320,7 +305,9 @@ std::string model_name(const options& o) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const options o = parse(argc, argv);
+  options o;
+  auto cli = command_line(o);
+  if (const auto status = cli.parse_for_main(argc, argv, [&] { check_across(o); })) return *status;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int ranks = o.pp * o.dp;
   const std::string cpu = dml::host_cpu_model(), model = model_name(o);

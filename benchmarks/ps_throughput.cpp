@@ -30,10 +30,8 @@ namespace {
 
 namespace ps = dml::ps;
 using dml_bench::clock_type;
-using dml_bench::flag_value;
 using dml_bench::load_meter;
 using dml_bench::seconds_since;
-using dml_bench::split_list;
 
 struct options {
   std::vector<std::string> parts{"staleness", "filters", "raw"};
@@ -59,99 +57,73 @@ struct options {
   // filtered: pulls go through the same filter as pushes; dense: pulls carry whole values.
   std::vector<std::string> pulls{"filtered", "dense"};
   std::int64_t max_range = 1 << 16;
-  std::int64_t raw_bytes = std::int64_t(64) << 20;
+  double raw_mb = 64;
+  std::int64_t raw_bytes = 0;  // raw_mb in bytes (check_across)
   int raw_keys = 4, raw_workers = 2, raw_servers = 2;
   std::vector<std::int64_t> raw_ranges{1 << 16, 1 << 22};
   int raw_iters = 8, raw_repeats = 2;
   bool quick = false, json = false;
 };
 
-[[noreturn]] void usage(const std::string& why) {
-  const bool help = why.empty();
-  std::fprintf(help ? stdout : stderr,
-               "%s%s"
-               "usage: ps_throughput [--part staleness|filters|raw|all (a comma list too)] [--quick] [--json]\n"
-               "  training: [--data DIR] [--hidden 256] [--epochs 3] [--steps N] [--batch 32 (per worker)]\n"
-               "            [--optimizer adagrad|sgd] [--lr 0.02] [--eval-every N] [--target 0.85] [--max-range 65536]\n"
-               "  staleness: [--policies bsp,ssp:1,ssp:4,ssp:16,async] [--slow-ms N (default: a slow step of %.1f normal steps)]\n"
-               "             [--straggler fixed,rotating (either or both)] [--rotate-every 4]\n"
-               "  filters:   [--filters none,topk:0.01,onebit,significant:0.01] [--filter-policy ssp:4]\n"
-               "             [--pulls filtered,dense (either or both: pulls through the filter, or whole values)]\n"
-               "  raw:       [--raw-mb 64] [--raw-keys 4] [--raw-ranges 65536,4194304] [--raw-iters 8]\n"
-               "             [--raw-repeats 2]\n",
-               help ? "" : "ps_throughput: ", help ? "" : (why + "\n").c_str(), options{}.slow_factor);
-  std::exit(help ? 0 : 2);
+// The command line (dml/train/flags.hpp).
+dml::flags command_line(options& o) {
+  dml::flags f("ps_throughput",
+               "The parameter server's consistency bounds, filters and raw push/pull bandwidth beside all_reduce.");
+  f.add("--part", o.parts, "P,P", "parts to run").choices({"staleness", "filters", "raw", "all"}).default_text("all");
+  f.add_switch("--quick", o.quick, "a smoke run: every part and every row, on little work");
+  f.add_switch("--json", o.json, "print one JSON object per result too");
+  // training
+  f.add("--data", o.data, "DIR", "the Fashion-MNIST IDX files");
+  f.add("--hidden", o.hidden, "N", "hidden layer width").min(1);
+  f.add("--epochs", o.epochs, "N", "epochs").min(1);
+  f.add("--steps", o.steps, "N", "steps per worker; 0: what the epochs give").min(0);
+  f.add("--batch", o.batch, "N", "batch per worker").min(1);
+  f.add("--optimizer", o.optimizer, "O", "the servers' optimizer: adagrad or sgd");
+  f.add("--lr", o.lr, "X", "learning rate");
+  f.add("--eval-every", o.eval_every, "N", "steps between scores; 0: a fifth of an epoch").min(0);
+  f.add("--target", o.target, "X", "the test accuracy to reach");
+  f.add("--max-range", o.max_range, "N", "the largest key range a server holds, in floats").min(1);
+  // staleness
+  f.add("--policies", o.policies, "C,C", "consistency policies: bsp, ssp:S, async");
+  f.add("--slow-ms", o.slow_ms, "N", "the slow worker's extra milliseconds per step")
+      .min(0)
+      .default_text(dml::detail::cat("a slow step of ", options{}.slow_factor, " normal steps"));
+  f.add("--straggler", o.stragglers, "M,M", "which worker is slow").choices({"fixed", "rotating"});
+  f.add("--rotate-every", o.rotate_every, "N", "steps each rotating straggler stays slow").min(1);
+  // filters
+  f.add("--filters", o.filters, "F,F", "filters: none, topk:K, onebit, significant:T");
+  f.add("--filter-policy", o.filter_policy, "C", "the consistency of the filter runs");
+  f.add("--pulls", o.pulls, "M,M", "pulls through the filter, or whole values").choices({"filtered", "dense"});
+  // raw
+  f.add("--raw-mb", o.raw_mb, "X", "MB pushed and pulled per iteration")
+      .check([](double mb) { return mb > 0 && mb <= 65536 ? std::string() : "a size in (0, 65536]"; }, "in (0, 65536]");
+  f.add("--raw-keys", o.raw_keys, "N", "keys the raw bytes are split into").min(1);
+  f.add("--raw-ranges", o.raw_ranges, "N,N", "largest key ranges of the raw runs").min(1);
+  f.add("--raw-iters", o.raw_iters, "N", "timed iterations").min(1);
+  f.add("--raw-repeats", o.raw_repeats, "N", "runs per configuration").min(1);
+  return f;
 }
 
-options parse(int argc, char** argv) {
-  options o;
-  bool range_set = false;
-  std::string a;
-  try {
-    for (int i = 1; i < argc; ++i) {
-      a = argv[i];
-      const auto next = [&] { return flag_value(argc, argv, i); };
-      if (a == "--part") {
-        const std::string v = next();
-        o.parts = v == "all" ? options{}.parts : split_list(v);
-        for (const auto& p : o.parts)
-          if (p != "staleness" && p != "filters" && p != "raw") usage("--part: expected staleness, filters, raw or all, found '" + p + "'");
-      } else if (a == "--data") o.data = next();
-      else if (a == "--hidden") o.hidden = std::stoll(next());
-      else if (a == "--epochs") o.epochs = std::stoi(next());
-      else if (a == "--steps") o.steps = std::stoll(next());
-      else if (a == "--batch") o.batch = std::stoll(next());
-      else if (a == "--optimizer") o.optimizer = next();
-      else if (a == "--lr") o.lr = std::stof(next());
-      else if (a == "--slow-ms") o.slow_ms = std::stoi(next());
-      else if (a == "--straggler") o.stragglers = split_list(next());
-      else if (a == "--rotate-every") o.rotate_every = std::stoll(next());
-      else if (a == "--eval-every") o.eval_every = std::stoll(next());
-      else if (a == "--target") o.target = std::stod(next());
-      else if (a == "--policies") o.policies = split_list(next());
-      else if (a == "--filters") o.filters = split_list(next());
-      else if (a == "--filter-policy") o.filter_policy = next();
-      else if (a == "--pulls") o.pulls = split_list(next());
-      else if (a == "--max-range") o.max_range = std::stoll(next());
-      else if (a == "--raw-mb") o.raw_bytes = std::int64_t(std::stod(next()) * 1048576.0);
-      else if (a == "--raw-keys") o.raw_keys = std::stoi(next());
-      else if (a == "--raw-ranges") {
-        o.raw_ranges.clear();
-        for (const auto& r : split_list(next())) o.raw_ranges.push_back(std::stoll(r));
-        range_set = true;
-      } else if (a == "--raw-iters") o.raw_iters = std::stoi(next());
-      else if (a == "--raw-repeats") o.raw_repeats = std::stoi(next());
-      else if (a == "--quick") o.quick = true;
-      else if (a == "--json") o.json = true;
-      else if (a == "--help" || a == "-h") usage("");
-      else usage("unknown argument '" + a + "'");
-    }
-  } catch (const std::logic_error& e) {  // std::stoi and friends on text that is no number
-    usage(a + ": expected a number after it");
-  }
+// What the table cannot check alone, --part all, and --quick's small sizes.
+void check_across(options& o, const dml::flags& cli) {
+  if (std::ranges::find(o.parts, "all") != o.parts.end()) o.parts = options{}.parts;
+  o.raw_bytes = std::int64_t(o.raw_mb * 1048576.0);
   if (o.quick) {
     // A smoke run: every part and every row, on little work.
     if (o.steps == 0) o.steps = 40;
     if (o.eval_every == 0) o.eval_every = 20;
     o.raw_bytes = std::min<std::int64_t>(o.raw_bytes, std::int64_t(4) << 20);
-    if (!range_set) o.raw_ranges = {1 << 16};
+    if (!cli.given("--raw-ranges")) o.raw_ranges = {1 << 16};
     o.raw_iters = std::min(o.raw_iters, 3);
     o.raw_repeats = 1;
   }
-  if (o.epochs < 1 || o.batch < 1 || o.hidden < 1 || o.steps < 0 || o.eval_every < 0 || o.max_range < 1)
-    usage("expected --epochs, --batch, --hidden, --max-range >= 1 and --steps, --eval-every >= 0");
-  for (const auto& m : o.stragglers)
-    if (m != "fixed" && m != "rotating") usage("--straggler: expected fixed or rotating, found '" + m + "'");
-  if (o.rotate_every < 1) usage("--rotate-every: expected at least 1");
-  if (o.raw_keys < 1 || o.raw_bytes < std::int64_t(4 * o.raw_keys) || o.raw_iters < 1 || o.raw_repeats < 1)
-    usage("expected --raw-keys, --raw-iters, --raw-repeats >= 1 and --raw-mb of at least 4 bytes per key");
+  if (o.raw_bytes < std::int64_t(4 * o.raw_keys))
+    dml::fail<dml::invalid_argument>("--raw-mb: expected at least 4 bytes per key (--raw-keys ", o.raw_keys,
+                                     "), found ", o.raw_bytes, " bytes");
   for (const auto& p : o.policies) ps::consistency::parse(p);  // fails early on a misspelt policy
   ps::consistency::parse(o.filter_policy);
   for (const auto& f : o.filters) dml::comm::any_filter::parse(f);
-  for (const auto& m : o.pulls)
-    if (m != "filtered" && m != "dense") usage("--pulls: expected filtered or dense, found '" + m + "'");
   ps::server_optimizer::parse(o.optimizer, o.lr);
-  return o;
 }
 
 bool wants(const options& o, const char* part) { return std::ranges::find(o.parts, part) != o.parts.end(); }
@@ -642,7 +614,9 @@ void part_raw(const options& o) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const options o = parse(argc, argv);
+  options o;
+  auto cli = command_line(o);
+  if (const auto status = cli.parse_for_main(argc, argv, [&] { check_across(o, cli); })) return *status;
   const std::string cpu = dml::host_cpu_model();
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   json.on = o.json;

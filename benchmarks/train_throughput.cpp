@@ -26,9 +26,7 @@ struct options {
 };
 
 using dml_bench::clock_type;
-using dml_bench::flag_value;
 using dml_bench::seconds_since;
-using dml_bench::split_list;
 using dml_bench::step_trace;
 using dml_bench::synthetic_batch;
 using dml_bench::trace_step;
@@ -188,44 +186,37 @@ parallel_result run_trainer(dml::comm::local& comm, const Model& model, const op
   return r;
 }
 
-options parse(int argc, char** argv) {
-  options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    const auto next = [&] { return flag_value(argc, argv, i); };
-    if (a == "--hidden") {
-      o.hidden.clear();
-      for (const auto& w : split_list(next())) o.hidden.push_back(std::stoll(w));
-    } else if (a == "--batch") o.batch = std::stoll(next());
-    else if (a == "--steps") o.steps = std::stoll(next());
-    else if (a == "--warmup") o.warmup = std::stoll(next());
-    else if (a == "--ranks") o.ranks = std::stoi(next());
-    else if (a == "--threads") o.threads = std::stoi(next());
-    else if (a == "--parallel") o.parallel = next();
-    else if (a == "--precision") o.precision = next();
-    else if (a == "--bucket-mb") o.bucket_mb = std::stod(next());
-    else if (a == "--json") o.json = true;
-    else dml::fail<dml::invalid_argument>("unknown flag '", a,
-                                          "'; flags: --hidden a,b,c --batch N (per rank) --steps N --warmup N "
-                                          "--ranks N --parallel none|ddp|zero1|zero2|zero3 --precision fp32 "
-                                          "--bucket-mb X --threads N (per rank) --json");
-  }
-  if (o.precision != "fp32" && o.precision != "bf16" && o.precision != "fp16")
-    dml::fail<dml::invalid_argument>("--precision: expected fp32, bf16 or fp16, found '", o.precision, "'");
+// The command line (dml/train/flags.hpp).
+dml::flags command_line(options& o) {
+  dml::flags f("train_throughput", "Samples/s of an MLP, bare and through the trainer, beside the GEMM roofline.");
+  f.add("--hidden", o.hidden, "W,W", "hidden layer widths").min(1);
+  f.add("--batch", o.batch, "N", "rows per rank per step").min(1);
+  f.add("--steps", o.steps, "N", "timed steps").min(1);
+  f.add("--warmup", o.warmup, "N", "untimed steps first").min(0);
+  f.add("--ranks", o.ranks, "N", "comm::local ranks, with --parallel").min(1);
+  f.add("--threads", o.threads, "N", "threads per rank").min(1);
+  f.add("--parallel", o.parallel, "P", "none: the bare network; else the trainer with this sharding")
+      .choices({"none", "ddp", "zero1", "zero2", "zero3"});
+  f.add("--precision", o.precision, "P", "arithmetic; bf16 and fp16 with --parallel").choices({"fp32", "bf16", "fp16"});
+  f.add("--bucket-mb", o.bucket_mb, "X", "gradient bucket size in MB")
+      .check([](double mb) { return mb > 0 ? std::string() : "a size > 0"; }, "> 0");
+  f.add_switch("--json", o.json, "print one JSON object per result too");
+  return f;
+}
+
+void check_across(const options& o) {
   if (o.parallel == "none" && o.precision != "fp32")
     dml::fail<dml::invalid_argument>("--precision ", o.precision, " runs through the trainer: add --parallel ddp");
   if (o.parallel == "none" && o.ranks != 1)
     dml::fail<dml::invalid_argument>("--ranks ", o.ranks, " needs --parallel ddp|zero1|zero2|zero3");
-  if (o.parallel != "none" && o.parallel != "ddp" && o.parallel != "zero1" && o.parallel != "zero2" &&
-      o.parallel != "zero3")
-    dml::fail<dml::invalid_argument>("--parallel: expected none, ddp, zero1, zero2 or zero3, found '", o.parallel, "'");
-  return o;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const options o = parse(argc, argv);
+  options o;
+  auto cli = command_line(o);
+  if (const auto status = cli.parse_for_main(argc, argv, [&] { check_across(o); })) return *status;
   // 2 FLOPs per multiply-add forward, 4 backward (input and weight gradients): 6 per weight per sample.
   double weights = 0;
   std::int64_t width = 784;

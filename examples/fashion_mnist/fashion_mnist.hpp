@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // examples/fashion_mnist/fashion_mnist.hpp — MLP training on Fashion-MNIST, one template for host and CUDA.
-// Flags: see usage() below. Prints test_accuracy=0.xxxx after every epoch.
+// Flags: see command_line() below, or run it with --help. Prints test_accuracy=0.xxxx after every epoch.
 #pragma once
 
 #include <cstdio>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dml/dml.hpp"
+#include "dml/train/flags.hpp"
 
 namespace fashion_mnist {
 
@@ -52,120 +53,63 @@ struct options {
   std::string resume;      // continue from the newest checkpoint here
 };
 
-inline void usage(std::FILE* out) {
-  std::fputs(
-      "usage: fashion_mnist [--data DIR] [--hidden 256,256] [--epochs N] [--steps N] [--batch N] [--lr X]\n"
-      "                     [--optimizer sgd|adam|adamw|adagrad] [--weight-decay X] [--seed N]\n"
-      "                     [--lr-schedule constant|cosine] [--warmup N]\n"
-      "                     [--init FILE.safetensors] [--save FILE.safetensors] [--no-shuffle] [--log FILE.csv]\n"
-      "                     [--threads N] [--ranks N] [--comm local|mpi] [--parallel ddp|zero1|zero2|zero3]\n"
-      "                     [--replicas R]\n"
-      "                     [--precision fp32|bf16|fp16] [--bucket-mb X] [--checkpoint DIR] [--resume DIR]\n"
-      "                     [--pp K] [--dp D] [--microbatches M] [--schedule gpipe|1f1b|interleaved:V|zb|FILE.csv]\n"
-      "                     [--cuts 3,5] [--recompute] [--print-schedule]\n"
+// The command line: every flag bound to its member of `o`, with its default and its rules (dml/train/flags.hpp).
+inline dml::flags command_line(options& o) {
+  dml::flags f(
+      "fashion_mnist", "Trains an MLP on Fashion-MNIST; prints test_accuracy=0.xxxx after every epoch.",
       "--batch is the global batch: with N ranks each takes its slice of every batch, and the run trains the\n"
       "same model as one rank does. Under mpirun, pass --comm mpi. --pp K cuts the model into K pipeline\n"
       "stages (each of D = ranks / K data-parallel ranks); with --pp and --dp, --ranks must be K * D.\n"
       "--replicas R with --parallel zero1|zero2|zero3 is hybrid sharding: the D data-parallel ranks form R\n"
-      "replicas of D / R consecutive ranks, ZeRO shards within each, and the replicas sum their gradients.\n",
-      out);
+      "replicas of D / R consecutive ranks, ZeRO shards within each, and the replicas sum their gradients.");
+  f.add("--data", o.data, "DIR", "the Fashion-MNIST IDX files");
+  f.add("--hidden", o.hidden, "W,W", "hidden layer widths, 0 to 3 of them").min(1);
+  f.add("--epochs", o.epochs, "N", "epochs").min(0);
+  f.add("--steps", o.steps, "N", "stop after N steps; 0: no limit").min(0);
+  f.add("--batch", o.batch, "N", "global batch").min(1);
+  f.add("--lr", o.lr, "X", "learning rate").default_text("the optimizer's, as PyTorch's");
+  f.add("--optimizer", o.optimizer, "O", "optimizer").choices({"sgd", "adam", "adamw", "adagrad"});
+  f.add("--weight-decay", o.weight_decay, "X", "weight decay").default_text("the optimizer's, as PyTorch's");
+  f.add("--seed", o.seed, "N", "seed of the initial weights and the shuffle");
+  f.add("--lr-schedule", o.lr_schedule, "S", "constant, or linear warmup then cosine decay to 0")
+      .choices({"constant", "cosine"});
+  f.add("--warmup", o.warmup, "N", "warmup steps of the cosine schedule, at most a tenth of the run").min(0);
+  f.add("--init", o.init, "FILE", "initial weights, .safetensors");
+  f.add("--save", o.save, "FILE", "save the trained weights, .safetensors");
+  f.add_switch("--no-shuffle", o.shuffle, "keep the training set's order", false);
+  f.add("--log", o.log, "FILE", "write the loss and learning rate per step, .csv");
+  f.add("--threads", o.threads, "N", "OpenMP threads per rank").min(1);
+  f.add("--ranks", o.ranks, "N", "comm::local ranks; with --comm mpi the MPI world (leave it out)").min(1);
+  f.add("--comm", o.comm, "C", "communicator").choices({"local", "mpi"});
+  f.add("--parallel", o.parallel, "P", "sharding").choices({"ddp", "zero1", "zero2", "zero3"});
+  f.add("--replicas", o.replicas, "R", "replicas of hybrid sharding, with zero1-3").min(1);
+  f.add("--precision", o.precision, "P", "arithmetic").choices({"fp32", "bf16", "fp16"});
+  f.add("--bucket-mb", o.bucket_mb, "X", "gradient bucket size in MB")
+      .check([](double mb) { return mb > 0 ? std::string() : "a size > 0"; }, "> 0");
+  f.add("--checkpoint", o.checkpoint, "DIR", "save a sharded checkpoint here after every epoch");
+  f.add("--resume", o.resume, "DIR", "continue from the newest checkpoint in DIR");
+  f.add("--pp", o.pp, "K", "pipeline stages").min(1);
+  f.add("--dp", o.dp, "D", "data-parallel ranks per stage; 0: ranks / K").min(0);
+  f.add("--microbatches", o.microbatches, "M", "microbatches per step").min(1);
+  f.add("--schedule", o.schedule, "S", "pipeline schedule: gpipe, 1f1b, interleaved:V, zb or FILE.csv")
+      .default_text("1f1b (single for one stage)");
+  f.add("--cuts", o.cuts, "L,L", "first layer of each stage after the first").default_text("balanced");
+  f.add_switch("--recompute", o.recompute, "recompute activations in the backward pass");
+  f.add_switch("--print-schedule", o.print_schedule, "print the pipeline schedule's table");
+  return f;
 }
 
-template <class T>
-T parse_number(std::string_view flag, const std::string& text) {
-  try {
-    std::size_t used = 0;
-    T v{};
-    if constexpr (std::is_floating_point_v<T>) v = static_cast<T>(std::stod(text, &used));
-    else v = static_cast<T>(std::stoll(text, &used));
-    if (used == text.size()) return v;
-  } catch (const std::exception&) {
-  }
-  dml::fail<dml::invalid_argument>(flag, ": expected a number, found '", text, "'");
-}
-
-inline options parse(int argc, char** argv) {
-  options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) dml::fail<dml::invalid_argument>(a, ": expected a value after it, found the end of the line");
-      return argv[++i];
-    };
-    if (a == "--data") o.data = value();
-    else if (a == "--hidden") {
-      o.hidden.clear();
-      const std::string v = value();
-      std::size_t pos = 0;
-      while (pos < v.size()) {
-        const std::size_t comma = std::min(v.find(',', pos), v.size());
-        const auto w = parse_number<std::int64_t>(a, v.substr(pos, comma - pos));
-        if (w <= 0) dml::fail<dml::invalid_argument>(a, ": expected positive widths, found ", w);
-        o.hidden.push_back(w);
-        pos = comma + 1;
-      }
-    } else if (a == "--epochs") o.epochs = parse_number<std::int64_t>(a, value());
-    else if (a == "--steps") o.steps = parse_number<std::int64_t>(a, value());
-    else if (a == "--batch") o.batch = parse_number<std::int64_t>(a, value());
-    else if (a == "--lr") o.lr = parse_number<float>(a, value());
-    else if (a == "--optimizer") o.optimizer = value();
-    else if (a == "--lr-schedule") o.lr_schedule = value();
-    else if (a == "--warmup") o.warmup = parse_number<std::int64_t>(a, value());
-    else if (a == "--weight-decay") o.weight_decay = parse_number<float>(a, value());
-    else if (a == "--seed") o.seed = parse_number<std::uint64_t>(a, value());
-    else if (a == "--init") o.init = value();
-    else if (a == "--save") o.save = value();
-    else if (a == "--log") o.log = value();
-    else if (a == "--no-shuffle") o.shuffle = false;
-    else if (a == "--threads") o.threads = parse_number<int>(a, value());
-    else if (a == "--ranks") o.ranks = parse_number<int>(a, value());
-    else if (a == "--comm") o.comm = value();
-    else if (a == "--parallel") o.parallel = value();
-    else if (a == "--replicas") o.replicas = parse_number<int>(a, value());
-    else if (a == "--precision") o.precision = value();
-    else if (a == "--bucket-mb") o.bucket_mb = parse_number<double>(a, value());
-    else if (a == "--pp") o.pp = parse_number<int>(a, value());
-    else if (a == "--dp") o.dp = parse_number<int>(a, value());
-    else if (a == "--microbatches") o.microbatches = parse_number<std::int64_t>(a, value());
-    else if (a == "--schedule") o.schedule = value();
-    else if (a == "--cuts") o.cuts = dml::parallel::parse_cuts(value());
-    else if (a == "--recompute") o.recompute = true;
-    else if (a == "--print-schedule") o.print_schedule = true;
-    else if (a == "--checkpoint") o.checkpoint = value();
-    else if (a == "--resume") o.resume = value();
-    else if (a == "--help" || a == "-h") {
-      usage(stdout);
-      std::exit(0);
-    } else dml::fail<dml::invalid_argument>("unknown flag '", a, "'; see --help");
-  }
-  if (o.lr_schedule != "constant" && o.lr_schedule != "cosine")
-    dml::fail<dml::invalid_argument>("--lr-schedule: expected constant or cosine, found '", o.lr_schedule, "'");
-  if (o.comm != "local" && o.comm != "mpi")
-    dml::fail<dml::invalid_argument>("--comm: expected local or mpi, found '", o.comm, "'");
-  if (o.parallel != "ddp" && o.parallel != "zero1" && o.parallel != "zero2" && o.parallel != "zero3")
-    dml::fail<dml::invalid_argument>("--parallel: expected ddp, zero1, zero2 or zero3, found '", o.parallel, "'");
-  if (o.replicas < 1)
-    dml::fail<dml::invalid_argument>("--replicas: expected a number of replicas >= 1, found ", o.replicas);
+// What the table cannot check alone: rules across flags.
+inline void check_across(const options& o) {
   if (o.replicas > 1 && o.parallel == "ddp")
     dml::fail<dml::invalid_argument>("--replicas ", o.replicas, ": hybrid sharding shards within each replica, so it "
                                      "needs --parallel zero1, zero2 or zero3; found --parallel ddp (which holds "
                                      "everything on every rank: leave --replicas out)");
-  if (o.precision != "fp32" && o.precision != "bf16" && o.precision != "fp16")
-    dml::fail<dml::invalid_argument>("--precision: expected fp32, bf16 or fp16, found '", o.precision, "'");
   if (o.precision != "fp32" && o.optimizer == "adagrad")
     dml::fail<dml::invalid_argument>("--precision ", o.precision, ": expected --optimizer sgd, adam or adamw (adagrad "
                                      "does not write a working copy), found adagrad");
-  if (o.ranks < 1 || o.bucket_mb <= 0)
-    dml::fail<dml::invalid_argument>("expected --ranks >= 1 and --bucket-mb > 0; found ", o.ranks, ", ", o.bucket_mb);
-  if (o.pp < 1 || o.dp < 0 || o.microbatches < 1)
-    dml::fail<dml::invalid_argument>("expected --pp >= 1, --dp >= 1, --microbatches >= 1; found ", o.pp, ", ", o.dp,
-                                     ", ", o.microbatches);
   if (o.dp > 0 && o.comm == "local" && o.ranks != o.pp * o.dp)
     dml::fail<dml::invalid_argument>("--ranks: expected --pp × --dp = ", o.pp * o.dp, " ranks, found ", o.ranks);
-  if (o.batch <= 0 || o.epochs < 0 || o.steps < 0)
-    dml::fail<dml::invalid_argument>("expected --batch > 0, --epochs >= 0, --steps >= 0; found ", o.batch, ", ",
-                                     o.epochs, ", ", o.steps);
-  return o;
 }
 
 // The optimizer named by --optimizer, chosen at run time, with PyTorch's defaults where a flag is absent.
@@ -364,7 +308,7 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
       const auto it = meta.find(key);
       if (it == meta.end())
         dml::fail<dml::format_error>(o.resume, ": expected '", key, "' in the checkpoint's metadata, found none");
-      return parse_number<std::int64_t>(key, it->second);
+      return dml::parse_number<std::int64_t>(key, it->second);
     };
     first_epoch = number("epoch");
     step = number("step");
@@ -437,8 +381,10 @@ int run_mpi(const options& o, int argc, char** argv, const dml::train::dataset& 
 
 template <class Space>
 int main(int argc, char** argv) {
+  options o;
+  auto cli = command_line(o);
+  if (const auto status = cli.parse_for_main(argc, argv, [&] { check_across(o); })) return *status;
   try {
-    const options o = parse(argc, argv);
     const auto train_set = dml::train::load_mnist(o.data, dml::train::split::train);
     const auto test_set = dml::train::load_mnist(o.data, dml::train::split::test);
     if constexpr (!std::same_as<Space, dml::host>) {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // examples/gpt/train_gpt.hpp — train a byte-level GPT on a text file, then sample from it.
-// Flags: see usage() below. Prints a progress line every few steps and ends with final_loss=... tokens_per_s=...
+// Flags: see command_line() below, or run it with --help. Prints a progress line every few steps and ends with final_loss=... tokens_per_s=...
 #pragma once
 
 #include <algorithm>
@@ -18,6 +18,7 @@
 
 #include "dml/dml.hpp"
 #include "dml/nn/gpt.hpp"
+#include "dml/train/flags.hpp"
 #include "dml/train/text.hpp"
 #include "dml/train/weights.hpp"
 
@@ -71,20 +72,11 @@ struct options {
   std::optional<float> temperature;  // absent or 0: greedy
 };
 
-inline void usage(std::FILE* out) {
-  std::fputs(
-      "usage: gpt [--text FILE] [--layers N] [--d-model N] [--heads N] [--seq N] [--vocab N] [--dropout X] [--bias]\n"
-      "           [--tie]\n"
-      "           [--batch N] [--steps N] [--lr X] [--warmup N] [--clip X] [--seed N] [--precision fp32|bf16]\n"
-      "           [--experts E] [--top-k K] [--capacity-factor C] [--moe-every N] [--aux-loss-weight X]\n"
-      "           [--z-loss-weight X]\n"
-      "           [--ranks N] [--comm local|mpi] [--dp N] [--tp N] [--pp N] [--sp] [--ep N] [--cp N] [--cp-contiguous]\n"
-      "           [--microbatches M]\n"
-      "           [--schedule gpipe|1f1b|interleaved:V|zb|FILE.csv] [--recompute] [--threads N]\n"
-      "           [--parallel replicate|zero1|zero2|zero3] [--replicas R]\n"
-      "           [--init FILE.safetensors] [--save FILE.safetensors] [--log FILE.csv] [--holdout X]\n"
-      "           [--checkpoint DIR] [--checkpoint-every N] [--resume DIR]\n"
-      "           [--print-every N] [--sample N] [--prompt TEXT] [--temperature X]\n"
+// The command line: every flag bound to its member of `o`, with its default and its rules (dml/train/flags.hpp);
+// --help prints this table between the lines below.
+inline dml::flags command_line(options& o) {
+  dml::flags f(
+      "gpt", "Trains a byte-level GPT on a text file, then samples from it.",
       "Trains a GPT on the bytes of a text file (default: the GNU GPL version 3 that Debian ships in\n"
       "/usr/share/common-licenses/GPL-3), one byte per token. --batch is the global number of sequences of\n"
       "--seq bytes per step; the ranks are tp x dp x pp (tensor-parallel ranks fastest), and every layout\n"
@@ -104,128 +96,83 @@ inline void usage(std::FILE* out) {
       "--checkpoint DIR saves a sharded checkpoint (weights, optimizer state, step) after the last step, and\n"
       "after every N-th with --checkpoint-every N. --resume DIR loads the newest checkpoint in DIR before\n"
       "training, in any layout and sharding, and continues from its step to --steps (the learning-rate\n"
-      "schedule and the batches follow the step, so the run goes on as if never stopped).\n",
-      out);
+      "schedule and the batches follow the step, so the run goes on as if never stopped).");
+  const auto probability = [](const char* what) {
+    return [what](auto p) { return p >= 0 && p < 1 ? std::string() : std::string(what) + " in [0, 1)"; };
+  };
+  // model
+  f.add("--text", o.text, "FILE", "the text to train on").default_text(dml::train::default_text_path);
+  f.add("--layers", o.layers, "N", "transformer blocks").min(1);
+  f.add("--d-model", o.d_model, "N", "model width, a multiple of --heads").min(1);
+  f.add("--heads", o.heads, "N", "attention heads").min(1);
+  f.add("--seq", o.seq, "N", "tokens per sequence").min(1);
+  f.add("--vocab", o.vocab, "N", "vocabulary size; every byte of the text below it").min(1);
+  f.add("--dropout", o.dropout, "X", "dropout probability").check(probability("a probability"), "in [0, 1)");
+  f.add_switch("--bias", o.bias, "biases in the linear layers and layer norms");
+  f.add_switch("--tie", o.tie, "tie the LM head's weight to the token embedding's");
+  // training
+  f.add("--batch", o.batch, "N", "global sequences per step").min(1);
+  f.add("--steps", o.steps, "N", "optimizer steps").min(0);
+  f.add("--lr", o.lr, "X", "peak learning rate (warmup, then cosine decay to a tenth)").min(0.f);
+  f.add("--warmup", o.warmup, "N", "warmup steps; -1: steps / 10, at most 100");
+  f.add("--clip", o.clip, "X", "clip the global gradient norm to X; 0: no clipping").min(0.f);
+  f.add("--seed", o.seed, "N", "seed of the initial weights, the batches and dropout");
+  f.add("--precision", o.precision, "P", "arithmetic").choices({"fp32", "bf16"});
+  // mixture of experts
+  f.add("--experts", o.experts, "E", "experts in each mixture-of-experts MLP; 0: none").min(0);
+  f.add("--top-k", o.top_k, "K", "experts per token, 1 or 2");
+  f.add("--capacity-factor", o.capacity_factor, "C", "expert capacity factor; <= 0: dropless");
+  f.add("--moe-every", o.moe_every, "N", "every N-th block's MLP is a mixture of experts").min(1);
+  f.add("--aux-loss-weight", o.aux_loss_weight, "X", "weight of the load-balancing loss").min(0.f);
+  f.add("--z-loss-weight", o.z_loss_weight, "X", "weight of the router z-loss").min(0.f);
+  // layout
+  f.add("--ranks", o.ranks, "N", "comm::local ranks; with --comm mpi the MPI world (leave it out)").min(1);
+  f.add("--comm", o.comm, "C", "communicator").choices({"local", "mpi"});
+  f.add("--dp", o.dp, "N", "data-parallel ranks; 0: ranks / (tp x pp)").min(0);
+  f.add("--tp", o.tp, "N", "tensor-parallel ranks").min(1);
+  f.add("--pp", o.pp, "N", "pipeline stages").min(1);
+  f.add_switch("--sp", o.sp, "sequence parallelism over the tensor-parallel ranks");
+  f.add("--ep", o.ep, "N", "expert-parallel ranks, carved out of dp").min(1);
+  f.add("--cp", o.cp, "N", "context-parallel ranks, carved out of dp").min(1);
+  f.add_switch("--cp-contiguous", o.cp_zigzag, "contiguous context-parallel chunks, not zig-zag", false);
+  f.add("--microbatches", o.microbatches, "M", "microbatches per step").min(1);
+  f.add("--schedule", o.schedule, "S", "pipeline schedule: gpipe, 1f1b, interleaved:V, zb or FILE.csv")
+      .default_text("the trainer's");
+  f.add_switch("--recompute", o.recompute, "recompute activations in the backward pass");
+  f.add("--threads", o.threads, "N", "OpenMP threads per rank").min(1);
+  f.add("--parallel", o.parallel, "P", "sharding: replicate (or ddp), zero1, zero2 or zero3")
+      .check([](const std::string& p) {
+        return p == "replicate" || p == "ddp" || p == "zero1" || p == "zero2" || p == "zero3"
+                   ? std::string()
+                   : "replicate (or ddp), zero1, zero2 or zero3";
+      });
+  f.add("--replicas", o.replicas, "R", "replicas of hybrid sharding, with zero1-3").min(1);
+  // files and output
+  f.add("--init", o.init, "FILE", "initial weights, .safetensors");
+  f.add("--save", o.save, "FILE", "save the trained weights, .safetensors");
+  f.add("--log", o.log, "FILE", "write the losses per step, .csv");
+  f.add("--holdout", o.holdout, "X", "the text's tail kept for val_loss; 0: none")
+      .check(probability("a fraction"), "in [0, 1)");
+  f.add("--checkpoint", o.checkpoint, "DIR", "save sharded checkpoints here");
+  f.add("--checkpoint-every", o.checkpoint_every, "N", "save a checkpoint every N steps")
+      .min(1)
+      .default_text("after the last step only");
+  f.add("--resume", o.resume, "DIR", "continue from the newest checkpoint in DIR");
+  f.add("--print-every", o.print_every, "N", "steps between progress lines; 0: about 20 lines").min(0);
+  f.add("--sample", o.sample, "N", "bytes to sample after training").min(0);
+  f.add("--prompt", o.prompt, "TEXT", "what the sample continues").default_text("the text's first 16 bytes");
+  f.add("--temperature", o.temperature, "X", "sampling temperature").min(0.f).default_text("greedy");
+  return f;
 }
 
-template <class T>
-T parse_number(std::string_view flag, const std::string& text) {
-  try {
-    std::size_t used = 0;
-    T v{};
-    if constexpr (std::is_floating_point_v<T>) v = static_cast<T>(std::stod(text, &used));
-    else if constexpr (std::is_unsigned_v<T>) {
-      if (!text.empty() && text[0] == '-') throw std::invalid_argument(text);
-      v = static_cast<T>(std::stoull(text, &used));
-    } else v = static_cast<T>(std::stoll(text, &used));
-    if (used == text.size() && !text.empty()) return v;
-  } catch (const std::exception&) {
-  }
-  dml::fail<dml::invalid_argument>(flag, ": expected a number, found '", text, "'");
-}
-
-inline options parse(int argc, char** argv) {
-  options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) dml::fail<dml::invalid_argument>(a, ": expected a value after it, found the end of the line");
-      return argv[++i];
-    };
-    auto i64 = [&] { return parse_number<std::int64_t>(a, value()); };
-    auto int32 = [&] { return parse_number<int>(a, value()); };
-    if (a == "--layers") o.layers = i64();
-    else if (a == "--d-model") o.d_model = i64();
-    else if (a == "--heads") o.heads = i64();
-    else if (a == "--seq") o.seq = i64();
-    else if (a == "--vocab") o.vocab = i64();
-    else if (a == "--dropout") o.dropout = parse_number<float>(a, value());
-    else if (a == "--bias") o.bias = true;
-    else if (a == "--tie") o.tie = true;
-    else if (a == "--batch") o.batch = i64();
-    else if (a == "--steps") o.steps = i64();
-    else if (a == "--lr") o.lr = parse_number<float>(a, value());
-    else if (a == "--warmup") o.warmup = i64();
-    else if (a == "--clip") o.clip = parse_number<float>(a, value());
-    else if (a == "--seed") o.seed = parse_number<std::uint64_t>(a, value());
-    else if (a == "--precision") o.precision = value();
-    else if (a == "--ranks") o.ranks = int32();
-    else if (a == "--comm") o.comm = value();
-    else if (a == "--dp") o.dp = int32();
-    else if (a == "--tp") o.tp = int32();
-    else if (a == "--pp") o.pp = int32();
-    else if (a == "--sp") o.sp = true;
-    else if (a == "--ep") o.ep = int32();
-    else if (a == "--cp") o.cp = int32();
-    else if (a == "--cp-contiguous") o.cp_zigzag = false;
-    else if (a == "--experts") o.experts = i64();
-    else if (a == "--top-k") o.top_k = int32();
-    else if (a == "--capacity-factor") o.capacity_factor = parse_number<float>(a, value());
-    else if (a == "--moe-every") o.moe_every = i64();
-    else if (a == "--aux-loss-weight") o.aux_loss_weight = parse_number<float>(a, value());
-    else if (a == "--z-loss-weight") o.z_loss_weight = parse_number<float>(a, value());
-    else if (a == "--microbatches") o.microbatches = i64();
-    else if (a == "--schedule") o.schedule = value();
-    else if (a == "--recompute") o.recompute = true;
-    else if (a == "--parallel") o.parallel = value();
-    else if (a == "--replicas") o.replicas = int32();
-    else if (a == "--checkpoint") o.checkpoint = value();
-    else if (a == "--checkpoint-every") o.checkpoint_every = i64();
-    else if (a == "--resume") o.resume = value();
-    else if (a == "--threads") o.threads = int32();
-    else if (a == "--text") o.text = value();
-    else if (a == "--holdout") o.holdout = parse_number<double>(a, value());
-    else if (a == "--init") o.init = value();
-    else if (a == "--save") o.save = value();
-    else if (a == "--log") o.log = value();
-    else if (a == "--print-every") o.print_every = i64();
-    else if (a == "--sample") o.sample = i64();
-    else if (a == "--prompt") o.prompt = value();
-    else if (a == "--temperature") o.temperature = parse_number<float>(a, value());
-    else if (a == "--help" || a == "-h") {
-      usage(stdout);
-      std::exit(0);
-    } else dml::fail<dml::invalid_argument>("unknown flag '", a, "'; see --help");
-  }
-  if (o.layers < 1 || o.d_model < 1 || o.heads < 1 || o.seq < 1 || o.vocab < 1)
-    dml::fail<dml::invalid_argument>("expected --layers, --d-model, --heads, --seq and --vocab >= 1; found ", o.layers,
-                                     ", ", o.d_model, ", ", o.heads, ", ", o.seq, ", ", o.vocab);
+// What the table cannot check alone: rules across flags. Reads --parallel ddp as replicate.
+inline void check_across(options& o) {
   if (o.d_model % o.heads != 0)
     dml::fail<dml::invalid_argument>("--d-model: expected a multiple of --heads ", o.heads, ", found ", o.d_model);
-  if (!(o.dropout >= 0.f && o.dropout < 1.f))
-    dml::fail<dml::invalid_argument>("--dropout: expected a probability in [0, 1), found ", o.dropout);
-  if (o.batch < 1 || o.steps < 0 || o.lr < 0.f || o.clip < 0.f)
-    dml::fail<dml::invalid_argument>("expected --batch >= 1, --steps >= 0, --lr >= 0 and --clip >= 0; found ", o.batch,
-                                     ", ", o.steps, ", ", o.lr, ", ", o.clip);
-  if (o.precision != "fp32" && o.precision != "bf16")
-    dml::fail<dml::invalid_argument>("--precision: expected fp32 or bf16, found '", o.precision, "'");
-  if (o.comm != "local" && o.comm != "mpi")
-    dml::fail<dml::invalid_argument>("--comm: expected local or mpi, found '", o.comm, "'");
-  if (o.ranks < 1 || o.tp < 1 || o.pp < 1 || o.dp < 0 || o.microbatches < 1 || o.threads < 1)
-    dml::fail<dml::invalid_argument>("expected --ranks, --tp, --pp, --dp, --microbatches and --threads >= 1; "
-                                     "found ", o.ranks, ", ", o.tp, ", ", o.pp, ", ", o.dp, ", ", o.microbatches, ", ",
-                                     o.threads);
-  if (!(o.holdout >= 0.0 && o.holdout < 1.0))
-    dml::fail<dml::invalid_argument>("--holdout: expected a fraction in [0, 1), found ", o.holdout);
-  if (o.sample < 0 || o.print_every < 0)
-    dml::fail<dml::invalid_argument>("expected --sample >= 0 and --print-every >= 0; found ", o.sample, ", ",
-                                     o.print_every);
-  if (o.temperature && !(*o.temperature >= 0.f))
-    dml::fail<dml::invalid_argument>("--temperature: expected a value >= 0, found ", *o.temperature);
-  if (o.experts < 0 || o.moe_every < 1 || o.ep < 1 || o.cp < 1 || o.aux_loss_weight < 0.f || o.z_loss_weight < 0.f)
-    dml::fail<dml::invalid_argument>("expected --experts >= 0, --moe-every, --ep and --cp >= 1, and loss weights >= 0; "
-                                     "found ", o.experts, ", ", o.moe_every, ", ", o.ep, ", ", o.cp, ", ",
-                                     o.aux_loss_weight, ", ", o.z_loss_weight);
   if (o.ep > 1 && o.experts == 0)
     dml::fail<dml::invalid_argument>("--ep shares out experts: expected --experts > 0, found 0");
   if (o.sp && o.tp == 1)
     dml::fail<dml::invalid_argument>("--sp splits the sequence over the tensor-parallel ranks: expected --tp > 1, found 1");
-  if (o.parallel != "replicate" && o.parallel != "ddp" && o.parallel != "zero1" && o.parallel != "zero2" &&
-      o.parallel != "zero3")
-    dml::fail<dml::invalid_argument>("--parallel: expected replicate (or ddp), zero1, zero2 or zero3, found '",
-                                     o.parallel, "'");
-  if (o.replicas < 1)
-    dml::fail<dml::invalid_argument>("--replicas: expected a number of replicas >= 1, found ", o.replicas);
   if (o.replicas > 1 && (o.parallel == "replicate" || o.parallel == "ddp"))
     dml::fail<dml::invalid_argument>("--replicas ", o.replicas, ": hybrid sharding shards within each replica, so it "
                                      "needs --parallel zero1, zero2 or zero3; found --parallel ", o.parallel,
@@ -233,13 +180,9 @@ inline options parse(int argc, char** argv) {
   if (o.parallel == "ddp") o.parallel = "replicate";
   if (o.checkpoint_every && o.checkpoint.empty())
     dml::fail<dml::invalid_argument>("--checkpoint-every: expected --checkpoint DIR to save into, found none");
-  if (o.checkpoint_every && *o.checkpoint_every < 1)
-    dml::fail<dml::invalid_argument>("--checkpoint-every: expected a number of steps >= 1, found ",
-                                     *o.checkpoint_every);
   if (!o.resume.empty() && !o.init.empty())
     dml::fail<dml::invalid_argument>("--resume loads the weights from its checkpoint: expected no --init with it, "
                                      "found --init ", o.init);
-  return o;
 }
 
 // The data-parallel degree of a world of `world` ranks: --dp, or what --tp and --pp leave.
@@ -383,7 +326,7 @@ inline std::int64_t checkpoint_number(const std::map<std::string, std::string>& 
   if (it == meta.end())
     dml::fail<dml::format_error>("--resume ", dir, ": expected '", key, "' in the checkpoint's metadata (a checkpoint "
                                  "of this example), found none");
-  return parse_number<std::int64_t>(dml::detail::cat("--resume ", dir, ": '", key, "'"), it->second);
+  return dml::parse_number<std::int64_t>(dml::detail::cat("--resume ", dir, ": '", key, "'"), it->second);
 }
 
 // Every rank runs this with its communicator; rank 0 prints and writes files.
@@ -597,8 +540,10 @@ int run_mpi(const options& o, const corpus& text);
 #endif
 
 inline int main(int argc, char** argv) {
+  options o;
+  auto cli = command_line(o);
+  if (const auto status = cli.parse_for_main(argc, argv, [&] { check_across(o); })) return *status;
   try {
-    const options o = parse(argc, argv);
     const corpus text = load_corpus(o);
     if (o.comm == "mpi") {
 #if defined(DML_EXAMPLE_WITH_MPI)

@@ -10,7 +10,6 @@
 //  - dml::trainer (example 02) runs this same step on any number of ranks.
 // Run: learn_01_one_rank [steps]
 #include <cstdio>
-#include <cstdlib>
 #include <vector>
 
 #include "dml/dml.hpp"
@@ -28,7 +27,10 @@ void make_data(std::vector<float>& x, std::vector<std::int32_t>& y) {
 }
 
 int main(int argc, char** argv) {
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 200;
+  int steps = 200;  // the command line (dml/train/flags.hpp): --help describes it, a bad number is refused
+  dml::flags cli("learn_01_one_rank");
+  cli.positional("STEPS", steps, "optimizer steps").min(0);
+  if (const auto status = cli.parse_for_main(argc, argv)) return *status;
   std::vector<float> x, xb;
   std::vector<std::int32_t> y, yb;
   make_data(x, y);

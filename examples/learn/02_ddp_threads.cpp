@@ -10,7 +10,6 @@
 //    trains the model that one rank with the same global batch would (DESIGN.md §5).
 // Run: learn_02_ddp_threads [steps]
 #include <cstdio>
-#include <cstdlib>
 #include <vector>
 
 #include "dml/dml.hpp"
@@ -28,7 +27,10 @@ void make_data(std::vector<float>& x, std::vector<std::int32_t>& y) {
 }
 
 int main(int argc, char** argv) {
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 200;
+  int steps = 200;  // the command line (dml/train/flags.hpp): --help describes it, a bad number is refused
+  dml::flags cli("learn_02_ddp_threads");
+  cli.positional("STEPS", steps, "optimizer steps").min(0);
+  if (const auto status = cli.parse_for_main(argc, argv)) return *status;
   std::vector<float> x;
   std::vector<std::int32_t> y;
   make_data(x, y);  // shared, read-only: every rank reads its own rows of it

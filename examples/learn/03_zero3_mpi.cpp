@@ -23,9 +23,12 @@ constexpr std::int64_t samples = 512, features = 8, batch = 64;
 constexpr int steps = 100, saved_at = 50;
 
 int main(int argc, char** argv) {
+  std::string dir = "learn_03_checkpoint";  // the command line (dml/train/flags.hpp), read before MPI starts
+  dml::flags cli("learn_03_zero3_mpi");
+  cli.positional("DIR", dir, "where the checkpoint goes (emptied first)");
+  if (const auto status = cli.parse_for_main(argc, argv)) return *status;
   const dml::comm::mpi::environment env(&argc, &argv);  // MPI_Init here, MPI_Finalize at the end of main
   dml::comm::mpi comm;                                  // MPI_COMM_WORLD
-  const std::filesystem::path dir = argc > 1 ? argv[1] : "learn_03_checkpoint";
   if (comm.rank() == 0) std::filesystem::remove_all(dir);  // a stale checkpoint would be the newest one
   comm.barrier();
 

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "dml/dml.hpp"
@@ -135,7 +136,10 @@ constexpr std::int64_t samples = 512, features = 8, classes = 4, batch = 64;
 constexpr int ranks = 2, steps = 20;
 
 int main(int argc, char** argv) {
-  const std::filesystem::path dir = argc > 1 ? argv[1] : "learn_09_checkpoint";
+  std::string dir = "learn_09_checkpoint";  // the command line (dml/train/flags.hpp)
+  dml::flags cli("learn_09_custom_sharding");
+  cli.positional("DIR", dir, "where the checkpoint goes (emptied first)");
+  if (const auto status = cli.parse_for_main(argc, argv)) return *status;
   std::filesystem::remove_all(dir);
   std::vector<float> x(samples * features);  // example 01's data
   std::vector<std::int32_t> y(samples);

@@ -2,7 +2,7 @@
 // examples/param_server/param_server.hpp — Downpour training of an MLP on Fashion-MNIST with a parameter server.
 // Ranks [0, --servers) hold the parameters and apply the pushed gradients with their optimizer; the --workers
 // ranks after them each train a replica. Prints test_accuracy=... after every epoch, then the traffic and the
-// check that no acknowledged update was lost. Flags: see usage() below.
+// check that no acknowledged update was lost. Flags: see command_line() below, or run it with --help.
 #pragma once
 
 #include <algorithm>
@@ -25,6 +25,7 @@
 #include "dml/core/algorithm.hpp"
 #include "dml/nn/mlp.hpp"
 #include "dml/ps/downpour.hpp"
+#include "dml/train/flags.hpp"
 #include "dml/train/idx.hpp"
 
 namespace param_server {
@@ -40,6 +41,7 @@ struct options {
   std::string server_optimizer = "adagrad";
   std::optional<float> lr;      // default: 0.03 for adagrad, 0.1 for sgd
   std::string filter = "none";  // on pushes and on pulls
+  std::string kill_at;          // --kill-server RANK@STEP, read into the two below
   int kill_server = -1;         // fault: this server stops once a worker's clock there reaches kill_step
   std::int64_t kill_step = 0;
   int slow_worker_ms = 0;
@@ -48,86 +50,54 @@ struct options {
   std::string log;
 };
 
-inline void usage(std::FILE* out) {
-  std::fputs(
-      "usage: param_server [--servers N] [--workers N] [--consistency bsp|ssp:S|async] [--n-fetch N] [--n-push N]\n"
-      "                    [--server-optimizer sgd|adagrad] [--lr X] [--filter none|significant:T|topk:K|onebit]\n"
-      "                    [--replicas R] [--kill-server RANK@STEP] [--slow-worker MS] [--timeout-ms MS]\n"
-      "                    [--max-range N] [--epochs N] [--steps N] [--batch N] [--hidden N] [--seed N]\n"
-      "                    [--log FILE.csv] [--data DIR] [--comm local|mpi]\n"
-      "--batch is per worker. --n-fetch and --n-push are for async. --steps N stops every worker after N steps\n"
-      "(overriding --epochs) and scores the model there. Under mpirun pass --comm mpi; the world must have\n"
-      "--servers + --workers ranks.\n",
-      out);
+// The command line: every flag bound to its member of `o`, with its default and its rules (dml/train/flags.hpp).
+inline dml::flags command_line(options& o) {
+  dml::flags f("param_server",
+               "Downpour training of an MLP on Fashion-MNIST: --servers ranks hold the parameters, --workers ranks "
+               "train replicas.",
+               "--batch is per worker. --n-fetch and --n-push are for async. --steps N stops every worker after N steps\n"
+               "(overriding --epochs) and scores the model there. Under mpirun pass --comm mpi; the world must have\n"
+               "--servers + --workers ranks.");
+  f.add("--servers", o.servers, "N", "server ranks").min(1);
+  f.add("--workers", o.workers, "N", "worker ranks").min(1);
+  f.add("--consistency", o.consistency, "C", "bsp, ssp:S (S >= 0) or async");
+  f.add("--n-fetch", o.n_fetch, "N", "async: pull every N steps");
+  f.add("--n-push", o.n_push, "N", "async: push every N steps");
+  f.add("--server-optimizer", o.server_optimizer, "O", "the servers' optimizer: sgd or adagrad");
+  f.add("--lr", o.lr, "X", "learning rate").default_text("0.03 for adagrad, 0.1 for sgd");
+  f.add("--filter", o.filter, "F", "on pushes and pulls: none, significant:T, topk:K or onebit");
+  f.add("--replicas", o.replicas, "R", "replicas of each server's ranges, fewer than --servers").min(0);
+  f.add("--kill-server", o.kill_at, "RANK@STEP", "stop server RANK once a worker's clock there reaches STEP")
+      .check([](const std::string& v) { return v.find('@') == std::string::npos ? "RANK@STEP" : ""; });
+  f.add("--slow-worker", o.slow_worker_ms, "MS", "slow one worker's steps down by MS milliseconds").min(0);
+  f.add("--timeout-ms", o.timeout_ms, "MS", "how long a worker waits for a server").min(1);
+  f.add("--max-range", o.max_range, "N", "the largest key range a server holds, in floats").min(1);
+  f.add("--epochs", o.epochs, "N", "epochs").min(1);
+  f.add("--steps", o.steps, "N", "stop every worker after N steps; 0: no limit").min(0);
+  f.add("--batch", o.batch, "N", "batch per worker").min(1);
+  f.add("--hidden", o.hidden, "N", "hidden layer width").min(1);
+  f.add("--seed", o.seed, "N", "seed of the initial weights and the shuffles");
+  f.add("--log", o.log, "FILE", "write the losses per step, .csv");
+  f.add("--data", o.data, "DIR", "the Fashion-MNIST IDX files");
+  f.add("--comm", o.comm, "C", "communicator").choices({"local", "mpi"});
+  return f;
 }
 
-template <class T>
-T parse_number(std::string_view flag, std::string_view text) {
-  T v{};
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (text.empty() || ec != std::errc{} || end != text.data() + text.size())
-    dml::fail<dml::invalid_argument>(flag, ": expected a number, found '", text, "'");
-  return v;
-}
-
-inline options parse(int argc, char** argv) {
-  options o;
-  bool cadence = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) dml::fail<dml::invalid_argument>(a, ": expected a value after it, found the end of the line");
-      return argv[++i];
-    };
-    auto i64 = [&] { return parse_number<std::int64_t>(a, value()); };
-    auto i32 = [&] { return parse_number<int>(a, value()); };
-    if (a == "--data") o.data = value();
-    else if (a == "--comm") o.comm = value();
-    else if (a == "--servers") o.servers = i32();
-    else if (a == "--workers") o.workers = i32();
-    else if (a == "--replicas") o.replicas = i32();
-    else if (a == "--consistency") o.consistency = value();
-    else if (a == "--n-fetch") o.n_fetch = i32(), cadence = true;
-    else if (a == "--n-push") o.n_push = i32(), cadence = true;
-    else if (a == "--server-optimizer") o.server_optimizer = value();
-    else if (a == "--lr") o.lr = parse_number<float>(a, value());
-    else if (a == "--filter") o.filter = value();
-    else if (a == "--kill-server") {
-      const std::string v = value();
-      const auto at = v.find('@');
-      if (at == std::string::npos) dml::fail<dml::invalid_argument>(a, ": expected RANK@STEP, found '", v, "'");
-      o.kill_server = parse_number<int>(a, std::string_view(v).substr(0, at));
-      o.kill_step = parse_number<std::int64_t>(a, std::string_view(v).substr(at + 1));
-    } else if (a == "--slow-worker") o.slow_worker_ms = i32();
-    else if (a == "--timeout-ms") o.timeout_ms = i64();
-    else if (a == "--max-range") o.max_range = i64();
-    else if (a == "--epochs") o.epochs = i64();
-    else if (a == "--steps") o.steps = i64();
-    else if (a == "--batch") o.batch = i64();
-    else if (a == "--hidden") o.hidden = i64();
-    else if (a == "--seed") o.seed = parse_number<std::uint64_t>(a, value());
-    else if (a == "--log") o.log = value();
-    else if (a == "--help" || a == "-h") {
-      usage(stdout);
-      std::exit(0);
-    } else dml::fail<dml::invalid_argument>("unknown flag '", a, "'; see --help");
-  }
-  if (o.comm != "local" && o.comm != "mpi")
-    dml::fail<dml::invalid_argument>("--comm: expected local or mpi, found '", o.comm, "'");
-  if (o.servers < 1 || o.workers < 1 || o.replicas < 0 || o.replicas >= o.servers)
-    dml::fail<dml::invalid_argument>("expected --servers >= 1, --workers >= 1 and 0 <= --replicas < --servers; found ",
-                                     o.servers, ", ", o.workers, ", ", o.replicas);
-  if (cadence && o.consistency != "async")
+// What the table cannot check alone: rules across flags, --kill-server split, and the library's parsers of
+// --consistency, --filter and --server-optimizer.
+inline void check_across(options& o, const dml::flags& cli) {
+  if (o.replicas >= o.servers)
+    dml::fail<dml::invalid_argument>("--replicas: expected fewer than --servers ", o.servers, ", found ", o.replicas);
+  if ((cli.given("--n-fetch") || cli.given("--n-push")) && o.consistency != "async")
     dml::fail<dml::invalid_argument>("--n-fetch and --n-push: expected --consistency async, found '", o.consistency,
                                      "'");
+  if (const auto at = o.kill_at.find('@'); at != std::string::npos) {
+    o.kill_server = dml::parse_number<int>("--kill-server", std::string_view(o.kill_at).substr(0, at));
+    o.kill_step = dml::parse_number<std::int64_t>("--kill-server", std::string_view(o.kill_at).substr(at + 1));
+  }
   if (o.kill_server >= o.servers || (o.kill_server >= 0 && o.kill_step < 1))
     dml::fail<dml::invalid_argument>("--kill-server: expected a server rank below ", o.servers,
                                      " and a step >= 1, found ", o.kill_server, "@", o.kill_step);
-  if (o.epochs < 1 || o.steps < 0 || o.batch < 1 || o.hidden < 1 || o.max_range < 1 || o.timeout_ms < 1 ||
-      o.slow_worker_ms < 0)
-    dml::fail<dml::invalid_argument>("expected --epochs, --batch, --hidden, --max-range, --timeout-ms >= 1 and "
-                                     "--steps, --slow-worker >= 0; found ", o.epochs, ", ", o.batch, ", ", o.hidden,
-                                     ", ", o.max_range, ", ", o.timeout_ms, ", ", o.steps, ", ", o.slow_worker_ms);
   // The library's parsers say what they expect; the flag goes in front.
   auto check = [](std::string_view flag, auto&& parse_it) {
     try {
@@ -139,7 +109,6 @@ inline options parse(int argc, char** argv) {
   check("--consistency", [&] { return ps::consistency::parse(o.consistency, o.n_fetch, o.n_push); });
   check("--filter", [&] { return dml::comm::any_filter::parse(o.filter); });
   check("--server-optimizer", [&] { return ps::server_optimizer::parse(o.server_optimizer, 0.f); });
-  return o;
 }
 
 // Every rank of `world` runs this: servers serve, workers train; worker 0 (rank --servers) prints. Returns the
@@ -223,8 +192,10 @@ int run_mpi(const options& o, const dml::train::dataset& train, const dml::train
 #endif
 
 inline int main(int argc, char** argv) {
+  options o;
+  auto cli = command_line(o);
+  if (const auto status = cli.parse_for_main(argc, argv, [&] { check_across(o, cli); })) return *status;
   try {
-    const options o = parse(argc, argv);
     const auto train = dml::train::load_mnist(o.data, dml::train::split::train);
     const auto test = dml::train::load_mnist(o.data, dml::train::split::test);
     if (o.comm == "mpi") {

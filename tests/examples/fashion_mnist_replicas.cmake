@@ -13,7 +13,7 @@ endfunction()
 
 expect_error("--replicas 2: hybrid sharding shards within each replica, so it needs --parallel zero1, zero2 or zero3; found --parallel ddp"
              --ranks 2 --replicas 2)
-expect_error("--replicas: expected a number of replicas >= 1, found 0" --parallel zero1 --replicas 0)
-expect_error("--replicas: expected a number, found 'two'" --parallel zero1 --replicas two)
+expect_error("--replicas: expected an integer >= 1, found '0'" --parallel zero1 --replicas 0)
+expect_error("--replicas: expected an integer, found 'two'" --parallel zero1 --replicas two)
 expect_error("--replicas: the 2 data-parallel ranks form replicas of equal size: expected a divisor of 2, found 4"
              --ranks 4 --pp 2 --parallel zero2 --replicas 4 --steps 1)

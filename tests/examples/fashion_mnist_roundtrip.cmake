@@ -28,7 +28,7 @@ if(NOT header STREQUAL "step,epoch,loss,lr" OR NOT n EQUAL 41)
   message(FATAL_ERROR "expected a header and 40 rows in log.csv, found header '${header}' and ${n} lines")
 endif()
 execute_process(COMMAND ${EXE} --hidden 12,x OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
-if(rc EQUAL 0 OR NOT err MATCHES "--hidden: expected a number, found 'x'")
+if(rc EQUAL 0 OR NOT err MATCHES "--hidden: expected an integer, found 'x'")
   message(FATAL_ERROR "expected a clear error for --hidden 12,x, found (${rc}): ${err}")
 endif()
 # Two epochs straight against one epoch, a checkpoint, and a resumed second epoch: the same accuracy

@@ -196,7 +196,7 @@ elseif(MODE STREQUAL "sample")
   endif()
 elseif(MODE STREQUAL "errors")
   expect_error("unknown flag '--layer'; see --help" --layer 2)
-  expect_error("--steps: expected a number, found 'many'" --steps many)
+  expect_error("--steps: expected an integer, found 'many'" --steps many)
   expect_error("layout: expected --tp × --dp × --pp = the 3 ranks, found 1 × 2 × 1" --ranks 3 --dp 2)
   expect_error("layout: expected --tp × --dp × --pp = the 2 ranks, found 1 × \\(2 / 4\\) × 4" --ranks 2 --pp 4)
   expect_error("byte [0-9]+ at offset [0-9]+ is not a token of the vocabulary: expected bytes < --vocab 64" --vocab 64)
@@ -217,16 +217,16 @@ elseif(MODE STREQUAL "errors")
                ${small} --ranks 4 --parallel zero2 --replicas 3)
   expect_error("--replicas: the 2 data-parallel ranks form replicas of equal size: expected a divisor of 2, found 4"
                ${small} --ranks 4 --tp 2 --parallel zero1 --replicas 4)
-  expect_error("--replicas: expected a number of replicas >= 1, found 0" --parallel zero1 --replicas 0)
+  expect_error("--replicas: expected an integer >= 1, found '0'" --parallel zero1 --replicas 0)
   expect_error("--replicas 2: hybrid sharding shards within each replica, so it needs --parallel zero1, zero2 or zero3; found --parallel replicate"
                --ranks 2 --replicas 2)
   expect_error("--replicas 2: .*found --parallel ddp \\(which" --ranks 2 --parallel ddp --replicas 2)
   expect_error("layout: --ep and --cp are carved out of the 2 data-parallel ranks of a replica \\(dp / --replicas\\) and must divide them; found --ep 4 and --cp 1"
                ${small} --ranks 4 --parallel zero3 --replicas 2 --ep 4 --experts 4 --moe-every 1)
   expect_error("--checkpoint-every: expected --checkpoint DIR to save into, found none" --checkpoint-every 5)
-  expect_error("--checkpoint-every: expected a number of steps >= 1, found 0" --checkpoint ${WORK}/ckpt
+  expect_error("--checkpoint-every: expected an integer >= 1, found '0'" --checkpoint ${WORK}/ckpt
                --checkpoint-every 0)
-  expect_error("--checkpoint-every: expected a number, found 'often'" --checkpoint ${WORK}/ckpt
+  expect_error("--checkpoint-every: expected an integer, found 'often'" --checkpoint ${WORK}/ckpt
                --checkpoint-every often)
   expect_error("--resume loads the weights from its checkpoint: expected no --init with it" --resume ${WORK}/ckpt
                --init ${WORK}/w.safetensors)

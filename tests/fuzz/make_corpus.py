@@ -96,3 +96,23 @@ put("fuzz_checkpoint_index", "two-ranks", index(model, 1, halves))
 put("fuzz_checkpoint_index", "empty-model", index([], 0, []))
 put("fuzz_checkpoint_index", "missing-shard", index(model, 0, [[["param/0.weight", 0, 6]]]))
 put("fuzz_checkpoint_index", "wrong-version", index(model, 0, [[]], version=2))
+
+# ---- command-line flags ---------------------------------------------------------------------
+# argv words separated by NUL bytes (fuzz_flags also splits at newlines).
+def argv(*words):
+    return "\0".join(words).encode()
+
+
+put("fuzz_flags", "good", argv("--steps", "5", "--ranks=4", "--lr", "1e-3", "--precision", "bf16",
+                                "--hidden", "8,16", "--bias", "--no-shuffle", "--temperature", "0.5", "--every", "2",
+                                "--skew", "0.5,-1"))
+put("fuzz_flags", "positional", argv("7", "/tmp/dir"))
+put("fuzz_flags", "nan", argv("--lr", "nan"))
+put("fuzz_flags", "wrap", argv("--ranks", "4294967298"))
+put("fuzz_flags", "negative", argv("--steps", "-1", "--seed", "-1", "--small", "-0"))
+put("fuzz_flags", "exponent-integer", argv("--steps", "1e99"))
+put("fuzz_flags", "unknown", argv("--no-such-flag"))
+put("fuzz_flags", "missing-value", argv("--bias", "--steps"))
+put("fuzz_flags", "twice", argv("--steps", "1", "--steps", "2"))
+put("fuzz_flags", "help", argv("--offset", "100", "--help"))
+put("fuzz_flags", "check", argv("--heads", "3"))
