@@ -168,9 +168,10 @@ void check_parity(bool bias) {
           " max_rel_weight_diff=", worst_w, " (", worst_name, ")",
           bias ? "; key bias max_rel_weight_diff=" + std::to_string(worst_key_bias) : std::string());
   CHECK(ours.losses.back() < ours.losses.front());  // it trains at all
-  CHECK(worst_loss <= 1e-4);
+  // README quotes 1.3e-7 for the losses (seen: 1.27e-7): the bound is 10x that. Weights: seen 1.7e-4, key bias 5.9e-4.
+  CHECK(worst_loss <= 1.3e-6);
   CHECK(worst_w <= 5e-4);
-  CHECK(worst_key_bias <= 1e-2);
+  CHECK(worst_key_bias <= 6e-3);
 
   // bf16: parameters, activations and gradients in bf16 with float master weights; its losses track fp32's
   // to the precision of bf16 (8 bits of mantissa, ~4e-3 per rounding), a few roundings deep.
@@ -182,7 +183,7 @@ void check_parity(bool bias) {
   MESSAGE(what, " bf16: loss ", half.losses.front(), " -> ", half.losses.back(),
           "; vs torch fp32 max_rel_loss_diff=", worst_bf16);
   CHECK(vs_dml_fp32 > 0);  // it did run in bf16
-  CHECK(worst_bf16 <= 2e-2);
+  CHECK(worst_bf16 <= 3e-3);  // seen: 3.0e-4 (bias=false), 1.9e-4 (bias=true)
 }
 
 }  // namespace

@@ -227,10 +227,12 @@ layout_result run_one(const nn::moe_config& cfg, const whole_params& whole, cons
 
 void check_same(const std::string& name, const layout_result& one, const layout_result& got, const nn::moe& m) {
   INFO("layout " << name);
-  double worst = std::max(check_close(name + " y", got.y, one.y), check_close(name + " dx", got.dx, one.dx));
+  // README quotes 1.8e-7 for every ep layout against one rank (seen up to 2.7e-7): the bound is under 10x that.
+  constexpr double bound = 2e-6;
+  double worst = std::max(check_close(name + " y", got.y, one.y, bound), check_close(name + " dx", got.dx, one.dx, bound));
   const auto specs = m.parameters();
   for (std::size_t i = 0; i < specs.size(); ++i)
-    worst = std::max(worst, check_close(name + " " + specs[i].name, got.grads[i], one.grads[i]));
+    worst = std::max(worst, check_close(name + " " + specs[i].name, got.grads[i], one.grads[i], bound));
   MESSAGE(name << ": max_rel_diff=" << worst << " (y, dx and every gradient)");
   const auto& ref = one.records[0];
   for (const auto& rec : got.records) {

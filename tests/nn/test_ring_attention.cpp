@@ -180,8 +180,8 @@ TEST_CASE("the reference loop agrees with causal_attention_forward and backward"
   const auto dy = random_vector(sz(s.batch * s.seq * s.width()), 4);
   const auto a = reference_loop(s, qkv, dy), b = reference_causal(s, qkv, dy);
   MESSAGE("y max_abs_diff=" << max_diff(a.y, b.y) << " dqkv max_abs_diff=" << max_diff(a.dqkv, b.dqkv));
-  CHECK(max_diff(a.y, b.y) < 1e-5);
-  CHECK(max_diff(a.dqkv, b.dqkv) < 1e-5);
+  CHECK(max_diff(a.y, b.y) < 3e-6);  // seen: 2.0e-7 and 1.2e-7
+  CHECK(max_diff(a.dqkv, b.dqkv) < 3e-6);
 }
 
 TEST_CASE("ring attention matches full attention on 1, 2 and 4 ranks, both masks, zig-zag or not") {
@@ -200,8 +200,9 @@ TEST_CASE("ring attention matches full attention on 1, 2 and 4 ranks, both masks
         const double dy_diff = max_diff(got.y, want.y), dq_diff = max_diff(got.dqkv, want.dqkv);
         MESSAGE("causal=" << causal << " zigzag=" << zigzag << " cp=" << ranks << ": y max_abs_diff=" << dy_diff
                           << " dqkv max_abs_diff=" << dq_diff);
-        CHECK(dy_diff < 1e-5);
-        CHECK(dq_diff < 1e-5);
+        // README quotes 4.8e-7 (the worst of these 12 layouts): the bound is under 10x that.
+        CHECK(dy_diff < 3e-6);
+        CHECK(dq_diff < 3e-6);
         if (ranks > 1) {  // K/V go round once forward; K/V once more and dK/dV a full turn backward
           CHECK(counts.forward_sends == ranks - 1);
           CHECK(counts.forward_recvs == ranks - 1);
@@ -342,4 +343,8 @@ TEST_CASE("memory: what ring attention keeps and needs on 2 ranks is at most 55%
   CHECK(two <= 0.55 * double(one));
   CHECK(four <= 0.55 * double(two));
   CHECK(one < dense);  // blockwise on one rank already keeps no probabilities
+  // README's figures, exactly (sizes are functions of the shape alone): cp 2 keeps 50.0% of one rank's.
+  CHECK(one == 536'584);
+  CHECK(two == 268'296);
+  CHECK(four == 101'384);
 }

@@ -84,8 +84,10 @@ void check_parity(const O& opt, const std::string& torch_name) {
   MESSAGE(torch_name, ": first loss ", ours.front(), " last loss ", ours.back(), "; max_rel_loss_diff=", max_rel,
           " max_abs_weight_diff=", max_w, " (largest weight ", max_abs_w, ")");
   CHECK(ours.back() < ours.front());  // it trains at all
-  CHECK(max_rel <= 1e-5);
-  CHECK(max_w <= 1e-4);
+  // README quotes 3.4e-7 (losses) and 5e-6 (weights): the bounds are under 10x those figures (seen: 3.4e-7 and
+  // 1.8e-6, adamw), so a regression by an order of magnitude fails.
+  CHECK(max_rel <= 2e-6);
+  CHECK(max_w <= 2e-5);
 }
 
 }  // namespace

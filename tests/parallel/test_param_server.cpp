@@ -169,7 +169,7 @@ TEST_CASE("bsp with SGD gives synchronous data parallel's losses") {
     for (int w = 0; w < workers; ++w) mean[std::size_t(s)] += got[std::size_t(w)][std::size_t(s)] / workers;
   const double worst = dml_test::max_rel_difference(want, mean).value;
   MESSAGE("bsp against synchronous data parallel: max relative loss difference ", worst, " over ", steps, " steps");
-  CHECK(worst < 1e-5);
+  CHECK(worst < 5e-7);  // README quotes 8.5e-8 (5.4e-8 on another CPU): under 10x that
   CHECK(want.back() < 0.6 * want.front());
 }
 

@@ -146,9 +146,11 @@ result train_gpt(C& c, const layout& l, const nn::gpt_config& g, int n_steps = s
   return out;
 }
 
-// Losses to 1e-5 relative (the bound; seen: 2.6e-7) and gradient norms to 1e-5 (seen: 2e-6). Parameters
-// to 1e-4 absolute (seen: 5e-5), lr being 3e-3: a layout sums gradients in another order, and Adam's normalised
-// step turns rounding-level differences in a near-zero gradient into steps of up to lr.
+// Losses to 1.5e-6 relative: README quotes 1.1e-7 to 1.8e-7 for the layouts of train_tensor, train_compose,
+// train_expert_parallel and train_context_parallel (seen here up to 1.8e-7), so a regression by 10x fails.
+// Gradient norms to 1e-5 (seen: 1.6e-6). Parameters to 1e-4 absolute (seen: 4.2e-5), lr being 3e-3: a layout
+// sums gradients in another order, and Adam's normalised step turns rounding-level differences in a near-zero
+// gradient into steps of up to lr.
 inline void check_same(const result& ref, const result& got, const std::string& what, double param_bound = 1e-4) {
   // Empty records would make every comparison below vacuous.
   REQUIRE(!ref.losses.empty());
@@ -162,7 +164,7 @@ inline void check_same(const result& ref, const result& got, const std::string& 
   const auto worst_norm = dml_test::max_rel_difference(ref.grad_norms, got.grad_norms);
   MESSAGE(what << ": max_rel_loss_diff=" << worst << " max_abs_param_diff=" << worst_w << " max_rel_grad_norm_diff=" << worst_norm);
   CHECK(worst_norm.value <= 1e-5);
-  CHECK(worst.value <= 1e-5);
+  CHECK(worst.value <= 1.5e-6);
   CHECK(worst_w.value <= param_bound);
 }
 

@@ -57,7 +57,7 @@ void check_same_routing(const result& ref, const result& got, const std::string&
     worst = std::max({worst, std::abs(a.aux_loss - b.aux_loss) / a.aux_loss, std::abs(a.z_loss - b.z_loss) / a.z_loss});
   }
   MESSAGE(what << ": max_rel_aux_or_z_loss_diff=" << worst);
-  CHECK(worst <= 1e-5);
+  CHECK(worst <= 5e-7);  // README quotes 5.5e-8 (seen on an AMD EPYC: 4.6e-8)
 }
 
 }  // namespace

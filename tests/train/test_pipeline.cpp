@@ -72,7 +72,7 @@ TEST_CASE("pipeline: every schedule x stages x data-parallel ranks x micro-batch
           CAPTURE(pp);
           CAPTURE(dp);
           CAPTURE(m);
-          check_same(ref, train_local<parallel::replicate>(pp * dp, o), 1e-5);
+          check_same(ref, train_local<parallel::replicate>(pp * dp, o), 2e-6);
           ++runs;
         }
   MESSAGE(runs << " layouts");
@@ -86,15 +86,15 @@ TEST_CASE("pipeline x zero<1>, recompute, and user cut points give one rank's lo
     o.schedule = sched;
     o.pipeline_stages = 2;
     o.micro_batches = 4;
-    check_same(ref, train_local<parallel::zero<1>>(4, o), 1e-5);
+    check_same(ref, train_local<parallel::zero<1>>(4, o), 2e-6);
     o.recompute = true;
-    check_same(ref, train_local<parallel::replicate>(4, o), 1e-5);
+    check_same(ref, train_local<parallel::replicate>(4, o), 2e-6);
   }
   auto o = options();
   o.pipeline_stages = 2;
   o.micro_batches = 2;
   o.stage_cuts = {12};  // a heavy first stage
-  check_same(ref, train_local<parallel::replicate>(2, o), 1e-5);
+  check_same(ref, train_local<parallel::replicate>(2, o), 2e-6);
 }
 
 TEST_CASE("pipeline: in-flight activations per stage follow the schedule") {
@@ -177,6 +177,6 @@ TEST_CASE("pipeline: checkpoints load into any dp x pp layout") {
     REQUIRE(losses.size() == static_cast<std::size_t>(pipeline_steps - half));
     const auto worst = dml_test::max_rel_difference(std::span(ref.losses).subspan(half, losses.size()), losses);
     MESSAGE("max_rel_loss_diff=" << worst);
-    CHECK(worst.value <= 1e-5);
+    CHECK(worst.value <= 2e-6);  // seen: 1.7e-7
   }
 }

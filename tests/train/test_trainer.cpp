@@ -12,6 +12,10 @@ using namespace trainer_fixture;
 
 namespace {
 
+// fp32 layouts against one rank: README quotes 2e-7 (2.1e-7 with dropout); seen here 2.3e-7. The bound is under
+// 10x that, so a regression by an order of magnitude fails.
+constexpr double fp32_bound = 2e-6;
+
 template <class... P, class Model = model_type>
 run_result train_local(int ranks, train::trainer_options opt, const Model& model = make_model()) {
   return on_ranks<run_result>(ranks, [&](comm::local& c) { return train_ranks<P...>(c, opt, model); });
@@ -26,7 +30,7 @@ TEST_CASE_TEMPLATE("sharding x group size: per-step losses equal one rank with t
   CHECK(ref.losses.back() < 0.6 * ref.losses.front());  // it learns
   for (int ranks : {1, 2, 3, 4}) {
     CAPTURE(ranks);
-    check_same(ref, train_local<S, optim::adamw>(ranks, options()), 1e-5);
+    check_same(ref, train_local<S, optim::adamw>(ranks, options()), fp32_bound);
   }
 }
 
@@ -49,15 +53,15 @@ TEST_CASE_TEMPLATE("dropout: every sharding x group size x micro-batches gives o
       CAPTURE(k);
       auto o = options();
       o.micro_batches = k;
-      check_same(ref, train_local<S, optim::adamw>(ranks, o, model), 1e-5);
+      check_same(ref, train_local<S, optim::adamw>(ranks, o, model), fp32_bound);
     }
 }
 
 TEST_CASE("policies come in any order; SGD with momentum shards the same way") {
   auto o = options();
   const auto ref = train_local<optim::sgd, parallel::replicate>(1, o);
-  check_same(ref, train_local<optim::sgd, parallel::zero<3>>(4, o), 1e-5);
-  check_same(ref, train_local<parallel::zero<2>, precision::fp32, optim::sgd>(2, o), 1e-5);
+  check_same(ref, train_local<optim::sgd, parallel::zero<3>>(4, o), fp32_bound);
+  check_same(ref, train_local<parallel::zero<2>, precision::fp32, optim::sgd>(2, o), fp32_bound);
 }
 
 TEST_CASE("micro-batches accumulate to the same step as one batch") {
@@ -65,9 +69,9 @@ TEST_CASE("micro-batches accumulate to the same step as one batch") {
   for (int k : {2, 4}) {
     auto o = options();
     o.micro_batches = k;
-    check_same(ref, train_local<parallel::replicate>(2, o), 1e-5);
-    check_same(ref, train_local<parallel::zero<2>>(2, o), 1e-5);
-    check_same(ref, train_local<parallel::zero<3>>(2, o), 1e-5);
+    check_same(ref, train_local<parallel::replicate>(2, o), fp32_bound);
+    check_same(ref, train_local<parallel::zero<2>>(2, o), fp32_bound);
+    check_same(ref, train_local<parallel::zero<3>>(2, o), fp32_bound);
   }
 }
 
