@@ -72,7 +72,7 @@ TEST_CASE("pipeline: every schedule x stages x data-parallel ranks x micro-batch
           CAPTURE(pp);
           CAPTURE(dp);
           CAPTURE(m);
-          check_same(ref, train_local<parallel::replicate>(pp * dp, o), 2e-6);
+          check_same(ref, train_local<parallel::replicate>(pp * dp, o), fp32_bound);
           ++runs;
         }
   MESSAGE(runs << " layouts");
@@ -86,15 +86,15 @@ TEST_CASE("pipeline x zero<1>, recompute, and user cut points give one rank's lo
     o.schedule = sched;
     o.pipeline_stages = 2;
     o.micro_batches = 4;
-    check_same(ref, train_local<parallel::zero<1>>(4, o), 2e-6);
+    check_same(ref, train_local<parallel::zero<1>>(4, o), fp32_bound);
     o.recompute = true;
-    check_same(ref, train_local<parallel::replicate>(4, o), 2e-6);
+    check_same(ref, train_local<parallel::replicate>(4, o), fp32_bound);
   }
   auto o = options();
   o.pipeline_stages = 2;
   o.micro_batches = 2;
   o.stage_cuts = {12};  // a heavy first stage
-  check_same(ref, train_local<parallel::replicate>(2, o), 2e-6);
+  check_same(ref, train_local<parallel::replicate>(2, o), fp32_bound);
 }
 
 TEST_CASE("pipeline: in-flight activations per stage follow the schedule") {
@@ -177,6 +177,6 @@ TEST_CASE("pipeline: checkpoints load into any dp x pp layout") {
     REQUIRE(losses.size() == static_cast<std::size_t>(pipeline_steps - half));
     const auto worst = dml_test::max_rel_difference(std::span(ref.losses).subspan(half, losses.size()), losses);
     MESSAGE("max_rel_loss_diff=" << worst);
-    CHECK(worst.value <= 2e-6);  // seen: 1.7e-7
+    CHECK(worst.value <= fp32_bound);
   }
 }

@@ -12,10 +12,6 @@ using namespace trainer_fixture;
 
 namespace {
 
-// fp32 layouts against one rank: README quotes 2e-7 (2.1e-7 with dropout); seen here 2.3e-7. The bound is under
-// 10x that, so a regression by an order of magnitude fails.
-constexpr double fp32_bound = 2e-6;
-
 template <class... P, class Model = model_type>
 run_result train_local(int ranks, train::trainer_options opt, const Model& model = make_model()) {
   return on_ranks<run_result>(ranks, [&](comm::local& c) { return train_ranks<P...>(c, opt, model); });
