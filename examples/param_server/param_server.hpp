@@ -2,7 +2,9 @@
 // examples/param_server/param_server.hpp — Downpour training of an MLP on Fashion-MNIST with a parameter server.
 // Ranks [0, --servers) hold the parameters and apply the pushed gradients with their optimizer; the --workers
 // ranks after them each train a replica. Prints test_accuracy=... after every epoch, then the traffic and the
-// check that no acknowledged update was lost. Flags: see command_line() below, or run it with --help.
+// check that no acknowledged update was lost. With --algorithm sandblaster, Sandblaster L-BFGS instead (rank 0
+// coordinates, then the servers, then the workers): prints test_accuracy=, seconds= and
+// coordinator_bytes_per_iteration=. Flags: see command_line() below, or run it with --help.
 #pragma once
 
 #include <algorithm>
@@ -25,6 +27,7 @@
 #include "dml/core/algorithm.hpp"
 #include "dml/nn/mlp.hpp"
 #include "dml/ps/downpour.hpp"
+#include "dml/ps/sandblaster.hpp"
 #include "dml/train/flags.hpp"
 #include "dml/train/idx.hpp"
 
@@ -48,6 +51,9 @@ struct options {
   std::int64_t epochs = 3, steps = 0, batch = 64, hidden = 256, max_range = 1 << 16, timeout_ms = 2000;
   std::uint64_t seed = 1;
   std::string log;
+  std::string algorithm = "downpour";  // or sandblaster
+  int portions = 32, history = 10, iterations = 60;  // sandblaster
+  std::string backup_tasks = "on";
 };
 
 // The command line: every flag bound to its member of `o`, with its default and its rules (dml/train/flags.hpp).
@@ -80,12 +86,22 @@ inline dml::flags command_line(options& o) {
   f.add("--log", o.log, "FILE", "write the losses per step, .csv");
   f.add("--data", o.data, "DIR", "the Fashion-MNIST IDX files");
   f.add("--comm", o.comm, "C", "communicator").choices({"local", "mpi"});
+  f.add("--algorithm", o.algorithm, "A", "downpour, or sandblaster (L-BFGS; one more rank coordinates)")
+      .choices({"downpour", "sandblaster"});
+  f.add("--portions", o.portions, "N", "sandblaster: portions of the training set per pass").min(1);
+  f.add("--history", o.history, "M", "sandblaster: L-BFGS pairs kept on the servers").min(1).max(100);
+  f.add("--iterations", o.iterations, "N", "sandblaster: L-BFGS iterations").min(1);
+  f.add("--backup-tasks", o.backup_tasks, "on|off", "sandblaster: re-issue the slowest portions").choices({"on", "off"});
   return f;
 }
 
 // What the table cannot check alone: rules across flags, --kill-server split, and the library's parsers of
 // --consistency, --filter and --server-optimizer.
 inline void check_across(options& o, const dml::flags& cli) {
+  if (o.algorithm != "sandblaster")
+    for (const char* flag : {"--portions", "--history", "--iterations", "--backup-tasks"})
+      if (cli.given(flag))
+        dml::fail<dml::invalid_argument>(flag, ": expected --algorithm sandblaster, found '", o.algorithm, "'");
   if (o.replicas >= o.servers)
     dml::fail<dml::invalid_argument>("--replicas: expected fewer than --servers ", o.servers, ", found ", o.replicas);
   if ((cli.given("--n-fetch") || cli.given("--n-push")) && o.consistency != "async")
@@ -111,10 +127,78 @@ inline void check_across(options& o, const dml::flags& cli) {
   check("--server-optimizer", [&] { return ps::server_optimizer::parse(o.server_optimizer, 0.f); });
 }
 
+// Sandblaster L-BFGS on the mean cross-entropy over the whole training set: rank 0 coordinates and prints.
+template <class Comm>
+int run_sandblaster(const options& o, Comm& world, const dml::train::dataset& train, const dml::train::dataset& test) {
+  if (world.size() != 1 + o.servers + o.workers)
+    dml::fail<dml::invalid_argument>("expected 1 + --servers + --workers = the ", world.size(),
+                                     " ranks of the MPI world, found 1 + ", o.servers, " + ", o.workers);
+  dml::set_thread_budget(1);
+  const auto model = dml::nn::mlp<1>(train.features(), std::array{o.hidden}, 10);
+  auto net = [&]<class... L>(const dml::nn::sequential<L...>& m) {
+    return std::make_unique<dml::nn::basic_network<dml::host, float, L...>>(m, o.seed);
+  }(model);
+  const std::vector<float> x0(net->params().begin(), net->params().end());
+  ps::sandblaster_options so;
+  so.servers = o.servers;
+  so.portions = o.portions;
+  so.history = o.history;
+  so.iterations = o.iterations;
+  so.backup_tasks = o.backup_tasks == "on";
+  so.slow_worker_ms = o.slow_worker_ms;
+  so.on_iteration = [](int it, double loss, double seconds) {
+    std::printf("iteration=%d loss=%.5f seconds=%.2f\n", it + 1, loss, seconds);
+    std::fflush(stdout);
+  };
+  // f_p: portion p's rows [p·N/P, (p+1)·N/P), its loss summed over them / N, in chunks of --batch rows.
+  const std::int64_t N = train.size(), width = train.features();
+  dml::nn::softmax_cross_entropy xent;
+  dml::tensor<float> dlogits;
+  std::vector<float> row_loss;
+  const ps::portion_fn f = [&](int p, std::span<const float> x, std::span<float> g) {
+    std::ranges::copy(x, net->params().begin());
+    std::ranges::fill(g, 0.f);
+    double loss = 0;
+    const std::int64_t lo = N * p / o.portions, hi = N * (p + 1) / o.portions;
+    for (std::int64_t first = lo; first < hi; first += o.batch) {
+      const std::int64_t rows = std::min(o.batch, hi - first);
+      net->zero_grad();
+      auto logits = net->forward(dml::tensor_view<const float>(train.images.data() + first * width, {rows, width}));
+      if (dlogits.shape() != logits.shape) dlogits = dml::tensor<float>(logits.shape);
+      row_loss.resize(std::size_t(rows));
+      loss += double(xent.forward_backward<dml::host>(logits, train.labels.data() + first, dlogits.view(),
+                                                      row_loss.data(), N));  // Σ rows' losses / N
+      net->backward(dlogits.cview());
+      const auto gr = net->grads();
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] += gr[i];
+    }
+    return loss;
+  };
+  const bool printer = world.rank() == 0;
+  if (printer) {
+    std::printf("sandblaster L-BFGS: 1 coordinator, %d servers, %d workers over comm::%s; %d portions, history %d, "
+                "backup tasks %s; MLP %lld-%lld-10\n", o.servers, o.workers, o.comm.c_str(), o.portions, o.history,
+                o.backup_tasks.c_str(), (long long)width, (long long)o.hidden);
+    std::fflush(stdout);
+  }
+  const auto r = ps::sandblaster(world, x0, f, so);
+  if (printer) {
+    std::ranges::copy(r.x, net->params().begin());
+    std::printf("test_accuracy=%.4f iterations=%d seconds=%.2f\ncoordinator_bytes_per_iteration=%.0f\n"
+                "parameter_bytes=%lld\npasses=%d\nportions_counted=%lld\nbackup_tasks_issued=%lld\n",
+                ps::accuracy(*net, test), r.iterations, r.seconds, r.bytes_per_iteration(),
+                (long long)(x0.size() * sizeof(float)), r.passes, (long long)r.portions_counted,
+                (long long)r.backups_issued);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 // Every rank of `world` runs this: servers serve, workers train; worker 0 (rank --servers) prints. Returns the
 // exit status.
 template <class Comm>
 int run(const options& o, Comm& world, const dml::train::dataset& train, const dml::train::dataset& test) {
+  if (o.algorithm == "sandblaster") return run_sandblaster(o, world, train, test);
   if (world.size() != o.servers + o.workers)
     dml::fail<dml::invalid_argument>("expected --servers + --workers = the ", world.size(),
                                      " ranks of the MPI world, found ", o.servers, " + ", o.workers);
@@ -206,7 +290,7 @@ inline int main(int argc, char** argv) {
 #endif
     }
     std::atomic<int> status = 0;
-    dml::comm::local::run(o.servers + o.workers, [&](dml::comm::local& world) {
+    dml::comm::local::run(o.servers + o.workers + (o.algorithm == "sandblaster"), [&](dml::comm::local& world) {
       if (run(o, world, train, test) != 0) status = 1;
     });
     return status;
