@@ -150,30 +150,9 @@ int run_sandblaster(const options& o, Comm& world, const dml::train::dataset& tr
     std::printf("iteration=%d loss=%.5f seconds=%.2f\n", it + 1, loss, seconds);
     std::fflush(stdout);
   };
-  // f_p: portion p's rows [p·N/P, (p+1)·N/P), its loss summed over them / N, in chunks of --batch rows.
-  const std::int64_t N = train.size(), width = train.features();
-  dml::nn::softmax_cross_entropy xent;
-  dml::tensor<float> dlogits;
-  std::vector<float> row_loss;
-  const ps::portion_fn f = [&](int p, std::span<const float> x, std::span<float> g) {
-    std::ranges::copy(x, net->params().begin());
-    std::ranges::fill(g, 0.f);
-    double loss = 0;
-    const std::int64_t lo = N * p / o.portions, hi = N * (p + 1) / o.portions;
-    for (std::int64_t first = lo; first < hi; first += o.batch) {
-      const std::int64_t rows = std::min(o.batch, hi - first);
-      net->zero_grad();
-      auto logits = net->forward(dml::tensor_view<const float>(train.images.data() + first * width, {rows, width}));
-      if (dlogits.shape() != logits.shape) dlogits = dml::tensor<float>(logits.shape);
-      row_loss.resize(std::size_t(rows));
-      loss += double(xent.forward_backward<dml::host>(logits, train.labels.data() + first, dlogits.view(),
-                                                      row_loss.data(), N));  // Σ rows' losses / N
-      net->backward(dlogits.cview());
-      const auto gr = net->grads();
-      for (std::size_t i = 0; i < g.size(); ++i) g[i] += gr[i];
-    }
-    return loss;
-  };
+  // f_p: the mean cross-entropy over the training set, portion p's rows, --batch rows at a time.
+  const auto f = ps::classifier_portions(*net, train, o.portions, o.batch);
+  const std::int64_t width = train.features();
   const bool printer = world.rank() == 0;
   if (printer) {
     std::printf("sandblaster L-BFGS: 1 coordinator, %d servers, %d workers over comm::%s; %d portions, history %d, "

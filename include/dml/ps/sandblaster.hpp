@@ -3,7 +3,7 @@
 // coordinator runs batch L-BFGS, the server shards hold the parameters and the L-BFGS history and do the vector
 // operations where the data lives (only scalars reach the coordinator), and workers compute the gradients of
 // small portions of the batch, which the coordinator hands out, re-issuing the slowest as backup tasks.
-// Sits on ps/transport.hpp (the polling endpoint); used by examples/param_server and benchmarks/ps_sandblaster.
+// Sits on ps/transport.hpp (the polling endpoint), nn/loss.hpp and train/idx.hpp; used by examples/param_server and benchmarks/ps_sandblaster.
 //
 // Ranks: 0 coordinates, [1, 1 + servers) are shards (shard s holds the contiguous slice
 // [s·n/servers, (s+1)·n/servers) of every vector), the rest are workers. The objective is Σ_p f_p(x) over the
@@ -21,13 +21,16 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <span>
 #include <thread>
 #include <vector>
 
 #include "dml/comm/communicator.hpp"
 #include "dml/core/error.hpp"
+#include "dml/nn/loss.hpp"
 #include "dml/ps/transport.hpp"
+#include "dml/train/idx.hpp"
 
 namespace dml::ps {
 
@@ -48,6 +51,41 @@ struct sandblaster_options {
 
 // f_p(x): fills grad (x's size) with ∇f_p(x) and returns f_p(x). Called on workers only.
 using portion_fn = std::function<double(int portion, std::span<const float> x, std::span<float> grad)>;
+
+// f_p of a classifier: the mean cross-entropy over the whole of `train`, portion p holding rows
+// [p·N/portions, (p+1)·N/portions) and contributing their losses / N, evaluated `chunk` rows at a time by net
+// (one network per worker: the function writes its parameters).
+template <class Net>
+portion_fn classifier_portions(Net& net, const dml::train::dataset& train, int portions, std::int64_t chunk) {
+  if (portions < 1 || chunk < 1)
+    fail<invalid_argument>("dml::ps::classifier_portions: expected portions >= 1 and chunk >= 1, found ", portions,
+                           " and ", chunk);
+  struct scratch {
+    tensor<float> dlogits;
+    std::vector<float> row_loss;
+  };
+  return [&net, &train, portions, chunk, sc = std::make_shared<scratch>()](int p, std::span<const float> x,
+                                                                          std::span<float> g) {
+    const std::int64_t N = train.size(), width = train.features();
+    std::ranges::copy(x, net.params().begin());
+    std::ranges::fill(g, 0.f);
+    double loss = 0;
+    const std::int64_t lo = N * p / portions, hi = N * (p + 1) / portions;
+    for (std::int64_t first = lo; first < hi; first += chunk) {
+      const std::int64_t rows = std::min(chunk, hi - first);
+      net.zero_grad();
+      auto logits = net.forward(tensor_view<const float>(train.images.data() + first * width, {rows, width}));
+      if (sc->dlogits.shape() != logits.shape) sc->dlogits = tensor<float>(logits.shape);
+      sc->row_loss.resize(std::size_t(rows));
+      loss += nn::softmax_cross_entropy{}.forward_backward<host>(logits, train.labels.data() + first,
+                                                                 sc->dlogits.view(), sc->row_loss.data(), N);
+      net.backward(sc->dlogits.cview());
+      const auto gr = net.grads();
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] += gr[i];
+    }
+    return loss;
+  };
+}
 
 struct sandblaster_result {
   enum role_t { coordinator, shard, worker } role = worker;
