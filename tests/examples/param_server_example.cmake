@@ -2,8 +2,11 @@
 # The param_server example as a user runs it (needs Debian's dataset-fashion-mnist). MODE picks the check:
 #   train   the run of FLAGS (started by the command LAUNCH if given) ends at test_accuracy >= 0.85, loses no
 #           acknowledged update, stops STOPPED servers (default 0), and logs one row per worker step
+#   sandblaster  the --algorithm sandblaster run of FLAGS ends at test_accuracy >= MIN (0.MIN), counts every
+#           portion of every pass once, and the coordinator's bytes per iteration are below a tenth of the parameters'
 #   errors  bad flags fail with a clear message and a non-zero exit
 # Usage: cmake -DEXE=... -DWORK=... -DMODE=... [-DFLAGS="--epochs 3"] [-DLAUNCH="mpirun -np 5"] [-DSTOPPED=1]
+#        [-DMIN=6000] [-DPORTIONS=8]
 #        -P param_server_example.cmake
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
@@ -55,6 +58,31 @@ if(MODE STREQUAL "train")
   math(EXPR seconds "${t1} - ${t0}")
   string(REPLACE ";" ", " evals "${evals}")
   message(STATUS "${evals}; ${seconds} s")
+elseif(MODE STREQUAL "sandblaster")
+  separate_arguments(FLAGS UNIX_COMMAND "${FLAGS}")
+  separate_arguments(LAUNCH UNIX_COMMAND "${LAUNCH}")
+  execute_process(COMMAND ${LAUNCH} ${EXE} --algorithm sandblaster ${FLAGS}
+    OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "param_server --algorithm sandblaster ${FLAGS} failed (${rc}):\n${out}\n${err}")
+  endif()
+  if(NOT out MATCHES "test_accuracy=0\\.([0-9][0-9][0-9][0-9]) iterations=[0-9]+ seconds=[0-9.]+\n")
+    message(FATAL_ERROR "expected a test_accuracy=... iterations=... seconds=... line, found:\n${out}")
+  endif()
+  if(CMAKE_MATCH_1 LESS ${MIN})
+    message(FATAL_ERROR "expected test_accuracy >= 0.${MIN}, found 0.${CMAKE_MATCH_1}:\n${out}")
+  endif()
+  set(summary "coordinator_bytes_per_iteration=([0-9]+)\nparameter_bytes=([0-9]+)\npasses=([0-9]+)\nportions_counted=([0-9]+)\n")
+  if(NOT out MATCHES "${summary}")
+    message(FATAL_ERROR "expected the summary lines, found:\n${out}")
+  endif()
+  math(EXPR counted "${CMAKE_MATCH_3} * ${PORTIONS}")
+  math(EXPR budget "${CMAKE_MATCH_2} / 10")
+  if(NOT CMAKE_MATCH_4 EQUAL counted OR NOT CMAKE_MATCH_1 LESS budget)
+    message(FATAL_ERROR "expected ${counted} portions counted and fewer than ${budget} coordinator bytes per "
+                        "iteration, found:\n${out}")
+  endif()
+  message(STATUS "${out}")
 elseif(MODE STREQUAL "errors")
   function(expect_error pattern)
     execute_process(COMMAND ${EXE} ${ARGN} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
@@ -72,6 +100,7 @@ elseif(MODE STREQUAL "errors")
   expect_error("--kill-server: expected RANK@STEP, found '1'" --kill-server 1)
   expect_error("--kill-server: expected a server rank below 2" --kill-server 2@10)
   expect_error("--batch: expected an integer, found 'many'" --batch many)
+  expect_error("--history: expected --algorithm sandblaster, found 'downpour'" --history 5)
   expect_error("unknown flag '--server'; see --help" --server 2)
   expect_error("every server holding key range [0-9]+ is gone" --kill-server 1@20 --timeout-ms 300 --steps 100)
 else()
