@@ -32,6 +32,7 @@ struct options {
   int servers = 2, workers = 8, portions = 20, history = 10, iterations = 10;
   std::int64_t hidden = 64, batch = 500;
   double slow_factor = 5;
+  int portion_ms = 0;  // every worker also sleeps this long per portion: a machine of its own, emulated
   int repeats = 3;  // each case's seconds: the median of this many runs
   bool quick = false;
 };
@@ -57,6 +58,7 @@ outcome run(const options& o, const dml::train::dataset& train, const dml::train
     const ps::portion_fn timed = [&](int p, std::span<const float> x, std::span<float> g) {
       const auto t0 = std::chrono::steady_clock::now();
       const double l = f(p, x, g);
+      if (o.portion_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.portion_ms));
       portion_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
       ++portions_done;
       return l;
@@ -97,6 +99,9 @@ int main(int argc, char** argv) {
   cli.add("--hidden", o.hidden, "N", "hidden width of the MLP (the bytes part also runs 4x this)").min(1);
   cli.add("--batch", o.batch, "N", "rows per forward/backward within a portion").min(1);
   cli.add("--slow-factor", o.slow_factor, "X", "how many times slower the straggler is").min(1.0);
+  cli.add("--portion-ms", o.portion_ms, "MS",
+          "every worker sleeps MS per portion besides computing it (one machine per worker, emulated where "
+          "the workers outnumber the cores)").min(0);
   cli.add("--repeats", o.repeats, "N", "runs per case; the table shows the median time").min(1);
   cli.add_switch("--quick", o.quick, "a smoke run: 2 iterations");
   if (const auto status = cli.parse_for_main(argc, argv, [] {})) return *status;
@@ -110,8 +115,9 @@ int main(int argc, char** argv) {
     return 77;
   }
   std::printf("# Sandblaster L-BFGS: 1 coordinator, %d servers, %d workers (threads), %d portions, history %d, "
-              "%d iterations, MLP 784-%lld-10, %u hardware threads\n", o.servers, o.workers, o.portions, o.history,
-              o.iterations, (long long)o.hidden, std::thread::hardware_concurrency());
+              "%d iterations, MLP 784-%lld-10, %u hardware threads, %d ms per portion emulated\n", o.servers,
+              o.workers, o.portions, o.history, o.iterations, (long long)o.hidden, std::thread::hardware_concurrency(),
+              o.portion_ms);
   // The median run of each case, the cases interleaved so that a burst of load elsewhere spreads over them.
   (void)run(o, train, test, o.hidden, true, 0);  // warm-up: first touch of the pages, thread start-up
   std::vector<outcome> runs[4];
@@ -141,12 +147,13 @@ int main(int argc, char** argv) {
   row("1 worker slower, no backup tasks", without);
   std::printf("straggler_ratio_backup=%.2f\nstraggler_ratio_no_backup=%.2f\n", with.seconds / base.seconds,
               without.seconds / base.seconds);
-  // The coordinator's traffic: scalars only, the same for a model 4x as wide.
-  std::printf("%-34s %12s %16s %9s\n", "model", "parameters", "coord_bytes/iter", "fraction");
+  // The coordinator's traffic: scalars only, the same per pass for a model 4x as wide (the line search may
+  // take a different number of passes).
+  std::printf("%-34s %12s %7s %16s %9s\n", "model", "parameters", "passes", "coord_bytes/iter", "fraction");
   for (const auto h : {o.hidden, 4 * o.hidden}) {
     const auto r = run(o, train, test, h, false, 0);
     const std::string name = "MLP 784-" + std::to_string(h) + "-10";
-    std::printf("%-34s %12lld %16.0f %9.2e\n", name.c_str(), (long long)r.parameters, r.bytes_per_iteration,
+    std::printf("%-34s %12lld %7d %16.0f %9.2e\n", name.c_str(), (long long)r.parameters, r.passes, r.bytes_per_iteration,
                 r.bytes_per_iteration / (4.0 * double(r.parameters)));
   }
   return 0;
