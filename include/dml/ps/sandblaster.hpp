@@ -3,7 +3,8 @@
 // coordinator runs batch L-BFGS, the server shards hold the parameters and the L-BFGS history and do the vector
 // operations where the data lives (only scalars reach the coordinator), and workers compute the gradients of
 // small portions of the batch, which the coordinator hands out, re-issuing the slowest as backup tasks.
-// Sits on ps/transport.hpp (the polling endpoint), nn/loss.hpp and train/idx.hpp; used by examples/param_server and benchmarks/ps_sandblaster.
+// Sits on ps/transport.hpp (the polling endpoint), nn/loss.hpp and train/idx.hpp; used by examples/param_server
+// and benchmarks/ps_sandblaster.
 //
 // Ranks: 0 coordinates, [1, 1 + servers) are shards (shard s holds the contiguous slice
 // [s·n/servers, (s+1)·n/servers) of every vector), the rest are workers. The objective is Σ_p f_p(x) over the
@@ -177,14 +178,16 @@ sandblaster_result sandblaster(C& world, std::span<const float> x0, const portio
     res.role = sandblaster_result::shard;
     const int s = me - 1;
     const std::int64_t b = sb::slice_begin(n, servers, s), len = sb::slice_begin(n, servers, s + 1) - b;
-    std::vector<std::vector<double>> v(std::size_t(sb::first_pair + 2 * o.history), std::vector<double>(std::size_t(len), 0.0));
+    std::vector<std::vector<double>> v(std::size_t(sb::first_pair + 2 * o.history),
+                                       std::vector<double>(std::size_t(len), 0.0));
     for (std::int64_t i = 0; i < len; ++i) v[sb::X][std::size_t(i)] = x0[std::size_t(b + i)];
     std::int64_t pass = -1, applied_this_pass = 0;
     std::vector<bool> applied(std::size_t(o.portions), false);
     std::vector<float> xt(static_cast<std::size_t>(len));
     bool stop = false;
     auto vecs = [&](std::uint8_t i) -> std::vector<double>& {
-      if (i >= v.size()) fail<invalid_argument>("dml::ps::sandblaster: expected a vector below ", v.size(), ", found ", int(i));
+      if (i >= v.size())
+        fail<invalid_argument>("dml::ps::sandblaster: expected a vector below ", v.size(), ", found ", int(i));
       return v[i];
     };
     auto on = [&](int p, const header& h, std::span<const std::byte> pl) {
@@ -418,8 +421,9 @@ sandblaster_result sandblaster(C& world, std::span<const float> x0, const portio
           if (done[std::size_t(p)] || copies[std::size_t(p)] >= o.max_copies ||
               std::ranges::find(running_on[std::size_t(p)], w) != running_on[std::size_t(p)].end())
             continue;
-          if (best < 0 || copies[std::size_t(p)] < copies[std::size_t(best)] ||
-              (copies[std::size_t(p)] == copies[std::size_t(best)] && issued_at[std::size_t(p)] < issued_at[std::size_t(best)]))
+          const auto c = copies[std::size_t(p)];
+          if (best < 0 || c < copies[std::size_t(best)] ||
+              (c == copies[std::size_t(best)] && issued_at[std::size_t(p)] < issued_at[std::size_t(best)]))
             best = p;
         }
         if (best >= 0) {
