@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
     c.memory_bytes = cost::parse_bytes(memory);
     if (params > 0 || model_kind == "params") {
       if (!(params > 0)) dml::fail<dml::invalid_argument>("--model params needs --params N > 0");
-      m = cost::model{.params_only = params};
+      m = cost::model{.seq = m.seq, .params_only = params};
     }
     const cost::training t{.global_batch = batch,
                            .prec = precision == "fp32" ? cost::precision::fp32 : precision == "bf16" ? cost::precision::bf16 : cost::precision::fp16,
