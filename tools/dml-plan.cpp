@@ -3,15 +3,12 @@
 // by dml::cost's predicted step time, with per-rank memory by category, MFU, bubble and bottleneck, and says why
 // the rejected ones were rejected; --layout evaluates one; --calibrate measures this host's GEMM and copy rates.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
 
-#include "dml/core/buffer.hpp"
-#include "dml/core/gemm.hpp"
+#include "dml/plan/calibrate.hpp"
 #include "dml/plan/cluster.hpp"
 #include "dml/plan/cost.hpp"
 #include "dml/train/flags.hpp"
@@ -19,37 +16,6 @@
 namespace {
 
 using namespace dml;
-
-double seconds_of(auto&& f, int repeats) {
-  f();  // warm
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < repeats; ++i) f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / repeats;
-}
-
-// This host as a one-device-per-rank cluster: an fp32 and a bf16 GEMM of 512 × 1024 × 1024, and memcpy of
-// 64 MiB (what comm::local's collectives do between threads) for both link levels.
-cost::cluster calibrate() {
-  cost::cluster c;
-  const std::int64_t m = 512, n = 1024, k = 1024;
-  auto rate = [&]<class T>(T) {
-    std::vector<T> a(static_cast<std::size_t>(m * k), T(0.5f)), b(static_cast<std::size_t>(k * n), T(0.25f)),
-        out(static_cast<std::size_t>(m * n));
-    const double s = seconds_of([&] {
-      dml::gemm<dml::host>({.m = m, .n = n, .k = k, .a = a.data(), .lda = k, .b = b.data(), .ldb = n, .c = out.data(), .ldc = n});
-    }, 5);
-    return 2.0 * static_cast<double>(m * n * k) / s;
-  };
-  c.flops_fp32 = rate(0.f);
-  c.flops_bf16 = rate(dml::bf16(0.f));
-  std::vector<char> src(64 << 20, 1), dst(src.size());
-  const double copy = seconds_of([&] { std::memcpy(dst.data(), src.data(), src.size()); }, 5);
-  c.intra_bandwidth = c.inter_bandwidth = static_cast<double>(src.size()) / copy;
-  c.intra_latency = c.inter_latency = 2e-6;
-  c.devices_per_node = 1 << 20;  // one host: every group is "within a node"
-  c.memory_bytes = 16.0 * (1ull << 30);
-  return c;
-}
 
 std::string gib(double bytes) {
   char s[32];
@@ -128,7 +94,7 @@ int main(int argc, char** argv) {
 
   try {
     if (!calibrate_file.empty()) {
-      const auto c = calibrate();
+      const auto c = cost::calibrate();
       std::ofstream(calibrate_file) << to_json(c).dump(2) << "\n";
       std::printf("%s\n", to_json(c).dump(2).c_str());
       return 0;
