@@ -18,6 +18,8 @@
 
 #include "dml/dml.hpp"
 #include "dml/nn/gpt.hpp"
+#include "dml/plan/cluster.hpp"
+#include "dml/plan/cost.hpp"
 #include "dml/train/flags.hpp"
 #include "dml/train/text.hpp"
 #include "dml/train/weights.hpp"
@@ -57,6 +59,8 @@ struct options {
   // with replicas > 1 the dp ranks form that many replicas and ZeRO shards within each (hybrid sharding)
   std::string parallel = "replicate";
   int replicas = 1;
+  // --plan auto: the fastest layout dml::cost predicts to fit in --memory per rank replaces the layout flags
+  std::string plan = "manual", memory = "80GiB";
   // One thread per rank by default: at these sizes a second OpenMP thread gains little, and loses badly
   // when another process shares the cores (its threads spin at every barrier).
   int threads = 1;
@@ -147,6 +151,17 @@ inline dml::flags command_line(options& o) {
                    : "replicate (or ddp), zero1, zero2 or zero3";
       });
   f.add("--replicas", o.replicas, "R", "replicas of hybrid sharding, with zero1-3").min(1);
+  f.add("--plan", o.plan, "P", "manual: the layout flags; auto: the fastest layout that fits --memory (dml::cost)")
+      .choices({"manual", "auto"});
+  f.add("--memory", o.memory, "BYTES", "memory per rank for --plan auto (80GiB, 512MiB, ...)")
+      .check([](const std::string& s) {
+        try {
+          dml::cost::parse_bytes(s);
+          return std::string();
+        } catch (const dml::error&) {
+          return std::string("a positive size such as 80GiB, 40GB or 1e9");
+        }
+      });
   // files and output
   f.add("--init", o.init, "FILE", "initial weights, .safetensors");
   f.add("--save", o.save, "FILE", "save the trained weights, .safetensors");
@@ -183,6 +198,34 @@ inline void check_across(options& o) {
   if (!o.resume.empty() && !o.init.empty())
     dml::fail<dml::invalid_argument>("--resume loads the weights from its checkpoint: expected no --init with it, "
                                      "found --init ", o.init);
+}
+
+// --plan auto: of the layouts of `world` ranks dml::cost ranks (DESIGN.md §7), the fastest predicted to fit in
+// --memory that this example runs (no selective recompute; 1F1B on a pipeline; micro-batches of one sequence)
+// replaces the layout flags; it is printed before training.
+inline void apply_plan(options& o, int world) {
+  if (o.plan != "auto") return;
+  const dml::cost::model m{.layers = o.layers, .d_model = o.d_model, .heads = o.heads, .seq = o.seq, .vocab = o.vocab,
+                           .bias = o.bias, .tie = o.tie, .experts = o.experts, .top_k = o.top_k, .moe_every = o.moe_every};
+  const dml::cost::training t{.global_batch = o.batch,
+                              .prec = o.precision == "bf16" ? dml::cost::precision::bf16 : dml::cost::precision::fp32};
+  dml::cost::cluster c;
+  c.memory_bytes = dml::cost::parse_bytes(o.memory);
+  for (const auto& e : dml::cost::search(m, t, c, world, 1)) {
+    if (!e.fits || e.lay.recomp == dml::cost::recompute::selective) continue;
+    const auto& l = e.lay;
+    o.tp = l.tp, o.pp = l.pp, o.dp = l.dp, o.sp = l.sp, o.ep = o.cp = o.replicas = 1;
+    o.parallel = l.zero == 0 ? "replicate" : "zero" + std::to_string(l.zero);
+    o.microbatches = l.micro_batches;
+    o.recompute = l.recomp == dml::cost::recompute::full;
+    o.schedule = l.pp > 1 ? "1f1b" : "";
+    std::printf("plan: %s (predicted %.3g s per step, %.3g MiB per rank)\n", dml::cost::to_string(l).c_str(),
+                e.step_seconds, e.per_rank.total() / (1 << 20));
+    std::fflush(stdout);
+    return;
+  }
+  dml::fail<dml::invalid_argument>("--plan auto: no layout of ", world, " ranks fits in --memory ", o.memory,
+                                   "; dml-plan lists each with its reason");
 }
 
 // The data-parallel degree of a world of `world` ranks: --dp, or what --tp and --pp leave.
@@ -552,11 +595,13 @@ inline int main(int argc, char** argv) {
       dml::fail<dml::invalid_argument>("--comm mpi: this build has no MPI");
 #endif
     }
-    data_parallel(o, o.ranks);  // a bad layout fails here, before any rank starts
+    options chosen = o;
+    apply_plan(chosen, o.ranks);
+    data_parallel(chosen, o.ranks);  // a bad layout fails here, before any rank starts
     int status = 0;
     dml::comm::local::run(o.ranks, [&](dml::comm::local& comm) {
       dml::set_thread_budget(o.threads);
-      const int s = run(o, comm, text);
+      const int s = run(chosen, comm, text);
       if (comm.rank() == 0) status = s;
     });
     return status;

@@ -49,7 +49,7 @@ if(MODE STREQUAL "find-package")
   file(REMOVE_RECURSE ${prefix})
   step("cmake --install" ${CMAKE_COMMAND} --install ${DML_BINARY_DIR} --prefix ${prefix} --component dml)
   foreach(f include/dml/core/tensor.hpp lib/cmake/dml/dml-config.cmake lib/cmake/dml/dml-config-version.cmake
-            lib/cmake/dml/dml-targets.cmake lib/cmake/dml/dml-cuda-targets.cmake)
+            lib/cmake/dml/dml-targets.cmake lib/cmake/dml/dml-cuda-targets.cmake include/dml/plan/cost.hpp bin/dml-plan)
     if(NOT EXISTS ${prefix}/${f})
       message(FATAL_ERROR "${MODE}: the install lacks ${f}")
     endif()

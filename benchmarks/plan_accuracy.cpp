@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: Apache-2.0
+// benchmarks/plan_accuracy.cpp — dml::cost's predicted step time against measured steps of nn::gpt on comm::local,
+// after calibrating this host (GEMM and memcpy probes) in the same run. Prints predicted, measured and their ratio
+// per layout; asserts nothing (timing on a shared machine is noisy).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "dml/nn/gpt.hpp"
+#include "dml/plan/calibrate.hpp"
+#include "dml/plan/cost.hpp"
+
+namespace {
+
+using namespace dml;
+
+double measure(const nn::gpt_config& g, const cost::layout& l, std::int64_t batch, int steps) {
+  double seconds = 0;
+  const auto model = nn::gpt(g);
+  comm::local::run(l.devices(), [&](comm::local& c) {
+    train::trainer_options o;
+    o.tensor_parallel = l.tp;
+    o.sequence_parallel = l.sp;
+    o.pipeline_stages = l.pp;
+    o.micro_batches = l.micro_batches;
+    trainer<parallel::replicate, optim::adamw> t(c, model, o);
+    const std::int64_t rows = batch / l.dp;
+    std::vector<float> x(static_cast<std::size_t>(rows * g.seq));
+    std::vector<std::int32_t> y(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      x[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(c.rank())) % static_cast<std::size_t>(g.vocab));
+      y[i] = static_cast<std::int32_t>((i * 5) % static_cast<std::size_t>(g.vocab));
+    }
+    auto step = [&] { t.step(tensor_view<const float>(x.data(), {rows, g.seq}), y.data(), batch); };
+    step();  // warm
+    c.barrier();
+    const auto t0 = dml_bench::clock_type::now();
+    for (int s = 0; s < steps; ++s) step();
+    c.barrier();
+    if (c.rank() == 0) seconds = dml_bench::seconds_since(t0) / steps;
+  });
+  return seconds;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 5;
+  std::int64_t batch = 8;
+  bool quick = false;
+  dml::flags cli("plan_accuracy", "Predicted (dml::cost, calibrated here) against measured step time of a small GPT.");
+  cli.add("--steps", steps, "N", "timed steps per layout").min(1);
+  cli.add("--batch", batch, "B", "global batch (sequences)").min(2);
+  cli.add_switch("--quick", quick, "one timed step, the first two layouts");
+  if (const auto status = cli.parse_for_main(argc, argv)) return *status;
+  if (quick) steps = 1;
+  const nn::gpt_config g{.vocab = 256, .seq = 128, .layers = 2, .d_model = 256, .heads = 4};
+  const cost::model m{.layers = g.layers, .d_model = g.d_model, .heads = g.heads, .seq = g.seq, .vocab = g.vocab};
+  const cost::training t{.global_batch = batch, .prec = cost::precision::fp32, .optimizer = "adamw"};
+  const auto host = cost::calibrate();
+  std::printf("calibrated: fp32 GEMM %.1f GFLOP/s, bf16 GEMM %.1f GFLOP/s, memcpy %.1f GB/s\n", host.flops_fp32 / 1e9,
+              host.flops_bf16 / 1e9, host.intra_bandwidth / 1e9);
+  const auto start = dml_bench::load_meter::now();
+  std::vector<cost::layout> layouts = {cost::parse_layout("dp=1,schedule=single"), cost::parse_layout("dp=2,schedule=single"),
+                                       cost::parse_layout("tp=2,sp=1,schedule=single"), cost::parse_layout("pp=2,mb=2,schedule=1f1b")};
+  if (quick) layouts.resize(2);
+  std::printf("%-72s %12s %12s %8s\n", "layout", "predicted_s", "measured_s", "ratio");
+  for (const auto& l : layouts) {
+    // Ranks are threads sharing this host: each gets 1/ranks of its GEMM rate and copy bandwidth.
+    cost::cluster c = host;
+    c.flops_fp32 /= l.devices();
+    c.flops_bf16 /= l.devices();
+    c.intra_bandwidth /= l.devices();
+    const auto e = cost::evaluate(m, l, t, c, l.devices());
+    if (!e.why.empty() && !e.fits) {
+      std::printf("%-72s refused: %s\n", cost::to_string(l).c_str(), e.why.c_str());
+      continue;
+    }
+    const double measured = measure(g, l, batch, steps);
+    std::printf("%-72s %12.4g %12.4g %8.2f\n", cost::to_string(l).c_str(), e.step_seconds, measured, measured / e.step_seconds);
+  }
+  std::printf("other processes used %.0f%% of the machine meanwhile\n", 100 * dml_bench::load_meter::others_since(start));
+  return 0;
+}

@@ -1,0 +1,52 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/plan/calibrate.hpp — this host as a cost::cluster: a short GEMM probe per precision and a memcpy bandwidth
+// probe (what comm::local's collectives do between threads).
+// Sits on core/gemm.hpp and plan/cost.hpp; used by tools/dml-plan (--calibrate) and benchmarks/plan_accuracy.
+#pragma once
+
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "dml/core/dtype.hpp"
+#include "dml/core/gemm.hpp"
+#include "dml/core/space.hpp"
+#include "dml/plan/cost.hpp"
+
+namespace dml::cost {
+
+namespace detail {
+template <class F>
+double seconds_per_call(F&& f, int repeats) {
+  f();  // warm
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < repeats; ++i) f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / repeats;
+}
+template <class T>
+double gemm_rate(std::int64_t m, std::int64_t n, std::int64_t k) {
+  std::vector<T> a(static_cast<std::size_t>(m * k), T(0.5f)), b(static_cast<std::size_t>(k * n), T(0.25f)),
+      c(static_cast<std::size_t>(m * n));
+  const double s = seconds_per_call([&] {
+    dml::gemm<dml::host>({.m = m, .n = n, .k = k, .a = a.data(), .lda = k, .b = b.data(), .ldb = n, .c = c.data(), .ldc = n});
+  }, 5);
+  return 2.0 * static_cast<double>(m * n * k) / s;
+}
+}  // namespace detail
+
+// GEMMs of m × n × k in fp32 and bf16, memcpy of copy_bytes; one node holding every rank.
+inline cluster calibrate(std::int64_t m = 512, std::int64_t n = 1024, std::int64_t k = 1024,
+                         std::size_t copy_bytes = std::size_t{64} << 20) {
+  cluster c;
+  c.flops_fp32 = detail::gemm_rate<float>(m, n, k);
+  c.flops_bf16 = detail::gemm_rate<dml::bf16>(m, n, k);
+  std::vector<char> src(copy_bytes, 1), dst(copy_bytes);
+  const double copy = detail::seconds_per_call([&] { std::memcpy(dst.data(), src.data(), src.size()); }, 5);
+  c.intra_bandwidth = c.inter_bandwidth = static_cast<double>(copy_bytes) / copy;
+  c.intra_latency = c.inter_latency = 2e-6;
+  c.devices_per_node = 1 << 20;
+  c.memory_bytes = 16.0 * (1ull << 30);
+  return c;
+}
+
+}  // namespace dml::cost

@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/plan/cluster.hpp — a cluster description as JSON (what dml-plan --cluster reads and --calibrate writes), and
+// byte sizes as people write them ("80GiB").
+// Sits on plan/cost.hpp and nlohmann-json; used by tools/dml-plan. See DESIGN.md §7.
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "dml/core/error.hpp"
+#include "dml/plan/cost.hpp"
+
+namespace dml::cost {
+
+// "80GiB", "40GB", "1.5e9", "512MiB": bytes (powers of 1024 for KiB..TiB, of 1000 for KB..TB).
+inline double parse_bytes(std::string_view text) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(std::string(text), &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string_view unit = used ? text.substr(used) : std::string_view{};
+  const std::pair<std::string_view, double> units[] = {{"", 1},        {"B", 1},          {"KB", 1e3},  {"MB", 1e6},
+                                                       {"GB", 1e9},    {"TB", 1e12},      {"KiB", 1024.0}, {"MiB", 1048576.0},
+                                                       {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  for (const auto& [name, scale] : units)
+    if (used && unit == name && std::isfinite(v) && v > 0) return v * scale;
+  fail<invalid_argument>("expected a positive size such as 80GiB, 40GB or 1e9 (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), found '",
+                         text, "'");
+}
+
+inline nlohmann::json to_json(const cluster& c) {
+  return {{"devices_per_node", c.devices_per_node}, {"memory_bytes", c.memory_bytes},
+          {"flops_fp32", c.flops_fp32},             {"flops_bf16", c.flops_bf16},
+          {"intra_bandwidth", c.intra_bandwidth},   {"intra_latency", c.intra_latency},
+          {"inter_bandwidth", c.inter_bandwidth},   {"inter_latency", c.inter_latency}};
+}
+
+// Fields left out keep cluster{}'s defaults; an unknown field, or one that is not a positive number, is refused
+// by name.
+inline cluster cluster_from_json(const nlohmann::json& j, std::string_view where = "cluster") {
+  if (!j.is_object()) fail<format_error>(where, ": expected a JSON object, found ", j.type_name());
+  cluster c;
+  for (const auto& [key, value] : j.items()) {
+    double* target = key == "memory_bytes" ? &c.memory_bytes : key == "flops_fp32" ? &c.flops_fp32
+                   : key == "flops_bf16" ? &c.flops_bf16 : key == "intra_bandwidth" ? &c.intra_bandwidth
+                   : key == "intra_latency" ? &c.intra_latency : key == "inter_bandwidth" ? &c.inter_bandwidth
+                   : key == "inter_latency" ? &c.inter_latency : nullptr;
+    if (!value.is_number() || !(value.get<double>() > 0))
+      fail<format_error>(where, ": field '", key, "' must be a positive number, found ", value.dump());
+    if (key == "devices_per_node") {
+      if (!value.is_number_integer()) fail<format_error>(where, ": field 'devices_per_node' must be an integer, found ", value.dump());
+      c.devices_per_node = value.get<int>();
+    } else if (target) *target = value.get<double>();
+    else
+      fail<format_error>(where, ": unknown field '", key, "'; expected devices_per_node, memory_bytes, flops_fp32, flops_bf16, ",
+                         "intra_bandwidth, intra_latency, inter_bandwidth or inter_latency");
+  }
+  return c;
+}
+
+}  // namespace dml::cost

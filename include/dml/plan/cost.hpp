@@ -1,0 +1,378 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/plan/cost.hpp — the cost model: per-rank bytes (parameters, gradients, optimizer state, master weights,
+// activations), FLOPs and a step time of a GPT (or a model known by its parameter count) under a layout.
+// Sits on core/error.hpp and the standard library; used by plan/exact.hpp, tools/dml-plan and the examples. See
+// DESIGN.md §7 (namespace dml::cost: parallel::plan names the kinds of parallelism, this prices a layout of them).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dml/core/error.hpp"
+
+namespace dml::cost {
+
+// ---- the papers' formulas, as printed ---------------------------------------------------------------
+
+// ZeRO (Rajbhandari et al. 2020), §3 and Figure 1: bytes of model states per device for Ψ parameters under
+// mixed precision (2 + 2 bytes of fp16 parameter and gradient, K bytes of optimizer state per parameter) at
+// data-parallel degree nd; stage 0 is plain data parallelism, 1 = P_os, 2 = P_os+g, 3 = P_os+g+p.
+inline double zero_model_state_bytes(double psi, double k, double nd, int stage) {
+  switch (stage) {
+    case 0: return (2 + 2 + k) * psi;
+    case 1: return 4 * psi + k * psi / nd;
+    case 2: return 2 * psi + (2 + k) * psi / nd;
+    case 3: return (2 + 2 + k) * psi / nd;
+    default: fail<invalid_argument>("dml::cost::zero_model_state_bytes: expected stage 0 to 3, found ", stage);
+  }
+}
+
+// Korthikanti et al. 2022, Table 2: activation bytes of one transformer layer (16-bit activations, 1-byte
+// dropout masks) for sequence s, micro-batch b, hidden h, heads a, tensor-parallel degree t.
+enum class recompute { none, selective, full };
+inline double korthikanti_layer_bytes(double s, double b, double h, double a, double t, bool sequence_parallel,
+                                      recompute r) {
+  const double sbh = s * b * h;
+  if (r == recompute::full) return 2 * sbh / (sequence_parallel ? t : 1);  // the layer's input only
+  const double attention = r == recompute::selective ? 0 : 5 * a * s / h;   // the s² terms
+  if (sequence_parallel || t == 1) return sbh / t * (34 + attention);
+  return sbh * (10 + 24 / t + attention / t);
+}
+
+// Narayanan et al. 2021, eq. (3): FLOPs per iteration of a GPT with full recomputation (one extra forward),
+// batch B, sequence s, l layers, hidden h, vocabulary V.
+inline double megatron_flops(double B, double s, double l, double h, double V) {
+  return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
+}
+// Their §5.1 parameter count: P = 12 l h² (1 + 13/(12h) + (V + s)/(12 l h)).
+inline double megatron_params(double l, double h, double V, double s) {
+  return 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h));
+}
+
+// ---- what is priced --------------------------------------------------------------------------------
+
+struct model {
+  std::int64_t layers = 0, d_model = 0, heads = 0, seq = 0, vocab = 0;
+  bool bias = false, tie = false;
+  std::int64_t experts = 0, top_k = 2, moe_every = 1;
+  double params_only = 0;  // > 0: a model known by its parameter count (model states only, no activations)
+  bool is_gpt() const { return params_only <= 0; }
+};
+
+enum class precision { fp32, bf16, fp16 };
+inline int value_bytes(precision p) { return p == precision::fp32 ? 4 : 2; }
+// Optimizer state slots of 4 bytes per parameter (optim::*::state_slots).
+inline int state_slots(std::string_view optimizer) {
+  if (optimizer == "adamw" || optimizer == "adam") return 2;
+  if (optimizer == "sgd" || optimizer == "adagrad") return 1;
+  fail<invalid_argument>("dml::cost: expected optimizer adamw, adam, sgd or adagrad, found '", optimizer, "'");
+}
+
+struct layout {
+  int dp = 1, tp = 1, pp = 1, ep = 1, cp = 1, zero = 0, replicas = 1;
+  bool sp = false;                    // sequence parallelism (with tp > 1)
+  std::string schedule = "1f1b";      // single, gpipe, 1f1b
+  std::int64_t micro_batches = 1;
+  recompute recomp = recompute::none;
+  int devices() const { return dp * tp * pp; }
+};
+
+inline std::string to_string(recompute r) {
+  return r == recompute::none ? "none" : r == recompute::selective ? "selective" : "full";
+}
+inline std::string to_string(const layout& l) {
+  return "dp=" + std::to_string(l.dp) + ",tp=" + std::to_string(l.tp) + ",pp=" + std::to_string(l.pp) +
+         ",ep=" + std::to_string(l.ep) + ",cp=" + std::to_string(l.cp) + ",zero=" + std::to_string(l.zero) +
+         ",replicas=" + std::to_string(l.replicas) + ",sp=" + (l.sp ? "1" : "0") + ",schedule=" + l.schedule +
+         ",mb=" + std::to_string(l.micro_batches) + ",recompute=" + to_string(l.recomp);
+}
+
+// "dp=8,tp=4,pp=2,zero=1,schedule=1f1b,mb=8,recompute=selective": fields left out keep their defaults.
+inline layout parse_layout(std::string_view text) {
+  layout l;
+  while (!text.empty()) {
+    const auto comma = text.find(',');
+    const std::string_view item = text.substr(0, comma);
+    text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
+    const auto eq = item.find('=');
+    if (eq == std::string_view::npos)
+      fail<invalid_argument>("dml::cost::parse_layout: expected key=value, found '", item, "'");
+    const std::string key(item.substr(0, eq)), value(item.substr(eq + 1));
+    auto number = [&] {
+      std::size_t used = 0;
+      long long v = -1;
+      try {
+        v = std::stoll(value, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != value.size() || v < 0)
+        fail<invalid_argument>("dml::cost::parse_layout: expected a non-negative integer for ", key, ", found '", value, "'");
+      return v;
+    };
+    if (key == "dp") l.dp = static_cast<int>(number());
+    else if (key == "tp") l.tp = static_cast<int>(number());
+    else if (key == "pp") l.pp = static_cast<int>(number());
+    else if (key == "ep") l.ep = static_cast<int>(number());
+    else if (key == "cp") l.cp = static_cast<int>(number());
+    else if (key == "zero") l.zero = static_cast<int>(number());
+    else if (key == "replicas") l.replicas = static_cast<int>(number());
+    else if (key == "sp") l.sp = number() != 0;
+    else if (key == "mb") l.micro_batches = number();
+    else if (key == "schedule") {
+      if (value != "single" && value != "gpipe" && value != "1f1b")
+        fail<invalid_argument>("dml::cost::parse_layout: expected schedule single, gpipe or 1f1b, found '", value, "'");
+      l.schedule = value;
+    } else if (key == "recompute") {
+      if (value == "none") l.recomp = recompute::none;
+      else if (value == "selective") l.recomp = recompute::selective;
+      else if (value == "full") l.recomp = recompute::full;
+      else fail<invalid_argument>("dml::cost::parse_layout: expected recompute none, selective or full, found '", value, "'");
+    } else
+      fail<invalid_argument>("dml::cost::parse_layout: unknown key '", key,
+                             "'; expected dp, tp, pp, ep, cp, zero, replicas, sp, schedule, mb or recompute");
+  }
+  return l;
+}
+
+// A cluster: what a step's time is priced with. Rates in FLOP/s and bytes/s, latency in seconds.
+struct cluster {
+  int devices_per_node = 8;
+  double memory_bytes = 80.0 * (1ull << 30);
+  double flops_fp32 = 60e12, flops_bf16 = 990e12;  // dense GEMM rate per device
+  double intra_bandwidth = 450e9, intra_latency = 5e-6;   // within a node (per direction)
+  double inter_bandwidth = 50e9, inter_latency = 10e-6;   // between nodes
+  double flops(precision p) const { return p == precision::fp32 ? flops_fp32 : flops_bf16; }
+};
+
+struct training {
+  std::int64_t global_batch = 1;   // sequences per step
+  precision prec = precision::bf16;
+  std::string optimizer = "adamw";
+};
+
+struct bytes {
+  double params = 0, grads = 0, optimizer = 0, master = 0, activations = 0, buffers = 0;
+  double total() const { return params + grads + optimizer + master + activations + buffers; }
+};
+
+struct estimate {
+  layout lay;
+  double params = 0;  // the whole model's parameter count
+  bytes per_rank;     // the largest rank
+  double flops_per_step = 0, hardware_flops_per_step = 0;
+  double step_seconds = 0, mfu = 0, bubble = 0;
+  std::string bottleneck;
+  bool fits = false;
+  std::string why;  // empty when it fits
+};
+
+// ---- the GPT's counts (nn::gpt's parameters, as its layers declare them) ------------------------------
+
+struct gpt_counts {
+  double embedding = 0, block = 0, moe_block = 0, head = 0;  // parameters
+  double total(const model& m) const {
+    const double moe_blocks = m.experts > 0 ? static_cast<double>(m.layers / m.moe_every) : 0;
+    return embedding + (static_cast<double>(m.layers) - moe_blocks) * block + moe_blocks * moe_block + head;
+  }
+};
+inline gpt_counts count_gpt(const model& m) {
+  const double h = static_cast<double>(m.d_model), b = m.bias ? 1 : 0;
+  gpt_counts c;
+  c.embedding = static_cast<double>(m.vocab) * h + static_cast<double>(m.seq) * h;
+  const double attn = 2 * h * (1 + b) + 3 * h * h + 3 * h * b + h * h + h * b;
+  const double mlp = 4 * h * h + 4 * h * b + 4 * h * h + h * b;
+  c.block = attn + mlp;
+  c.moe_block = attn + static_cast<double>(m.experts) * mlp + h * static_cast<double>(m.experts);  // + router
+  c.head = h * (1 + b) + (m.tie ? 0 : static_cast<double>(m.vocab) * h);
+  return c;
+}
+
+// Model FLOPs of one step (forward and backward: 3 × forward GEMMs; attention's two batched GEMMs included),
+// tokens = global batch × seq; with full recompute, hardware FLOPs add one forward of the blocks.
+inline double gpt_forward_flops_per_token(const model& m, bool blocks_only = false) {
+  const double h = static_cast<double>(m.d_model), s = static_cast<double>(m.seq), v = static_cast<double>(m.vocab);
+  const double moe_blocks = m.experts > 0 ? static_cast<double>(m.layers / m.moe_every) : 0;
+  const double dense = static_cast<double>(m.layers) - moe_blocks;
+  const double attn = 2 * (4 * h * h) + 2 * (2 * s * h);  // qkv + proj, QK^T and AV
+  const double mlp = 2 * 8 * h * h;
+  const double blocks = dense * (attn + mlp) + moe_blocks * (attn + static_cast<double>(m.top_k) * mlp);
+  return blocks + (blocks_only ? 0 : 2 * h * v);
+}
+
+// ---- checks and the estimate -------------------------------------------------------------------------
+
+// Why a layout cannot run this model at this batch (empty: it can). The trainer refuses the same.
+inline std::string refusal(const model& m, const layout& l, const training& t, int devices) {
+  auto str = [](auto v) { return std::to_string(v); };
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.ep < 1 || l.cp < 1 || l.replicas < 1 || l.micro_batches < 1)
+    return "every degree and mb must be at least 1";
+  if (devices > 0 && l.devices() != devices)
+    return "dp × tp × pp = " + str(l.devices()) + " but there are " + str(devices) + " devices";
+  if (l.zero < 0 || l.zero > 3) return "zero must be 0 to 3, found " + str(l.zero);
+  if (l.dp % l.replicas != 0) return "replicas " + str(l.replicas) + " do not divide dp " + str(l.dp);
+  if (l.replicas > 1 && l.zero == 0) return "replicas > 1 needs zero 1 to 3 (hybrid sharding)";
+  if (l.dp % l.ep != 0 || l.dp % l.cp != 0) return "ep and cp are carved out of dp: they must divide dp " + str(l.dp);
+  if (l.sp && l.tp == 1) return "sequence parallelism needs tp > 1";
+  if (l.schedule == "single" && l.pp > 1) return "schedule single runs one stage; pp is " + str(l.pp);
+  const std::int64_t data = l.dp / l.cp;
+  if (t.global_batch % data != 0)
+    return "the global batch " + str(t.global_batch) + " is not divisible by the " + str(data) + " data-parallel groups";
+  if (t.global_batch / data % l.micro_batches != 0)
+    return "a rank's " + str(t.global_batch / data) + " sequences do not split into mb = " + str(l.micro_batches);
+  if (l.pp > 1 && l.micro_batches < l.pp)
+    return "mb = " + str(l.micro_batches) + " is fewer than pp = " + str(l.pp) + " stages";
+  if (!m.is_gpt()) return {};
+  if (m.heads % l.tp != 0) return "tp " + str(l.tp) + " does not divide the " + str(m.heads) + " heads";
+  if (m.vocab % l.tp != 0) return "tp " + str(l.tp) + " does not divide the vocabulary " + str(m.vocab);
+  if (m.d_model % m.heads != 0) return "heads " + str(m.heads) + " do not divide d_model " + str(m.d_model);
+  if (l.pp > m.layers) return "pp " + str(l.pp) + " is more than the " + str(m.layers) + " layers";
+  if (l.ep > 1 && (m.experts == 0 || m.experts % l.ep != 0))
+    return "ep " + str(l.ep) + " does not divide the " + str(m.experts) + " experts";
+  if (m.seq % (2 * l.cp) != 0 && l.cp > 1) return "cp " + str(l.cp) + " needs seq divisible by " + str(2 * l.cp);
+  if (l.sp && m.seq / l.cp * (t.global_batch / data / l.micro_batches) % l.tp != 0)
+    return "sequence parallelism needs a micro-batch's tokens divisible by tp";
+  return {};
+}
+
+inline estimate evaluate(const model& m, const layout& l, const training& t, const cluster& c, int devices = 0) {
+  estimate e;
+  e.lay = l;
+  e.why = refusal(m, l, t, devices);
+  if (!e.why.empty()) return e;
+  const int slots = state_slots(t.optimizer);
+  const bool mixed = t.prec != precision::fp32;
+  const double w = value_bytes(t.prec);
+  const double shard = l.zero > 0 ? l.dp / l.replicas : 1;  // ZeRO shards over one replica's ranks
+  const double mb_rows = static_cast<double>(t.global_batch / (l.dp / l.cp) / l.micro_batches);
+
+  // Parameters held by the largest rank: the first stage's blocks plus the embedding (and, on one stage,
+  // the head), over tp; experts over ep.
+  double psi_rank = 0;
+  if (m.is_gpt()) {
+    const auto g = count_gpt(m);
+    e.params = g.total(m);
+    const double blocks = std::ceil(static_cast<double>(m.layers) / l.pp);
+    const double moe_frac = m.experts > 0 ? 1.0 / static_cast<double>(m.moe_every) : 0;
+    const double block = (1 - moe_frac) * g.block + moe_frac * (g.moe_block - (g.moe_block - g.block) * (1 - 1.0 / l.ep));
+    psi_rank = (blocks * block + g.embedding + (l.pp == 1 ? g.head : 0)) / l.tp;
+  } else {
+    e.params = m.params_only;
+    psi_rank = m.params_only / (l.tp * l.pp);
+  }
+  auto& b = e.per_rank;
+  b.params = psi_rank * w / (l.zero == 3 ? shard : 1);
+  b.grads = psi_rank * w / (l.zero >= 2 ? shard : 1);
+  b.optimizer = psi_rank * 4 * slots / (l.zero >= 1 ? shard : 1);
+  b.master = mixed ? psi_rank * 4 / (l.zero >= 1 ? shard : 1) : 0;
+
+  if (m.is_gpt()) {
+    // Activations: Korthikanti's per-layer bytes scaled to the working type (their 2-byte tensors), times the
+    // layers of a stage and the micro-batches in flight on the first stage.
+    const double s = static_cast<double>(m.seq) / l.cp;
+    const double per_layer = korthikanti_layer_bytes(s, mb_rows, static_cast<double>(m.d_model),
+                                                      static_cast<double>(m.heads), l.tp, l.sp, l.recomp) * (w / 2);
+    const double layers = std::ceil(static_cast<double>(m.layers) / l.pp);
+    const double in_flight = l.schedule == "gpipe" ? static_cast<double>(l.micro_batches)
+                           : l.pp > 1 ? std::min<double>(static_cast<double>(l.micro_batches), l.pp) : 1;
+    // Full recompute holds one layer's activations at a time on top of every layer's input.
+    const double full_layer = l.recomp == recompute::full
+        ? korthikanti_layer_bytes(s, mb_rows, static_cast<double>(m.d_model), static_cast<double>(m.heads), l.tp, l.sp, recompute::none) * (w / 2)
+        : 0;
+    b.activations = in_flight * layers * per_layer + full_layer;
+    // Logits of a micro-batch on the last stage (vocabulary-parallel): s·b·V/t values, kept once.
+    b.buffers = s * mb_rows * static_cast<double>(m.vocab) / l.tp * w;
+  }
+
+  // FLOPs and time.
+  const double tokens = static_cast<double>(t.global_batch) * static_cast<double>(m.seq);
+  if (m.is_gpt()) {
+    e.flops_per_step = 3 * tokens * gpt_forward_flops_per_token(m);
+    const double extra = l.recomp == recompute::full ? tokens * gpt_forward_flops_per_token(m, true)
+                       : l.recomp == recompute::selective ? tokens * static_cast<double>(m.layers) * 2 * (2 * static_cast<double>(m.seq) * m.d_model)
+                                                          : 0;
+    e.hardware_flops_per_step = e.flops_per_step + extra;
+  } else {
+    e.flops_per_step = e.hardware_flops_per_step = 6 * tokens * e.params;
+  }
+  const double rate = c.flops(t.prec);
+  const double compute = e.hardware_flops_per_step / l.devices() / rate;  // one rank's share, no bubble
+  auto link = [&](int group_span) {  // a group of ranks spanning group_span consecutive devices
+    return group_span <= c.devices_per_node ? std::pair{c.intra_bandwidth, c.intra_latency}
+                                            : std::pair{c.inter_bandwidth, c.inter_latency};
+  };
+  // Tensor parallelism: 4 all-reduces (or all-gather + reduce-scatter pairs) of s·b·h per layer and
+  // micro-batch (2 forward, 2 backward), ring cost 2(t−1)/t.
+  double tp_time = 0;
+  if (l.tp > 1 && m.is_gpt()) {
+    const auto [bw, lat] = link(l.tp);
+    const double msg = static_cast<double>(m.seq) / l.cp * mb_rows * static_cast<double>(m.d_model) * w;
+    const double per = 2.0 * (l.tp - 1) / l.tp * msg / bw + 2.0 * (l.tp - 1) * lat;
+    tp_time = 4 * std::ceil(static_cast<double>(m.layers) / l.pp) * static_cast<double>(l.micro_batches) * per;
+  }
+  // Data parallelism: one all-reduce (or reduce-scatter + all-gather) of the gradients per step.
+  double dp_time = 0;
+  if (l.dp > 1) {
+    const auto [bw, lat] = link(l.dp * l.tp * l.pp);
+    dp_time = 2.0 * (l.dp - 1) / l.dp * psi_rank * w / bw + 2.0 * (l.dp - 1) * lat;
+    if (l.zero == 3) dp_time *= 1.5;  // parameters gathered in forward and backward, gradients reduce-scattered
+  }
+  // Pipeline: the bubble of GPipe and 1F1B, (p − 1)/(m + p − 1) of the step; sends of s·b·h each way.
+  double pp_time = 0;
+  if (l.pp > 1 && m.is_gpt()) {
+    const auto [bw, lat] = link(l.tp * l.pp);
+    const double msg = static_cast<double>(m.seq) / l.cp * mb_rows * static_cast<double>(m.d_model) * w / (l.sp ? l.tp : 1);
+    pp_time = 2 * static_cast<double>(l.micro_batches) * (msg / bw + lat);
+  }
+  const double busy = compute + tp_time + pp_time;
+  const double slots_in_step = static_cast<double>(l.micro_batches + l.pp - 1) / static_cast<double>(l.micro_batches);
+  const double pipeline = busy * slots_in_step;
+  e.step_seconds = pipeline + dp_time;
+  e.bubble = e.step_seconds > 0 ? (pipeline - busy) / e.step_seconds : 0;
+  e.mfu = e.flops_per_step / (e.step_seconds * rate * l.devices());
+  const double parts[] = {compute, tp_time, pp_time, dp_time, pipeline - busy};
+  const char* names[] = {"compute", "tensor-parallel communication", "pipeline sends", "data-parallel communication",
+                         "pipeline bubble"};
+  e.bottleneck = names[std::max_element(std::begin(parts), std::end(parts)) - std::begin(parts)];
+  e.fits = b.total() <= c.memory_bytes;
+  if (!e.fits)
+    e.why = "needs " + std::to_string(static_cast<long long>(b.total())) + " bytes per rank, over the memory of " +
+            std::to_string(static_cast<long long>(c.memory_bytes));
+  return e;
+}
+
+// Every layout of `devices` ranks (tp, pp powers of two, zero 0 to 3, recompute none/selective/full,
+// micro-batches of `micro_batch` sequences), evaluated; the ones that fit first, fastest first.
+inline std::vector<estimate> search(const model& m, const training& t, const cluster& c, int devices,
+                                    std::int64_t micro_batch) {
+  std::vector<estimate> out;
+  for (int tp = 1; tp <= devices; tp *= 2)
+    for (int pp = 1; tp * pp <= devices; pp *= 2) {
+      if (devices % (tp * pp) != 0) continue;
+      const int dp = devices / (tp * pp);
+      for (int zero = 0; zero <= 3; ++zero) {
+        if (dp == 1 && zero > 0) continue;
+        for (recompute r : {recompute::none, recompute::selective, recompute::full}) {
+          if (!m.is_gpt() && r != recompute::none) continue;
+          layout l{.dp = dp, .tp = tp, .pp = pp, .zero = zero, .sp = tp > 1, .schedule = pp > 1 ? "1f1b" : "single",
+                   .recomp = r};
+          const std::int64_t rows = t.global_batch / dp;
+          l.micro_batches = micro_batch > 0 && rows % micro_batch == 0 ? std::max<std::int64_t>(1, rows / micro_batch) : 1;
+          out.push_back(evaluate(m, l, t, c, devices));
+        }
+      }
+    }
+  std::stable_sort(out.begin(), out.end(), [](const estimate& a, const estimate& b) {
+    const bool ra = a.why.empty() || a.fits, rb = b.why.empty() || b.fits;
+    if (a.fits != b.fits) return a.fits;
+    if (ra != rb) return ra;
+    return a.step_seconds < b.step_seconds;
+  });
+  return out;
+}
+
+}  // namespace dml::cost

@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: Apache-2.0
+// tools/dml-plan.cpp — dml-plan: ranks the layouts of a GPT (or a model known by its parameter count) on N devices
+// by dml::cost's predicted step time, with per-rank memory by category, MFU, bubble and bottleneck, and says why
+// the rejected ones were rejected; --layout evaluates one; --calibrate measures this host's GEMM and copy rates.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "dml/plan/calibrate.hpp"
+#include "dml/plan/cluster.hpp"
+#include "dml/plan/cost.hpp"
+#include "dml/train/flags.hpp"
+
+namespace {
+
+using namespace dml;
+
+std::string gib(double bytes) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f", bytes / (1ull << 30));
+  return s;
+}
+
+nlohmann::json to_json(const cost::estimate& e) {
+  const auto& b = e.per_rank;
+  return {{"layout", cost::to_string(e.lay)},
+          {"params", e.params},
+          {"bytes",
+           {{"params", b.params}, {"grads", b.grads}, {"optimizer", b.optimizer}, {"master", b.master},
+            {"activations", b.activations}, {"buffers", b.buffers}, {"total", b.total()}}},
+          {"flops_per_step", e.flops_per_step},
+          {"hardware_flops_per_step", e.hardware_flops_per_step},
+          {"step_seconds", e.step_seconds},
+          {"mfu", e.mfu},
+          {"bubble", e.bubble},
+          {"bottleneck", e.bottleneck},
+          {"fits", e.fits},
+          {"why", e.why}};
+}
+
+void print(const cost::estimate& e, int rank) {
+  const auto& b = e.per_rank;
+  std::printf("%3d  %-80s\n     GiB/rank: params %s grads %s optimizer %s master %s activations %s buffers %s total %s\n"
+              "     step %.4g s  MFU %.1f%%  bubble %.1f%%  bottleneck: %s\n",
+              rank, cost::to_string(e.lay).c_str(), gib(b.params).c_str(), gib(b.grads).c_str(), gib(b.optimizer).c_str(),
+              gib(b.master).c_str(), gib(b.activations).c_str(), gib(b.buffers).c_str(), gib(b.total()).c_str(),
+              e.step_seconds, 100 * e.mfu, 100 * e.bubble, e.bottleneck.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_kind = "gpt", precision = "bf16", optimizer = "adamw", memory = "80GiB", cluster_file, layout,
+              calibrate_file;
+  cost::model m{.layers = 12, .d_model = 768, .heads = 12, .seq = 1024, .vocab = 50304};
+  double params = 0;
+  std::int64_t batch = 8, micro_batch = 1;
+  int devices = 1, show = 10;
+  bool json = false;
+  dml::flags cli("dml-plan", "Ranks the layouts of a model on N devices by predicted step time (dml::cost).");
+  cli.add("--model", model_kind, "KIND", "gpt, or params (a model known by --params alone)").choices({"gpt", "params"});
+  cli.add("--layers", m.layers, "L", "transformer blocks").min(1);
+  cli.add("--d-model", m.d_model, "H", "hidden size").min(1);
+  cli.add("--heads", m.heads, "A", "attention heads").min(1);
+  cli.add("--seq", m.seq, "S", "sequence length").min(1);
+  cli.add("--vocab", m.vocab, "V", "vocabulary size").min(1);
+  cli.add_switch("--bias", m.bias, "biases in every Linear and LayerNorm");
+  cli.add_switch("--tie", m.tie, "LM head tied to the token embedding");
+  cli.add("--experts", m.experts, "E", "experts per MoE block (0: dense)").min(0);
+  cli.add("--top-k", m.top_k, "K", "experts per token").min(1);
+  cli.add("--moe-every", m.moe_every, "N", "every N-th block is MoE").min(1);
+  cli.add("--params", params, "N", "parameter count (model states only, no activations); implies --model params").min(0);
+  cli.add("--batch", batch, "B", "global batch, sequences per step").min(1);
+  cli.add("--micro-batch", micro_batch, "b", "sequences per micro-batch in the search").min(1);
+  cli.add("--precision", precision, "P", "working precision").choices({"fp32", "bf16", "fp16"});
+  cli.add("--optimizer", optimizer, "O", "optimizer").choices({"adamw", "adam", "sgd", "adagrad"});
+  cli.add("--devices", devices, "N", "devices (ranks)").min(1);
+  cli.add("--memory", memory, "BYTES", "memory per device (80GiB, 40GB, ...)").check([](const std::string& s) {
+    try {
+      cost::parse_bytes(s);
+      return std::string{};
+    } catch (const dml::error&) {
+      return std::string("a positive size such as 80GiB, 40GB or 1e9");
+    }
+  });
+  cli.add("--cluster", cluster_file, "FILE", "cluster description (JSON; see --calibrate)");
+  cli.add("--layout", layout, "LAYOUT", "evaluate one layout: dp=8,tp=4,pp=2,zero=1,sp=1,schedule=1f1b,mb=8,recompute=selective");
+  cli.add("--top", show, "N", "layouts to print").min(0);
+  cli.add_switch("--json", json, "one JSON object per layout");
+  cli.add("--calibrate", calibrate_file, "FILE", "measure this host's GEMM and copy rates and write them as a cluster file");
+  if (const auto status = cli.parse_for_main(argc, argv)) return *status;
+
+  try {
+    if (!calibrate_file.empty()) {
+      const auto c = cost::calibrate();
+      std::ofstream(calibrate_file) << to_json(c).dump(2) << "\n";
+      std::printf("%s\n", to_json(c).dump(2).c_str());
+      return 0;
+    }
+    cost::cluster c;
+    if (!cluster_file.empty()) {
+      std::ifstream in(cluster_file);
+      if (!in) dml::fail<dml::io_error>("cannot open the cluster file ", cluster_file);
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(in);
+      } catch (const nlohmann::json::exception& e) {
+        dml::fail<dml::format_error>(cluster_file, ": not JSON: ", e.what());
+      }
+      c = cost::cluster_from_json(j, cluster_file);
+    }
+    c.memory_bytes = cost::parse_bytes(memory);
+    if (params > 0 || model_kind == "params") {
+      if (!(params > 0)) dml::fail<dml::invalid_argument>("--model params needs --params N > 0");
+      m = cost::model{.seq = m.seq, .params_only = params};
+    }
+    const cost::training t{.global_batch = batch,
+                           .prec = precision == "fp32" ? cost::precision::fp32 : precision == "bf16" ? cost::precision::bf16 : cost::precision::fp16,
+                           .optimizer = optimizer};
+    std::vector<cost::estimate> all;
+    if (!layout.empty()) {
+      const auto l = cost::parse_layout(layout);
+      all.push_back(cost::evaluate(m, l, t, c, l.devices()));
+    } else
+      all = cost::search(m, t, c, devices, micro_batch);
+    if (json) {
+      for (const auto& e : all) std::printf("%s\n", to_json(e).dump().c_str());
+      return 0;
+    }
+    int rank = 0;
+    const auto fits = std::count_if(all.begin(), all.end(), [](const auto& e) { return e.fits; });
+    std::printf("%lld of %zu layouts fit in %s GiB per device%s\n", static_cast<long long>(fits), all.size(),
+                gib(c.memory_bytes).c_str(), fits ? "; fastest first:" : "");
+    for (const auto& e : all)
+      if (e.fits && rank < show) print(e, ++rank);
+    std::printf("rejected:\n");
+    for (const auto& e : all)
+      if (!e.fits) std::printf("  %s: %s\n", cost::to_string(e.lay).c_str(), e.why.c_str());
+    return 0;
+  } catch (const dml::error& e) {
+    std::fprintf(stderr, "dml-plan: error: %s\n", e.what());
+    return 2;
+  }
+}
