@@ -30,6 +30,7 @@ struct options {
   std::string lr_schedule = "cosine";  // constant | cosine (linear warmup, then cosine decay to 0)
   std::int64_t warmup = 100;
   std::optional<float> weight_decay;
+  float trust_clip = 0.f;  // lamb, lars: upper bound on the trust ratio; 0: none
   std::uint64_t seed = 1;
   std::string init, save, log;
   bool shuffle = true;
@@ -68,8 +69,9 @@ inline dml::flags command_line(options& o) {
   f.add("--steps", o.steps, "N", "stop after N steps; 0: no limit").min(0);
   f.add("--batch", o.batch, "N", "global batch").min(1);
   f.add("--lr", o.lr, "X", "learning rate").default_text("the optimizer's, as PyTorch's");
-  f.add("--optimizer", o.optimizer, "O", "optimizer").choices({"sgd", "adam", "adamw", "adagrad"});
+  f.add("--optimizer", o.optimizer, "O", "optimizer").choices({"sgd", "adam", "adamw", "adagrad", "lamb", "lars"});
   f.add("--weight-decay", o.weight_decay, "X", "weight decay").default_text("the optimizer's, as PyTorch's");
+  f.add("--trust-clip", o.trust_clip, "X", "lamb, lars: upper bound on the trust ratio; 0: none").min(0.f);
   f.add("--seed", o.seed, "N", "seed of the initial weights and the shuffle");
   f.add("--lr-schedule", o.lr_schedule, "S", "constant, or linear warmup then cosine decay to 0")
       .choices({"constant", "cosine"});
@@ -108,12 +110,17 @@ inline void check_across(const options& o) {
   if (o.precision != "fp32" && o.optimizer == "adagrad")
     dml::fail<dml::invalid_argument>("--precision ", o.precision, ": expected --optimizer sgd, adam or adamw (adagrad "
                                      "does not write a working copy), found adagrad");
+  if (o.trust_clip > 0 && o.optimizer != "lamb" && o.optimizer != "lars")
+    dml::fail<dml::invalid_argument>("--trust-clip ", o.trust_clip, ": expected --optimizer lamb or lars, found ",
+                                     o.optimizer);
   if (o.dp > 0 && o.comm == "local" && o.ranks != o.pp * o.dp)
     dml::fail<dml::invalid_argument>("--ranks: expected --pp × --dp = ", o.pp * o.dp, " ranks, found ", o.ranks);
 }
 
 // The optimizer named by --optimizer, chosen at run time, with PyTorch's defaults where a flag is absent.
-using any_optimizer = dml::optim::any_of<dml::optim::sgd, dml::optim::adam, dml::optim::adamw, dml::optim::adagrad>;
+// lamb and lars (layer-wise: per-tensor trust ratios; 1-D tensors take no decay or ratio) take --trust-clip.
+using any_optimizer = dml::optim::any_of<dml::optim::sgd, dml::optim::adam, dml::optim::adamw, dml::optim::adagrad,
+                                         dml::optim::lamb, dml::optim::lars>;
 inline any_optimizer make_optimizer(const options& o) {
   auto opt = any_optimizer::by_name(o.optimizer);
   std::visit(
@@ -121,6 +128,7 @@ inline any_optimizer make_optimizer(const options& o) {
         auto p = chosen.opt;
         if (o.lr) p.lr = *o.lr;
         if (o.weight_decay) p.weight_decay = *o.weight_decay;
+        if constexpr (requires { p.trust_clip; }) p.trust_clip = o.trust_clip;
         chosen = std::remove_cvref_t<decltype(chosen)>{p};
       },
       opt.chosen);
@@ -226,8 +234,8 @@ int run_single(const options& o, Model model, const dml::train::dataset& train_s
         const float loss = loss_fn.forward_backward<Space>(logits, loader.y.data(), dlogits.view(), row_loss.data());
         net.backward(dlogits.cview(), ctx);
         const float lr = learning_rate(o, opt.default_lr(), step, planned);
-        opt.template update<Space>({.n = net.layout().total, .w = net.params().data(), .g = net.grads().data(),
-                                    .state = state.pointers(), .step = step, .lr = lr});
+        dml::optim::update_layout<Space>(opt, {.n = net.layout().total, .w = net.params().data(), .g = net.grads().data(),
+                                               .state = state.pointers(), .step = step, .lr = lr}, net.layout());
         if (log) log << step << ',' << epoch << ',' << loss << ',' << lr << '\n';
         bar.update(step, loss, static_cast<std::int64_t>(idx.size()));
       }

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <variant>
 
+#include "dml/optim/layerwise.hpp"
 #include "dml/optim/optimizer.hpp"
 
 namespace dml::optim {
@@ -19,6 +20,8 @@ struct any_of {
   static constexpr bool writes_working_copy = (writes_working_copy_v<O> || ...);
   static constexpr const char* name = "any_of";
   static constexpr int state_slots = std::max({O::state_slots...});  // enough for every alternative
+  // When some alternative is layer-wise (optim/layerwise.hpp): uses_layerwise() says whether the chosen one is.
+  static constexpr bool layerwise = (layerwise_v<O> || ...);
 
   std::variant<O...> chosen{};
 
@@ -49,6 +52,23 @@ struct any_of {
   template <execution_space S>
   void update(const step_args& a) const {
     std::visit([&](const auto& o) { o.template update<S>(a); }, chosen);
+  }
+  bool uses_layerwise() const {
+    return std::visit([](const auto& o) { return layerwise_v<std::remove_cvref_t<decltype(o)>>; }, chosen);
+  }
+  template <execution_space S>
+  void prepare(const step_args& a, std::span<const tensor_piece> pieces, double* sums) const {
+    std::visit([&](const auto& o) {
+      if constexpr (layerwise_v<std::remove_cvref_t<decltype(o)>>) o.template prepare<S>(a, pieces, sums);
+      else fail<invalid_argument>("dml::optim::any_of: ", chosen_name(), " is not layer-wise (call update)");
+    }, chosen);
+  }
+  template <execution_space S>
+  void apply(const step_args& a, std::span<const tensor_piece> pieces, const double* sums) const {
+    std::visit([&](const auto& o) {
+      if constexpr (layerwise_v<std::remove_cvref_t<decltype(o)>>) o.template apply<S>(a, pieces, sums);
+      else fail<invalid_argument>("dml::optim::any_of: ", chosen_name(), " is not layer-wise (call update)");
+    }, chosen);
   }
 };
 

@@ -13,7 +13,10 @@ namespace dml::parallel {
 
 // What the event log records, in the order it happened on this rank. compute_begin/compute_end
 // bracket every forward and backward action of a schedule (bucket: the action's index).
-enum class event_kind { backward_begin, bucket_launch, backward_end, comm_done, step_end, compute_begin, compute_end };
+// norm_reduce: the one reduction of per-tensor sums a layer-wise optimizer's step takes under sharded state.
+enum class event_kind {
+  backward_begin, bucket_launch, backward_end, comm_done, step_end, compute_begin, compute_end, norm_reduce
+};
 struct event {
   event_kind kind;
   int bucket = -1;

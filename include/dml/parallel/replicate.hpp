@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "dml/optim/layerwise.hpp"
 #include "dml/parallel/sharding.hpp"
 
 namespace dml::parallel {
@@ -72,6 +73,13 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
     optim::step_args a{.n = net_.layout().total, .w = master(), .g = net_.grads().data(), .state = state_.pointers(),
                        .step = t, .lr = lr, .grad_scale = grad_scale};
     if constexpr (mixed) a.working = net_.params().data();
+    if constexpr (optim::layerwise_v<Optimizer>) {
+      // Layer-wise (LAMB, LARS): every rank holds whole tensors, so their norms need no reduction.
+      if (optim::uses_layerwise(opt)) {
+        if (pieces_.empty()) pieces_ = optim::whole_tensors(net_.layout());
+        return optim::update_tensors<Space>(opt, a, pieces_);
+      }
+    }
     opt.template update<Space>(a);
   }
 
@@ -111,6 +119,7 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
     else return net_.params().data();
   }
   buffer<float, Space> master_;  // mixed precision: the float weights beside the working copy
+  std::vector<optim::tensor_piece> pieces_;  // layer-wise optimizers: each slot whole
 };
 
 }  // namespace detail

@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "dml/optim/layerwise.hpp"
 #include "dml/parallel/sharding.hpp"
 
 namespace dml::parallel {
@@ -174,6 +175,9 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
   // One fused pass per range: unscale and clip, the update of the float weights, and under mixed
   // precision the cast into the working copy; stages 1 and 2 then gather every run's parts.
   void update(Optimizer& opt, float lr, std::int64_t t, float grad_scale) {
+    if constexpr (optim::layerwise_v<Optimizer>) {
+      if (optim::uses_layerwise(opt)) return update_layerwise(opt, lr, t, grad_scale);
+    }
     if constexpr (Stage == 3) {
       optim::step_args a{.n = shard_, .w = shard_params_.data(), .g = shard_grads_.data(), .state = state_.pointers(),
                          .step = t, .lr = lr, .grad_scale = grad_scale};
@@ -199,6 +203,25 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
           this->group(rn).all_gather(span_in<T, Space>(w, rn.hi - rn.lo));  // in place: this rank's part is at rank·part
         }
     }
+  }
+  // Layer-wise optimizers (LAMB, LARS): a tensor may straddle shards, so each rank adds its pieces' sums, one
+  // all-reduce of 2 × tensors doubles over the shard group completes them, and the update follows (stages 1 and
+  // 2 then gather as above). Replicas hold the same shards, so the shard group is enough.
+  void update_layerwise(Optimizer& opt, float lr, std::int64_t t, float grad_scale) {
+    if (layerwise_pieces_.empty()) layerwise_pieces_ = pieces_by_run();
+    std::vector<double> sums(2 * net_.layout().slots.size(), 0.0);
+    std::size_t k = 0;
+    for (const auto& bk : buckets_)
+      for (const auto& rn : bk.runs) opt.template prepare<Space>(run_args(rn, lr, t, grad_scale), layerwise_pieces_[k++], sums.data());
+    (*log_)(event_kind::norm_reduce);
+    if (this->comm_.size() > 1) comm::all_reduce_host(this->comm_, std::span<double>(sums), comm::reduce_op::sum);
+    k = 0;
+    for (const auto& bk : buckets_)
+      for (const auto& rn : bk.runs) {
+        opt.template apply<Space>(run_args(rn, lr, t, grad_scale), layerwise_pieces_[k++], sums.data());
+        if constexpr (Stage < 3) this->group(rn).all_gather(span_in<T, Space>(net_.params().data() + rn.lo, rn.hi - rn.lo));
+      }
+    if constexpr (Stage == 3) resident_ = {-1, -1};
   }
 
   std::vector<float> parameters() {
@@ -275,6 +298,46 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
 
  private:
   bool streams() const { return Stage >= 2 && !per_step_; }
+  // The step's view of this rank's part of run rn (what update passes per run).
+  optim::step_args run_args(const run& rn, float lr, std::int64_t t, float grad_scale) {
+    optim::step_args a{.n = rn.part, .g = shard_grads_.data() + rn.shard_offset, .step = t, .lr = lr,
+                       .grad_scale = grad_scale};
+    run_state_.assign(state_.pointers(), state_.pointers() + Optimizer::state_slots);
+    for (auto& p : run_state_) p += rn.shard_offset;
+    a.state = run_state_.data();
+    if constexpr (Stage == 3) {
+      a.w = shard_params_.data() + rn.shard_offset;
+      if constexpr (mixed) a.working = shard_working_.data() + rn.shard_offset;
+    } else {
+      T* w = net_.params().data() + rn.lo + this->rank_in(rn) * rn.part;
+      if constexpr (mixed) {
+        a.w = shard_params_.data() + rn.shard_offset;  // float master shard
+        a.working = w;
+      } else {
+        a.w = w;
+      }
+    }
+    return a;
+  }
+  // Per run, the pieces of the tensors in this rank's part (relative to the part), as owned_pieces cuts them.
+  std::vector<std::vector<optim::tensor_piece>> pieces_by_run() const {
+    if (this->groups_[1] != this->groups_[0])
+      fail<invalid_argument>("dml::parallel::zero<", Stage, ">: layer-wise optimizers (lamb, lars) need one shard "
+                             "group, found expert parallelism");
+    const auto& L = net_.layout();
+    std::vector<std::vector<optim::tensor_piece>> out;
+    for (const auto& bk : buckets_)
+      for (const auto& rn : bk.runs) {
+        auto& v = out.emplace_back();
+        const std::int64_t p0 = rn.lo + this->rank_in(rn) * rn.part, p1 = p0 + rn.part;
+        for (std::size_t s = rn.first_slot; s < rn.end_slot; ++s) {
+          const auto& sl = L.slots[s];
+          const std::int64_t b = std::max(sl.offset, p0), e = std::min(sl.offset + sl.shape.numel(), p1);
+          if (b < e) v.push_back({b - p0, e - p0, static_cast<std::int64_t>(s), sl.shape.rank > 1});
+        }
+      }
+    return out;
+  }
   void complete_reduce(typename base::inflight& f) {
     if (streams()) this->complete(f, shard_grads_.data(), shard_tmp_.data(), !this->first_);
   }
@@ -343,6 +406,8 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
   std::vector<comm::request> gather_req_[2];
   std::vector<buffer<T, Space>> resident_chunks_;  // per step: each chunk's parameters while resident
   std::int64_t resident_bytes_ = 0, peak_resident_ = 0;
+  std::vector<std::vector<optim::tensor_piece>> layerwise_pieces_;  // per run (layer-wise optimizers)
+  std::vector<float*> run_state_;
 };
 
 }  // namespace detail

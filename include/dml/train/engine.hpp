@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "dml/optim/layerwise.hpp"
 #include "dml/parallel/group_scalars.hpp"
 #include "dml/parallel/parallelize.hpp"
 #include "dml/parallel/routing.hpp"
@@ -69,6 +70,10 @@ class engine final : public engine_base<Space> {
         ties_(parallel::find_ties(net_.layout(), full_layout_, place_.mesh() ? &place_.mesh()->pp() : nullptr)),
         uncounted_(parallel::uncounted_slots(net_.layout(), place_.tp_rank())) {
     if constexpr (Precision::loss_scaling) scaler_ = optim::loss_scaler({.init_scale = opt_.initial_loss_scale});
+    if (optim::uses_layerwise(optimizer_) && (opt_.tensor_parallel > 1 || opt_.expert_parallel > 1))
+      fail<invalid_argument>("dml::trainer: layer-wise optimizers (lamb, lars) need whole tensors per data-parallel "
+                             "group; expected tensor_parallel = expert_parallel = 1, found ", opt_.tensor_parallel,
+                             " and ", opt_.expert_parallel);
     pipe_.set_layer_context(place_.layer_groups());
     program(opt_.micro_batches);  // a bad schedule fails here, before any work
   }
