@@ -42,8 +42,17 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
     const int b = this->bucket_index(*bk);
     (*log_)(event_kind::bucket_launch, b);
     typename base::inflight f{.r = {}, .bucket = b, .seen = false};
-    for (const auto& rn : bk->runs)
+    for (const auto& rn : bk->runs) {
+      this->count_dense(rn, 2);
+      if constexpr (std::same_as<T, float>) {
+        if (this->compress_) {  // blocking: compressed messages are not overlapped with backward
+          this->compressor_.all_reduce(this->group(rn), net_.grads().subspan(rn.lo, rn.hi - rn.lo),
+                                       static_cast<std::size_t>(rn.lo), static_cast<std::size_t>(rn.shard_offset));
+          continue;
+        }
+      }
       f.r.push_back(this->group(rn).iall_reduce(net_.grads().subspan(rn.lo, rn.hi - rn.lo), comm::reduce_op::sum));
+    }
     pending_.push_back(std::move(f));
   }
   void reduce(int, bool) {
