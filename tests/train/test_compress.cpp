@@ -61,7 +61,7 @@ compress_run train_compressed(int ranks, train::trainer_options opt, O optimizer
 }  // namespace
 
 TEST_CASE_TEMPLATE("compress none: bit for bit today's trainer, dense bytes of a ring", S, parallel::replicate,
-                   parallel::zero<1>, parallel::zero<2>) {
+                   parallel::zero<1>, parallel::zero<2>, parallel::zero<3>) {
   auto none = options();
   none.compress = "none";
   const auto ref = train_compressed<S>(2, options());
@@ -75,7 +75,7 @@ TEST_CASE_TEMPLATE("compress none: bit for bit today's trainer, dense bytes of a
 }
 
 TEST_CASE_TEMPLATE("compress onebit and topk: 2 ranks train close to dense, bytes exact", S, parallel::replicate,
-                   parallel::zero<1>, parallel::zero<2>) {
+                   parallel::zero<1>, parallel::zero<2>, parallel::zero<3>) {
   constexpr int long_steps = 100;
   const auto dense = train_compressed<S>(2, options(), optim::adamw{}, long_steps);
   const float first = dense.r.losses.front(), last = mean_of_last(dense.r.losses, 10);
