@@ -69,6 +69,10 @@ class engine final : public engine_base<Space> {
               opt_.recompute, log_, place_.tensor()),
         ties_(parallel::find_ties(net_.layout(), full_layout_, place_.mesh() ? &place_.mesh()->pp() : nullptr)),
         uncounted_(parallel::uncounted_slots(net_.layout(), place_.tp_rank())) {
+    if constexpr (!requires { sync_.gradient_bytes(); })
+      if (parallel::gradient_compression::parse(opt_.compress).on())
+        fail<invalid_argument>("dml::trainer: compress ", opt_.compress,
+                               ": expected a sharding that compresses (replicate, zero<1|2|3>), found one that does not");
     if constexpr (Precision::loss_scaling) scaler_ = optim::loss_scaler({.init_scale = opt_.initial_loss_scale});
     pipe_.set_layer_context(place_.layer_groups());
     program(opt_.micro_batches);  // a bad schedule fails here, before any work
