@@ -43,6 +43,7 @@ struct options {
   int replicas = 1;               // > 1 with zeroN: hybrid sharding, ZeRO within each of this many replicas
   std::string precision = "fp32";
   double bucket_mb = 25.0;
+  std::string compress = "none";  // none | onebit | onebit:B | topk:F: gradient compression with error feedback
   int pp = 1;                  // pipeline stages
   int dp = 0;                  // data-parallel ranks per stage; 0: ranks / pp
   std::int64_t microbatches = 1;
@@ -88,6 +89,17 @@ inline dml::flags command_line(options& o) {
   f.add("--precision", o.precision, "P", "arithmetic").choices({"fp32", "bf16", "fp16"});
   f.add("--bucket-mb", o.bucket_mb, "X", "gradient bucket size in MB")
       .check([](double mb) { return mb > 0 ? std::string() : "a size > 0"; }, "> 0");
+  f.add("--compress", o.compress, "C", "gradient compression with error feedback: none, onebit, onebit:B or topk:F")
+      .check(
+          [](const std::string& c) {
+            try {
+              (void)dml::parallel::gradient_compression::parse(c);
+              return std::string();
+            } catch (const dml::invalid_argument&) {
+              return std::string("none, onebit, onebit:B (B a positive multiple of 32) or topk:F (0 < F <= 1)");
+            }
+          },
+          "fp32, ddp or zero1-3");
   f.add("--checkpoint", o.checkpoint, "DIR", "save a sharded checkpoint here after every epoch");
   f.add("--resume", o.resume, "DIR", "continue from the newest checkpoint in DIR");
   f.add("--pp", o.pp, "K", "pipeline stages").min(1);
@@ -113,6 +125,9 @@ inline void check_across(const options& o) {
   if (o.trust_clip > 0 && o.optimizer != "lamb" && o.optimizer != "lars")
     dml::fail<dml::invalid_argument>("--trust-clip ", o.trust_clip, ": expected --optimizer lamb or lars, found ",
                                      o.optimizer);
+  if (o.compress != "none" && o.precision != "fp32")
+    dml::fail<dml::invalid_argument>("--compress ", o.compress, ": expected --precision fp32 (compressed reductions "
+                                     "sum fp32 gradients), found ", o.precision);
   if (o.dp > 0 && o.comm == "local" && o.ranks != o.pp * o.dp)
     dml::fail<dml::invalid_argument>("--ranks: expected --pp × --dp = ", o.pp * o.dp, " ranks, found ", o.ranks);
 }
@@ -269,6 +284,7 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
   dml::train::trainer_options to;
   to.seed = o.seed;
   to.bucket_mb = o.bucket_mb;
+  to.compress = o.compress;
   to.pipeline_stages = o.pp;
   to.micro_batches = o.microbatches;
   to.schedule = o.schedule;
@@ -325,6 +341,7 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
   }
   batch_loader<dml::host> loader;
   dml::train::progress bar("train", planned, 100);
+  dml::parallel::wire_bytes bytes{};  // of the last step, rank 0's
   for (std::int64_t epoch = first_epoch; epoch < o.epochs && step < planned; ++epoch) {
     const auto order = sampler.order(static_cast<std::uint64_t>(epoch));
     for (std::int64_t b = 0; b < per_epoch && step < planned; ++b) {
@@ -333,6 +350,7 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
       loader.load(train_set, idx);
       const auto r = trainer.step(loader.x.cview(), loader.y.data(), global);
       ++step;
+      bytes = {r.gradient_bytes, r.dense_gradient_bytes};
       if (rank == 0) {
         if (log) log << step << ',' << epoch << ',' << r.loss << ',' << to.lr(step) << '\n';
         bar.update(step, r.loss, global);
@@ -353,6 +371,8 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
     if (rank == 0) {
       std::printf("epoch=%lld steps=%lld seconds=%.1f\ntest_accuracy=%.4f\n", static_cast<long long>(epoch + 1),
                   static_cast<long long>(step), bar.elapsed(), double(correct[0]) / double(test_set.size()));
+      std::printf("compress=%s compressed_bytes_per_step=%lld dense_bytes_per_step=%lld\n", o.compress.c_str(),
+                  static_cast<long long>(bytes.sent), static_cast<long long>(bytes.dense));
       std::fflush(stdout);
     }
   }

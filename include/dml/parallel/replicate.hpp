@@ -3,6 +3,7 @@
 // Sits on parallel/sharding.hpp; train/trainer.hpp runs it through the sharding_sync interface.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <span>
 #include <vector>
@@ -43,8 +44,18 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
     const int b = this->bucket_index(*bk);
     (*log_)(event_kind::bucket_launch, b);
     typename base::inflight f{.r = {}, .bucket = b, .seen = false};
-    for (const auto& rn : bk->runs)
+    for (const auto& rn : bk->runs) {
+      this->count_dense(rn, 2);
+      if constexpr (std::same_as<T, float>) {
+        if (this->compress_) {  // blocking: compressed messages are not overlapped with backward
+          this->compressor_.all_reduce(this->group(rn), net_.grads().subspan(rn.lo, rn.hi - rn.lo),
+                                       static_cast<std::size_t>(rn.lo), static_cast<std::size_t>(rn.shard_offset));
+          zero_padding(rn);
+          continue;
+        }
+      }
       f.r.push_back(this->group(rn).iall_reduce(net_.grads().subspan(rn.lo, rn.hi - rn.lo), comm::reduce_op::sum));
+    }
     pending_.push_back(std::move(f));
   }
   void reduce(int, bool) {
@@ -117,6 +128,14 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
   const float* master() const {
     if constexpr (mixed) return master_.data();
     else return net_.params().data();
+  }
+  // 1-bit messages give padding entries a value; backward leaves them, and they would feed back next step.
+  void zero_padding(const run& rn) {
+    const auto& L = net_.layout();
+    for (std::size_t s = rn.first_slot; s < rn.end_slot; ++s) {
+      const std::int64_t end = s + 1 < rn.end_slot ? L.slots[s + 1].offset : rn.hi;
+      std::fill(net_.grads().data() + L.slots[s].offset + L.slots[s].shape.numel(), net_.grads().data() + end, T{});
+    }
   }
   buffer<float, Space> master_;  // mixed precision: the float weights beside the working copy
   std::vector<optim::tensor_piece> pieces_;  // layer-wise optimizers: each slot whole

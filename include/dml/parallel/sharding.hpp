@@ -24,6 +24,7 @@
 #include "dml/optim/loss_scaler.hpp"
 #include "dml/optim/optimizer.hpp"
 #include "dml/parallel/buckets.hpp"
+#include "dml/parallel/compressed.hpp"
 #include "dml/parallel/events.hpp"
 #include "dml/parallel/master_weights.hpp"
 #include "dml/parallel/ownership.hpp"
@@ -57,6 +58,7 @@ struct sync_options {
   // into whole gradients and a chunk's last pass reduces them once; ZeRO-3 holds a chunk's parameters from
   // its unshard to its reshard. Pipelines and split backward run per step.
   bool per_step = true;
+  gradient_compression compress{};  // none: dense reductions; else compressed with error feedback (fp32, host)
 };
 
 // The groups a sharding reduces and gathers over. dense: the data-parallel ranks that shard dense parameters
@@ -257,6 +259,14 @@ class data_parallel : public nn::layer_hooks {
     buckets_ = std::move(plan.buckets);
     layer_bucket_ = std::move(plan.layer_bucket);
     shard_ = plan.shard;
+    if (o.compress.on()) {
+      if constexpr (!std::same_as<Space, host> || mixed)
+        fail<invalid_argument>("dml::trainer: compress ", o.compress.name(),
+                               " expected fp32 gradients on dml::host, found another precision or space");
+      compressor_ = compressed_reducer(o.compress, static_cast<std::size_t>(net_.layout().total),
+                                       static_cast<std::size_t>(shard_));
+      compress_ = true;
+    }
   }
   ~data_parallel() override = default;
   data_parallel(const data_parallel&) = delete;
@@ -275,6 +285,11 @@ class data_parallel : public nn::layer_hooks {
   void begin_backward(bool first) { first_ = first; }
   void unshard(int) {}
   void reshard(int) {}
+  // Bytes this rank has sent for gradient reductions since construction, and what dense ones would send.
+  wire_bytes gradient_bytes() const {
+    if (compress_) return compressor_.bytes();
+    return {dense_bytes_, dense_bytes_};
+  }
 
  protected:
   // A bucket's communications in flight (one per run).
@@ -288,6 +303,11 @@ class data_parallel : public nn::layer_hooks {
       return true;
     }
   };
+  // Dense reductions count what a ring sends: (N-1)/N of the run per pass, two passes for an all-reduce.
+  void count_dense(const run& rn, int passes) {
+    const std::int64_t n = group(rn).size();
+    dense_bytes_ += passes * static_cast<std::int64_t>(sizeof(T)) * (rn.hi - rn.lo) / n * (n - 1);
+  }
   Comm& group(const run& rn) { return *groups_[rn.axis == shard_axis::expert ? 1 : 0]; }
   int rank_in(const run& rn) const { return groups_[rn.axis == shard_axis::expert ? 1 : 0]->rank(); }
   // With an event log, notes each communication the moment it is seen complete (after every layer).
@@ -364,6 +384,9 @@ class data_parallel : public nn::layer_hooks {
   optim::state<Optimizer, Space> state_;
   std::vector<inflight> pending_;  // one per bucket (DDP, ZeRO-1, and every stage per step)
   inflight reduce_[2];             // one per staging buffer (ZeRO-2/3 per micro-batch)
+  bool compress_ = false;          // reductions go through compressor_ (blocking, at the bucket's end)
+  compressed_reducer compressor_;
+  std::int64_t dense_bytes_ = 0;
 };
 
 }  // namespace detail

@@ -128,10 +128,13 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     (*log_)(event_kind::bucket_launch, b);
     typename base::inflight f{.r = {}, .bucket = b, .seen = false};
     if (!streams()) {  // whole gradients: each run's part lands in the shard
-      for (const auto& rn : bk->runs)
+      for (const auto& rn : bk->runs) {
+        this->count_dense(rn, 1);
+        if (compressed(rn, net_.grads().data() + rn.lo, shard_grads_.data() + rn.shard_offset)) continue;
         f.r.push_back(this->group(rn).ireduce_scatter(span_in<const T, Space>(net_.grads().data() + rn.lo, rn.hi - rn.lo),
                                                       span_in<T, Space>(shard_grads_.data() + rn.shard_offset, rn.part),
                                                       comm::reduce_op::sum));
+      }
       pending_.push_back(std::move(f));
       return;
     }
@@ -141,9 +144,12 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
       shard_tmp_.resize(static_cast<std::size_t>(shard_));
       out = shard_tmp_.data();
     }
-    for (const auto& rn : bk->runs)
+    for (const auto& rn : bk->runs) {
+      this->count_dense(rn, 1);
+      if (compressed(rn, staging_[slot].data() + (rn.lo - bk->lo), out + rn.shard_offset)) continue;
       f.r.push_back(this->group(rn).ireduce_scatter(span_in<const T, Space>(staging_[slot].data() + (rn.lo - bk->lo), rn.hi - rn.lo),
                                                     span_in<T, Space>(out + rn.shard_offset, rn.part), comm::reduce_op::sum));
+    }
     reduce_[slot] = std::move(f);
   }
   // Waits for the reductions in flight; the chunk's last (final) one sums its shard over the replicas.
@@ -337,6 +343,17 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
         }
       }
     return out;
+  }
+  // With compression on, reduces run rn's gradients at src into its part at dst now (blocking) and says so.
+  bool compressed(const run& rn, const T* src, T* dst) {
+    if constexpr (std::same_as<T, float>) {
+      if (!this->compress_) return false;
+      this->compressor_.reduce_scatter(this->group(rn), std::span<const float>(src, static_cast<std::size_t>(rn.hi - rn.lo)),
+                                       static_cast<std::size_t>(rn.lo), std::span<float>(dst, static_cast<std::size_t>(rn.part)));
+      return true;
+    } else {
+      return false;
+    }
   }
   void complete_reduce(typename base::inflight& f) {
     if (streams()) this->complete(f, shard_grads_.data(), shard_tmp_.data(), !this->first_);

@@ -64,11 +64,16 @@ class engine final : public engine_base<Space> {
         log_(opt_.record_events), net_(place_.part(), opt_.seed, network_options()),
         full_layout_(nn::make_layout(model, net_.layout().padding_unit)),
         sync_(place_.shards(), net_, {.seed = opt_.seed, .bucket_mb = opt_.bucket_mb, .chunks = place_.chunks(),
-                                      .log = &log_, .per_step = place_.per_step()}),
+                                      .log = &log_, .per_step = place_.per_step(),
+                                      .compress = parallel::gradient_compression::parse(opt_.compress)}),
         pipe_(place_.pipe(), net_, opt_.pipeline_stages, place_.pp_rank(), {place_.chunks().begin(), place_.chunks().end()},
               opt_.recompute, log_, place_.tensor()),
         ties_(parallel::find_ties(net_.layout(), full_layout_, place_.mesh() ? &place_.mesh()->pp() : nullptr)),
         uncounted_(parallel::uncounted_slots(net_.layout(), place_.tp_rank())) {
+    if constexpr (!requires { sync_.gradient_bytes(); })
+      if (parallel::gradient_compression::parse(opt_.compress).on())
+        fail<invalid_argument>("dml::trainer: compress ", opt_.compress,
+                               ": expected a sharding that compresses (replicate, zero<1|2|3>), found one that does not");
     if constexpr (Precision::loss_scaling) scaler_ = optim::loss_scaler({.init_scale = opt_.initial_loss_scale});
     if (optim::uses_layerwise(optimizer_) && (opt_.tensor_parallel > 1 || opt_.expert_parallel > 1))
       fail<invalid_argument>("dml::trainer: layer-wise optimizers (lamb, lars) need whole tensors per data-parallel "
@@ -216,6 +221,12 @@ class engine final : public engine_base<Space> {
     out.routing = parallel::summarise_routing<Space>(pipe_.routing(), experts_, pp);
     if (!out.skipped) sync_.update(optimizer_, opt_.lr ? opt_.lr(step_) : optimizer_.default_lr(), ++optimizer_step_,
                                    scale / loss_scale());
+    if constexpr (requires { sync_.gradient_bytes(); }) {
+      const auto b = sync_.gradient_bytes();
+      out.gradient_bytes = b.sent - bytes_.sent;
+      out.dense_gradient_bytes = b.dense - bytes_.dense;
+      bytes_ = b;
+    }
     log_(event_kind::step_end);
     return out;
   }
@@ -237,6 +248,7 @@ class engine final : public engine_base<Space> {
   optim::loss_scaler scaler_;
   std::int64_t step_ = 0, optimizer_step_ = 0;  // steps taken; updates applied (fp16 skips some)
   std::vector<bool> uncounted_;  // per slot of this rank: left out of the gradient norm (counted elsewhere)
+  parallel::wire_bytes bytes_{};  // gradient bytes up to the last step
   std::int64_t experts_ = -1;    // experts per MoE layer of the model (0: none); −1 until the first step
 };
 

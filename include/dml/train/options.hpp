@@ -52,6 +52,9 @@ struct trainer_options {
   // consecutive ranks; ZeRO shards within each and the replicas' shards sum their gradients once per step.
   // Above 1 only with a hybrid sharding.
   int replicas = 1;
+  // Gradient compression (DDP and ZeRO, fp32 on the host): "none", "onebit", "onebit:B" or "topk:F" with
+  // 0 < F <= 1; error feedback keeps what a step did not send (parallel/compressed.hpp).
+  std::string compress = "none";
 };
 
 using parallel::routing_summary;
@@ -62,6 +65,8 @@ struct step_result {
   bool skipped = false;    // fp16: the gradients overflowed, the update was skipped and the scale shrank
   float loss_scale = 1.f;  // fp16: the loss scale after this step
   routing_summary routing{};  // mixture of experts: tokens per expert, drops, auxiliary losses
+  // Bytes this rank sent for the step's gradient reductions, and what dense reductions would send.
+  std::int64_t gradient_bytes = 0, dense_gradient_bytes = 0;
 };
 
 }  // namespace dml::train
