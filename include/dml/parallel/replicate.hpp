@@ -27,7 +27,7 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
 
   replicate_sync(shard_groups<Comm> g, Net& net, const sync_options& o) : base(g, net, o) {
     const auto total = net_.layout().total;
-    state_.resize(total);
+    state_.resize(total, this->offload_);
     if constexpr (mixed) {
       master_.resize(static_cast<std::size_t>(total));
       init_master(net_, this->seed_, master_.data());
@@ -69,10 +69,12 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
   // One fused pass: unscale and clip (grad_scale), the update of the float weights, and under mixed
   // precision the cast into the working copy.
   void update(Optimizer& opt, float lr, std::int64_t t, float grad_scale) {
-    optim::step_args a{.n = net_.layout().total, .w = master(), .g = net_.grads().data(), .state = state_.pointers(),
-                       .step = t, .lr = lr, .grad_scale = grad_scale};
+    optim::step_args a{.n = net_.layout().total, .w = master(), .g = net_.grads().data(), .step = t, .lr = lr,
+                       .grad_scale = grad_scale};
     if constexpr (mixed) a.working = net_.params().data();
-    opt.template update<Space>(a);
+    state_.begin_step();
+    state_.update(opt, a, 0);
+    state_.end_step();
   }
 
   std::vector<float> parameters() {
@@ -93,7 +95,8 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
     const auto& L = net_.layout();
     const std::int64_t w = sizeof(T);
     return {.numel = L.numel, .padded = L.total, .params = L.total * w, .grads = L.total * w,
-            .optimizer = state_.bytes() + static_cast<std::int64_t>(master_.size() * sizeof(float))};
+            .optimizer = state_.bytes() + static_cast<std::int64_t>(master_.size() * sizeof(float)),
+            .offloaded = state_.disk_bytes()};
   }
 
   // Checkpoints: a rank writes its part of every run, and reads whole parameters and state.

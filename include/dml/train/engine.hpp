@@ -63,7 +63,7 @@ class engine final : public engine_base<Space> {
         log_(opt_.record_events), net_(place_.part(), opt_.seed, network_options()),
         full_layout_(nn::make_layout(model, net_.layout().padding_unit)),
         sync_(place_.shards(), net_, {.seed = opt_.seed, .bucket_mb = opt_.bucket_mb, .chunks = place_.chunks(),
-                                      .log = &log_, .per_step = place_.per_step()}),
+                                      .log = &log_, .per_step = place_.per_step(), .offload = offload_options(world)}),
         pipe_(place_.pipe(), net_, opt_.pipeline_stages, place_.pp_rank(), {place_.chunks().begin(), place_.chunks().end()},
               opt_.recompute, log_, place_.tensor()),
         ties_(parallel::find_ties(net_.layout(), full_layout_, place_.mesh() ? &place_.mesh()->pp() : nullptr)),
@@ -71,6 +71,13 @@ class engine final : public engine_base<Space> {
     if constexpr (Precision::loss_scaling) scaler_ = optim::loss_scaler({.init_scale = opt_.initial_loss_scale});
     pipe_.set_layer_context(place_.layer_groups());
     program(opt_.micro_batches);  // a bad schedule fails here, before any work
+  }
+
+  // Where the sharding keeps optimizer state: files named by process, trainer and rank, so that trainers
+  // and processes sharing a directory never share a file.
+  parallel::offload_options offload_options(Comm& world) const {
+    return {.dir = parallel::offload_directory(opt_.offload), .stem = parallel::offload_stem(world.rank()),
+            .bucket_mb = opt_.offload_bucket_mb};
   }
 
   // Runs this rank's program: the schedule's compute and transfers, the sharding's unshard, reshard and

@@ -52,6 +52,11 @@ struct trainer_options {
   // consecutive ranks; ZeRO shards within each and the replicas' shards sum their gradients once per step.
   // Above 1 only with a hybrid sharding.
   int replicas = 1;
+  // ZeRO-Offload's disk tier: "optimizer:disk:DIR" keeps each rank's optimizer state slots in files in DIR
+  // (an existing, writable directory) instead of memory, read and written offload_bucket_mb at a time around
+  // the update (parallel/offload.hpp). Empty: in memory.
+  std::string offload{};
+  double offload_bucket_mb = 1.0;
 };
 
 using parallel::routing_summary;
