@@ -191,16 +191,19 @@ class optimizer_state {
     for (int s = 0; s < K; ++s)
       for (std::int64_t lo = 0; lo < n; lo += bucket_) files_[0].write_slot(s, lo, std::min(bucket_, n - lo), zeros.data());
     files_[0].stamp(0);
-    for (auto& b : io_) b.resize(static_cast<std::size_t>(K * bucket_));
+    // Even buckets go to io_[0], odd ones to io_[1]: an odd bucket holds at most n - bucket elements.
+    cap_ = {bucket_, std::clamp<std::int64_t>(n - bucket_, 0, bucket_)};
+    for (int j = 0; j < 2; ++j) io_[j].resize(static_cast<std::size_t>(K * cap_[j]));
     if constexpr (!std::same_as<Space, host>)
-      for (auto& b : dev_) b.resize(static_cast<std::size_t>(K * bucket_));
+      for (int j = 0; j < 2; ++j) dev_[j].resize(static_cast<std::size_t>(K * cap_[j]));
   }
   bool on_disk() const { return !dir_.empty(); }
   std::int64_t size() const { return on_disk() ? n_ : memory_.size(); }
-  // Bytes in memory: the whole state, or two buckets of it (and the whole state while a checkpoint holds it).
+  // Bytes in memory: the whole state, or two buckets of it (at most the state's size; and the whole state while
+  // a checkpoint holds it).
   std::int64_t bytes() const {
     if (!on_disk()) return memory_.bytes();
-    return 2 * K * bucket_ * std::int64_t{sizeof(float)} + loaded_.bytes();
+    return K * (cap_[0] + cap_[1]) * std::int64_t{sizeof(float)} + loaded_.bytes();
   }
   std::int64_t disk_bytes() const { return on_disk() ? n_ * K * std::int64_t{sizeof(float)} : 0; }
   std::int64_t bucket() const { return bucket_; }
@@ -235,7 +238,7 @@ class optimizer_state {
     auto range = [&](std::int64_t b) { return std::pair{at + b * bucket_, std::min(bucket_, a.n - b * bucket_)}; };
     auto read = [&](std::int64_t b) {
       const auto [lo, count] = range(b);
-      for (int s = 0; s < K; ++s) files_[cur_].read_slot(s, lo, count, io_[b % 2].data() + s * bucket_);
+      for (int s = 0; s < K; ++s) files_[cur_].read_slot(s, lo, count, io_[b % 2].data() + s * cap_[b % 2]);
     };
     std::future<void> reading = std::async(std::launch::async, read, 0), writing[2];
     for (std::int64_t b = 0; b < buckets; ++b) {
@@ -249,10 +252,10 @@ class optimizer_state {
       float* state = host_state;
       if constexpr (!std::same_as<Space, host>) {  // staged through host memory
         state = dev_[b % 2].data();
-        dml::copy_n(host_state, static_cast<std::size_t>(K * bucket_), state);
+        dml::copy_n(host_state, io_[b % 2].size(), state);
       }
       std::array<float*, (K > 0 ? K : 1)> st{};
-      for (int s = 0; s < K; ++s) st[s] = state + s * bucket_;
+      for (int s = 0; s < K; ++s) st[s] = state + s * cap_[b % 2];
       optim::step_args piece = a;
       piece.n = count;
       piece.w = a.w + (lo - at);
@@ -261,9 +264,9 @@ class optimizer_state {
         piece.working.ptr = static_cast<char*>(a.working.ptr) + (lo - at) * static_cast<std::int64_t>(dtype_size(a.working.type));
       piece.state = st.data();
       opt.template update<Space>(piece);
-      if constexpr (!std::same_as<Space, host>) dml::copy_n(state, static_cast<std::size_t>(K * bucket_), host_state);
+      if constexpr (!std::same_as<Space, host>) dml::copy_n(state, io_[b % 2].size(), host_state);
       writing[b % 2] = std::async(std::launch::async, [&, b, lo = lo, count = count] {
-        for (int s = 0; s < K; ++s) files_[1 - cur_].write_slot(s, lo, count, io_[b % 2].data() + s * bucket_);
+        for (int s = 0; s < K; ++s) files_[1 - cur_].write_slot(s, lo, count, io_[b % 2].data() + s * cap_[b % 2]);
       });
     }
     for (auto& w : writing)
@@ -303,6 +306,7 @@ class optimizer_state {
   optim::state<O, Space> memory_, loaded_;
   std::string dir_;
   std::int64_t n_ = 0, bucket_ = 0, written_ = 0, sequence_ = 0;
+  std::array<std::int64_t, 2> cap_{};  // elements per slot of io_[0] and io_[1]
   int cur_ = 0;
   detail::state_file files_[2];
   std::vector<float> io_[2];
