@@ -206,8 +206,6 @@ class optimizer_state {
     return K * (cap_[0] + cap_[1]) * std::int64_t{sizeof(float)} + loaded_.bytes();
   }
   std::int64_t disk_bytes() const { return on_disk() ? n_ * K * std::int64_t{sizeof(float)} : 0; }
-  std::int64_t bucket() const { return bucket_; }
-  std::filesystem::path current_file() const { return on_disk() ? files_[cur_].path() : std::filesystem::path(); }
 
   // Slot s in memory, for checkpoints: on disk, the whole state is read in and stays until the next update
   // writes it out (a checkpoint loaded into it changes what is written).
