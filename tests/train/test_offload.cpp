@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dml/dml.hpp"
@@ -175,6 +176,33 @@ TEST_CASE("offload: bf16 under ZeRO-2 keeps the master weights in memory and the
   const std::int64_t state = got.memory.offloaded, master = ref.memory.optimizer - state;
   CHECK(master == state / K);
   CHECK(got.memory.optimizer == master + 2 * K * bucket_floats * std::int64_t{sizeof(float)});
+}
+
+TEST_CASE("offload: composes with pipeline stages and hybrid sharding (4 ranks)") {
+  auto compare = [](auto tag, train::trainer_options o) {
+    using Sharding = typename decltype(tag)::type;
+    const auto ref = on_ranks<run_result>(4, [&](comm::local& c) {
+      return train_ranks<Sharding>(c, o, trainer_fixture::make_model(), 6);
+    });
+    dml_test::temp_dir dir("dml-offload");
+    auto off = offloaded(dir.path);
+    o.offload = off.offload;
+    o.offload_bucket_mb = off.offload_bucket_mb;
+    const auto got = on_ranks<run_result>(4, [&](comm::local& c) {
+      return train_ranks<Sharding>(c, o, trainer_fixture::make_model(), 6);
+    });
+    CHECK(got.losses == ref.losses);
+    CHECK(got.params == ref.params);
+    CHECK(got.memory.offloaded == ref.memory.optimizer);
+  };
+  auto pipe = trainer_fixture::options();
+  pipe.pipeline_stages = 2;
+  pipe.micro_batches = 2;
+  compare(std::type_identity<parallel::zero<1>>{}, pipe);
+  compare(std::type_identity<parallel::zero<3>>{}, pipe);
+  auto hybrid = trainer_fixture::options();
+  hybrid.replicas = 2;
+  compare(std::type_identity<parallel::hybrid<parallel::zero<2>>>{}, hybrid);
 }
 
 TEST_CASE("offload: a state smaller than two buckets keeps no more than itself in memory") {
