@@ -53,6 +53,7 @@ struct options {
   bool print_schedule = false;
   std::string checkpoint;  // save a sharded checkpoint here after every epoch
   std::string resume;      // continue from the newest checkpoint here
+  std::string offload;     // optimizer:disk:DIR keeps the optimizer state in files in DIR
 };
 
 // The command line: every flag bound to its member of `o`, with its default and its rules (dml/train/flags.hpp).
@@ -102,6 +103,13 @@ inline dml::flags command_line(options& o) {
           "fp32, ddp or zero1-3");
   f.add("--checkpoint", o.checkpoint, "DIR", "save a sharded checkpoint here after every epoch");
   f.add("--resume", o.resume, "DIR", "continue from the newest checkpoint in DIR");
+  f.add("--offload", o.offload, "optimizer:disk:DIR", "keep the optimizer state in files in DIR (an existing, writable directory)")
+      .check([](const std::string& v) {
+        constexpr std::string_view prefix = "optimizer:disk:";
+        const bool ok = v.starts_with(prefix) && v.size() > prefix.size() &&
+                        dml::parallel::offload_directory_problem(v.substr(prefix.size())).empty();
+        return ok ? std::string() : "optimizer:disk:DIR with DIR an existing, writable directory";
+      });
   f.add("--pp", o.pp, "K", "pipeline stages").min(1);
   f.add("--dp", o.dp, "D", "data-parallel ranks per stage; 0: ranks / K").min(0);
   f.add("--microbatches", o.microbatches, "M", "microbatches per step").min(1);
@@ -291,6 +299,7 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
   to.stage_cuts = o.cuts;
   to.recompute = o.recompute;
   to.replicas = o.replicas;
+  to.offload = o.offload;
   to.lr = [&o, base = opt.default_lr(), planned](std::int64_t s) { return learning_rate(o, base, s, planned); };
   dml::trainer<Sharding, Precision, any_optimizer> trainer(comm, model, to, opt);
   if (!o.init.empty()) {
@@ -317,6 +326,10 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
                 mem.params / 1048576.0, mem.grads / 1048576.0, mem.optimizer / 1048576.0, mem.buffers / 1048576.0,
                 // On CPUs without 16-bit matmul kernels (AVX2) this says "widened to f32: ...".
                 dml::host_gemm_impl(256, 1024, 1024, dml::dtype_v<typename Precision::type>).c_str());
+    if (!o.offload.empty())
+      std::printf("offload: optimizer state %.2f MiB on disk in %s; optimizer bytes in memory %.2f MiB (two buckets "
+                  "of state, and any fp32 master weights)\n",
+                  mem.offloaded / 1048576.0, o.offload.c_str() + 15, mem.optimizer / 1048576.0);
     if (o.pp > 1 || o.microbatches > 1)
       std::printf("pipeline: %d stage(s) x %d data-parallel rank(s), %lld micro-batch(es), schedule %s%s\n", o.pp,
                   ranks, static_cast<long long>(o.microbatches), o.schedule.empty() ? "default" : o.schedule.c_str(),
