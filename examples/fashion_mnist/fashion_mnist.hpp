@@ -3,6 +3,7 @@
 // Flags: see command_line() below, or run it with --help. Prints test_accuracy=0.xxxx after every epoch.
 #pragma once
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <array>
@@ -29,6 +30,7 @@ struct options {
   std::string optimizer = "adamw";
   std::string lr_schedule = "cosine";  // constant | cosine (linear warmup, then cosine decay to 0)
   std::int64_t warmup = 100;
+  std::optional<float> warmup_fraction;  // warmup as a fraction of the run; overrides --warmup and its cap
   std::optional<float> weight_decay;
   float trust_clip = 0.f;  // lamb, lars: upper bound on the trust ratio; 0: none
   std::uint64_t seed = 1;
@@ -78,6 +80,9 @@ inline dml::flags command_line(options& o) {
   f.add("--lr-schedule", o.lr_schedule, "S", "constant, or linear warmup then cosine decay to 0")
       .choices({"constant", "cosine"});
   f.add("--warmup", o.warmup, "N", "warmup steps of the cosine schedule, at most a tenth of the run").min(0);
+  f.add("--warmup-fraction", o.warmup_fraction, "F", "warmup as a fraction of the run's steps, instead of --warmup")
+      .min(0.f)
+      .max(1.f);
   f.add("--init", o.init, "FILE", "initial weights, .safetensors");
   f.add("--save", o.save, "FILE", "save the trained weights, .safetensors");
   f.add_switch("--no-shuffle", o.shuffle, "keep the training set's order", false);
@@ -161,7 +166,10 @@ inline any_optimizer make_optimizer(const options& o) {
 // The learning rate of step s (from 1) of `planned`.
 inline float learning_rate(const options& o, float base, std::int64_t s, std::int64_t planned) {
   if (o.lr_schedule == "constant") return base;
-  return dml::optim::warmup_cosine{base, std::min(o.warmup, planned / 10), planned}(s);
+  const std::int64_t warmup = o.warmup_fraction
+                                  ? std::llround(static_cast<double>(*o.warmup_fraction) * static_cast<double>(planned))
+                                  : std::min(o.warmup, planned / 10);
+  return dml::optim::warmup_cosine{base, warmup, planned}(s);
 }
 
 inline std::int64_t planned_steps(const options& o, std::int64_t per_epoch) {
