@@ -109,12 +109,7 @@ inline dml::flags command_line(options& o) {
   f.add("--checkpoint", o.checkpoint, "DIR", "save a sharded checkpoint here after every epoch");
   f.add("--resume", o.resume, "DIR", "continue from the newest checkpoint in DIR");
   f.add("--offload", o.offload, "optimizer:disk:DIR", "keep the optimizer state in files in DIR (an existing, writable directory)")
-      .check([](const std::string& v) {
-        constexpr std::string_view prefix = "optimizer:disk:";
-        const bool ok = v.starts_with(prefix) && v.size() > prefix.size() &&
-                        dml::parallel::offload_directory_problem(v.substr(prefix.size())).empty();
-        return ok ? std::string() : "optimizer:disk:DIR with DIR an existing, writable directory";
-      });
+      .check(dml::parallel::offload_spec_problem);
   f.add("--pp", o.pp, "K", "pipeline stages").min(1);
   f.add("--dp", o.dp, "D", "data-parallel ranks per stage; 0: ranks / K").min(0);
   f.add("--microbatches", o.microbatches, "M", "microbatches per step").min(1);

@@ -175,12 +175,7 @@ inline dml::flags command_line(options& o) {
       .default_text("after the last step only");
   f.add("--resume", o.resume, "DIR", "continue from the newest checkpoint in DIR");
   f.add("--offload", o.offload, "optimizer:disk:DIR", "keep the optimizer state in files in DIR (an existing, writable directory)")
-      .check([](const std::string& v) {
-        constexpr std::string_view prefix = "optimizer:disk:";
-        const bool ok = v.starts_with(prefix) && v.size() > prefix.size() &&
-                        dml::parallel::offload_directory_problem(v.substr(prefix.size())).empty();
-        return ok ? std::string() : "optimizer:disk:DIR with DIR an existing, writable directory";
-      });
+      .check(dml::parallel::offload_spec_problem);
   f.add("--print-every", o.print_every, "N", "steps between progress lines; 0: about 20 lines").min(0);
   f.add("--sample", o.sample, "N", "bytes to sample after training").min(0);
   f.add("--prompt", o.prompt, "TEXT", "what the sample continues").default_text("the text's first 16 bytes");

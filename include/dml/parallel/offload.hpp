@@ -53,6 +53,15 @@ inline std::string offload_directory_problem(const std::string& dir) {
   return {};
 }
 
+// The check of a command line's --offload value: empty when spec is "optimizer:disk:DIR" with a usable DIR, else
+// what was expected (the examples' flag tables print it after "expected").
+inline std::string offload_spec_problem(std::string_view spec) {
+  constexpr std::string_view prefix = "optimizer:disk:";
+  const bool ok = spec.starts_with(prefix) && spec.size() > prefix.size() &&
+                  offload_directory_problem(std::string(spec.substr(prefix.size()))).empty();
+  return ok ? std::string() : "optimizer:disk:DIR with DIR an existing, writable directory";
+}
+
 // A file stem of its own for each trainer and rank of this process ("dml-optimizer-<pid>-<serial>-rank<r>"),
 // so that trainers and processes sharing a directory never share a file.
 inline std::string offload_stem(int rank) {
