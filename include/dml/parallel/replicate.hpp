@@ -46,7 +46,7 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
     typename base::inflight f{.r = {}, .bucket = b, .seen = false};
     for (const auto& rn : bk->runs) {
       this->count_dense(rn, 2);
-      if constexpr (std::same_as<T, float>) {
+      if constexpr (std::same_as<T, float> && std::same_as<Space, host>) {
         if (this->compress_) {  // blocking: compressed messages are not overlapped with backward
           this->compressor_.all_reduce(this->group(rn), net_.grads().subspan(rn.lo, rn.hi - rn.lo),
                                        static_cast<std::size_t>(rn.lo), static_cast<std::size_t>(rn.shard_offset));

@@ -347,7 +347,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
   }
   // With compression on, reduces run rn's gradients at src into its part at dst now (blocking) and says so.
   bool compressed(const run& rn, const T* src, T* dst) {
-    if constexpr (std::same_as<T, float>) {
+    if constexpr (std::same_as<T, float> && std::same_as<Space, host>) {
       if (!this->compress_) return false;
       this->compressor_.reduce_scatter(this->group(rn), std::span<const float>(src, static_cast<std::size_t>(rn.hi - rn.lo)),
                                        static_cast<std::size_t>(rn.lo), std::span<float>(dst, static_cast<std::size_t>(rn.part)));
