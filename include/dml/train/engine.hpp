@@ -30,6 +30,8 @@ template <class Space>
 struct engine_base {
   virtual ~engine_base() = default;
   virtual step_result step(tensor_view<const float, Space> x, const std::int32_t* y, std::int64_t global_batch) = 0;
+  virtual state_snapshot snapshot() = 0;
+  virtual void restore(const state_snapshot&) = 0;
   virtual std::int64_t correct(tensor_view<const float, Space> x, const std::int32_t* y) = 0;
   virtual std::vector<float> full_parameters() = 0;
   virtual void load_full_parameters(std::span<const float> full) = 0;
@@ -101,6 +103,15 @@ class engine final : public engine_base<Space> {
       fail<invalid_argument>("dml::trainer::step: expected a batch of rows and global_batch > 0, found shape ",
                              x.shape, " and global_batch ", global_batch);
     ++step_;
+    // A step that throws (a failed collective) or is abandoned leaves the step count where it was.
+    struct restore_count {
+      std::int64_t& step;
+      std::int64_t before;
+      bool keep = false;
+      ~restore_count() {
+        if (!keep) step = before;
+      }
+    } guard{step_, step_ - 1};
     const std::int64_t rows = x.shape[0], m = std::min(opt_.micro_batches, std::max<std::int64_t>(rows, 1));
     pipe_.begin_step({.x = x, .y = y, .global_batch = global_batch, .rows = rows, .micro_batches = m,
                       .first_row = first_row(rows),
@@ -137,6 +148,7 @@ class engine final : public engine_base<Space> {
       }
     }
     pipe_.end_step();
+    guard.keep = out.committed;
     return out;
   }
 
@@ -190,6 +202,45 @@ class engine final : public engine_base<Space> {
     return info.user;
   }
 
+  // What this rank holds: whole arrays where the sharding keeps them whole, else its owned pieces.
+  template <class F>
+  void each_held(F&& f) {
+    for (int k = -1; k < Optimizer::state_slots; ++k) {
+      if (sync_.loads_pieces(k)) {
+        for (const auto& p : sync_.owned_pieces()) f(sync_.held(k, p), static_cast<std::size_t>(p.end - p.begin));
+      } else {
+        f(sync_.whole(k), static_cast<std::size_t>(net_.layout().total));
+      }
+    }
+  }
+  state_snapshot snapshot() override {
+    state_snapshot s{.step = step_, .optimizer_step = optimizer_step_, .seed = opt_.seed, .loss_scale = scaler_.scale(),
+                     .growth_tracker = scaler_.growth_tracker()};
+    each_held([&](const float* p, std::size_t n) {
+      const auto at = s.values.size();
+      s.values.resize(at + n);
+      dml::copy_n(p, n, s.values.data() + at);
+    });
+    return s;
+  }
+  void restore(const state_snapshot& s) override {
+    std::size_t need = 0;
+    each_held([&](const float*, std::size_t n) { need += n; });
+    if (s.values.size() != need)
+      fail<invalid_argument>("dml::trainer::restore: this rank holds ", need, " values, the snapshot has ", s.values.size(),
+                             " (a snapshot restores only into the same layout and rank)");
+    std::size_t at = 0;
+    each_held([&](float* p, std::size_t n) {
+      dml::copy_n(s.values.data() + at, n, p);
+      at += n;
+    });
+    step_ = s.step;
+    optimizer_step_ = s.optimizer_step;
+    opt_.seed = s.seed;
+    scaler_.restore(s.loss_scale, s.growth_tracker);
+    sync_.refresh_working();
+  }
+
  private:
   static parallel::placement_options placement_options(const trainer_options& o) {
     return {.micro_batches = o.micro_batches, .stage_cuts = o.stage_cuts, .cost_rows = o.cost_rows,
@@ -222,6 +273,7 @@ class engine final : public engine_base<Space> {
       out.grad_norm = std::sqrt(sum(sync_.grad_squared_norm(uncounted_))) / loss_scale();
       scale = optim::clip_scale(out.grad_norm, opt_.clip_norm);
     }
+    const optim::loss_scaler scaler_before = scaler_;
     if constexpr (Precision::loss_scaling) {
       // Every rank sees the same verdict: the overflow flag is summed over ranks.
       out.skipped = !scaler_.update(sum(static_cast<int>(sync_.has_overflow())) > 0);
@@ -230,6 +282,11 @@ class engine final : public engine_base<Space> {
     Comm* pp = place_.pipe();
     if (experts_ < 0) experts_ = parallel::count_experts<Space>(pipe_.routing(), pp);
     out.routing = parallel::summarise_routing<Space>(pipe_.routing(), experts_, pp);
+    if (opt_.commit && !opt_.commit()) {
+      scaler_ = scaler_before;
+      out.committed = false;
+      return out;
+    }
     if (!out.skipped) sync_.update(optimizer_, opt_.lr ? opt_.lr(step_) : optimizer_.default_lr(), ++optimizer_step_,
                                    scale / loss_scale());
     if constexpr (requires { sync_.gradient_bytes(); }) {

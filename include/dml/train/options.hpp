@@ -60,6 +60,10 @@ struct trainer_options {
   // the update (parallel/offload.hpp). Empty: in memory.
   std::string offload{};
   double offload_bucket_mb = 1.0;
+  // Steps as transactions (ft/elastic.hpp): called once per step after the gradients are reduced and before
+  // the update; false abandons the step (no update, the step count stays, step_result::committed is false).
+  // Empty: every step commits, at no cost.
+  std::function<bool()> commit{};
 };
 
 using parallel::routing_summary;
@@ -72,6 +76,17 @@ struct step_result {
   routing_summary routing{};  // mixture of experts: tokens per expert, drops, auxiliary losses
   // Bytes this rank sent for the step's gradient reductions, and what dense reductions would send.
   std::int64_t gradient_bytes = 0, dense_gradient_bytes = 0;
+  bool committed = true;  // false: trainer_options::commit abandoned the step
+};
+
+// What one rank holds of a trainer's state (parameters, optimizer state, counters), to hand to a peer that
+// holds the same part (ft/elastic.hpp heals a member from it) or to restore after an abandoned configuration.
+struct state_snapshot {
+  std::int64_t step = 0, optimizer_step = 0;
+  std::uint64_t seed = 0;
+  float loss_scale = 1.f;
+  std::int64_t growth_tracker = 0;  // fp16's loss scaler
+  std::vector<float> values;  // for k = -1 (parameters), 0, 1, ... (optimizer slots): what the sharding holds
 };
 
 }  // namespace dml::train

@@ -94,6 +94,10 @@ class trainer {
   // Loads dir/latest, whatever layout (dp × pp, sharding) wrote it, and returns its user_meta. Collective; a
   // bad checkpoint throws the same dml::error on every rank and leaves this trainer unchanged.
   std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) { return engine_->load_checkpoint(dir); }
+  // What this rank holds (parameters, optimizer state, step, seed), in memory; not collective. restore() takes a
+  // snapshot of the same layout and rank (this one's, or a peer's that holds the same part: a replica).
+  train::state_snapshot snapshot() { return engine_->snapshot(); }
+  void restore(const train::state_snapshot& s) { engine_->restore(s); }
 
  private:
   // The trainer's memory is the communicator's: dml::cuda over comm::nccl, dml::host over comm::local or comm::mpi.
