@@ -1,0 +1,366 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/ft/coordinator.hpp — the job's coordinator: membership by heartbeat, a quorum per configuration, one
+// vote per step, and a key-value store for the communicators' rendezvous. One thread, one poll loop.
+// Sits on ft/wire.hpp; dml-run hosts it, ft/session.hpp talks to it. See DESIGN.md §13.
+//
+// Members are slots 0..nproc-1 (a slot keeps its number across restarts; each start is a new incarnation).
+// A configuration is an epoch: the members that asked for a quorum together, in slot order. In an epoch every
+// member votes once per step after its reductions; the coordinator answers COMMIT when every member voted ok,
+// ABORT when one voted failed, died, or left for a new quorum. A member of an older epoch is FENCED: it must
+// ask for a quorum and heal before it votes again. There is one coordinator, so there is one history.
+#pragma once
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <ostream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "dml/ft/wire.hpp"
+
+namespace dml::ft {
+
+struct coordinator_options {
+  std::string token;             // every connection must present it
+  int nproc = 1;                 // member slots
+  int min_members = 1;           // a quorum needs at least this many
+  milliseconds heartbeat_deadline{1000};  // a member silent this long is dead
+  milliseconds join_deadline{5000};       // a quorum waits this long for live members that have not asked
+  std::string host = "127.0.0.1";
+  int port = 0;                  // 0: any free port
+  std::ostream* log = nullptr;   // one line per event
+};
+
+// What happened, for dml-run's last line and the tests.
+struct coordinator_stats {
+  std::int64_t quorums = 0, recoveries = 0, commits = 0, refused = 0, deaths = 0;  // recoveries: epochs broken
+  std::int64_t last_step = 0;                 // the highest committed step
+  std::vector<double> recovery_seconds;       // a death or failed vote to the next epoch's first commit
+};
+
+class coordinator {
+ public:
+  explicit coordinator(coordinator_options o)
+      : opt_(std::move(o)), listen_(listen_on(opt_.host, opt_.port)), members_(static_cast<std::size_t>(opt_.nproc)) {
+    if (opt_.nproc < 1) fail<invalid_argument>("dml::ft::coordinator: nproc must be at least 1, found ", opt_.nproc);
+    if (opt_.min_members < 1 || opt_.min_members > opt_.nproc)
+      fail<invalid_argument>("dml::ft::coordinator: --min must be in [1, ", opt_.nproc, "], found ", opt_.min_members);
+    ::fcntl(listen_.get(), F_SETFL, O_NONBLOCK);
+  }
+  int port() const { return port_of(listen_); }
+  const coordinator_stats& stats() const { return stats_; }
+  std::int64_t epoch() const { return epoch_; }
+  // True once every member of the epoch has said DONE (and the epoch has at least min_members).
+  bool finished() const { return finished_; }
+  // A slot whose process is gone (dml-run saw it exit): dead at once, not at the heartbeat deadline.
+  void process_exited(int slot, const std::string& why) {
+    if (slot >= 0 && slot < opt_.nproc) declare_dead(slot, why);
+  }
+
+  // Serves for up to `wait`: accepts, reads, answers, and checks deadlines.
+  void poll_once(milliseconds wait) {
+    std::vector<pollfd> fds{{listen_.get(), POLLIN, 0}};
+    for (auto& c : clients_) fds.push_back({c.fd.get(), POLLIN, 0});
+    const int r = ::poll(fds.data(), fds.size(), static_cast<int>(wait.count()));
+    if (r < 0 && errno != EINTR) fail<comm_error>("dml::ft::coordinator: poll(): ", std::strerror(errno));
+    if (r > 0) {
+      for (std::size_t i = 1; i < fds.size(); ++i)
+        if (fds[i].revents) read_client(fds[i].fd);
+      if (fds[0].revents & POLLIN) accept_all();
+    }
+    std::erase_if(clients_, [](const client& c) { return !c.fd; });
+    check_deadlines();
+  }
+
+ private:
+  struct client {
+    socket_fd fd;
+    frame_reader in;
+    bool hello = false;
+    int slot = -1;
+    std::int64_t incarnation = -1;
+    std::string role, peer;
+  };
+  struct member {
+    std::int64_t incarnation = -1;
+    bool alive = false, wants_quorum = false, voted = false, vote_ok = false, done = false;
+    clock::time_point last_seen{};
+    std::int64_t step = 0;  // its committed step
+    int control = -1;       // fd of its control connection (answers go there)
+  };
+
+  void say(const std::string& line) {
+    if (opt_.log) *opt_.log << "dml-run: " << line << std::endl;
+  }
+  client* find(int fd) {
+    for (auto& c : clients_)
+      if (c.fd.get() == fd) return &c;
+    return nullptr;
+  }
+  void answer(int fd, const frame& f) {
+    try {
+      send_frame(fd, f, clock::now() + milliseconds(2000));
+    } catch (const comm_error&) {
+      // The reader side notices the closed connection.
+    }
+  }
+
+  void accept_all() {
+    for (;;) {
+      sockaddr_in a{};
+      socklen_t n = sizeof a;
+      const int fd = ::accept4(listen_.get(), reinterpret_cast<sockaddr*>(&a), &n, SOCK_CLOEXEC);
+      if (fd < 0) return;
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      char ip[INET_ADDRSTRLEN] = {};
+      ::inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
+      client c;
+      c.fd = socket_fd(fd);
+      c.peer = dml::detail::cat(ip, ":", ntohs(a.sin_port));
+      clients_.push_back(std::move(c));
+    }
+  }
+
+  void read_client(int fd) {
+    client* c = find(fd);
+    if (!c) return;
+    char buf[65536];
+    const auto n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return drop(*c, "closed its connection");
+    if (n < 0) return;
+    c->in.feed(buf, static_cast<std::size_t>(n));
+    try {
+      while (c->fd)
+        if (auto f = c->in.next()) handle(*c, *f);
+        else break;
+    } catch (const error& e) {
+      say(dml::detail::cat("dropped ", c->peer, ": ", e.what()));
+      drop(*c, "sent a malformed frame");
+    }
+  }
+
+  void drop(client& c, const std::string& why) {
+    const int slot = c.slot;
+    const bool control = c.role == "control" || c.role == "heartbeat";
+    c.fd.reset();
+    // An old start's connection closing says nothing about the slot's current start.
+    if (slot >= 0 && control && members_[static_cast<std::size_t>(slot)].incarnation == c.incarnation)
+      declare_dead(slot, why);
+  }
+
+  void handle(client& c, const frame& f) {
+    if (!c.hello) {
+      // HELLO token slot incarnation role: nothing else is read from a connection without the job's token.
+      if (f.verb() != "HELLO" || f.words.size() != 5 || f.words[1] != opt_.token) {
+        ++stats_.refused;
+        say(dml::detail::cat("refused a connection from ", c.peer, ": it did not present the job token"));
+        answer(c.fd.get(), make_frame("REFUSED", "the job token is missing or wrong"));
+        c.fd.reset();
+        return;
+      }
+      const auto slot = f.number(2);
+      c.role = f.at(4);
+      if (c.role != "store" && (slot < 0 || slot >= opt_.nproc)) {
+        answer(c.fd.get(), make_frame("REFUSED", dml::detail::cat("slot ", slot, " outside [0, ", opt_.nproc, ")")));
+        c.fd.reset();
+        return;
+      }
+      c.hello = true;
+      c.slot = c.role == "store" ? -1 : static_cast<int>(slot);
+      if (c.slot >= 0) {
+        auto& m = members_[static_cast<std::size_t>(c.slot)];
+        const auto inc = f.number(3);
+        c.incarnation = inc;
+        if (c.role != "control" && inc != m.incarnation) {
+          answer(c.fd.get(), make_frame("REFUSED", dml::detail::cat("start ", inc, " of slot ", c.slot, " is not its current one")));
+          c.fd.reset();
+          return;
+        }
+        if (c.role == "control") {
+          if (m.alive && m.incarnation != inc) declare_dead(c.slot, "was replaced by a new start");
+          if (m.incarnation != inc) {
+            m = member{};
+            m.incarnation = inc;
+            say(dml::detail::cat("slot ", c.slot, " joined (start ", inc, ")"));
+          } else {
+            say(dml::detail::cat("slot ", c.slot, " is back"));
+          }
+          m.control = c.fd.get();
+        }
+        m.alive = true;
+        m.last_seen = clock::now();
+      }
+      answer(c.fd.get(), make_frame("OK", epoch_));
+      return;
+    }
+    if (c.slot >= 0) {
+      auto& m = members_[static_cast<std::size_t>(c.slot)];
+      if (!m.alive && c.role != "store") {
+        m.alive = true;  // a frozen member that resumed: alive, but fenced from the epoch it was in
+        say(dml::detail::cat("slot ", c.slot, " resumed after being declared dead; it must heal"));
+        in_epoch_.erase(c.slot);
+      }
+      m.last_seen = clock::now();
+    }
+    const auto& v = f.verb();
+    if (v == "HB") return;
+    if (v == "SET") {
+      store_[f.at(1)] = f.body;
+      return answer(c.fd.get(), make_frame("OK"));
+    }
+    if (v == "GET") {
+      auto it = store_.find(f.at(1));
+      if (it == store_.end()) return answer(c.fd.get(), make_frame("MISSING"));
+      frame out = make_frame("VALUE");
+      out.body = it->second;
+      return answer(c.fd.get(), out);
+    }
+    if (c.role != "control") fail<format_error>("'", v, "' on a ", c.role, " connection");
+    auto& m = members_[static_cast<std::size_t>(c.slot)];
+    if (v == "QUORUM") return ask_quorum(c.slot, f.number(1));
+    if (v == "VOTE") return vote(c.slot, f.number(1), f.number(2), f.at(3) == "ok");
+    if (v == "DONE") {
+      m.done = true;
+      answer(m.control, make_frame("OK"));
+      return check_finished();
+    }
+    fail<format_error>("unknown request '", v, "'");
+  }
+
+  // ---- quorum
+  void ask_quorum(int slot, std::int64_t step) {
+    auto& m = members_[static_cast<std::size_t>(slot)];
+    m.wants_quorum = true;
+    m.step = step;
+    if (in_epoch_.count(slot)) break_epoch(dml::detail::cat("slot ", slot, " left epoch ", epoch_));
+    if (finished_) return answer(m.control, make_frame("FINISHED", stats_.last_step));
+    if (!waiting_since_) waiting_since_ = clock::now();
+    try_form_quorum();
+  }
+
+  void try_form_quorum() {
+    if (!waiting_since_ || finished_) return;
+    std::vector<int> ready, busy;
+    for (int s = 0; s < opt_.nproc; ++s) {
+      const auto& m = members_[static_cast<std::size_t>(s)];
+      if (!m.alive) continue;
+      (m.wants_quorum ? ready : busy).push_back(s);
+    }
+    // Members still training in an unbroken epoch come at their next vote (answered RECONF); others that
+    // have not asked within the join deadline are left out (they are fenced when they vote).
+    const bool late = clock::now() - *waiting_since_ > opt_.join_deadline;
+    if (!busy.empty() && !late) return;
+    if (static_cast<int>(ready.size()) < opt_.min_members) return;
+    ++epoch_;
+    ++stats_.quorums;
+    in_epoch_ = std::set<int>(ready.begin(), ready.end());
+    epoch_broken_ = false;
+    waiting_since_.reset();
+    std::int64_t top = 0;
+    for (int s : ready) top = std::max(top, members_[static_cast<std::size_t>(s)].step);
+    frame f = make_frame("QUORUM", epoch_, top, ready.size());
+    for (int s : ready) f.words.push_back(dml::detail::cat(s, ":", members_[static_cast<std::size_t>(s)].step));
+    std::string who;
+    for (int s : ready) who += dml::detail::cat(who.empty() ? "" : ",", s);
+    say(dml::detail::cat("epoch ", epoch_, ": members ", who, " at step ", top,
+                         busy.empty() ? "" : dml::detail::cat(" (", busy.size(), " late members left out)")));
+    for (int s : ready) {
+      auto& m = members_[static_cast<std::size_t>(s)];
+      m.wants_quorum = m.voted = false;
+      answer(m.control, f);
+    }
+  }
+
+  // ---- votes
+  void vote(int slot, std::int64_t epoch, std::int64_t step, bool ok) {
+    auto& m = members_[static_cast<std::size_t>(slot)];
+    if (epoch != epoch_ || !in_epoch_.count(slot)) return answer(m.control, make_frame("FENCED", epoch_));
+    if (epoch_broken_) return answer(m.control, make_frame("ABORT"));
+    m.voted = true;
+    m.vote_ok = ok;
+    voting_step_ = step;
+    if (!ok) return break_epoch(dml::detail::cat("slot ", slot, " failed step ", step));
+    for (int s : in_epoch_)
+      if (!members_[static_cast<std::size_t>(s)].voted) return;
+    // Unanimous: the step commits. Members that wait for a quorum are asked to come after it.
+    bool joiners = false;
+    for (int s = 0; s < opt_.nproc; ++s) joiners |= members_[static_cast<std::size_t>(s)].alive && members_[static_cast<std::size_t>(s)].wants_quorum;
+    ++stats_.commits;
+    stats_.last_step = std::max(stats_.last_step, step);
+    if (recovery_started_) {
+      stats_.recovery_seconds.push_back(std::chrono::duration<double>(clock::now() - *recovery_started_).count());
+      recovery_started_.reset();
+    }
+    for (int s : in_epoch_) {
+      auto& x = members_[static_cast<std::size_t>(s)];
+      x.voted = false;
+      x.step = step;
+      answer(x.control, make_frame("COMMIT", joiners ? "RECONF" : "STAY"));
+    }
+  }
+
+  // The epoch can commit nothing more: voters are answered ABORT, later votes too.
+  void break_epoch(const std::string& why) {
+    if (epoch_broken_ || in_epoch_.empty()) return;
+    epoch_broken_ = true;
+    ++stats_.recoveries;
+    if (!recovery_started_) recovery_started_ = clock::now();
+    say(dml::detail::cat("epoch ", epoch_, " aborted at step ", voting_step_ + 1, ": ", why));
+    for (int s : in_epoch_) {
+      auto& m = members_[static_cast<std::size_t>(s)];
+      if (m.voted) answer(m.control, make_frame("ABORT"));
+      m.voted = false;
+    }
+    if (!waiting_since_) waiting_since_ = clock::now();
+  }
+
+  void declare_dead(int slot, const std::string& why) {
+    auto& m = members_[static_cast<std::size_t>(slot)];
+    if (!m.alive) return;
+    m.alive = m.wants_quorum = m.voted = false;
+    ++stats_.deaths;
+    say(dml::detail::cat("slot ", slot, " is dead: ", why));
+    if (in_epoch_.count(slot) && !finished_) break_epoch(dml::detail::cat("slot ", slot, " died"));
+    in_epoch_.erase(slot);
+    try_form_quorum();
+    check_finished();
+  }
+
+  void check_deadlines() {
+    const auto now = clock::now();
+    for (int s = 0; s < opt_.nproc; ++s) {
+      auto& m = members_[static_cast<std::size_t>(s)];
+      if (m.alive && now - m.last_seen > opt_.heartbeat_deadline)
+        declare_dead(s, dml::detail::cat("no heartbeat for ", std::chrono::duration<double>(opt_.heartbeat_deadline).count(), " s"));
+    }
+    try_form_quorum();
+  }
+
+  void check_finished() {
+    if (finished_ || in_epoch_.empty() || static_cast<int>(in_epoch_.size()) < opt_.min_members) return;
+    for (int s : in_epoch_)
+      if (!members_[static_cast<std::size_t>(s)].done) return;
+    finished_ = true;
+    say(dml::detail::cat("finished at step ", stats_.last_step, " in epoch ", epoch_));
+    for (int s = 0; s < opt_.nproc; ++s) {
+      auto& m = members_[static_cast<std::size_t>(s)];
+      if (m.alive && m.wants_quorum) answer(m.control, make_frame("FINISHED", stats_.last_step));
+    }
+  }
+
+  coordinator_options opt_;
+  socket_fd listen_;
+  std::vector<client> clients_;
+  std::vector<member> members_;
+  std::map<std::string, std::string> store_;
+  std::set<int> in_epoch_;
+  std::int64_t epoch_ = 0, voting_step_ = 0;
+  bool epoch_broken_ = false, finished_ = false;
+  std::optional<clock::time_point> waiting_since_, recovery_started_;
+  coordinator_stats stats_;
+};
+
+}  // namespace dml::ft

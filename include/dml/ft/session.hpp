@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/ft/session.hpp — a member's side of the coordinator: join, heartbeats from a thread of their own, a quorum
+// per configuration, one vote per step. Sits on ft/wire.hpp; ft/elastic.hpp drives it. See DESIGN.md §13.
+#pragma once
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dml/ft/wire.hpp"
+
+namespace dml::ft {
+
+struct session_options {
+  std::string address;            // the coordinator's HOST:PORT
+  std::string token;              // the job's token
+  int slot = 0;                   // this member's slot
+  std::int64_t start = 0;         // which start of the slot this process is (dml-run counts them)
+  milliseconds heartbeat{100};    // one heartbeat per period
+  milliseconds timeout{120000};   // the longest wait for a quorum or a vote's verdict
+
+  // What dml-run hands its ranks: DML_RUN_COORDINATOR, DML_RUN_TOKEN, DML_RUN_SLOT, DML_RUN_START.
+  static bool in_environment() { return std::getenv("DML_RUN_COORDINATOR") != nullptr; }
+  static session_options from_environment() {
+    auto need = [](const char* name) -> std::string {
+      const char* v = std::getenv(name);
+      if (!v || !*v) fail<invalid_argument>("dml::ft: the environment variable ", name, " is missing (dml-run sets it)");
+      return v;
+    };
+    auto number = [&](const char* name) {
+      const auto v = need(name);
+      std::size_t used = 0;
+      long long n = -1;
+      try {
+        n = std::stoll(v, &used);
+      } catch (...) {
+      }
+      if (used != v.size() || n < 0) fail<invalid_argument>("dml::ft: ", name, " should be a number >= 0, found '", v, "'");
+      return n;
+    };
+    session_options o;
+    o.address = need("DML_RUN_COORDINATOR");
+    o.token = need("DML_RUN_TOKEN");
+    o.slot = static_cast<int>(number("DML_RUN_SLOT"));
+    o.start = number("DML_RUN_START");
+    return o;
+  }
+};
+
+// A configuration: the members in rank order, and the step each has committed.
+struct quorum {
+  std::int64_t epoch = 0, step = 0;  // step: the highest committed step among the members
+  int rank = -1;                     // this member's rank in the configuration
+  std::vector<int> slots;
+  std::vector<std::int64_t> steps;
+  bool finished = false;             // the job reached its last step without this member
+  int size() const { return static_cast<int>(slots.size()); }
+  // The member that hands its state to those behind: the first at the highest step.
+  int source() const {
+    for (int r = 0; r < size(); ++r)
+      if (steps[static_cast<std::size_t>(r)] == step) return r;
+    return 0;
+  }
+  bool behind(int r) const { return steps[static_cast<std::size_t>(r)] < step; }
+};
+
+enum class verdict { commit, commit_and_reconfigure, abort, fenced };
+
+class session {
+ public:
+  explicit session(session_options o) : opt_(std::move(o)) {
+    control_ = open("control");
+    beat_ = std::thread([this] { beat(); });
+  }
+  session(const session&) = delete;
+  session& operator=(const session&) = delete;
+  ~session() {
+    stop_ = true;
+    if (beat_.joinable()) beat_.join();
+  }
+  const session_options& options() const { return opt_; }
+
+  // Waits for the coordinator to form a configuration with this member in it; `step` is this member's
+  // committed step (0 for a new start).
+  quorum join(std::int64_t step) {
+    const auto f = control_.request(make_frame("QUORUM", step), opt_.timeout);
+    quorum q;
+    if (f.verb() == "FINISHED") {
+      q.finished = true;
+      q.step = f.number(1);
+      return q;
+    }
+    if (f.verb() != "QUORUM") fail<comm_error>("dml::ft: asked for a quorum, the coordinator answered '", f.verb(), "'");
+    q.epoch = f.number(1);
+    q.step = f.number(2);
+    const auto n = f.number(3);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto& w = f.at(static_cast<std::size_t>(4 + i));
+      const auto colon = w.find(':');
+      q.slots.push_back(std::stoi(w.substr(0, colon)));
+      q.steps.push_back(std::stoll(w.substr(colon + 1)));
+      if (q.slots.back() == opt_.slot) q.rank = static_cast<int>(i);
+    }
+    if (q.rank < 0) fail<comm_error>("dml::ft: a quorum without this member (slot ", opt_.slot, ")");
+    return q;
+  }
+
+  // This member's vote on `step` of `epoch`; the verdict is the same for every member of the epoch.
+  verdict vote(std::int64_t epoch, std::int64_t step, bool ok) {
+    const auto f = control_.request(make_frame("VOTE", epoch, step, ok ? "ok" : "failed"), opt_.timeout);
+    if (f.verb() == "COMMIT") return f.at(1) == "RECONF" ? verdict::commit_and_reconfigure : verdict::commit;
+    if (f.verb() == "ABORT") return verdict::abort;
+    if (f.verb() == "FENCED") return verdict::fenced;
+    fail<comm_error>("dml::ft: voted, the coordinator answered '", f.verb(), "'");
+  }
+
+  // The member reached the last step.
+  void done() { control_.request(make_frame("DONE"), opt_.timeout); }
+
+ private:
+  connection open(const std::string& role) {
+    auto [host, port] = parse_address(opt_.address, "DML_RUN_COORDINATOR");
+    connection c(connect_to(host, port, milliseconds(10000)));
+    const auto f = c.request(make_frame("HELLO", opt_.token, opt_.slot, opt_.start, role), milliseconds(10000));
+    if (f.verb() != "OK")
+      fail<comm_error>("dml::ft: the coordinator at ", opt_.address, " refused slot ", opt_.slot, ": ",
+                       f.words.size() > 1 ? f.words[1] : f.verb());
+    return c;
+  }
+  void beat() {
+    try {
+      auto c = open("heartbeat");
+      while (!stop_) {
+        c.send(make_frame("HB"), clock::now() + opt_.heartbeat * 10);
+        for (auto waited = milliseconds(0); waited < opt_.heartbeat && !stop_; waited += milliseconds(10))
+          std::this_thread::sleep_for(milliseconds(10));
+      }
+    } catch (const error&) {
+      // The coordinator is gone: the control connection reports it at the next request.
+    }
+  }
+
+  session_options opt_;
+  connection control_;
+  std::atomic<bool> stop_{false};
+  std::thread beat_;
+};
+
+}  // namespace dml::ft

@@ -1,0 +1,176 @@
+// SPDX-License-Identifier: Apache-2.0
+// tests/ft/test_coordinator.cpp — the coordinator against members in threads: quorums, unanimous commits,
+// aborts, deaths by lost heartbeat and by closed connection, fencing of an old epoch, joiners, the store and
+// the job token.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <future>
+#include <sstream>
+#include <thread>
+
+#include "dml/ft/coordinator.hpp"
+#include "dml/ft/session.hpp"
+
+using namespace dml;
+using namespace dml::ft;
+using namespace std::chrono_literals;
+
+namespace {
+
+// The coordinator serving from a thread of its own for the test's lifetime.
+struct served {
+  coordinator c;
+  std::atomic<bool> stop{false};
+  std::ostringstream log;
+  std::thread t;
+  explicit served(coordinator_options o) : c((o.log = nullptr, o)) {
+    t = std::thread([this] {
+      while (!stop) c.poll_once(5ms);
+    });
+  }
+  ~served() {
+    stop = true;
+    t.join();
+  }
+  session_options member(int slot, std::int64_t start = 0) const {
+    return {.address = "127.0.0.1:" + std::to_string(c.port()), .token = "secret", .slot = slot, .start = start,
+            .heartbeat = 50ms, .timeout = 20000ms};
+  }
+};
+
+coordinator_options options(int n, int min = 1) {
+  return {.token = "secret", .nproc = n, .min_members = min, .heartbeat_deadline = 500ms, .join_deadline = 2000ms};
+}
+
+// Every member joins at `step` from a thread; returns their quorums in slot order.
+std::vector<quorum> join_all(std::vector<session*> ss, std::vector<std::int64_t> steps) {
+  std::vector<std::future<quorum>> fs;
+  for (std::size_t i = 0; i < ss.size(); ++i) fs.push_back(std::async(std::launch::async, [&, i] { return ss[i]->join(steps[i]); }));
+  std::vector<quorum> out;
+  for (auto& f : fs) out.push_back(f.get());
+  return out;
+}
+std::vector<verdict> vote_all(std::vector<session*> ss, std::int64_t epoch, std::int64_t step, std::vector<bool> ok) {
+  std::vector<std::future<verdict>> fs;
+  for (std::size_t i = 0; i < ss.size(); ++i)
+    fs.push_back(std::async(std::launch::async, [&, i] { return ss[i]->vote(epoch, step, ok[i]); }));
+  std::vector<verdict> out;
+  for (auto& f : fs) out.push_back(f.get());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a quorum of every member, unanimous commits, and an abort on one failed vote") {
+  served s(options(3));
+  session a(s.member(0)), b(s.member(1)), c(s.member(2));
+  const auto q = join_all({&a, &b, &c}, {0, 0, 0});
+  for (int i = 0; i < 3; ++i) {
+    CHECK(q[static_cast<std::size_t>(i)].epoch == 1);
+    CHECK(q[static_cast<std::size_t>(i)].rank == i);
+    CHECK(q[static_cast<std::size_t>(i)].size() == 3);
+  }
+  CHECK(vote_all({&a, &b, &c}, 1, 1, {true, true, true}) == std::vector{verdict::commit, verdict::commit, verdict::commit});
+  CHECK(vote_all({&a, &b, &c}, 1, 2, {true, false, true}) == std::vector{verdict::abort, verdict::abort, verdict::abort});
+  // The broken epoch commits nothing more; a new quorum starts from the committed step.
+  CHECK(a.vote(1, 2, true) == verdict::abort);
+  const auto r = join_all({&a, &b, &c}, {1, 1, 1});
+  CHECK(r[0].epoch == 2);
+  CHECK(r[0].step == 1);
+  CHECK(vote_all({&a, &b, &c}, 2, 2, {true, true, true})[2] == verdict::commit);
+  CHECK(s.c.stats().commits == 2);
+  CHECK(s.c.stats().recoveries == 1);
+}
+
+TEST_CASE("a member that stops its heartbeats is dead; the survivors' votes abort and a smaller quorum forms") {
+  served s(options(3, 2));
+  session a(s.member(0)), b(s.member(1));
+  auto frozen = std::make_unique<session>(s.member(2));
+  auto q = join_all({&a, &b, frozen.get()}, {0, 0, 0});
+  CHECK(q[0].size() == 3);
+  // A member whose process is gone closes its connections: dead at once.
+  frozen.reset();
+  const auto v = vote_all({&a, &b}, 1, 1, {true, true});
+  CHECK(v == std::vector{verdict::abort, verdict::abort});
+  q = join_all({&a, &b}, {0, 0});
+  CHECK(q[0].epoch == 2);
+  CHECK(q[0].slots == std::vector{0, 1});
+  CHECK(s.c.stats().deaths == 1);
+}
+
+TEST_CASE("a silent connection is declared dead at the heartbeat deadline, and fenced when it speaks again") {
+  served s(options(2, 1));
+  session a(s.member(0));
+  // A member without a heartbeat thread: its control connection alone, silent after its quorum.
+  auto [host, port] = parse_address("127.0.0.1:" + std::to_string(s.c.port()), "test");
+  connection mute(connect_to(host, port, 2000ms));
+  CHECK(mute.request(make_frame("HELLO", "secret", 1, 0, "control"), 2000ms).verb() == "OK");
+  auto fq = std::async(std::launch::async, [&] { return a.join(0); });
+  const auto mq = mute.request(make_frame("QUORUM", 0), 5000ms);
+  CHECK(mq.verb() == "QUORUM");
+  const auto q = fq.get();
+  CHECK(q.size() == 2);
+  // a votes; the mute member never does: its death aborts the step.
+  CHECK(a.vote(q.epoch, 1, true) == verdict::abort);
+  CHECK(s.c.stats().deaths == 1);
+  const auto q2 = a.join(0);
+  CHECK(q2.size() == 1);
+  CHECK(a.vote(q2.epoch, 1, true) == verdict::commit);
+  // The mute member speaks again with its old epoch: fenced.
+  CHECK(mute.request(make_frame("VOTE", q.epoch, 1, "ok"), 2000ms).verb() == "FENCED");
+}
+
+TEST_CASE("a joiner is taken in after the next commit and learns it is behind") {
+  served s(options(3, 2));
+  session a(s.member(0)), b(s.member(1));
+  auto q = join_all({&a, &b}, {0, 0});
+  // Slot 2 is not alive yet: the quorum of two formed without waiting for it.
+  CHECK(q[0].size() == 2);
+  CHECK(vote_all({&a, &b}, q[0].epoch, 1, {true, true})[0] == verdict::commit);
+  session c(s.member(2, 1));
+  auto joined = std::async(std::launch::async, [&] { return c.join(0); });
+  std::this_thread::sleep_for(100ms);  // let the join request arrive before the vote
+  CHECK(vote_all({&a, &b}, q[0].epoch, 2, {true, true}) ==
+        std::vector{verdict::commit_and_reconfigure, verdict::commit_and_reconfigure});
+  auto r = join_all({&a, &b}, {2, 2});
+  const auto rc = joined.get();
+  CHECK(rc.size() == 3);
+  CHECK(rc.step == 2);
+  CHECK(rc.behind(rc.rank));
+  CHECK(rc.source() == 0);
+  CHECK(!r[0].behind(r[0].rank));
+  // The job ends when every member of the epoch says so; a later joiner is told it finished.
+  for (auto* m : {&a, &b, &c}) m->done();
+  for (int i = 0; i < 100 && !s.c.finished(); ++i) std::this_thread::sleep_for(10ms);
+  CHECK(s.c.finished());
+}
+
+TEST_CASE("the store serves keys, and refuses a process without the job token") {
+  served s(options(1));
+  auto [host, port] = parse_address("127.0.0.1:" + std::to_string(s.c.port()), "test");
+  connection good(connect_to(host, port, 2000ms));
+  CHECK(good.request(make_frame("HELLO", "secret", -1, 0, "store"), 2000ms).verb() == "OK");
+  frame set = make_frame("SET", "k");
+  set.body = std::string("v\0w", 3);
+  CHECK(good.request(set, 2000ms).verb() == "OK");
+  const auto got = good.request(make_frame("GET", "k"), 2000ms);
+  CHECK(got.verb() == "VALUE");
+  CHECK(got.body == std::string("v\0w", 3));
+  CHECK(good.request(make_frame("GET", "other"), 2000ms).verb() == "MISSING");
+  connection intruder(connect_to(host, port, 2000ms));
+  CHECK(intruder.request(make_frame("HELLO", "guess", -1, 0, "store"), 2000ms).verb() == "REFUSED");
+  connection silent(connect_to(host, port, 2000ms));
+  CHECK(silent.request(make_frame("GET", "k"), 2000ms).verb() == "REFUSED");
+  CHECK(s.c.stats().refused == 2);
+  auto o = s.member(0);
+  o.token = "guess";
+  CHECK_THROWS_WITH_AS(session{o}, doctest::Contains("refused"), comm_error);
+}
+
+TEST_CASE("bad settings are refused at construction") {
+  auto o = options(2);
+  o.min_members = 3;
+  CHECK_THROWS_WITH_AS(coordinator{o}, doctest::Contains("--min must be in [1, 2], found 3"), invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_address("nohost", "--coordinator"), doctest::Contains("expected HOST:PORT"), invalid_argument);
+}
