@@ -56,6 +56,9 @@ struct options {
   std::string checkpoint;  // save a sharded checkpoint here after every epoch
   std::string resume;      // continue from the newest checkpoint here
   std::string offload;     // optimizer:disk:DIR keeps the optimizer state in files in DIR
+  bool elastic = false;    // under dml-run: train through deaths of ranks (main_elastic.cpp)
+  std::string commit_log;  // --elastic: append "step epoch members hash" per committed step
+  std::int64_t comm_timeout_ms = 1000;  // --elastic: the deadline of every collective
 };
 
 // The command line: every flag bound to its member of `o`, with its default and its rules (dml/train/flags.hpp).
@@ -118,6 +121,9 @@ inline dml::flags command_line(options& o) {
   f.add("--cuts", o.cuts, "L,L", "first layer of each stage after the first").default_text("balanced");
   f.add_switch("--recompute", o.recompute, "recompute activations in the backward pass");
   f.add_switch("--print-schedule", o.print_schedule, "print the pipeline schedule's table");
+  f.add_switch("--elastic", o.elastic, "under dml-run: train through deaths, freezes and restarts of ranks (ddp, fp32)");
+  f.add("--commit-log", o.commit_log, "FILE", "with --elastic: append one line per committed step");
+  f.add("--comm-timeout-ms", o.comm_timeout_ms, "MS", "with --elastic: the deadline of every collective").min(1);
   return f;
 }
 
@@ -421,6 +427,7 @@ inline constexpr std::size_t max_hidden = 3;
 
 #if defined(DML_EXAMPLE_WITH_MPI)
 int run_mpi(const options& o, int argc, char** argv, const dml::train::dataset& tr, const dml::train::dataset& te);
+int run_elastic(const options& o, const dml::train::dataset& tr, const dml::train::dataset& te);
 #endif
 
 template <class Space>
@@ -439,6 +446,13 @@ int main(int argc, char** argv) {
       return dml::nn::with_mlp<max_hidden>(train_set.features(), o.hidden, 10,
                                            [&](auto model) { return run_single<Space>(o, model, train_set, test_set); });
     } else {
+      if (o.elastic) {
+#if defined(DML_EXAMPLE_WITH_GLOO)
+        return run_elastic(o, train_set, test_set);
+#else
+        dml::fail<dml::invalid_argument>("--elastic: this build has no Gloo");
+#endif
+      }
       if (o.comm == "mpi") {
 #if defined(DML_EXAMPLE_WITH_MPI)
         return run_mpi(o, argc, argv, train_set, test_set);

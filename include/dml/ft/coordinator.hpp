@@ -54,6 +54,13 @@ class coordinator {
   std::int64_t epoch() const { return epoch_; }
   // True once every member of the epoch has said DONE (and the epoch has at least min_members).
   bool finished() const { return finished_; }
+  // Whether a start of the slot has joined as a member (a program that trains through deaths).
+  bool joined(int slot) const { return members_.at(static_cast<std::size_t>(slot)).incarnation >= 0; }
+  bool any_joined() const {
+    return std::ranges::any_of(members_, [](const member& m) { return m.incarnation >= 0; });
+  }
+  // Whether the slot is a member of the current epoch (the one that finished, at the end).
+  bool in_final_epoch(int slot) const { return in_epoch_.count(slot) > 0; }
   // A slot whose process is gone (dml-run saw it exit): dead at once, not at the heartbeat deadline.
   void process_exited(int slot, const std::string& why) {
     if (slot >= 0 && slot < opt_.nproc) declare_dead(slot, why);
