@@ -104,11 +104,7 @@ MPI_Op mpi_op(reduce_op op) {
   }
 }
 
-template <reducible T>
-void divide(std::span<T> x, int n) {
-  using A = acc_t<T>;
-  for (auto& v : x) v = T(A(v) / A(n));
-}
+using comm::detail::divide;
 
 }  // namespace detail::mpi_impl
 

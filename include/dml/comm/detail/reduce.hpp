@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/comm/detail/reduce.hpp — element-wise reduction kernels shared by the host communicators.
-// Sits on comm/communicator.hpp; comm::local reduces peers' slices with it, comm::mpi's bf16/fp16 ops too.
+// Sits on comm/communicator.hpp; comm::local reduces peers' slices with it, comm::mpi's bf16/fp16 ops and comm::gloo's
+// reductions too.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <type_traits>
 
 #include "dml/comm/communicator.hpp"
@@ -166,6 +168,13 @@ void reduce_pair(const T* in, T* inout, std::size_t count, reduce_op op) {
   const T* src[2] = {in, inout};
   T* dst[1] = {inout};
   with_op(op, [&](auto f) { reduce_into(src, 2, dst, 1, count, f, 1); });
+}
+
+// x[i] /= n, in the accumulator type: avg where a transport only sums.
+template <reducible T>
+void divide(std::span<T> x, int n) {
+  using A = acc_t<T>;
+  for (auto& v : x) v = T(A(v) / A(n));
 }
 
 }  // namespace dml::comm::detail
