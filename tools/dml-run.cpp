@@ -121,6 +121,7 @@ int main(int argc, char** argv) {
                        .heartbeat_deadline = milliseconds(heartbeat_ms), .join_deadline = milliseconds(join_ms),
                        .host = host, .port = 0, .log = &log});
     const std::string address = dml::detail::cat(host, ":", coord.port());
+    log << "dml-run: coordinator and store at " << address << std::endl;
     ::signal(SIGINT, on_signal);
     ::signal(SIGTERM, on_signal);
 
@@ -172,6 +173,8 @@ int main(int argc, char** argv) {
         if (pending_event && coord.epoch() > event_epoch) {
           recovery.push_back(std::chrono::duration<double>(now - *pending_event).count());
           pending_event.reset();
+          log << "dml-run: recovery=" << recovery.back() << " s (a chaos event to the next commit of a new configuration)"
+              << std::endl;
         }
       }
       // Reap the ranks that ended.

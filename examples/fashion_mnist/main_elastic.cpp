@@ -54,8 +54,12 @@ int run_elastic(const options& o, const dml::train::dataset& train_set, const dm
       loader.load(train_set, dml::train::sampler::slice(order, b, o.batch, q.rank, q.size()));
       return t.step(loader.x.cview(), loader.y.data(), global);
     };
+    // "{slot}" in --commit-log names this rank's own file.
+    std::string commit_log = o.commit_log;
+    if (const auto at = commit_log.find("{slot}"); at != std::string::npos)
+      commit_log.replace(at, 6, std::to_string(so.slot));
     const auto r = dml::ft::train_elastic(session, make_comm, make_trainer, run_step,
-                                          {.steps = planned, .commit_log = o.commit_log, .log = &std::cerr});
+                                          {.steps = planned, .commit_log = commit_log, .log = &std::cerr});
     if (r.steps < planned) {
       std::printf("slot %d: the job finished at step %lld without this start\n", so.slot, static_cast<long long>(r.steps));
       return 0;

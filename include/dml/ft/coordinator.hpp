@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/ft/coordinator.hpp — the job's coordinator: membership by heartbeat, a quorum per configuration, one
 // vote per step, and a key-value store for the communicators' rendezvous. One thread, one poll loop.
-// Sits on ft/wire.hpp; dml-run hosts it, ft/session.hpp talks to it. See DESIGN.md §13.
+// Sits on ft/wire.hpp; dml-run hosts it, ft/session.hpp talks to it. See DESIGN.md §11.
 //
 // Members are slots 0..nproc-1 (a slot keeps its number across restarts; each start is a new incarnation).
 // A configuration is an epoch: the members that asked for a quorum together, in slot order. In an epoch every
@@ -28,6 +28,7 @@ struct coordinator_options {
   int min_members = 1;           // a quorum needs at least this many
   milliseconds heartbeat_deadline{1000};  // a member silent this long is dead
   milliseconds join_deadline{5000};       // a quorum waits this long for live members that have not asked
+  milliseconds start_deadline{60000};     // the first quorum waits this long for every slot to join
   std::string host = "127.0.0.1";
   int port = 0;                  // 0: any free port
   std::ostream* log = nullptr;   // one line per event
@@ -60,7 +61,7 @@ class coordinator {
     return std::ranges::any_of(members_, [](const member& m) { return m.incarnation >= 0; });
   }
   // Whether the slot is a member of the current epoch (the one that finished, at the end).
-  bool in_final_epoch(int slot) const { return in_epoch_.count(slot) > 0; }
+  bool in_final_epoch(int slot) const { return (finished_ ? final_members_ : in_epoch_).count(slot) > 0; }
   // A slot whose process is gone (dml-run saw it exit): dead at once, not at the heartbeat deadline.
   void process_exited(int slot, const std::string& why) {
     if (slot >= 0 && slot < opt_.nproc) declare_dead(slot, why);
@@ -242,7 +243,13 @@ class coordinator {
     auto& m = members_[static_cast<std::size_t>(slot)];
     m.wants_quorum = true;
     m.step = step;
-    if (in_epoch_.count(slot)) break_epoch(dml::detail::cat("slot ", slot, " left epoch ", epoch_));
+    if (in_epoch_.count(slot)) {
+      if (reconfiguring_) {
+        epoch_broken_ = true;  // asked to come after a commit: the epoch ends without a failure
+      } else {
+        break_epoch(dml::detail::cat("slot ", slot, " left epoch ", epoch_));
+      }
+    }
     if (finished_) return answer(m.control, make_frame("FINISHED", stats_.last_step));
     if (!waiting_since_) waiting_since_ = clock::now();
     try_form_quorum();
@@ -258,13 +265,18 @@ class coordinator {
     }
     // Members still training in an unbroken epoch come at their next vote (answered RECONF); others that
     // have not asked within the join deadline are left out (they are fenced when they vote).
-    const bool late = clock::now() - *waiting_since_ > opt_.join_deadline;
+    // The first configuration waits for every slot to join (up to the start deadline); later ones go on with
+    // the members present, and a slot that comes back joins at a later step.
+    const bool late = clock::now() - *waiting_since_ > (epoch_ == 0 ? opt_.start_deadline : opt_.join_deadline);
+    if (epoch_ == 0)
+      for (int s = 0; s < opt_.nproc; ++s)
+        if (!members_[static_cast<std::size_t>(s)].alive) busy.push_back(s);
     if (!busy.empty() && !late) return;
     if (static_cast<int>(ready.size()) < opt_.min_members) return;
     ++epoch_;
     ++stats_.quorums;
     in_epoch_ = std::set<int>(ready.begin(), ready.end());
-    epoch_broken_ = false;
+    epoch_broken_ = reconfiguring_ = false;
     waiting_since_.reset();
     std::int64_t top = 0;
     for (int s : ready) top = std::max(top, members_[static_cast<std::size_t>(s)].step);
@@ -301,6 +313,7 @@ class coordinator {
       stats_.recovery_seconds.push_back(std::chrono::duration<double>(clock::now() - *recovery_started_).count());
       recovery_started_.reset();
     }
+    reconfiguring_ = joiners;
     for (int s : in_epoch_) {
       auto& x = members_[static_cast<std::size_t>(s)];
       x.voted = false;
@@ -328,6 +341,7 @@ class coordinator {
     auto& m = members_[static_cast<std::size_t>(slot)];
     if (!m.alive) return;
     m.alive = m.wants_quorum = m.voted = false;
+    if (finished_) return;  // after the last step, members leave
     ++stats_.deaths;
     say(dml::detail::cat("slot ", slot, " is dead: ", why));
     if (in_epoch_.count(slot) && !finished_) break_epoch(dml::detail::cat("slot ", slot, " died"));
@@ -351,6 +365,7 @@ class coordinator {
     for (int s : in_epoch_)
       if (!members_[static_cast<std::size_t>(s)].done) return;
     finished_ = true;
+    final_members_ = in_epoch_;
     say(dml::detail::cat("finished at step ", stats_.last_step, " in epoch ", epoch_));
     for (int s = 0; s < opt_.nproc; ++s) {
       auto& m = members_[static_cast<std::size_t>(s)];
@@ -363,9 +378,10 @@ class coordinator {
   std::vector<client> clients_;
   std::vector<member> members_;
   std::map<std::string, std::string> store_;
-  std::set<int> in_epoch_;
+  std::set<int> in_epoch_, final_members_;
   std::int64_t epoch_ = 0, voting_step_ = 0;
   bool epoch_broken_ = false, finished_ = false;
+  bool reconfiguring_ = false;  // the last commit asked the members to come for a new quorum
   std::optional<clock::time_point> waiting_since_, recovery_started_;
   coordinator_stats stats_;
 };

@@ -2,7 +2,7 @@
 // dml/ft/elastic.hpp — training that goes on when a member dies: each configuration (epoch) builds a fresh
 // communicator and trainer, a member behind the others heals from one at the highest committed step, and every
 // step is a transaction the members vote on. Sits on ft/session.hpp and train/trainer.hpp; dml-run hosts the
-// coordinator. See DESIGN.md §13.
+// coordinator. See DESIGN.md §11.
 //
 // What holds, whatever dies and when: an update is applied only after every member of the epoch voted for it
 // (trainer_options::commit), so the members that commit a step hold the same parameters (the commit log's
@@ -69,7 +69,7 @@ train::state_snapshot receive_state(C& c, int from) {
   std::int64_t head[6] = {};
   c.recv(std::span<std::int64_t>(head), from, 71);
   train::state_snapshot s{.step = head[0], .optimizer_step = head[1], .seed = static_cast<std::uint64_t>(head[2]),
-                          .growth_tracker = head[3]};
+                          .growth_tracker = head[3], .values = {}};
   std::memcpy(&s.loss_scale, &head[5], sizeof s.loss_scale);
   if (head[4] < 0 || head[4] > (std::int64_t{1} << 40))
     fail<format_error>("dml::ft: a peer's state announces ", head[4], " values");

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/ft/session.hpp — a member's side of the coordinator: join, heartbeats from a thread of their own, a quorum
-// per configuration, one vote per step. Sits on ft/wire.hpp; ft/elastic.hpp drives it. See DESIGN.md §13.
+// per configuration, one vote per step. Sits on ft/wire.hpp; ft/elastic.hpp drives it. See DESIGN.md §11.
 #pragma once
 
 #include <atomic>

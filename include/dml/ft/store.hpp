@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/ft/store.hpp — Gloo's rendezvous store over the coordinator: the key-value store dml-run serves, reached
 // only with the job's token. Sits on ft/wire.hpp and Gloo (libgloo-dev); comm::gloo rendezvous through it
-// (open_store("tcp:HOST:PORT")). See DESIGN.md §13.
+// (open_store("tcp:HOST:PORT")). See DESIGN.md §11.
 #pragma once
 
 #include <gloo/rendezvous/store.h>

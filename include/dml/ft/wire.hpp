@@ -2,7 +2,7 @@
 // dml/ft/wire.hpp — the coordinator's wire: TCP sockets with deadlines and length-prefixed frames.
 // Sits on core/error.hpp (POSIX sockets, no other dependency); ft/coordinator.hpp and ft/session.hpp speak
 // it. A frame is a 4-byte little-endian length, then a text line of words ("VERB arg arg ...\n"), then an
-// optional binary body. See DESIGN.md §13.
+// optional binary body. See DESIGN.md §11.
 #pragma once
 
 #include <arpa/inet.h>

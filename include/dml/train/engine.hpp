@@ -202,20 +202,22 @@ class engine final : public engine_base<Space> {
     return info.user;
   }
 
-  // What this rank holds: whole arrays where the sharding keeps them whole, else its owned pieces.
+  // What this rank holds: whole tensors where the sharding keeps them whole (without the padding, which depends
+  // on the world's size: a replica's snapshot restores at any size), else its owned pieces.
   template <class F>
   void each_held(F&& f) {
     for (int k = -1; k < Optimizer::state_slots; ++k) {
       if (sync_.loads_pieces(k)) {
         for (const auto& p : sync_.owned_pieces()) f(sync_.held(k, p), static_cast<std::size_t>(p.end - p.begin));
       } else {
-        f(sync_.whole(k), static_cast<std::size_t>(net_.layout().total));
+        float* base = sync_.whole(k);
+        for (const auto& slot : net_.layout().slots) f(base + slot.offset, static_cast<std::size_t>(slot.shape.numel()));
       }
     }
   }
   state_snapshot snapshot() override {
     state_snapshot s{.step = step_, .optimizer_step = optimizer_step_, .seed = opt_.seed, .loss_scale = scaler_.scale(),
-                     .growth_tracker = scaler_.growth_tracker()};
+                     .growth_tracker = scaler_.growth_tracker(), .values = {}};
     each_held([&](const float* p, std::size_t n) {
       const auto at = s.values.size();
       s.values.resize(at + n);

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# tests/ft/chaos.py — the seeded harness of training through deaths: dml-run starts the Fashion-MNIST example with
+# --elastic and kills or freezes random ranks at random moments (--chaos-*); each run must reach its last step,
+# the ranks' commit logs must form one history (one parameter hash per step, every step committed), and no process
+# may be left behind. Prints p50/p99 of the recovery times (a chaos event to the next commit) and steps lost.
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+
+def fail(msg):
+    print("chaos: FAILED: " + msg, flush=True)
+    sys.exit(1)
+
+
+def leftover(program):
+    out = subprocess.run(["pgrep", "-f", program], capture_output=True, text=True).stdout.split()
+    return [p for p in out if int(p) != os.getpid()]
+
+
+def one_run(a, seed, workdir):
+    logs = os.path.join(workdir, f"run-{seed}")
+    os.makedirs(logs)
+    signals = ["kill", "stop", "kill,stop"][seed % 3] if a.signals == "mixed" else a.signals
+    cmd = [a.dml_run, "--nproc", str(a.nproc), "--min", str(a.min), "--chaos-events", str(a.events),
+           "--chaos-every-ms", str(a.every_ms), "--chaos-seed", str(seed), "--chaos-signals", signals,
+           "--chaos-double", str(a.double), "--heartbeat-deadline-ms", str(a.heartbeat_ms),
+           "--log", os.path.join(logs, "dml-run.log"), "--stall-seconds", "60",
+           a.program, "--elastic", "--data", a.data, "--steps", str(a.steps), "--batch", str(a.batch),
+           "--hidden", a.hidden, "--comm-timeout-ms", str(a.comm_timeout_ms),
+           "--commit-log", os.path.join(logs, "commits-{slot}.log")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+    tail = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
+    if p.returncode != 0:
+        fail(f"seed {seed}: dml-run exited {p.returncode}\n{p.stdout}\n{p.stderr}\n" +
+             open(os.path.join(logs, "dml-run.log")).read())
+    m = re.search(r"recoveries=(\d+) steps_lost=(\d+) restarts=(\d+) last_step=(\d+) "
+                  r"recovery_seconds=([0-9.]+)/([0-9.]+)/([0-9.]+)", tail)
+    if not m:
+        fail(f"seed {seed}: no summary line in:\n{p.stdout}")
+    # One history: every step 1..steps committed, one hash per step across all ranks and starts.
+    history = {}
+    for name in os.listdir(logs):
+        if not name.startswith("commits-"):
+            continue
+        last = 0
+        for line in open(os.path.join(logs, name)):
+            step, epoch, size, h = line.split()
+            step = int(step)
+            if step <= last:
+                fail(f"seed {seed}: {name}: step {step} committed after step {last}")
+            last = step
+            if history.setdefault(step, h) != h:
+                fail(f"seed {seed}: step {step} has two parameter hashes ({history[step]} and {h}): two histories")
+    missing = [s for s in range(1, a.steps + 1) if s not in history]
+    if missing:
+        fail(f"seed {seed}: steps never committed: {missing[:10]}")
+    finals = re.findall(r"state_hash=([0-9a-f]+)", p.stdout)
+    if len(set(finals)) != 1:
+        fail(f"seed {seed}: the members that finished hold different states: {finals}")
+    if leftover(a.program):
+        fail(f"seed {seed}: processes left behind: {leftover(a.program)}")
+    events = open(os.path.join(logs, "dml-run.log")).read().count("chaos: ")
+    return {"recoveries": int(m.group(1)), "lost": int(m.group(2)), "events": events,
+            "recovery": [float(x) for x in re.findall(r"recovery=([0-9.]+)", open(os.path.join(logs, "dml-run.log")).read())]}
+
+
+def percentile(v, p):
+    if not v:
+        return 0.0
+    v = sorted(v)
+    return v[min(len(v) - 1, max(0, int(-(-p * len(v) // 1)) - 1))]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dml-run", required=True)
+    ap.add_argument("--program", required=True)
+    ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--nproc", type=int, default=4)
+    ap.add_argument("--min", type=int, default=2)
+    ap.add_argument("--events", type=int, default=3)
+    ap.add_argument("--every-ms", type=int, default=1500)
+    ap.add_argument("--signals", default="mixed")
+    ap.add_argument("--double", type=float, default=0.2)
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--hidden", default="64")
+    ap.add_argument("--heartbeat-ms", type=int, default=1000)
+    ap.add_argument("--comm-timeout-ms", type=int, default=1000)
+    ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--keep", action="store_true")
+    a = ap.parse_args()
+    workdir = tempfile.mkdtemp(prefix="dml-chaos-")
+    rec, lost, recoveries, events = [], 0, 0, 0
+    try:
+        for i in range(a.runs):
+            r = one_run(a, a.seed + i, workdir)
+            rec += r["recovery"]
+            lost += r["lost"]
+            recoveries += r["recoveries"]
+            events += r["events"]
+            print(f"chaos: seed {a.seed + i}: ok, {r['events']} events, {r['recoveries']} recoveries, "
+                  f"recovery seconds {r['recovery']}", flush=True)
+    finally:
+        if not a.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(f"chaos: runs={a.runs} events={events} recoveries={recoveries} steps_lost={lost} "
+          f"recovery_p50={percentile(rec, 0.5):.3f} recovery_p99={percentile(rec, 0.99):.3f} "
+          f"recovery_max={max(rec) if rec else 0:.3f}")
+
+
+if __name__ == "__main__":
+    main()
