@@ -193,6 +193,27 @@ TEST_CASE("comm::gloo: sub-groups of one rank each, of all ranks reversed, and a
   }));
 }
 
+TEST_CASE("comm::gloo: irecv posted before isend and after it, polled with test(), on every pair") {
+  expect_clean(on_ranks(3, [](comm_gloo& c) {
+    dml_test::report rep;
+    const int n = c.size(), r = c.rank();
+    std::vector<std::vector<double>> in(n, std::vector<double>(1000)), out(n);
+    std::vector<dml::comm::request> reqs;
+    for (int p = 0; p < n; ++p) {
+      out[p].assign(1000, 100.0 * r + p);
+      // receives first from lower ranks, sends first to higher ones (and to itself)
+      if (p < r) reqs.push_back(c.irecv(std::span<double>(in[p]), p, 5));
+      reqs.push_back(c.isend(std::span<const double>(out[p]), p, 5));
+      if (p >= r) reqs.push_back(c.irecv(std::span<double>(in[p]), p, 5));
+    }
+    for (auto& q : reqs)
+      while (!q.test()) std::this_thread::yield();
+    for (int p = 0; p < n; ++p)
+      rep.expect(in[p][0] == 100.0 * p + r && in[p][999] == 100.0 * p + r, dml::detail::cat("message from ", p));
+    return rep;
+  }));
+}
+
 TEST_CASE("comm::gloo: a peer that goes away fails the next collective, and the error latches") {
   std::vector<std::string> seen(2);
   expect_clean(on_ranks(2, [&](comm_gloo& c) {
