@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // benchmarks/collectives.cpp — nccl-tests-style bandwidth of dml's communicators, with baselines.
 // `collectives --comm local --ranks 2` or `mpirun -np 2 collectives --comm mpi`; see benchmarks/README.md.
+// With Gloo, the mpi run times comm::gloo over the same processes too (a file store in a temp directory).
 #include <mpi.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +20,12 @@
 
 #include "dml/comm/local.hpp"
 #include "dml/comm/mpi.hpp"
+#if defined(DML_BENCH_GLOO)
+#  include <filesystem>
+
+#  include "dml/comm/gloo.hpp"
+#  include "dml/comm/gloo_store.hpp"
+#endif
 #include "dml/train/flags.hpp"
 
 namespace {
@@ -69,7 +77,8 @@ dml::flags command_line(config& c) {
   std::vector<std::string> ops{"all"};
   for (const auto k : all_ops()) ops.emplace_back(dml::comm::name(k));
   const auto bytes = [](const std::string& v) { return parse_bytes(v) ? std::string() : "a byte count like 4K or 64M"; };
-  f.add("--comm", c.comm, "C", "communicator; mpi under mpirun").choices({"local", "mpi"});
+  f.add("--comm", c.comm, "C", "communicator; mpi under mpirun (and gloo beside it where built)")
+      .choices({"local", "mpi"});
   f.add("--ranks", c.ranks, "N", "comm::local ranks").min(1);
   f.add("--op", c.op, "OP", "the collective to time").choices(ops);
   f.add("--min-bytes", c.min_bytes_text, "B", "the smallest message; K, M, G suffixes").check(bytes);
@@ -358,6 +367,27 @@ void quiet_barrier(MPI_Comm comm) {
   }
 }
 
+#if defined(DML_BENCH_GLOO)
+// comm::gloo over the processes of the MPI world: rank 0 makes a directory for the file store and tells the others.
+struct gloo_world {
+  std::string dir;
+  std::optional<dml::comm::gloo> comm;
+  explicit gloo_world(const dml::comm::mpi& world) {
+    char path[4096] = {};
+    if (world.rank() == 0) {
+      std::string tmpl = (std::filesystem::temp_directory_path() / "dml-collectives-XXXXXX").string();
+      if (!::mkdtemp(tmpl.data())) dml::fail<dml::io_error>("collectives: cannot make a directory for the store");
+      std::snprintf(path, sizeof path, "%s", tmpl.c_str());
+    }
+    MPI_Bcast(path, sizeof path, MPI_CHAR, 0, world.native());
+    dir = path;
+    comm.emplace(dml::comm::open_store("file:" + dir, std::chrono::seconds(60)), world.rank(), world.size());
+    MPI_Barrier(world.native());
+    if (world.rank() == 0) std::filesystem::remove_all(dir);
+  }
+};
+#endif
+
 // Baselines and collectives alternate size by size, so that all of them see the same machine
 // load (the machine may be shared); tables are printed at the end.
 int run_mpi(const config& cfg, int argc, char** argv) {
@@ -366,13 +396,19 @@ int run_mpi(const config& cfg, int argc, char** argv) {
   raw_mpi raw;
   const bool lead = world.rank() == 0;
   std::vector<memcpy_row> copies;
-  std::vector<std::vector<result>> base(cfg.ops.size()), ours(cfg.ops.size());
+  std::vector<std::vector<result>> base(cfg.ops.size()), ours(cfg.ops.size()), glo(cfg.ops.size());
+#if defined(DML_BENCH_GLOO)
+  gloo_world g(world);
+#endif
   for (std::size_t bytes : sizes(cfg)) {
     if (lead) copies.push_back(measure_memcpy(bytes));
     quiet_barrier(MPI_COMM_WORLD);
     for (std::size_t k = 0; k < cfg.ops.size(); ++k) {
       base[k].push_back(measure(raw, "mpi_raw", cfg.ops[k], bytes, cfg));
       ours[k].push_back(measure(world, "mpi", cfg.ops[k], bytes, cfg));
+#if defined(DML_BENCH_GLOO)
+      glo[k].push_back(measure(*g.comm, "gloo", cfg.ops[k], bytes, cfg));
+#endif
     }
   }
   if (!lead) return 0;
@@ -385,6 +421,9 @@ int run_mpi(const config& cfg, int argc, char** argv) {
     for (auto& r : base[k]) print(cfg, r);
     print_header(cfg, "dml::comm::mpi " + op + ", " + n + " processes");
     for (auto& r : ours[k]) print(cfg, r);
+    if (glo[k].empty()) continue;
+    print_header(cfg, "dml::comm::gloo " + op + ", " + n + " processes (Gloo's TCP transport over loopback)");
+    for (auto& r : glo[k]) print(cfg, r);
   }
   return 0;
 }

@@ -40,7 +40,7 @@ struct options {
   // costs more in synchronisation than it gains, and far more when another process shares the cores.
   int threads = 1;
   int ranks = 1;                  // comm::local ranks (threads of this process)
-  std::string comm = "local";     // local | mpi (launch with mpirun; ranks = the MPI world)
+  std::string comm = "local";     // local | mpi (launch with mpirun; ranks = the MPI world) | gloo (DML_RANK, ...)
   std::string parallel = "ddp";   // ddp | zero1 | zero2 | zero3
   int replicas = 1;               // > 1 with zeroN: hybrid sharding, ZeRO within each of this many replicas
   std::string precision = "fp32";
@@ -66,7 +66,8 @@ inline dml::flags command_line(options& o) {
   dml::flags f(
       "fashion_mnist", "Trains an MLP on Fashion-MNIST; prints test_accuracy=0.xxxx after every epoch.",
       "--batch is the global batch: with N ranks each takes its slice of every batch, and the run trains the\n"
-      "same model as one rank does. Under mpirun, pass --comm mpi. --pp K cuts the model into K pipeline\n"
+      "same model as one rank does. Under mpirun, pass --comm mpi. With --comm gloo each process is one rank\n"
+      "named by DML_RANK, DML_WORLD_SIZE and DML_STORE (file:DIR, a directory every rank shares). --pp K cuts the model into K pipeline\n"
       "stages (each of D = ranks / K data-parallel ranks); with --pp and --dp, --ranks must be K * D.\n"
       "--replicas R with --parallel zero1|zero2|zero3 is hybrid sharding: the D data-parallel ranks form R\n"
       "replicas of D / R consecutive ranks, ZeRO shards within each, and the replicas sum their gradients.");
@@ -91,8 +92,8 @@ inline dml::flags command_line(options& o) {
   f.add_switch("--no-shuffle", o.shuffle, "keep the training set's order", false);
   f.add("--log", o.log, "FILE", "write the loss and learning rate per step, .csv");
   f.add("--threads", o.threads, "N", "OpenMP threads per rank").min(1);
-  f.add("--ranks", o.ranks, "N", "comm::local ranks; with --comm mpi the MPI world (leave it out)").min(1);
-  f.add("--comm", o.comm, "C", "communicator").choices({"local", "mpi"});
+  f.add("--ranks", o.ranks, "N", "comm::local ranks; with --comm mpi or gloo the world (leave it out)").min(1);
+  f.add("--comm", o.comm, "C", "communicator").choices({"local", "mpi", "gloo"});
   f.add("--parallel", o.parallel, "P", "sharding").choices({"ddp", "zero1", "zero2", "zero3"});
   f.add("--replicas", o.replicas, "R", "replicas of hybrid sharding, with zero1-3").min(1);
   f.add("--precision", o.precision, "P", "arithmetic").choices({"fp32", "bf16", "fp16"});
@@ -429,6 +430,9 @@ inline constexpr std::size_t max_hidden = 3;
 int run_mpi(const options& o, int argc, char** argv, const dml::train::dataset& tr, const dml::train::dataset& te);
 int run_elastic(const options& o, const dml::train::dataset& tr, const dml::train::dataset& te);
 #endif
+#if defined(DML_EXAMPLE_WITH_GLOO)
+int run_gloo(const options& o, const dml::train::dataset& tr, const dml::train::dataset& te);
+#endif
 
 template <class Space>
 int main(int argc, char** argv) {
@@ -458,6 +462,13 @@ int main(int argc, char** argv) {
         return run_mpi(o, argc, argv, train_set, test_set);
 #else
         dml::fail<dml::invalid_argument>("--comm mpi: this build has no MPI");
+#endif
+      }
+      if (o.comm == "gloo") {
+#if defined(DML_EXAMPLE_WITH_GLOO)
+        return run_gloo(o, train_set, test_set);
+#else
+        dml::fail<dml::invalid_argument>("--comm gloo: this build has no Gloo");
 #endif
       }
       int status = 0;

@@ -16,9 +16,10 @@ class DmlConan(ConanFile):
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"
     # The components beside dml::dml (cmake/dml-config.cmake.in): mpi from Conan; cuda and nccl from the
-    # CUDA toolkit on the machine (Conan has no recipe for it), so those two only declare the targets.
-    options = {"mpi": [True, False], "cuda": [True, False], "nccl": [True, False]}
-    default_options = {"mpi": False, "cuda": False, "nccl": False}
+    # CUDA toolkit on the machine (Conan has no recipe for it), so those two only declare the targets; gloo from
+    # the system too (Conan has no recipe for Gloo either: Debian's libgloo-dev).
+    options = {"mpi": [True, False], "gloo": [True, False], "cuda": [True, False], "nccl": [True, False]}
+    default_options = {"mpi": False, "gloo": False, "cuda": False, "nccl": False}
     no_copy_source = True
 
     def export_sources(self):
@@ -74,7 +75,7 @@ class DmlConan(ConanFile):
         self.cpp_info.bindirs = []
         self.cpp_info.libdirs = []
         # One Conan component per CMake target of dml-config.cmake: dml::dml always, the others with
-        # their option (their CMake names are dml::mpi, dml::cuda, dml::nccl).
+        # their option (their CMake names are dml::mpi, dml::gloo, dml::cuda, dml::nccl).
         core = self.cpp_info.components["dml"]
         core.set_property("cmake_target_name", "dml::dml")
         core.bindirs = []
@@ -88,6 +89,11 @@ class DmlConan(ConanFile):
             mpi = self.cpp_info.components["mpi"]
             mpi.set_property("cmake_target_name", "dml::mpi")
             mpi.requires = ["dml", "openmpi::openmpi"]
+        if self.options.gloo:
+            gloo = self.cpp_info.components["gloo"]
+            gloo.set_property("cmake_target_name", "dml::gloo")
+            gloo.requires = ["dml"]
+            gloo.system_libs = ["gloo"]
         if self.options.cuda:
             cuda = self.cpp_info.components["cuda"]
             cuda.set_property("cmake_target_name", "dml::cuda")

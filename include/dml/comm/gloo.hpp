@@ -114,16 +114,14 @@ class gloo {
   template <reducible T>
   void reduce_scatter(std::span<const std::type_identity_t<T>> send, std::span<T> recv, reduce_op op) {
     checks().reduce_scatter<T>(send, recv, op);
-    std::vector<T> all(send.begin(), send.end());
-    all_reduce(std::span<T>(all), op);
-    std::copy_n(all.begin() + recv.size() * rank(), recv.size(), recv.begin());
+    ring_reduce_scatter(send, recv, op);
   }
   // In place: the result lands in block rank() of data (returned); other blocks are left with unspecified values.
   template <reducible T>
   std::span<T> reduce_scatter(std::span<T> data, reduce_op op) {
     const auto mine = checks().own_block(data, "reduce_scatter");
     checks().reduce_scatter<T>(std::span<const T>(data), mine, op);
-    all_reduce(data, op);
+    ring_reduce_scatter(std::span<const T>(data), mine, op);
     return mine;
   }
   // Runs at the call; the request is complete.
@@ -325,6 +323,40 @@ class gloo {
   }
 
  private:
+  // Ring reduce-scatter (Gloo has no new-style one): at step k rank r sends its partial sum of block r - 1 - k to
+  // the next rank and adds its own part of block r - 2 - k to what the previous rank sent; after size() - 1 steps
+  // block r is complete. recv may be block rank() of send.
+  template <reducible T>
+  void ring_reduce_scatter(std::span<const T> send, std::span<T> recv, reduce_op op) {
+    const int n = size(), r = rank();
+    const std::size_t m = recv.size();
+    s_->guard("reduce_scatter", [&] {
+      if (m == 0) return;
+      if (n == 1) return void(std::copy_n(send.begin(), m, recv.begin()));
+      const auto fn = detail::gloo_impl::reduce_function<T>(op);
+      const auto slot = detail::gloo_impl::ring_slot;
+      std::vector<T> a(m), b(m);
+      auto whole = s_->ctx->createUnboundBuffer(bytes(send.data()), send.size_bytes());
+      auto ua = s_->ctx->createUnboundBuffer(a.data(), m * sizeof(T));
+      auto ub = s_->ctx->createUnboundBuffer(b.data(), m * sizeof(T));
+      auto* out = ua.get();  // the partial sum sent next
+      auto* in = ub.get();
+      const auto block = [&](int k) { return std::size_t((k % n + n) % n) * m; };
+      for (int k = 0; k < n - 1; ++k) {
+        in->recv((r + n - 1) % n, slot);
+        if (k == 0) whole->send((r + 1) % n, slot, block(r - 1) * sizeof(T), m * sizeof(T));
+        else out->send((r + 1) % n, slot);
+        in->waitRecv(s_->timeout);
+        if (k == 0) whole->waitSend(s_->timeout);
+        else out->waitSend(s_->timeout);
+        T* sum = k == n - 2 ? recv.data() : static_cast<T*>(in->ptr);
+        fn(sum, in->ptr, send.data() + block(r - 2 - k), m);
+        std::swap(in, out);
+      }
+    });
+    if (op == reduce_op::avg) detail::divide(recv, size());
+  }
+
   detail::arg_checks checks() const { return {"dml::comm::gloo", rank(), size()}; }
   template <class T>
   static char* bytes(const T* p) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dml/comm/communicator.hpp"
+#include "dml/comm/detail/checks.hpp"
 #include "dml/comm/detail/mpi_types.hpp"
 #include "dml/comm/detail/mpi_watchdog.hpp"
 #include "dml/comm/detail/reduce.hpp"
@@ -212,21 +213,12 @@ class mpi {
   template <transferable T>
   void all_gatherv(std::span<const std::type_identity_t<T>> send, std::span<T> recv,
                    std::span<const std::size_t> counts) {
-    if (counts.size() != std::size_t(size_))
-      fail<invalid_argument>("dml::comm::mpi::all_gatherv: expected ", size_, " counts, found ", counts.size());
-    if (send.size() != counts[rank_])
-      fail<invalid_argument>("dml::comm::mpi::all_gatherv: expected send of counts[", rank_, "] = ",
-                             counts[rank_], " elements, found ", send.size());
+    const auto off = checks().all_gatherv(send, recv, counts);
     std::vector<int> c(size_), d(size_);
-    std::size_t off = 0;
     for (int p = 0; p < size_; ++p) {
       c[p] = count<T>(counts[p], "all_gatherv");
-      d[p] = count<T>(off, "all_gatherv");
-      off += counts[p];
+      d[p] = count<T>(off[p], "all_gatherv");
     }
-    if (recv.size() != off)
-      fail<invalid_argument>("dml::comm::mpi::all_gatherv: expected recv of sum(counts) = ", off,
-                             " elements, found ", recv.size());
     agree<T>("all_gatherv", 0, reduce_op::sum, 0);
     const void* in = send.data() == recv.data() + (d[rank_] / detail::mpi_impl::units<T>())
                          ? MPI_IN_PLACE : static_cast<const void*>(send.data());
@@ -297,9 +289,7 @@ class mpi {
   template <transferable T>
   void all_to_allv(std::span<const std::type_identity_t<T>> send, std::span<const std::size_t> send_counts,
                    std::span<T> recv, std::span<const std::size_t> recv_counts) {
-    if (send_counts.size() != std::size_t(size_) || recv_counts.size() != std::size_t(size_))
-      fail<invalid_argument>("dml::comm::mpi::all_to_allv: expected ", size_, " send and receive counts, found ",
-                             send_counts.size(), " and ", recv_counts.size());
+    checks().all_to_allv(send, send_counts, recv, recv_counts);
     std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
     std::size_t so = 0, ro = 0;
     for (int p = 0; p < size_; ++p) {
@@ -310,9 +300,6 @@ class mpi {
       so += send_counts[p];
       ro += recv_counts[p];
     }
-    if (send.size() != so || recv.size() != ro)
-      fail<invalid_argument>("dml::comm::mpi::all_to_allv: expected send of ", so, " and recv of ", ro,
-                             " elements, found ", send.size(), " and ", recv.size());
     if (opt_.check_arguments) {
       // what each rank sends to me must be what I expect from it
       std::vector<int> incoming(size_);
@@ -430,7 +417,8 @@ class mpi {
     owned_ = false;
   }
 
-  // Argument checks: comm/detail/mpi_checks.hpp.
+  // Argument checks: comm/detail/mpi_checks.hpp, on comm/detail/checks.hpp.
+  detail::arg_checks checks() const { return {"dml::comm::mpi", rank_, size_}; }
   void check_rank(int r, const char* op, const char* what) const;
   template <class T>
   std::span<T> own_block(std::span<T> data, const char* op) const;

@@ -99,6 +99,8 @@ void (*reduce_function(reduce_op op))(void*, const void*, const void*, std::size
 // Point-to-point messages use slots of their own, apart from those of Gloo's collectives (prefixes 1 to 8 in the
 // top byte): the tag is the low 32 bits.
 inline std::uint64_t p2p_slot(int tag) { return (std::uint64_t(0x40) << 56) | std::uint32_t(tag); }
+// The ring reduce-scatter's messages, one at a time per pair.
+inline constexpr std::uint64_t ring_slot = std::uint64_t(0x41) << 56;
 
 // What every copy of a communicator and every request of it share: the context and the latch.
 struct state {

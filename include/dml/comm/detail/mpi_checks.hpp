@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/comm/detail/mpi_checks.hpp — comm::mpi's argument checks: ranks, block sizes and received counts on each rank,
-// and with options::check_arguments the cross-rank agreement of counts, types, ops and roots.
+// and with options::check_arguments the cross-rank agreement of counts, types, ops and roots. The per-rank checks are
+// comm/detail/checks.hpp's, which comm::gloo shares.
 // Sits on comm/mpi.hpp, which declares these members; used by comm/mpi.hpp, which includes it at its end (included
 // alone, it includes comm/mpi.hpp first).
 #pragma once
@@ -14,17 +15,10 @@
 
 namespace dml::comm {
 
-inline void mpi::check_rank(int r, const char* op, const char* what) const {
-  if (r < 0 || r >= size_)
-    fail<invalid_argument>("dml::comm::mpi::", op, ": expected a ", what, " in [0, ", size_, "), found ", r);
-}
+inline void mpi::check_rank(int r, const char* op, const char* what) const { checks().rank_in_range(r, op, what); }
 template <class T>
 std::span<T> mpi::own_block(std::span<T> data, const char* op) const {
-  if (data.size() % size_ != 0)
-    fail<invalid_argument>("dml::comm::mpi::", op, ": expected a size divisible by the group size ", size_,
-                           ", found ", data.size());
-  const std::size_t m = data.size() / size_;
-  return data.subspan(m * rank_, m);
+  return checks().own_block(data, op);
 }
 
 template <class T>
@@ -59,43 +53,29 @@ void mpi::agree(const char* op, std::size_t n, reduce_op rop, int root) {
 
 template <reducible T>
 void mpi::prepare_all_reduce(std::span<const T> send, std::span<T> recv, reduce_op op) {
-  check_reduce<T>(op, "dml::comm::mpi::all_reduce");
-  if (send.size() != recv.size())
-    fail<invalid_argument>("dml::comm::mpi::all_reduce: expected recv of send's size ", send.size(), ", found ",
-                           recv.size());
+  checks().all_reduce<T>(send, recv, op);
   agree<T>("all_reduce", send.size(), op, 0);
 }
 template <reducible T>
 void mpi::prepare_reduce_scatter(std::span<const T> send, std::span<T> recv, reduce_op op) {
-  check_reduce<T>(op, "dml::comm::mpi::reduce_scatter");
-  if (send.size() != recv.size() * size_)
-    fail<invalid_argument>("dml::comm::mpi::reduce_scatter: expected send of group size ", size_, " x recv size ",
-                           recv.size(), " = ", recv.size() * size_, " elements, found ", send.size());
+  checks().reduce_scatter<T>(send, recv, op);
   agree<T>("reduce_scatter", recv.size(), op, 0);
 }
 template <class T>
 void mpi::prepare_all_gather(std::span<const T> send, std::span<T> recv) {
-  if (recv.size() != send.size() * size_)
-    fail<invalid_argument>("dml::comm::mpi::all_gather: expected recv of group size ", size_, " x send size ",
-                           send.size(), " = ", send.size() * size_, " elements, found ", recv.size());
+  checks().all_gather(send, recv);
   agree<T>("all_gather", send.size(), reduce_op::sum, 0);
 }
 template <reducible T>
 void mpi::prepare_reduce(std::span<const T> send, std::span<T> recv, reduce_op op, int root) {
-  check_reduce<T>(op, "dml::comm::mpi::reduce");
-  check_rank(root, "reduce", "root");
-  if (rank_ == root && recv.size() != send.size())
-    fail<invalid_argument>("dml::comm::mpi::reduce: expected recv of send's size ", send.size(),
-                           " at the root, found ", recv.size());
+  checks().reduce<T>(send, recv, op, root);
   agree<T>("reduce", send.size(), op, root);
 }
 template <class T>
 int mpi::prepare_all_to_all(std::span<const T> send, std::span<T> recv) {
-  if (send.size() % size_ != 0 || recv.size() != send.size())
-    fail<invalid_argument>("dml::comm::mpi::all_to_all: expected send and recv of equal size divisible by the "
-                           "group size ", size_, ", found ", send.size(), " and ", recv.size());
+  const std::size_t block = checks().all_to_all(send, recv);
   agree<T>("all_to_all", send.size(), reduce_op::sum, 0);
-  return count<T>(send.size() / size_, "all_to_all");
+  return count<T>(block, "all_to_all");
 }
 
 }  // namespace dml::comm
