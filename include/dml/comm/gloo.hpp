@@ -254,8 +254,8 @@ class gloo {
   template <transferable T>
   void send(std::span<const T> data, int peer, int tag) {
     checks().rank_in_range(peer, "send", "peer");
-    if (peer == rank()) return s_->send_self(bytes(data.data()), data.size_bytes(), tag);
     s_->guard("send", [&] {
+      if (peer == rank()) return s_->send_self(bytes(data.data()), data.size_bytes(), tag);
       auto buf = s_->ctx->createUnboundBuffer(bytes(data.data()), data.size_bytes());
       buf->send(peer, detail::gloo_impl::p2p_slot(tag));
       buf->waitSend(s_->timeout);
