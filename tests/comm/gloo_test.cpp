@@ -238,6 +238,11 @@ TEST_CASE("comm::gloo: a peer that goes away fails the next collective, and the 
     } catch (const dml::comm_error& e) {
       seen[1] = e.what();
     }
+    try {  // messages to itself too
+      c.send(std::span<const float>(x), 0, 1);
+      rep.failures.push_back("send to itself after an error: expected comm_error, nothing thrown");
+    } catch (const dml::comm_error&) {
+    }
     return rep;
   }));
   INFO(seen[0]);

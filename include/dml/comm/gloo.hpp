@@ -42,7 +42,6 @@ struct gloo_options {
   std::string hostname = "127.0.0.1";
 };
 
-
 // Failure semantics: any error of Gloo (a peer that closed its connection, a deadline passed, a broken
 // invariant) becomes a comm_error naming the operation, this rank, the size and Gloo's message; from then on the
 // communicator is broken() and every operation throws comm_error at once. Recovery builds a new communicator
@@ -52,6 +51,9 @@ struct gloo_options {
 // request. isend and irecv are truly non-blocking: they post an unbound buffer, and a thread of their own waits for
 // it with the deadline; a rank may post a receive and a send in either order. Gloo cannot withdraw a posted
 // receive, so request::cancel() waits (an unmatched receive breaks the communicator at the deadline).
+//
+// The class shares its name with Gloo's namespace: inside dml::comm, or after `using dml::comm::gloo`, write Gloo's
+// as ::gloo.
 class gloo {
  public:
   using space = dml::host;
@@ -254,8 +256,8 @@ class gloo {
   template <transferable T>
   void send(std::span<const T> data, int peer, int tag) {
     checks().rank_in_range(peer, "send", "peer");
-    if (peer == rank()) return s_->send_self(bytes(data.data()), data.size_bytes(), tag);
     s_->guard("send", [&] {
+      if (peer == rank()) return s_->send_self(bytes(data.data()), data.size_bytes(), tag);
       auto buf = s_->ctx->createUnboundBuffer(bytes(data.data()), data.size_bytes());
       buf->send(peer, detail::gloo_impl::p2p_slot(tag));
       buf->waitSend(s_->timeout);

@@ -231,14 +231,17 @@ struct p2p_request final : request_state {
 
 inline std::unique_ptr<request_state> post(const std::shared_ptr<state>& s, char* p, std::size_t n, int peer, int tag,
                                            bool receive) {
+  const char* op = receive ? "irecv" : "isend";
   if (peer == s->rank) {
-    if (receive) return std::make_unique<self_request>(s, p, n, tag);
-    s->send_self(p, n, tag);
-    return nullptr;
+    std::unique_ptr<request_state> self;
+    s->guard(op, [&] {
+      if (receive) self = std::make_unique<self_request>(s, p, n, tag);
+      else s->send_self(p, n, tag);
+    });
+    return self;
   }
   auto r = std::make_unique<p2p_request>();
   r->s = s;
-  const char* op = receive ? "irecv" : "isend";
   s->guard(op, [&] {
     r->buf = s->ctx->createUnboundBuffer(p, n);
     if (receive) r->buf->recv(peer, p2p_slot(tag));
