@@ -329,7 +329,7 @@ TEST_CASE("comm::gloo: open_store refuses a missing, non-directory or read-only 
                        doctest::Contains(("expected a writable directory in 'file:" + locked + "', found " + locked +
                                           " not writable").c_str()),
                        dml::invalid_argument);
-  CHECK_THROWS_WITH_AS(dml::comm::open_store("tcp:", 1s), doctest::Contains("expected a store spec file:DIR, found 'tcp:'"),
+  CHECK_THROWS_WITH_AS(dml::comm::open_store("tcp:", 1s), doctest::Contains("expected a store spec file:DIR or tcp:HOST:PORT, found 'tcp:'"),
                        dml::invalid_argument);
   CHECK(dml::comm::open_store("file:" + dir.path.string(), 1s) != nullptr);
 }

@@ -18,9 +18,16 @@ def fail(msg):
     sys.exit(1)
 
 
-def leftover(program):
-    out = subprocess.run(["pgrep", "-f", program], capture_output=True, text=True).stdout.split()
-    return [p for p in out if int(p) != os.getpid()]
+def leftover(log_path):
+    """The ranks dml-run started (its log names each pid) that still run."""
+    alive = []
+    for pid in re.findall(r"start \d+ is pid (\d+)", open(log_path).read()):
+        try:
+            os.kill(int(pid), 0)
+            alive.append(pid)
+        except ProcessLookupError:
+            pass
+    return alive
 
 
 def one_run(a, seed, workdir):
@@ -34,7 +41,15 @@ def one_run(a, seed, workdir):
            a.program, "--elastic", "--data", a.data, "--steps", str(a.steps), "--batch", str(a.batch),
            "--hidden", a.hidden, "--comm-timeout-ms", str(a.comm_timeout_ms),
            "--commit-log", os.path.join(logs, "commits-{slot}.log")]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    intruder = try_intruder(os.path.join(logs, "dml-run.log")) if seed == a.seed else None
+    out, err = proc.communicate(timeout=a.timeout)
+    p = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    if intruder is not None:
+        if intruder != "REFUSED":
+            fail(f"seed {seed}: a process without the job token got '{intruder}' from the coordinator")
+        if "refused a connection" not in open(os.path.join(logs, "dml-run.log")).read():
+            fail(f"seed {seed}: the intruder was not logged")
     tail = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
     if p.returncode != 0:
         fail(f"seed {seed}: dml-run exited {p.returncode}\n{p.stdout}\n{p.stderr}\n" +
@@ -63,11 +78,39 @@ def one_run(a, seed, workdir):
     finals = re.findall(r"state_hash=([0-9a-f]+)", p.stdout)
     if len(set(finals)) != 1:
         fail(f"seed {seed}: the members that finished hold different states: {finals}")
-    if leftover(a.program):
-        fail(f"seed {seed}: processes left behind: {leftover(a.program)}")
+    left = leftover(os.path.join(logs, "dml-run.log"))
+    if left:
+        fail(f"seed {seed}: processes left behind: {left}")
     events = open(os.path.join(logs, "dml-run.log")).read().count("chaos: ")
     return {"recoveries": int(m.group(1)), "lost": int(m.group(2)), "events": events,
             "recovery": [float(x) for x in re.findall(r"recovery=([0-9.]+)", open(os.path.join(logs, "dml-run.log")).read())]}
+
+
+def try_intruder(log_path):
+    """Connects to the job's coordinator with a wrong token; returns the first word of its answer."""
+    import socket
+    import struct
+    import time
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if os.path.exists(log_path):
+            m = re.search(r"coordinator and store at ([0-9.]+):(\d+)", open(log_path).read())
+            if m:
+                break
+        time.sleep(0.05)
+    else:
+        fail("dml-run never logged its address")
+    s = socket.create_connection((m.group(1), int(m.group(2))), timeout=10)
+    body = b"HELLO not-the-token -1 0 store\n"
+    s.sendall(struct.pack("<I", len(body)) + body)
+    data = b""
+    while len(data) < 4 or len(data) < 4 + struct.unpack("<I", data[:4])[0]:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    s.close()
+    return data[4:].split(b" ")[0].split(b"\n")[0].decode() if len(data) > 4 else "nothing"
 
 
 def percentile(v, p):

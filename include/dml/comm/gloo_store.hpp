@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/comm/gloo_store.hpp — the rendezvous store of comm::gloo, named by a spec string: `file:DIR` (a directory all
-// ranks share; Gloo's FileStore).
+// ranks share; Gloo's FileStore) or `tcp:HOST:PORT` (the store dml-run serves, ft/store.hpp, reached with the job
+// token in DML_RUN_TOKEN).
 // Sits on core/error.hpp; the examples open their store with it from DML_STORE. See DESIGN.md §4.
 #pragma once
 
@@ -10,6 +11,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -17,6 +19,7 @@
 #include <string_view>
 
 #include "dml/core/error.hpp"
+#include "dml/ft/store.hpp"
 
 namespace dml::comm {
 
@@ -40,11 +43,10 @@ inline void check_store_dir(const std::string& dir, std::string_view spec) {
 
 }  // namespace detail::gloo_impl
 
-// Opens the store that spec names: `file:DIR`. The deadlines of the waits are those of the communicator built over
+// Opens the store that spec names: `file:DIR` or `tcp:HOST:PORT`. The deadlines of the waits are those of the communicator built over
 // the store (gloo_options::timeout); timeout bounds opening the store itself where that waits (a remote store).
 inline std::shared_ptr<::gloo::rendezvous::Store> open_store(std::string_view spec,
                                                              std::chrono::milliseconds timeout) {
-  (void)timeout;  // a file store opens at once
   const auto colon = spec.find(':');
   const std::string_view scheme = spec.substr(0, colon), rest = colon == spec.npos ? "" : spec.substr(colon + 1);
   if (scheme == "file" && !rest.empty()) {
@@ -52,7 +54,14 @@ inline std::shared_ptr<::gloo::rendezvous::Store> open_store(std::string_view sp
     detail::gloo_impl::check_store_dir(dir, spec);
     return std::make_shared<::gloo::rendezvous::FileStore>(dir);
   }
-  fail<invalid_argument>("dml::comm::open_store: expected a store spec file:DIR, found '", spec, "'");
+  if (scheme == "tcp" && !rest.empty()) {
+    const char* token = std::getenv("DML_RUN_TOKEN");
+    if (!token || !*token)
+      fail<invalid_argument>("dml::comm::open_store: '", spec, "' needs the job token in DML_RUN_TOKEN (dml-run sets it)");
+    ft::parse_address(rest, "dml::comm::open_store");
+    return std::make_shared<ft::tcp_store>(std::string(rest), token, timeout);
+  }
+  fail<invalid_argument>("dml::comm::open_store: expected a store spec file:DIR or tcp:HOST:PORT, found '", spec, "'");
 }
 
 }  // namespace dml::comm
