@@ -5,10 +5,12 @@
 // On disk, a rank's state slots live in two files, DIR/<stem>.0 and DIR/<stem>.1, each a 32-byte header
 // (magic "DMLOPTST", elements, slots, sequence) and the slots one after another. Both files are allocated
 // in full at construction, so a full disk fails there and never in a step. A step reads the state from the
-// current file two buckets at a time (the next bucket is read on a helper thread while this one updates),
-// writes each updated bucket to the other file, and stamps that file's header last: if the process dies
-// part-way, the current file still holds the whole state of the last finished step. Only two buckets of
-// state are in memory. A checkpoint reads the whole state in (slot()), and the next update writes it out.
+// current file and writes it to the other one, a bucket at a time, on one I/O thread per state that lives as
+// long as it: while bucket k updates, that thread writes bucket k - 1 and reads bucket k + 1 (two buffers,
+// so the depth is fixed and no thread is made per step). The other file's header is stamped last, after
+// every write: if the step fails or the process dies part-way, the current file still holds the whole state
+// of the last finished step, and the next step reads it again. Only two buckets of state are in memory. A
+// checkpoint reads the whole state in (slot()), and the next update writes it out.
 #pragma once
 
 #include <fcntl.h>
@@ -23,13 +25,15 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <future>
+#include <exception>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "dml/core/buffer.hpp"
 #include "dml/core/error.hpp"
+#include "dml/core/worker_thread.hpp"
 #include "dml/optim/optimizer.hpp"
 
 namespace dml::parallel {
@@ -200,11 +204,12 @@ class optimizer_state {
     for (int s = 0; s < K; ++s)
       for (std::int64_t lo = 0; lo < n; lo += bucket_) files_[0].write_slot(s, lo, std::min(bucket_, n - lo), zeros.data());
     files_[0].stamp(0);
-    // Even buckets go to io_[0], odd ones to io_[1]: an odd bucket holds at most n - bucket elements.
+    // Even buckets go to buf_[0], odd ones to buf_[1]: an odd bucket holds at most n - bucket elements.
     cap_ = {bucket_, std::clamp<std::int64_t>(n - bucket_, 0, bucket_)};
-    for (int j = 0; j < 2; ++j) io_[j].resize(static_cast<std::size_t>(K * cap_[j]));
+    for (int j = 0; j < 2; ++j) buf_[j].resize(static_cast<std::size_t>(K * cap_[j]));
     if constexpr (!std::same_as<Space, host>)
       for (int j = 0; j < 2; ++j) dev_[j].resize(static_cast<std::size_t>(K * cap_[j]));
+    io_ = std::make_unique<io_thread>();
   }
   bool on_disk() const { return !dir_.empty(); }
   // The slots' pointers, for updates that walk the state themselves (layer-wise optimizers): in memory only.
@@ -248,23 +253,24 @@ class optimizer_state {
     }
     const std::int64_t buckets = (a.n + bucket_ - 1) / bucket_;
     auto range = [&](std::int64_t b) { return std::pair{at + b * bucket_, std::min(bucket_, a.n - b * bucket_)}; };
+    // Bucket b lives in buf_[b % 2]. The I/O thread runs its jobs in order, so the read of bucket b + 1 queues
+    // behind the write of bucket b - 1 (the same buffer) and runs while bucket b updates.
     auto read = [&](std::int64_t b) {
       const auto [lo, count] = range(b);
-      for (int s = 0; s < K; ++s) files_[cur_].read_slot(s, lo, count, io_[b % 2].data() + s * cap_[b % 2]);
+      return io_->thread.push([this, j = static_cast<int>(b % 2), lo = lo, count = count] {
+        io_job([&] { for (int s = 0; s < K; ++s) files_[cur_].read_slot(s, lo, count, buf_[j].data() + s * cap_[j]); });
+      });
     };
-    std::future<void> reading = std::async(std::launch::async, read, 0), writing[2];
+    std::int64_t reading = read(0);
     for (std::int64_t b = 0; b < buckets; ++b) {
-      reading.get();
-      if (b + 1 < buckets) {
-        if (writing[(b + 1) % 2].valid()) writing[(b + 1) % 2].get();
-        reading = std::async(std::launch::async, read, b + 1);
-      }
+      wait_io(reading);
+      if (b + 1 < buckets) reading = read(b + 1);
       const auto [lo, count] = range(b);
-      float* host_state = io_[b % 2].data();
+      float* host_state = buf_[b % 2].data();
       float* state = host_state;
       if constexpr (!std::same_as<Space, host>) {  // staged through host memory
         state = dev_[b % 2].data();
-        dml::copy_n(host_state, io_[b % 2].size(), state);
+        dml::copy_n(host_state, buf_[b % 2].size(), state);
       }
       std::array<float*, (K > 0 ? K : 1)> st{};
       for (int s = 0; s < K; ++s) st[s] = state + s * cap_[b % 2];
@@ -276,19 +282,18 @@ class optimizer_state {
         piece.working.ptr = static_cast<char*>(a.working.ptr) + (lo - at) * static_cast<std::int64_t>(dtype_size(a.working.type));
       piece.state = st.data();
       opt.template update<Space>(piece);
-      if constexpr (!std::same_as<Space, host>) dml::copy_n(state, io_[b % 2].size(), host_state);
-      writing[b % 2] = std::async(std::launch::async, [&, b, lo = lo, count = count] {
-        for (int s = 0; s < K; ++s) files_[1 - cur_].write_slot(s, lo, count, io_[b % 2].data() + s * cap_[b % 2]);
+      if constexpr (!std::same_as<Space, host>) dml::copy_n(state, buf_[b % 2].size(), host_state);
+      io_->thread.push([this, j = static_cast<int>(b % 2), lo = lo, count = count] {
+        io_job([&] { for (int s = 0; s < K; ++s) files_[1 - cur_].write_slot(s, lo, count, buf_[j].data() + s * cap_[j]); });
       });
     }
-    for (auto& w : writing)
-      if (w.valid()) w.get();
     written_ += a.n;
   }
   // Around every update of the whole state: checks the current file, and at the end stamps the other one and
   // makes it current. A checkpoint's state in memory is written out first.
   void begin_step() {
     if (!on_disk()) return;
+    wait_io();  // a failed step's jobs
     if (loaded_.size() != 0) {
       std::vector<float> tmp(static_cast<std::size_t>(n_));
       for (int k = 0; k < K; ++k) {
@@ -303,12 +308,39 @@ class optimizer_state {
   }
   void end_step() {
     if (!on_disk()) return;
+    wait_io();
     if (written_ != n_)
       fail<error>("dml::parallel::optimizer_state: a step updated ", written_, " of ", n_, " elements of the offloaded state");
     switch_files();
   }
 
  private:
+  // The I/O thread and its first failure: the jobs after it do nothing, and wait_io() rethrows it.
+  struct io_thread {
+    dml::detail::worker_thread thread;
+    std::atomic<bool> failed{false};
+    std::exception_ptr error;
+  };
+  // On the I/O thread: job, unless an earlier one failed.
+  template <class F>
+  void io_job(F&& job) {
+    if (io_->failed.load(std::memory_order_acquire)) return;
+    try {
+      job();
+    } catch (...) {
+      io_->error = std::current_exception();
+      io_->failed.store(true, std::memory_order_release);
+    }
+  }
+  // Until the job with this ticket has run (0: every job); a failure is rethrown once no job is left.
+  void wait_io(std::int64_t ticket = 0) {
+    if (ticket > 0) io_->thread.wait(ticket);
+    else io_->thread.drain();
+    if (!io_->failed.load(std::memory_order_acquire)) return;
+    io_->thread.drain();
+    io_->failed = false;
+    std::rethrow_exception(std::exchange(io_->error, nullptr));
+  }
   void switch_files() {
     files_[1 - cur_].stamp(sequence_ + 1);
     ++sequence_;
@@ -318,11 +350,12 @@ class optimizer_state {
   optim::state<O, Space> memory_, loaded_;
   std::string dir_;
   std::int64_t n_ = 0, bucket_ = 0, written_ = 0, sequence_ = 0;
-  std::array<std::int64_t, 2> cap_{};  // elements per slot of io_[0] and io_[1]
+  std::array<std::int64_t, 2> cap_{};  // elements per slot of buf_[0] and buf_[1]
   int cur_ = 0;
   detail::state_file files_[2];
-  std::vector<float> io_[2];
+  std::vector<float> buf_[2];
   buffer<float, Space> dev_[2];
+  std::unique_ptr<io_thread> io_;  // last: joins before the files and buffers its jobs use go
 };
 
 }  // namespace dml::parallel
