@@ -7,9 +7,14 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -135,6 +140,25 @@ void check_step_fails(bool truncate, const std::string& needle) {
       CHECK(what.find(needle) != std::string::npos);
     }
   });
+}
+
+// A state file's header sequence and the bytes after its header.
+struct state_copy {
+  std::int64_t sequence = 0;
+  std::vector<char> data;
+};
+// The state files in dir, the current one (highest sequence) first.
+std::vector<state_copy> read_state_files(const fs::path& dir) {
+  std::vector<state_copy> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::ifstream f(e.path(), std::ios::binary);
+    std::array<std::int64_t, 4> h{};
+    f.read(reinterpret_cast<char*>(h.data()), sizeof h);
+    REQUIRE(std::memcmp(h.data(), "DMLOPTST", 8) == 0);
+    out.push_back({h[3], std::vector<char>(std::istreambuf_iterator<char>(f), {})});
+  }
+  std::ranges::sort(out, std::greater{}, &state_copy::sequence);
+  return out;
 }
 
 template <class E>
@@ -279,4 +303,64 @@ TEST_CASE("offload: a full disk fails at construction, naming the file, and leav
 TEST_CASE("offload: a truncated or corrupted state file is a clear error") {
   check_step_fails<io_error>(true, "truncated");
   check_step_fails<io_error>(false, "corrupted");
+}
+
+TEST_CASE("offload: a write that fails mid-step loses nothing: the current file keeps the last step, and it runs again") {
+  constexpr int before = 4, after = 4;
+  // Uninterrupted: 8 steps, and the state files after 4.
+  dml_test::temp_dir ref_dir("dml-offload"), dir("dml-offload");
+  std::vector<float> ref;
+  std::vector<state_copy> ref_files;
+  comm::local::run(1, [&](comm::local& c) {
+    trainer<parallel::replicate> t(c, trainer_fixture::make_model(), offloaded(ref_dir.path));
+    ref = train_steps(t, c, 0, before);
+    ref_files = read_state_files(ref_dir.path);
+    const auto rest = train_steps(t, c, before, after);
+    ref.insert(ref.end(), rest.begin(), rest.end());
+  });
+  REQUIRE(ref_files.size() == 2);
+  comm::local::run(1, [&](comm::local& c) {
+    trainer<parallel::replicate> t(c, trainer_fixture::make_model(), offloaded(dir.path));
+    auto losses = train_steps(t, c, 0, before);
+    const auto params = t.full_parameters();
+    const auto files = read_state_files(dir.path);
+    const auto n = static_cast<std::int64_t>(files[0].data.size() / (K * sizeof(float)));
+    REQUIRE(n > 4 * bucket_floats);
+    // A file size limit two buckets into the second slot: the step's writes fail part-way (EFBIG), after the
+    // first slot and two buckets of the second are written to the other file.
+    rlimit old{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    auto* previous = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit small = old;
+    small.rlim_cur = static_cast<rlim_t>(32 + (n + 2 * bucket_floats) * std::int64_t{sizeof(float)});
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+    std::string what;
+    try {
+      train_steps(t, c, before, 1);
+    } catch (const io_error& e) {
+      what = e.what();
+    }
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, previous);
+    MESSAGE(what);
+    CHECK(what.find(dir.path.string()) != std::string::npos);
+    CHECK(what.find("writing optimizer state") != std::string::npos);
+    CHECK(what.find(std::strerror(EFBIG)) != std::string::npos);
+    CHECK(t.steps() == before);
+    // On disk: the current file is the uninterrupted run's after 4 steps, byte for byte; the other one holds a
+    // mix of steps 3 and 5 under its old header, which no step reads.
+    const auto now = read_state_files(dir.path);
+    REQUIRE(now.size() == 2);
+    CHECK(now[0].sequence == ref_files[0].sequence);
+    CHECK(now[0].data == ref_files[0].data);
+    CHECK(now[1].sequence == ref_files[1].sequence);
+    CHECK(now[1].data != ref_files[1].data);
+    CHECK(now[1].data != ref_files[0].data);
+    // The parameters of step 4 back, the trainer reads its state from the files and trains on as if nothing
+    // had failed.
+    t.load_full_parameters(params);
+    const auto rest = train_steps(t, c, before, after);
+    losses.insert(losses.end(), rest.begin(), rest.end());
+    CHECK(losses == ref);
+  });
 }

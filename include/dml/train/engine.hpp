@@ -10,6 +10,8 @@
 #include <map>
 #include <span>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "dml/optim/layerwise.hpp"
@@ -94,12 +96,25 @@ class engine final : public engine_base<Space> {
             .bucket_mb = opt_.offload_bucket_mb};
   }
 
-  // Runs this rank's program: the schedule's compute and transfers, the sharding's unshard, reshard and
-  // reductions per chunk, the tie sums and the update.
+  // A step that throws (a failed write of offloaded optimizer state) leaves the step counters and the loss scale
+  // as they were, so that it can run again once the parameters are restored: the state it read is still on disk.
   step_result step(tensor_view<const float, Space> x, const std::int32_t* y, std::int64_t global_batch) override {
     if (x.shape.rank < 1 || global_batch <= 0)
       fail<invalid_argument>("dml::trainer::step: expected a batch of rows and global_batch > 0, found shape ",
                              x.shape, " and global_batch ", global_batch);
+    const auto counters = std::pair{step_, optimizer_step_};
+    const auto scaler = scaler_;
+    try {
+      return run_step(x, y, global_batch);
+    } catch (...) {
+      std::tie(step_, optimizer_step_) = counters;
+      scaler_ = scaler;
+      throw;
+    }
+  }
+  // Runs this rank's program: the schedule's compute and transfers, the sharding's unshard, reshard and
+  // reductions per chunk, the tie sums and the update.
+  step_result run_step(tensor_view<const float, Space> x, const std::int32_t* y, std::int64_t global_batch) {
     ++step_;
     const std::int64_t rows = x.shape[0], m = std::min(opt_.micro_batches, std::max<std::int64_t>(rows, 1));
     pipe_.begin_step({.x = x, .y = y, .global_batch = global_batch, .rows = rows, .micro_batches = m,
