@@ -202,6 +202,52 @@ TEST_CASE("offload: bf16 under ZeRO-2 keeps the master weights in memory and the
   CHECK(got.memory.optimizer == master + 2 * K * bucket_floats * std::int64_t{sizeof(float)});
 }
 
+TEST_CASE("offload: bf16 with the master weights on disk too (optimizer,master) trains as in memory") {
+  struct result {
+    std::vector<float> losses, params;
+    train::memory_report memory;
+  };
+  auto check = [](auto tag, int ranks) {
+    using Sharding = typename decltype(tag)::type;
+    auto run = [&](const train::trainer_options& o) {
+      return on_ranks<result>(ranks, [&](comm::local& c) {
+        trainer<Sharding, precision::bf16> t(c, trainer_fixture::make_model(), o);
+        result r;
+        r.losses = train_steps(t, c, 0, 6);
+        r.memory = t.memory();  // before full_parameters() reads the master weights in
+        r.params = t.full_parameters();
+        return r;
+      });
+    };
+    dml_test::temp_dir dir("dml-offload");
+    const auto ref = run(trainer_fixture::options());
+    auto o = offloaded(dir.path);
+    o.offload = "optimizer,master:disk:" + dir.path.string();
+    const auto got = run(o);
+    CHECK(got.losses == ref.losses);
+    CHECK(got.params == ref.params);
+    // Off-device: the state and the float master, all of ref's optimizer bytes ((K + 1) floats per element of
+    // the shard). In memory: two buckets of K + 1 slots, the bucket's (K·64 floats) split over K + 1 slots.
+    CHECK(got.memory.offloaded == ref.memory.optimizer);
+    const std::int64_t per_slot = (K * bucket_floats) / (K + 1);
+    CHECK(got.memory.optimizer == 2 * (K + 1) * per_slot * std::int64_t{sizeof(float)});
+    CHECK(got.memory.params == ref.memory.params);
+  };
+  check(std::type_identity<parallel::replicate>{}, 1);
+  check(std::type_identity<parallel::zero<1>>{}, 2);
+  check(std::type_identity<parallel::zero<2>>{}, 2);
+  check(std::type_identity<parallel::zero<3>>{}, 2);
+  // fp32 has no master weights to move.
+  comm::local::run(1, [&](comm::local& c) {
+    dml_test::temp_dir dir("dml-offload");
+    auto o = offloaded(dir.path);
+    o.offload = "optimizer,master:disk:" + dir.path.string();
+    CHECK_THROWS_WITH_AS(trainer<parallel::replicate>(c, trainer_fixture::make_model(), o),
+                         doctest::Contains("expected mixed precision (bf16, fp16) for the master weights on disk"),
+                         invalid_argument);
+  });
+}
+
 TEST_CASE("offload: composes with pipeline stages and hybrid sharding (4 ranks)") {
   auto compare = [](auto tag, train::trainer_options o) {
     using Sharding = typename decltype(tag)::type;

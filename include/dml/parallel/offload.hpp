@@ -38,14 +38,19 @@
 
 namespace dml::parallel {
 
-// "optimizer:disk:DIR" (trainer_options::offload) to DIR; empty to empty (no offload).
+// trainer_options::offload: the optimizer state, and with "master" the float master weights of mixed precision.
+inline constexpr std::string_view offload_prefixes[] = {"optimizer:disk:", "optimizer,master:disk:"};
+
+// "optimizer:disk:DIR" or "optimizer,master:disk:DIR" to DIR; empty to empty (no offload).
 inline std::string offload_directory(std::string_view spec) {
-  constexpr std::string_view prefix = "optimizer:disk:";
   if (spec.empty()) return {};
-  if (!spec.starts_with(prefix) || spec.size() == prefix.size())
-    fail<invalid_argument>("dml::trainer: expected offload \"optimizer:disk:DIR\", found \"", spec, "\"");
-  return std::string(spec.substr(prefix.size()));
+  for (const auto prefix : offload_prefixes)
+    if (spec.starts_with(prefix) && spec.size() > prefix.size()) return std::string(spec.substr(prefix.size()));
+  fail<invalid_argument>("dml::trainer: expected offload \"optimizer:disk:DIR\" or \"optimizer,master:disk:DIR\", found \"",
+                         spec, "\"");
 }
+// Whether spec puts the master weights on disk too.
+inline bool offload_master(std::string_view spec) { return spec.starts_with(offload_prefixes[1]); }
 
 // What is wrong with dir as an offload directory ("an existing directory, found none"), or empty.
 inline std::string offload_directory_problem(const std::string& dir) {
@@ -180,6 +185,7 @@ struct offload_options {
   std::string dir{};           // empty: memory
   std::string stem = "state";  // file names: dir/<stem>.0 and dir/<stem>.1
   double bucket_mb = 1.0;      // state of this many MiB per bucket (all slots together)
+  bool master = false;         // on disk, a last slot holds the float master weights (mixed precision)
 };
 
 // The optimizer state of n elements (the flat range or a ZeRO shard), with the update that reads and writes it.
@@ -193,25 +199,28 @@ class optimizer_state {
     dir_ = o.dir;
     if (dir_.empty()) return memory_.resize(n);
     n_ = n;
+    slots_ = K + (o.master ? 1 : 0);
     namespace fs = std::filesystem;
     if (const auto problem = offload_directory_problem(dir_); !problem.empty())
       fail<invalid_argument>("dml::trainer: offload directory ", dir_, ": expected ", problem);
     if (!(o.bucket_mb > 0)) fail<invalid_argument>("dml::trainer: expected offload_bucket_mb > 0, found ", o.bucket_mb);
-    const auto per = static_cast<std::int64_t>(o.bucket_mb * 1024 * 1024 / (sizeof(float) * std::max(K, 1)));
+    const auto per = static_cast<std::int64_t>(o.bucket_mb * 1024 * 1024 / (sizeof(float) * std::max(slots_, 1)));
     bucket_ = std::max<std::int64_t>(1, std::min(per, n));
-    for (int f = 0; f < 2; ++f) files_[f] = detail::state_file(fs::path(dir_) / (o.stem + "." + std::to_string(f)), n, K);
+    for (int f = 0; f < 2; ++f) files_[f] = detail::state_file(fs::path(dir_) / (o.stem + "." + std::to_string(f)), n, slots_);
     std::vector<float> zeros(static_cast<std::size_t>(bucket_), 0.f);
-    for (int s = 0; s < K; ++s)
+    for (int s = 0; s < slots_; ++s)
       for (std::int64_t lo = 0; lo < n; lo += bucket_) files_[0].write_slot(s, lo, std::min(bucket_, n - lo), zeros.data());
     files_[0].stamp(0);
     // Even buckets go to buf_[0], odd ones to buf_[1]: an odd bucket holds at most n - bucket elements.
     cap_ = {bucket_, std::clamp<std::int64_t>(n - bucket_, 0, bucket_)};
-    for (int j = 0; j < 2; ++j) buf_[j].resize(static_cast<std::size_t>(K * cap_[j]));
+    for (int j = 0; j < 2; ++j) buf_[j].resize(static_cast<std::size_t>(slots_ * cap_[j]));
     if constexpr (!std::same_as<Space, host>)
-      for (int j = 0; j < 2; ++j) dev_[j].resize(static_cast<std::size_t>(K * cap_[j]));
+      for (int j = 0; j < 2; ++j) dev_[j].resize(static_cast<std::size_t>(slots_ * cap_[j]));
     io_ = std::make_unique<io_thread>();
   }
   bool on_disk() const { return !dir_.empty(); }
+  // Whether the float master weights live here (on disk, slot K) rather than with the sharding.
+  bool holds_master() const { return slots_ > K; }
   // The slots' pointers, for updates that walk the state themselves (layer-wise optimizers): in memory only.
   float* const* pointers() {
     if (on_disk()) fail<invalid_argument>("dml::parallel::optimizer_state: expected the state in memory, found it on disk in ", dir_);
@@ -219,31 +228,33 @@ class optimizer_state {
   }
   std::int64_t size() const { return on_disk() ? n_ : memory_.size(); }
   // Bytes in memory: the whole state, or two buckets of it (at most the state's size; and the whole state while
-  // a checkpoint holds it).
+  // a checkpoint or the master weights' reader holds it). The master weights count when they are here.
   std::int64_t bytes() const {
     if (!on_disk()) return memory_.bytes();
-    return K * (cap_[0] + cap_[1]) * std::int64_t{sizeof(float)} + loaded_.bytes();
+    return (slots_ * (cap_[0] + cap_[1]) + static_cast<std::int64_t>(loaded_.size())) * std::int64_t{sizeof(float)};
   }
-  std::int64_t disk_bytes() const { return on_disk() ? n_ * K * std::int64_t{sizeof(float)} : 0; }
+  std::int64_t disk_bytes() const { return on_disk() ? n_ * slots_ * std::int64_t{sizeof(float)} : 0; }
 
-  // Slot s in memory, for checkpoints: on disk, the whole state is read in and stays until the next update
-  // writes it out (a checkpoint loaded into it changes what is written).
+  // Slot s in memory (s = K: the master weights), for checkpoints and the master's readers: on disk, every slot
+  // is read in and stays until the next update writes it out (what is written into it meanwhile is kept).
   span_in<float, Space> slot(int s) {
     if (!on_disk()) return memory_.slot(s);
     if (loaded_.size() == 0) {
-      loaded_.resize(n_);
+      loaded_.resize(static_cast<std::size_t>(n_ * slots_));
       files_[cur_].check(sequence_);
       std::vector<float> tmp(static_cast<std::size_t>(n_));
-      for (int k = 0; k < K; ++k) {
+      for (int k = 0; k < slots_; ++k) {
         files_[cur_].read_slot(k, 0, n_, tmp.data());
-        dml::copy_n(tmp.data(), tmp.size(), loaded_.slot(k).data());
+        dml::copy_n(tmp.data(), tmp.size(), loaded_.data() + k * n_);
       }
     }
-    return loaded_.slot(s);
+    return span_in<float, Space>(loaded_.data() + s * n_, static_cast<std::size_t>(n_));
   }
+  // The master weights in memory (holds_master()): read in from the files as slot() does.
+  float* master() { return slot(K).data(); }
 
-  // One update of elements [at, at + a.n) of the state (a.state is ignored). Every element of the state is
-  // updated once between begin_step() and end_step().
+  // One update of elements [at, at + a.n) of the state (a.state is ignored; so is a.w when the master weights
+  // are here). Every element of the state is updated once between begin_step() and end_step().
   void update(const O& opt, optim::step_args a, std::int64_t at) {
     if (!on_disk()) {
       std::array<float*, (K > 0 ? K : 1)> st{};
@@ -258,7 +269,7 @@ class optimizer_state {
     auto read = [&](std::int64_t b) {
       const auto [lo, count] = range(b);
       return io_->thread.push([this, j = static_cast<int>(b % 2), lo = lo, count = count] {
-        io_job([&] { for (int s = 0; s < K; ++s) files_[cur_].read_slot(s, lo, count, buf_[j].data() + s * cap_[j]); });
+        io_job([&] { for (int s = 0; s < slots_; ++s) files_[cur_].read_slot(s, lo, count, buf_[j].data() + s * cap_[j]); });
       });
     };
     std::int64_t reading = read(0);
@@ -276,7 +287,7 @@ class optimizer_state {
       for (int s = 0; s < K; ++s) st[s] = state + s * cap_[b % 2];
       optim::step_args piece = a;
       piece.n = count;
-      piece.w = a.w + (lo - at);
+      piece.w = holds_master() ? state + K * cap_[b % 2] : a.w + (lo - at);
       piece.g.ptr = static_cast<const char*>(a.g.ptr) + (lo - at) * static_cast<std::int64_t>(dtype_size(a.g.type));
       if (a.working)
         piece.working.ptr = static_cast<char*>(a.working.ptr) + (lo - at) * static_cast<std::int64_t>(dtype_size(a.working.type));
@@ -284,7 +295,7 @@ class optimizer_state {
       opt.template update<Space>(piece);
       if constexpr (!std::same_as<Space, host>) dml::copy_n(state, buf_[b % 2].size(), host_state);
       io_->thread.push([this, j = static_cast<int>(b % 2), lo = lo, count = count] {
-        io_job([&] { for (int s = 0; s < K; ++s) files_[1 - cur_].write_slot(s, lo, count, buf_[j].data() + s * cap_[j]); });
+        io_job([&] { for (int s = 0; s < slots_; ++s) files_[1 - cur_].write_slot(s, lo, count, buf_[j].data() + s * cap_[j]); });
       });
     }
     written_ += a.n;
@@ -296,12 +307,12 @@ class optimizer_state {
     wait_io();  // a failed step's jobs
     if (loaded_.size() != 0) {
       std::vector<float> tmp(static_cast<std::size_t>(n_));
-      for (int k = 0; k < K; ++k) {
-        dml::copy_n(loaded_.slot(k).data(), tmp.size(), tmp.data());
+      for (int k = 0; k < slots_; ++k) {
+        dml::copy_n(loaded_.data() + k * n_, tmp.size(), tmp.data());
         files_[1 - cur_].write_slot(k, 0, n_, tmp.data());
       }
       switch_files();
-      loaded_ = optim::state<O, Space>();
+      loaded_ = buffer<float, Space>();
     }
     files_[cur_].check(sequence_);
     written_ = 0;
@@ -347,11 +358,12 @@ class optimizer_state {
     cur_ = 1 - cur_;
   }
 
-  optim::state<O, Space> memory_, loaded_;
+  optim::state<O, Space> memory_;
+  buffer<float, Space> loaded_;  // on disk: every slot, while a checkpoint or the master's reader holds them
   std::string dir_;
   std::int64_t n_ = 0, bucket_ = 0, written_ = 0, sequence_ = 0;
   std::array<std::int64_t, 2> cap_{};  // elements per slot of buf_[0] and buf_[1]
-  int cur_ = 0;
+  int cur_ = 0, slots_ = K;  // on disk: K, or K + 1 with the master weights
   detail::state_file files_[2];
   std::vector<float> buf_[2];
   buffer<float, Space> dev_[2];

@@ -92,8 +92,12 @@ class engine final : public engine_base<Space> {
   // Where the sharding keeps optimizer state: files named by process, trainer and rank, so that trainers
   // and processes sharing a directory never share a file.
   parallel::offload_options offload_options(Comm& world) const {
+    const bool master = parallel::offload_master(opt_.offload);
+    if (master && std::same_as<T, float>)
+      fail<invalid_argument>("dml::trainer: offload ", opt_.offload, ": expected mixed precision (bf16, fp16) for "
+                             "the master weights on disk, found fp32 (its weights are the working copy)");
     return {.dir = parallel::offload_directory(opt_.offload), .stem = parallel::offload_stem(world.rank()),
-            .bucket_mb = opt_.offload_bucket_mb};
+            .bucket_mb = opt_.offload_bucket_mb, .master = master};
   }
 
   // A step that throws (a failed write of offloaded optimizer state) leaves the step counters and the loss scale
