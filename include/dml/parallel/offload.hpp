@@ -10,7 +10,10 @@
 // so the depth is fixed and no thread is made per step). The other file's header is stamped last, after
 // every write: if the step fails or the process dies part-way, the current file still holds the whole state
 // of the last finished step, and the next step reads it again. Only two buckets of state are in memory. A
-// checkpoint reads the whole state in (slot()), and the next update writes it out.
+// checkpoint reads the whole state in (slot()), and the next update writes it out. With offload_options::master
+// (mixed precision), a last slot holds the float master weights: the update reads them with the state and
+// passes them as step_args::w, and master() reads them in for the sharding's other readers (parameters,
+// checkpoints, the working copy's refresh) as slot() does.
 #pragma once
 
 #include <fcntl.h>
@@ -62,13 +65,15 @@ inline std::string offload_directory_problem(const std::string& dir) {
   return {};
 }
 
-// The check of a command line's --offload value: empty when spec is "optimizer:disk:DIR" with a usable DIR, else
-// what was expected (the examples' flag tables print it after "expected").
+// The check of a command line's --offload value: empty when spec is "optimizer:disk:DIR" or
+// "optimizer,master:disk:DIR" with a usable DIR, else what was expected (the examples' flag tables print it
+// after "expected").
 inline std::string offload_spec_problem(std::string_view spec) {
-  constexpr std::string_view prefix = "optimizer:disk:";
-  const bool ok = spec.starts_with(prefix) && spec.size() > prefix.size() &&
-                  offload_directory_problem(std::string(spec.substr(prefix.size()))).empty();
-  return ok ? std::string() : "optimizer:disk:DIR with DIR an existing, writable directory";
+  for (const auto prefix : offload_prefixes)
+    if (spec.starts_with(prefix) && spec.size() > prefix.size() &&
+        offload_directory_problem(std::string(spec.substr(prefix.size()))).empty())
+      return {};
+  return "optimizer:disk:DIR or optimizer,master:disk:DIR with DIR an existing, writable directory";
 }
 
 // A file stem of its own for each trainer and rank of this process ("dml-optimizer-<pid>-<serial>-rank<r>"),
@@ -239,19 +244,10 @@ class optimizer_state {
   // is read in and stays until the next update writes it out (what is written into it meanwhile is kept).
   span_in<float, Space> slot(int s) {
     if (!on_disk()) return memory_.slot(s);
-    if (loaded_.size() == 0) {
-      loaded_.resize(static_cast<std::size_t>(n_ * slots_));
-      files_[cur_].check(sequence_);
-      std::vector<float> tmp(static_cast<std::size_t>(n_));
-      for (int k = 0; k < slots_; ++k) {
-        files_[cur_].read_slot(k, 0, n_, tmp.data());
-        dml::copy_n(tmp.data(), tmp.size(), loaded_.data() + k * n_);
-      }
-    }
-    return span_in<float, Space>(loaded_.data() + s * n_, static_cast<std::size_t>(n_));
+    return read_in(s);
   }
   // The master weights in memory (holds_master()): read in from the files as slot() does.
-  float* master() { return slot(K).data(); }
+  float* master() { return read_in(K).data(); }
 
   // One update of elements [at, at + a.n) of the state (a.state is ignored; so is a.w when the master weights
   // are here). Every element of the state is updated once between begin_step() and end_step().
@@ -326,6 +322,19 @@ class optimizer_state {
   }
 
  private:
+  // Slot s of the files in memory: every slot is read in at the first call after a step.
+  span_in<float, Space> read_in(int s) {
+    if (loaded_.size() == 0) {
+      loaded_.resize(static_cast<std::size_t>(n_ * slots_));
+      files_[cur_].check(sequence_);
+      std::vector<float> tmp(static_cast<std::size_t>(n_));
+      for (int k = 0; k < slots_; ++k) {
+        files_[cur_].read_slot(k, 0, n_, tmp.data());
+        dml::copy_n(tmp.data(), tmp.size(), loaded_.data() + k * n_);
+      }
+    }
+    return span_in<float, Space>(loaded_.data() + s * n_, static_cast<std::size_t>(n_));
+  }
   // The I/O thread and its first failure: the jobs after it do nothing, and wait_io() rethrows it.
   struct io_thread {
     dml::detail::worker_thread thread;
