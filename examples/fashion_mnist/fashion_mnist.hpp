@@ -55,7 +55,7 @@ struct options {
   bool print_schedule = false;
   std::string checkpoint;  // save a sharded checkpoint here after every epoch
   std::string resume;      // continue from the newest checkpoint here
-  std::string offload;     // optimizer:disk:DIR keeps the optimizer state in files in DIR
+  std::string offload;     // optimizer[,master]:disk:DIR keeps the optimizer state (and master weights) in files in DIR
   bool elastic = false;    // under dml-run: train through deaths of ranks (main_elastic.cpp)
   std::string commit_log;  // --elastic: append "step epoch members hash" per committed step
   std::int64_t comm_timeout_ms = 1000;  // --elastic: the deadline of every collective
@@ -112,7 +112,9 @@ inline dml::flags command_line(options& o) {
           "fp32, ddp or zero1-3");
   f.add("--checkpoint", o.checkpoint, "DIR", "save a sharded checkpoint here after every epoch");
   f.add("--resume", o.resume, "DIR", "continue from the newest checkpoint in DIR");
-  f.add("--offload", o.offload, "optimizer:disk:DIR", "keep the optimizer state in files in DIR (an existing, writable directory)")
+  f.add("--offload", o.offload, "optimizer[,master]:disk:DIR",
+        "keep the optimizer state (with master, also bf16's fp32 master weights) in files in DIR (an existing, "
+        "writable directory)")
       .check(dml::parallel::offload_spec_problem);
   f.add("--pp", o.pp, "K", "pipeline stages").min(1);
   f.add("--dp", o.dp, "D", "data-parallel ranks per stage; 0: ranks / K").min(0);
@@ -140,6 +142,9 @@ inline void check_across(const options& o) {
   if (o.trust_clip > 0 && o.optimizer != "lamb" && o.optimizer != "lars")
     dml::fail<dml::invalid_argument>("--trust-clip ", o.trust_clip, ": expected --optimizer lamb or lars, found ",
                                      o.optimizer);
+  if (dml::parallel::offload_master(o.offload) && o.precision == "fp32")
+    dml::fail<dml::invalid_argument>("--offload ", o.offload, ": expected --precision bf16 or fp16 for the master "
+                                     "weights on disk, found fp32 (its weights are the working copy)");
   if (o.compress != "none" && o.precision != "fp32")
     dml::fail<dml::invalid_argument>("--compress ", o.compress, ": expected --precision fp32 (compressed reductions "
                                      "sum fp32 gradients), found ", o.precision);
@@ -338,8 +343,8 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
                 dml::host_gemm_impl(256, 1024, 1024, dml::dtype_v<typename Precision::type>).c_str());
     if (!o.offload.empty())
       std::printf("offload: optimizer state %.2f MiB on disk in %s; optimizer bytes in memory %.2f MiB (two buckets "
-                  "of state, and any fp32 master weights)\n",
-                  mem.offloaded / 1048576.0, o.offload.c_str() + 15, mem.optimizer / 1048576.0);
+                  "of state, and any fp32 master weights not on disk)\n",
+                  mem.offloaded / 1048576.0, dml::parallel::offload_directory(o.offload).c_str(), mem.optimizer / 1048576.0);
     if (o.pp > 1 || o.microbatches > 1)
       std::printf("pipeline: %d stage(s) x %d data-parallel rank(s), %lld micro-batch(es), schedule %s%s\n", o.pp,
                   ranks, static_cast<long long>(o.microbatches), o.schedule.empty() ? "default" : o.schedule.c_str(),

@@ -69,7 +69,7 @@ struct options {
   double holdout = 0.1;  // the text's tail kept for val_loss; 0: none
   std::string init, save, log;
   std::string checkpoint, resume;               // sharded checkpoints: save into / continue from a directory
-  std::string offload;  // optimizer:disk:DIR keeps the optimizer state in files in DIR
+  std::string offload;  // optimizer[,master]:disk:DIR keeps the optimizer state (and master weights) in files in DIR
   std::optional<std::int64_t> checkpoint_every;  // absent: save after the last step only
   std::int64_t print_every = 0;  // 0: about 20 lines per run
   std::int64_t sample = 0;
@@ -174,7 +174,9 @@ inline dml::flags command_line(options& o) {
       .min(1)
       .default_text("after the last step only");
   f.add("--resume", o.resume, "DIR", "continue from the newest checkpoint in DIR");
-  f.add("--offload", o.offload, "optimizer:disk:DIR", "keep the optimizer state in files in DIR (an existing, writable directory)")
+  f.add("--offload", o.offload, "optimizer[,master]:disk:DIR",
+        "keep the optimizer state (with master, also bf16's fp32 master weights) in files in DIR (an existing, "
+        "writable directory)")
       .check(dml::parallel::offload_spec_problem);
   f.add("--print-every", o.print_every, "N", "steps between progress lines; 0: about 20 lines").min(0);
   f.add("--sample", o.sample, "N", "bytes to sample after training").min(0);

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "dml/comm/local.hpp"
@@ -259,24 +260,20 @@ TEST_CASE("sandblaster: the coordinator's bytes per iteration do not grow with t
 TEST_CASE("sandblaster: bad settings fail before any message, naming the setting") {
   const problem pr;
   const auto x0 = start(used);
-  auto expect = [&](ps::sandblaster_options o, int ranks, const char* what) {
-    comm::local::run(ranks, [&](comm_t& c) {
+  // One setting wrong at a time, on 3 ranks.
+  const std::pair<void (*)(ps::sandblaster_options&), const char*> bad[] = {
+      {[](auto& o) { o.history = 0; }, "expected history >= 1, found 0"},
+      {[](auto& o) { o.portions = 0; }, "expected portions >= 1, found 0"},
+      {[](auto& o) { o.servers = 2; }, "at least one worker, found servers 2 in a world of 3 ranks"},
+      {[](auto& o) { o.backtrack = 1.5; }, "expected 0 < backtrack < 1, found 1.5"},
+      {[](auto& o) { o.iterations = -1; }, "expected iterations >= 0, found -1"},
+  };
+  for (const auto& [set, what] : bad) {
+    CAPTURE(what);
+    ps::sandblaster_options o;
+    set(o);
+    comm::local::run(3, [&](comm_t& c) {
       CHECK_THROWS_WITH_AS(ps::sandblaster(c, x0, std::cref(pr), o), doctest::Contains(what), dml::invalid_argument);
     });
-  };
-  ps::sandblaster_options o;
-  o.history = 0;
-  expect(o, 3, "expected history >= 1, found 0");
-  o = {};
-  o.portions = 0;
-  expect(o, 3, "expected portions >= 1, found 0");
-  o = {};
-  o.servers = 2;
-  expect(o, 3, "at least one worker, found servers 2 in a world of 3 ranks");
-  o = {};
-  o.backtrack = 1.5;
-  expect(o, 3, "expected 0 < backtrack < 1, found 1.5");
-  o = {};
-  o.iterations = -1;
-  expect(o, 3, "expected iterations >= 0, found -1");
+  }
 }

@@ -7,9 +7,14 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -137,6 +142,25 @@ void check_step_fails(bool truncate, const std::string& needle) {
   });
 }
 
+// A state file's header sequence and the bytes after its header.
+struct state_copy {
+  std::int64_t sequence = 0;
+  std::vector<char> data;
+};
+// The state files in dir, the current one (highest sequence) first.
+std::vector<state_copy> read_state_files(const fs::path& dir) {
+  std::vector<state_copy> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::ifstream f(e.path(), std::ios::binary);
+    std::array<std::int64_t, 4> h{};
+    f.read(reinterpret_cast<char*>(h.data()), sizeof h);
+    REQUIRE(std::memcmp(h.data(), "DMLOPTST", 8) == 0);
+    out.push_back({h[3], std::vector<char>(std::istreambuf_iterator<char>(f), {})});
+  }
+  std::ranges::sort(out, std::greater{}, &state_copy::sequence);
+  return out;
+}
+
 template <class E>
 std::string construction_error(const train::trainer_options& o) {
   std::string what;
@@ -176,6 +200,52 @@ TEST_CASE("offload: bf16 under ZeRO-2 keeps the master weights in memory and the
   const std::int64_t state = got.memory.offloaded, master = ref.memory.optimizer - state;
   CHECK(master == state / K);
   CHECK(got.memory.optimizer == master + 2 * K * bucket_floats * std::int64_t{sizeof(float)});
+}
+
+TEST_CASE("offload: bf16 with the master weights on disk too (optimizer,master) trains as in memory") {
+  struct result {
+    std::vector<float> losses, params;
+    train::memory_report memory;
+  };
+  auto check = [](auto tag, int ranks) {
+    using Sharding = typename decltype(tag)::type;
+    auto run = [&](const train::trainer_options& o) {
+      return on_ranks<result>(ranks, [&](comm::local& c) {
+        trainer<Sharding, precision::bf16> t(c, trainer_fixture::make_model(), o);
+        result r;
+        r.losses = train_steps(t, c, 0, 6);
+        r.memory = t.memory();  // before full_parameters() reads the master weights in
+        r.params = t.full_parameters();
+        return r;
+      });
+    };
+    dml_test::temp_dir dir("dml-offload");
+    const auto ref = run(trainer_fixture::options());
+    auto o = offloaded(dir.path);
+    o.offload = "optimizer,master:disk:" + dir.path.string();
+    const auto got = run(o);
+    CHECK(got.losses == ref.losses);
+    CHECK(got.params == ref.params);
+    // Off-device: the state and the float master, all of ref's optimizer bytes ((K + 1) floats per element of
+    // the shard). In memory: two buckets of K + 1 slots, the bucket's (K·64 floats) split over K + 1 slots.
+    CHECK(got.memory.offloaded == ref.memory.optimizer);
+    const std::int64_t per_slot = (K * bucket_floats) / (K + 1);
+    CHECK(got.memory.optimizer == 2 * (K + 1) * per_slot * std::int64_t{sizeof(float)});
+    CHECK(got.memory.params == ref.memory.params);
+  };
+  check(std::type_identity<parallel::replicate>{}, 1);
+  check(std::type_identity<parallel::zero<1>>{}, 2);
+  check(std::type_identity<parallel::zero<2>>{}, 2);
+  check(std::type_identity<parallel::zero<3>>{}, 2);
+  // fp32 has no master weights to move.
+  comm::local::run(1, [&](comm::local& c) {
+    dml_test::temp_dir dir("dml-offload");
+    auto o = offloaded(dir.path);
+    o.offload = "optimizer,master:disk:" + dir.path.string();
+    CHECK_THROWS_WITH_AS(trainer<parallel::replicate>(c, trainer_fixture::make_model(), o),
+                         doctest::Contains("expected mixed precision (bf16, fp16) for the master weights on disk"),
+                         invalid_argument);
+  });
 }
 
 TEST_CASE("offload: composes with pipeline stages and hybrid sharding (4 ranks)") {
@@ -279,4 +349,64 @@ TEST_CASE("offload: a full disk fails at construction, naming the file, and leav
 TEST_CASE("offload: a truncated or corrupted state file is a clear error") {
   check_step_fails<io_error>(true, "truncated");
   check_step_fails<io_error>(false, "corrupted");
+}
+
+TEST_CASE("offload: a write that fails mid-step loses nothing: the current file keeps the last step, and it runs again") {
+  constexpr int before = 4, after = 4;
+  // Uninterrupted: 8 steps, and the state files after 4.
+  dml_test::temp_dir ref_dir("dml-offload"), dir("dml-offload");
+  std::vector<float> ref;
+  std::vector<state_copy> ref_files;
+  comm::local::run(1, [&](comm::local& c) {
+    trainer<parallel::replicate> t(c, trainer_fixture::make_model(), offloaded(ref_dir.path));
+    ref = train_steps(t, c, 0, before);
+    ref_files = read_state_files(ref_dir.path);
+    const auto rest = train_steps(t, c, before, after);
+    ref.insert(ref.end(), rest.begin(), rest.end());
+  });
+  REQUIRE(ref_files.size() == 2);
+  comm::local::run(1, [&](comm::local& c) {
+    trainer<parallel::replicate> t(c, trainer_fixture::make_model(), offloaded(dir.path));
+    auto losses = train_steps(t, c, 0, before);
+    const auto params = t.full_parameters();
+    const auto files = read_state_files(dir.path);
+    const auto n = static_cast<std::int64_t>(files[0].data.size() / (K * sizeof(float)));
+    REQUIRE(n > 4 * bucket_floats);
+    // A file size limit two buckets into the second slot: the step's writes fail part-way (EFBIG), after the
+    // first slot and two buckets of the second are written to the other file.
+    rlimit old{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    auto* previous = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit small = old;
+    small.rlim_cur = static_cast<rlim_t>(32 + (n + 2 * bucket_floats) * std::int64_t{sizeof(float)});
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+    std::string what;
+    try {
+      train_steps(t, c, before, 1);
+    } catch (const io_error& e) {
+      what = e.what();
+    }
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, previous);
+    MESSAGE(what);
+    CHECK(what.find(dir.path.string()) != std::string::npos);
+    CHECK(what.find("writing optimizer state") != std::string::npos);
+    CHECK(what.find(std::strerror(EFBIG)) != std::string::npos);
+    CHECK(t.steps() == before);
+    // On disk: the current file is the uninterrupted run's after 4 steps, byte for byte; the other one holds a
+    // mix of steps 3 and 5 under its old header, which no step reads.
+    const auto now = read_state_files(dir.path);
+    REQUIRE(now.size() == 2);
+    CHECK(now[0].sequence == ref_files[0].sequence);
+    CHECK(now[0].data == ref_files[0].data);
+    CHECK(now[1].sequence == ref_files[1].sequence);
+    CHECK(now[1].data != ref_files[1].data);
+    CHECK(now[1].data != ref_files[0].data);
+    // The parameters of step 4 back, the trainer reads its state from the files and trains on as if nothing
+    // had failed.
+    t.load_full_parameters(params);
+    const auto rest = train_steps(t, c, before, after);
+    losses.insert(losses.end(), rest.begin(), rest.end());
+    CHECK(losses == ref);
+  });
 }

@@ -67,18 +67,15 @@ struct adam_base {
 
   template <execution_space S>
   void update(const step_args& a) const {
-    // Bias corrections in double, as PyTorch computes them in Python floats.
-    const double t = static_cast<double>(a.step);
-    const double bc1 = 1.0 - std::pow(static_cast<double>(opt.beta1), t);
-    const double bc2 = 1.0 - std::pow(static_cast<double>(opt.beta2), t);
+    const optim::detail::bias_corrections bc(opt.beta1, opt.beta2, a.step);
     optim::detail::visit_working(a, "dml::optim::adam working copy", [&](auto* working) {
       using W = std::remove_pointer_t<decltype(working)>;
       optim::detail::visit_grad(a, "dml::optim::adam gradients", [&](const auto* g) {
         using G = std::remove_cvref_t<decltype(*g)>;
         for_each_index<S>(a.n, kernels::adam_update<W, G>{a.w, g, a.state[0], a.state[1], opt.beta1, opt.beta2,
                                                           opt.eps, Decoupled ? 0.f : opt.weight_decay, a.grad_scale,
-                                                          static_cast<float>(a.lr / bc1),
-                                                          static_cast<float>(std::sqrt(bc2)),
+                                                          static_cast<float>(a.lr / bc.bc1),
+                                                          static_cast<float>(std::sqrt(bc.bc2)),
                                                           Decoupled ? 1.f - a.lr * opt.weight_decay : 1.f, working});
       });
     });

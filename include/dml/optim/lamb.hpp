@@ -125,10 +125,8 @@ struct lamb {
   float decay(const tensor_piece& p) const { return p.adapt ? opt.weight_decay : 0.f; }
   // Bias corrections in double, as Adam's.
   std::pair<float, float> corrections(std::int64_t step) const {
-    const double t = static_cast<double>(step);
-    const double bc1 = 1.0 - std::pow(static_cast<double>(opt.beta1), t);
-    const double bc2 = 1.0 - std::pow(static_cast<double>(opt.beta2), t);
-    return {static_cast<float>(1.0 / bc1), static_cast<float>(1.0 / std::sqrt(bc2))};
+    const optim::detail::bias_corrections bc(opt.beta1, opt.beta2, step);
+    return {static_cast<float>(1.0 / bc.bc1), static_cast<float>(1.0 / std::sqrt(bc.bc2))};
   }
 };
 

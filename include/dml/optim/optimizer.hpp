@@ -3,6 +3,7 @@
 // Sits on core/; the state slots mirror the flat parameter buffer, so a ZeRO shard is a sub-range.
 #pragma once
 
+#include <cmath>
 #include <concepts>
 #include <cstdint>
 #include <span>
@@ -47,6 +48,14 @@ template <class F>
 void visit_grad(const step_args& a, const char* who, F&& f) {
   dml::detail::visit_float_like(a.g.type, who, [&](auto t) { f(a.g.as<decltype(t)>()); });
 }
+// Adam's bias corrections at step t, 1 − β1^t and 1 − β2^t (Adam, AdamW, LAMB), in double as PyTorch
+// computes them in Python floats.
+struct bias_corrections {
+  double bc1, bc2;
+  bias_corrections(float beta1, float beta2, std::int64_t step)
+      : bc1(1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step))),
+        bc2(1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step))) {}
+};
 }  // namespace detail
 
 // The concept, in named parts so that a failure names the missing one.

@@ -5,10 +5,15 @@
 // On disk, a rank's state slots live in two files, DIR/<stem>.0 and DIR/<stem>.1, each a 32-byte header
 // (magic "DMLOPTST", elements, slots, sequence) and the slots one after another. Both files are allocated
 // in full at construction, so a full disk fails there and never in a step. A step reads the state from the
-// current file two buckets at a time (the next bucket is read on a helper thread while this one updates),
-// writes each updated bucket to the other file, and stamps that file's header last: if the process dies
-// part-way, the current file still holds the whole state of the last finished step. Only two buckets of
-// state are in memory. A checkpoint reads the whole state in (slot()), and the next update writes it out.
+// current file and writes it to the other one, a bucket at a time, on one I/O thread per state that lives as
+// long as it: while bucket k updates, that thread writes bucket k - 1 and reads bucket k + 1 (two buffers,
+// so the depth is fixed and no thread is made per step). The other file's header is stamped last, after
+// every write: if the step fails or the process dies part-way, the current file still holds the whole state
+// of the last finished step, and the next step reads it again. Only two buckets of state are in memory. A
+// checkpoint reads the whole state in (slot()), and the next update writes it out. With offload_options::master
+// (mixed precision), a last slot holds the float master weights: the update reads them with the state and
+// passes them as step_args::w, and master() reads them in for the sharding's other readers (parameters,
+// checkpoints, the working copy's refresh) as slot() does.
 #pragma once
 
 #include <fcntl.h>
@@ -23,25 +28,32 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <future>
+#include <exception>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "dml/core/buffer.hpp"
 #include "dml/core/error.hpp"
+#include "dml/core/worker_thread.hpp"
 #include "dml/optim/optimizer.hpp"
 
 namespace dml::parallel {
 
-// "optimizer:disk:DIR" (trainer_options::offload) to DIR; empty to empty (no offload).
+// trainer_options::offload: the optimizer state, and with "master" the float master weights of mixed precision.
+inline constexpr std::string_view offload_prefixes[] = {"optimizer:disk:", "optimizer,master:disk:"};
+
+// "optimizer:disk:DIR" or "optimizer,master:disk:DIR" to DIR; empty to empty (no offload).
 inline std::string offload_directory(std::string_view spec) {
-  constexpr std::string_view prefix = "optimizer:disk:";
   if (spec.empty()) return {};
-  if (!spec.starts_with(prefix) || spec.size() == prefix.size())
-    fail<invalid_argument>("dml::trainer: expected offload \"optimizer:disk:DIR\", found \"", spec, "\"");
-  return std::string(spec.substr(prefix.size()));
+  for (const auto prefix : offload_prefixes)
+    if (spec.starts_with(prefix) && spec.size() > prefix.size()) return std::string(spec.substr(prefix.size()));
+  fail<invalid_argument>("dml::trainer: expected offload \"optimizer:disk:DIR\" or \"optimizer,master:disk:DIR\", found \"",
+                         spec, "\"");
 }
+// Whether spec puts the master weights on disk too.
+inline bool offload_master(std::string_view spec) { return spec.starts_with(offload_prefixes[1]); }
 
 // What is wrong with dir as an offload directory ("an existing directory, found none"), or empty.
 inline std::string offload_directory_problem(const std::string& dir) {
@@ -53,13 +65,15 @@ inline std::string offload_directory_problem(const std::string& dir) {
   return {};
 }
 
-// The check of a command line's --offload value: empty when spec is "optimizer:disk:DIR" with a usable DIR, else
-// what was expected (the examples' flag tables print it after "expected").
+// The check of a command line's --offload value: empty when spec is "optimizer:disk:DIR" or
+// "optimizer,master:disk:DIR" with a usable DIR, else what was expected (the examples' flag tables print it
+// after "expected").
 inline std::string offload_spec_problem(std::string_view spec) {
-  constexpr std::string_view prefix = "optimizer:disk:";
-  const bool ok = spec.starts_with(prefix) && spec.size() > prefix.size() &&
-                  offload_directory_problem(std::string(spec.substr(prefix.size()))).empty();
-  return ok ? std::string() : "optimizer:disk:DIR with DIR an existing, writable directory";
+  for (const auto prefix : offload_prefixes)
+    if (spec.starts_with(prefix) && spec.size() > prefix.size() &&
+        offload_directory_problem(std::string(spec.substr(prefix.size()))).empty())
+      return {};
+  return "optimizer:disk:DIR or optimizer,master:disk:DIR with DIR an existing, writable directory";
 }
 
 // A file stem of its own for each trainer and rank of this process ("dml-optimizer-<pid>-<serial>-rank<r>"),
@@ -176,6 +190,7 @@ struct offload_options {
   std::string dir{};           // empty: memory
   std::string stem = "state";  // file names: dir/<stem>.0 and dir/<stem>.1
   double bucket_mb = 1.0;      // state of this many MiB per bucket (all slots together)
+  bool master = false;         // on disk, a last slot holds the float master weights (mixed precision)
 };
 
 // The optimizer state of n elements (the flat range or a ZeRO shard), with the update that reads and writes it.
@@ -189,24 +204,28 @@ class optimizer_state {
     dir_ = o.dir;
     if (dir_.empty()) return memory_.resize(n);
     n_ = n;
+    slots_ = K + (o.master ? 1 : 0);
     namespace fs = std::filesystem;
     if (const auto problem = offload_directory_problem(dir_); !problem.empty())
       fail<invalid_argument>("dml::trainer: offload directory ", dir_, ": expected ", problem);
     if (!(o.bucket_mb > 0)) fail<invalid_argument>("dml::trainer: expected offload_bucket_mb > 0, found ", o.bucket_mb);
-    const auto per = static_cast<std::int64_t>(o.bucket_mb * 1024 * 1024 / (sizeof(float) * std::max(K, 1)));
+    const auto per = static_cast<std::int64_t>(o.bucket_mb * 1024 * 1024 / (sizeof(float) * std::max(slots_, 1)));
     bucket_ = std::max<std::int64_t>(1, std::min(per, n));
-    for (int f = 0; f < 2; ++f) files_[f] = detail::state_file(fs::path(dir_) / (o.stem + "." + std::to_string(f)), n, K);
+    for (int f = 0; f < 2; ++f) files_[f] = detail::state_file(fs::path(dir_) / (o.stem + "." + std::to_string(f)), n, slots_);
     std::vector<float> zeros(static_cast<std::size_t>(bucket_), 0.f);
-    for (int s = 0; s < K; ++s)
+    for (int s = 0; s < slots_; ++s)
       for (std::int64_t lo = 0; lo < n; lo += bucket_) files_[0].write_slot(s, lo, std::min(bucket_, n - lo), zeros.data());
     files_[0].stamp(0);
-    // Even buckets go to io_[0], odd ones to io_[1]: an odd bucket holds at most n - bucket elements.
+    // Even buckets go to buf_[0], odd ones to buf_[1]: an odd bucket holds at most n - bucket elements.
     cap_ = {bucket_, std::clamp<std::int64_t>(n - bucket_, 0, bucket_)};
-    for (int j = 0; j < 2; ++j) io_[j].resize(static_cast<std::size_t>(K * cap_[j]));
+    for (int j = 0; j < 2; ++j) buf_[j].resize(static_cast<std::size_t>(slots_ * cap_[j]));
     if constexpr (!std::same_as<Space, host>)
-      for (int j = 0; j < 2; ++j) dev_[j].resize(static_cast<std::size_t>(K * cap_[j]));
+      for (int j = 0; j < 2; ++j) dev_[j].resize(static_cast<std::size_t>(slots_ * cap_[j]));
+    io_ = std::make_unique<io_thread>();
   }
   bool on_disk() const { return !dir_.empty(); }
+  // Whether the float master weights live here (on disk, slot K) rather than with the sharding.
+  bool holds_master() const { return slots_ > K; }
   // The slots' pointers, for updates that walk the state themselves (layer-wise optimizers): in memory only.
   float* const* pointers() {
     if (on_disk()) fail<invalid_argument>("dml::parallel::optimizer_state: expected the state in memory, found it on disk in ", dir_);
@@ -214,31 +233,24 @@ class optimizer_state {
   }
   std::int64_t size() const { return on_disk() ? n_ : memory_.size(); }
   // Bytes in memory: the whole state, or two buckets of it (at most the state's size; and the whole state while
-  // a checkpoint holds it).
+  // a checkpoint or the master weights' reader holds it). The master weights count when they are here.
   std::int64_t bytes() const {
     if (!on_disk()) return memory_.bytes();
-    return K * (cap_[0] + cap_[1]) * std::int64_t{sizeof(float)} + loaded_.bytes();
+    return (slots_ * (cap_[0] + cap_[1]) + static_cast<std::int64_t>(loaded_.size())) * std::int64_t{sizeof(float)};
   }
-  std::int64_t disk_bytes() const { return on_disk() ? n_ * K * std::int64_t{sizeof(float)} : 0; }
+  std::int64_t disk_bytes() const { return on_disk() ? n_ * slots_ * std::int64_t{sizeof(float)} : 0; }
 
-  // Slot s in memory, for checkpoints: on disk, the whole state is read in and stays until the next update
-  // writes it out (a checkpoint loaded into it changes what is written).
+  // Slot s in memory (s = K: the master weights), for checkpoints and the master's readers: on disk, every slot
+  // is read in and stays until the next update writes it out (what is written into it meanwhile is kept).
   span_in<float, Space> slot(int s) {
     if (!on_disk()) return memory_.slot(s);
-    if (loaded_.size() == 0) {
-      loaded_.resize(n_);
-      files_[cur_].check(sequence_);
-      std::vector<float> tmp(static_cast<std::size_t>(n_));
-      for (int k = 0; k < K; ++k) {
-        files_[cur_].read_slot(k, 0, n_, tmp.data());
-        dml::copy_n(tmp.data(), tmp.size(), loaded_.slot(k).data());
-      }
-    }
-    return loaded_.slot(s);
+    return read_in(s);
   }
+  // The master weights in memory (holds_master()): read in from the files as slot() does.
+  float* master() { return read_in(K).data(); }
 
-  // One update of elements [at, at + a.n) of the state (a.state is ignored). Every element of the state is
-  // updated once between begin_step() and end_step().
+  // One update of elements [at, at + a.n) of the state (a.state is ignored; so is a.w when the master weights
+  // are here). Every element of the state is updated once between begin_step() and end_step().
   void update(const O& opt, optim::step_args a, std::int64_t at) {
     if (!on_disk()) {
       std::array<float*, (K > 0 ? K : 1)> st{};
@@ -248,81 +260,123 @@ class optimizer_state {
     }
     const std::int64_t buckets = (a.n + bucket_ - 1) / bucket_;
     auto range = [&](std::int64_t b) { return std::pair{at + b * bucket_, std::min(bucket_, a.n - b * bucket_)}; };
+    // Bucket b lives in buf_[b % 2]. The I/O thread runs its jobs in order, so the read of bucket b + 1 queues
+    // behind the write of bucket b - 1 (the same buffer) and runs while bucket b updates.
     auto read = [&](std::int64_t b) {
       const auto [lo, count] = range(b);
-      for (int s = 0; s < K; ++s) files_[cur_].read_slot(s, lo, count, io_[b % 2].data() + s * cap_[b % 2]);
+      return io_->thread.push([this, j = static_cast<int>(b % 2), lo = lo, count = count] {
+        io_job([&] { for (int s = 0; s < slots_; ++s) files_[cur_].read_slot(s, lo, count, buf_[j].data() + s * cap_[j]); });
+      });
     };
-    std::future<void> reading = std::async(std::launch::async, read, 0), writing[2];
+    std::int64_t reading = read(0);
     for (std::int64_t b = 0; b < buckets; ++b) {
-      reading.get();
-      if (b + 1 < buckets) {
-        if (writing[(b + 1) % 2].valid()) writing[(b + 1) % 2].get();
-        reading = std::async(std::launch::async, read, b + 1);
-      }
+      wait_io(reading);
+      if (b + 1 < buckets) reading = read(b + 1);
       const auto [lo, count] = range(b);
-      float* host_state = io_[b % 2].data();
+      float* host_state = buf_[b % 2].data();
       float* state = host_state;
       if constexpr (!std::same_as<Space, host>) {  // staged through host memory
         state = dev_[b % 2].data();
-        dml::copy_n(host_state, io_[b % 2].size(), state);
+        dml::copy_n(host_state, buf_[b % 2].size(), state);
       }
       std::array<float*, (K > 0 ? K : 1)> st{};
       for (int s = 0; s < K; ++s) st[s] = state + s * cap_[b % 2];
       optim::step_args piece = a;
       piece.n = count;
-      piece.w = a.w + (lo - at);
+      piece.w = holds_master() ? state + K * cap_[b % 2] : a.w + (lo - at);
       piece.g.ptr = static_cast<const char*>(a.g.ptr) + (lo - at) * static_cast<std::int64_t>(dtype_size(a.g.type));
       if (a.working)
         piece.working.ptr = static_cast<char*>(a.working.ptr) + (lo - at) * static_cast<std::int64_t>(dtype_size(a.working.type));
       piece.state = st.data();
       opt.template update<Space>(piece);
-      if constexpr (!std::same_as<Space, host>) dml::copy_n(state, io_[b % 2].size(), host_state);
-      writing[b % 2] = std::async(std::launch::async, [&, b, lo = lo, count = count] {
-        for (int s = 0; s < K; ++s) files_[1 - cur_].write_slot(s, lo, count, io_[b % 2].data() + s * cap_[b % 2]);
+      if constexpr (!std::same_as<Space, host>) dml::copy_n(state, buf_[b % 2].size(), host_state);
+      io_->thread.push([this, j = static_cast<int>(b % 2), lo = lo, count = count] {
+        io_job([&] { for (int s = 0; s < slots_; ++s) files_[1 - cur_].write_slot(s, lo, count, buf_[j].data() + s * cap_[j]); });
       });
     }
-    for (auto& w : writing)
-      if (w.valid()) w.get();
     written_ += a.n;
   }
   // Around every update of the whole state: checks the current file, and at the end stamps the other one and
   // makes it current. A checkpoint's state in memory is written out first.
   void begin_step() {
     if (!on_disk()) return;
+    wait_io();  // a failed step's jobs
     if (loaded_.size() != 0) {
       std::vector<float> tmp(static_cast<std::size_t>(n_));
-      for (int k = 0; k < K; ++k) {
-        dml::copy_n(loaded_.slot(k).data(), tmp.size(), tmp.data());
+      for (int k = 0; k < slots_; ++k) {
+        dml::copy_n(loaded_.data() + k * n_, tmp.size(), tmp.data());
         files_[1 - cur_].write_slot(k, 0, n_, tmp.data());
       }
       switch_files();
-      loaded_ = optim::state<O, Space>();
+      loaded_ = buffer<float, Space>();
     }
     files_[cur_].check(sequence_);
     written_ = 0;
   }
   void end_step() {
     if (!on_disk()) return;
+    wait_io();
     if (written_ != n_)
       fail<error>("dml::parallel::optimizer_state: a step updated ", written_, " of ", n_, " elements of the offloaded state");
     switch_files();
   }
 
  private:
+  // Slot s of the files in memory: every slot is read in at the first call after a step.
+  span_in<float, Space> read_in(int s) {
+    if (loaded_.size() == 0) {
+      loaded_.resize(static_cast<std::size_t>(n_ * slots_));
+      files_[cur_].check(sequence_);
+      std::vector<float> tmp(static_cast<std::size_t>(n_));
+      for (int k = 0; k < slots_; ++k) {
+        files_[cur_].read_slot(k, 0, n_, tmp.data());
+        dml::copy_n(tmp.data(), tmp.size(), loaded_.data() + k * n_);
+      }
+    }
+    return span_in<float, Space>(loaded_.data() + s * n_, static_cast<std::size_t>(n_));
+  }
+  // The I/O thread and its first failure: the jobs after it do nothing, and wait_io() rethrows it.
+  struct io_thread {
+    dml::detail::worker_thread thread;
+    std::atomic<bool> failed{false};
+    std::exception_ptr error;
+  };
+  // On the I/O thread: job, unless an earlier one failed.
+  template <class F>
+  void io_job(F&& job) {
+    if (io_->failed.load(std::memory_order_acquire)) return;
+    try {
+      job();
+    } catch (...) {
+      io_->error = std::current_exception();
+      io_->failed.store(true, std::memory_order_release);
+    }
+  }
+  // Until the job with this ticket has run (0: every job); a failure is rethrown once no job is left.
+  void wait_io(std::int64_t ticket = 0) {
+    if (ticket > 0) io_->thread.wait(ticket);
+    else io_->thread.drain();
+    if (!io_->failed.load(std::memory_order_acquire)) return;
+    io_->thread.drain();
+    io_->failed = false;
+    std::rethrow_exception(std::exchange(io_->error, nullptr));
+  }
   void switch_files() {
     files_[1 - cur_].stamp(sequence_ + 1);
     ++sequence_;
     cur_ = 1 - cur_;
   }
 
-  optim::state<O, Space> memory_, loaded_;
+  optim::state<O, Space> memory_;
+  buffer<float, Space> loaded_;  // on disk: every slot, while a checkpoint or the master's reader holds them
   std::string dir_;
   std::int64_t n_ = 0, bucket_ = 0, written_ = 0, sequence_ = 0;
-  std::array<std::int64_t, 2> cap_{};  // elements per slot of io_[0] and io_[1]
-  int cur_ = 0;
+  std::array<std::int64_t, 2> cap_{};  // elements per slot of buf_[0] and buf_[1]
+  int cur_ = 0, slots_ = K;  // on disk: K, or K + 1 with the master weights
   detail::state_file files_[2];
-  std::vector<float> io_[2];
+  std::vector<float> buf_[2];
   buffer<float, Space> dev_[2];
+  std::unique_ptr<io_thread> io_;  // last: joins before the files and buffers its jobs use go
 };
 
 }  // namespace dml::parallel

@@ -31,8 +31,8 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
     const auto total = net_.layout().total;
     state_.resize(total, this->offload_);
     if constexpr (mixed) {
-      master_.resize(static_cast<std::size_t>(total));
-      init_master(net_, this->seed_, master_.data());
+      if (!state_.holds_master()) master_.resize(static_cast<std::size_t>(total));
+      init_master(net_, this->seed_, master());  // on disk: written out by the first update
     }
   }
 
@@ -81,7 +81,7 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
   // One fused pass: unscale and clip (grad_scale), the update of the float weights, and under mixed
   // precision the cast into the working copy.
   void update(Optimizer& opt, float lr, std::int64_t t, float grad_scale) {
-    optim::step_args a{.n = net_.layout().total, .w = master(), .g = net_.grads().data(), .step = t, .lr = lr,
+    optim::step_args a{.n = net_.layout().total, .w = state_.holds_master() ? nullptr : master(), .g = net_.grads().data(), .step = t, .lr = lr,
                        .grad_scale = grad_scale};
     if constexpr (mixed) a.working = net_.params().data();
     if constexpr (optim::layerwise_v<Optimizer>) {
@@ -109,7 +109,7 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
   }
   // After the float parameters changed outside an update: rewrite the working copy from them.
   void refresh_working() {
-    if constexpr (mixed) cast_n<Space>(master_.data(), net_.params().data(), net_.layout().total);
+    if constexpr (mixed) cast_n<Space>(master(), net_.params().data(), net_.layout().total);
   }
 
   memory_report memory() const {
@@ -126,12 +126,9 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
   float* whole(int k) { return k < 0 ? master() : state_.slot(k).data(); }
 
  private:
+  // The float weights: under mixed precision the master copy, here or read in from the offload files.
   float* master() {
-    if constexpr (mixed) return master_.data();
-    else return net_.params().data();
-  }
-  const float* master() const {
-    if constexpr (mixed) return master_.data();
+    if constexpr (mixed) return state_.holds_master() ? state_.master() : master_.data();
     else return net_.params().data();
   }
   // 1-bit messages give padding entries a value; backward leaves them, and they would feed back next step.

@@ -47,13 +47,13 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     if (Stage == 3 && !per_step_)
       for (auto& s : gathered_) s.resize(static_cast<std::size_t>(widest));
     if constexpr (sharded_master) {
-      shard_params_.resize(static_cast<std::size_t>(shard_));
-      for (const auto& bk : buckets_)
-        for (const auto& rn : bk.runs) init_master_part(net_, this->seed_, rn, this->rank_in(rn), shard_params_.data());
+      if (!state_.holds_master()) shard_params_.resize(static_cast<std::size_t>(shard_));
+      for (const auto& bk : buckets_)  // master weights on disk: written out by the first update
+        for (const auto& rn : bk.runs) init_master_part(net_, this->seed_, rn, this->rank_in(rn), shard_master());
     }
     if constexpr (mixed && Stage == 3) {
       shard_working_.resize(static_cast<std::size_t>(shard_));
-      cast_n<Space>(shard_params_.data(), shard_working_.data(), shard_);
+      cast_n<Space>(shard_master(), shard_working_.data(), shard_);
     }
     resident_chunks_.resize(this->chunks_.size());
   }
@@ -186,7 +186,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     }
     state_.begin_step();
     if constexpr (Stage == 3) {
-      optim::step_args a{.n = shard_, .w = shard_params_.data(), .g = shard_grads_.data(), .step = t, .lr = lr,
+      optim::step_args a{.n = shard_, .w = update_master(0), .g = shard_grads_.data(), .step = t, .lr = lr,
                          .grad_scale = grad_scale};
       if constexpr (mixed) a.working = shard_working_.data();
       state_.update(opt, a, 0);
@@ -199,7 +199,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
           optim::step_args a{.n = rn.part, .g = shard_grads_.data() + rn.shard_offset, .step = t, .lr = lr,
                              .grad_scale = grad_scale};
           if constexpr (mixed) {
-            a.w = shard_params_.data() + rn.shard_offset;  // float master shard
+            a.w = update_master(rn.shard_offset);  // float master shard
             a.working = w + mine;
           } else {
             a.w = w + mine;
@@ -238,7 +238,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
       fill_n<Space>(gathered.data(), net_.layout().total, 0.f);
       for (const auto& bk : buckets_)
         for (const auto& rn : bk.runs)
-          this->group(rn).all_gather(span_in<const float, Space>(shard_params_.data() + rn.shard_offset, rn.part),
+          this->group(rn).all_gather(span_in<const float, Space>(shard_master() + rn.shard_offset, rn.part),
                                      span_in<float, Space>(gathered.data() + rn.lo, rn.hi - rn.lo));
       dml::copy_n(gathered.data(), total, full.data());
     } else {
@@ -251,7 +251,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
       for (const auto& bk : buckets_)
         for (const auto& rn : bk.runs)
           dml::copy_n(full.data() + rn.lo + this->rank_in(rn) * rn.part, static_cast<std::size_t>(rn.part),
-                      shard_params_.data() + rn.shard_offset);
+                      shard_master() + rn.shard_offset);
     } else {
       dml::copy_n(full.data(), full.size(), net_.params().data());
     }
@@ -261,12 +261,12 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
   void refresh_working() {
     resident_ = {-1, -1};  // gathered copies are stale now
     if constexpr (mixed && Stage == 3) {
-      cast_n<Space>(shard_params_.data(), shard_working_.data(), shard_);
+      cast_n<Space>(shard_master(), shard_working_.data(), shard_);
     } else if constexpr (mixed) {  // cast this rank's parts, then gather every part
       for (const auto& bk : buckets_)
         for (const auto& rn : bk.runs) {
           T* w = net_.params().data() + rn.lo;
-          cast_n<Space>(shard_params_.data() + rn.shard_offset, w + this->rank_in(rn) * rn.part, rn.part);
+          cast_n<Space>(shard_master() + rn.shard_offset, w + this->rank_in(rn) * rn.part, rn.part);
           this->group(rn).all_gather(span_in<T, Space>(w, rn.hi - rn.lo));
         }
     }
@@ -294,7 +294,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
   // parameters, so they read those whole).
   float* held(int k, const owned_piece& p) {
     if (k >= 0) return state_.slot(k).data() + p.shard;
-    if constexpr (sharded_master) return shard_params_.data() + p.shard;
+    if constexpr (sharded_master) return shard_master() + p.shard;
     else return net_.params().data() + p.flat;
   }
   static constexpr bool loads_pieces(int k) { return k >= 0 || sharded_master; }
@@ -376,6 +376,11 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     }
     return most * static_cast<std::int64_t>(sizeof(T));
   }
+  // The shard's float weights: here, or under mixed precision maybe read in from the offload files.
+  float* shard_master() { return state_.holds_master() ? state_.master() : shard_params_.data(); }
+  // What an update's step_args::w points to at this shard offset: nothing when the master weights are on disk
+  // (the update reads them from the files).
+  float* update_master(std::int64_t at) { return state_.holds_master() ? nullptr : shard_params_.data() + at; }
   // ZeRO-3 gathers the working copy of the shard (the float master itself in fp32).
   const T* working_shard() const {
     if constexpr (mixed) return shard_working_.data();
@@ -417,7 +422,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     gather(b, true);
   }
 
-  buffer<float, Space> shard_params_;  // float weights of the shard (stage 3, and mixed stages)
+  buffer<float, Space> shard_params_;  // float weights of the shard (stage 3, and mixed stages unless on disk)
   buffer<T, Space> shard_grads_, shard_tmp_, shard_working_;
   buffer<T, Space> staging_[2], gathered_[2];
   std::array<int, 2> resident_{-1, -1};

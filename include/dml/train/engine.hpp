@@ -10,6 +10,8 @@
 #include <map>
 #include <span>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "dml/optim/layerwise.hpp"
@@ -92,26 +94,40 @@ class engine final : public engine_base<Space> {
   // Where the sharding keeps optimizer state: files named by process, trainer and rank, so that trainers
   // and processes sharing a directory never share a file.
   parallel::offload_options offload_options(Comm& world) const {
+    const bool master = parallel::offload_master(opt_.offload);
+    if (master && std::same_as<T, float>)
+      fail<invalid_argument>("dml::trainer: offload ", opt_.offload, ": expected mixed precision (bf16, fp16) for "
+                             "the master weights on disk, found fp32 (its weights are the working copy)");
     return {.dir = parallel::offload_directory(opt_.offload), .stem = parallel::offload_stem(world.rank()),
-            .bucket_mb = opt_.offload_bucket_mb};
+            .bucket_mb = opt_.offload_bucket_mb, .master = master};
   }
 
-  // Runs this rank's program: the schedule's compute and transfers, the sharding's unshard, reshard and
-  // reductions per chunk, the tie sums and the update.
+  // A step that throws (a failed collective, a failed write of offloaded optimizer state) or that
+  // trainer_options::commit abandons leaves the step counters and the loss scale as they were, so that it can run
+  // again: the update has not run (offload: the state it read is still on disk; restore the parameters).
   step_result step(tensor_view<const float, Space> x, const std::int32_t* y, std::int64_t global_batch) override {
     if (x.shape.rank < 1 || global_batch <= 0)
       fail<invalid_argument>("dml::trainer::step: expected a batch of rows and global_batch > 0, found shape ",
                              x.shape, " and global_batch ", global_batch);
+    const auto counters = std::pair{step_, optimizer_step_};
+    const auto scaler = scaler_;
+    auto undo = [&] {
+      std::tie(step_, optimizer_step_) = counters;
+      scaler_ = scaler;
+    };
+    try {
+      auto out = run_step(x, y, global_batch);
+      if (!out.committed) undo();
+      return out;
+    } catch (...) {
+      undo();
+      throw;
+    }
+  }
+  // Runs this rank's program: the schedule's compute and transfers, the sharding's unshard, reshard and
+  // reductions per chunk, the tie sums and the update.
+  step_result run_step(tensor_view<const float, Space> x, const std::int32_t* y, std::int64_t global_batch) {
     ++step_;
-    // A step that throws (a failed collective) or is abandoned leaves the step count where it was.
-    struct restore_count {
-      std::int64_t& step;
-      std::int64_t before;
-      bool keep = false;
-      ~restore_count() {
-        if (!keep) step = before;
-      }
-    } guard{step_, step_ - 1};
     const std::int64_t rows = x.shape[0], m = std::min(opt_.micro_batches, std::max<std::int64_t>(rows, 1));
     pipe_.begin_step({.x = x, .y = y, .global_batch = global_batch, .rows = rows, .micro_batches = m,
                       .first_row = first_row(rows),
@@ -148,7 +164,6 @@ class engine final : public engine_base<Space> {
       }
     }
     pipe_.end_step();
-    guard.keep = out.committed;
     return out;
   }
 
@@ -275,7 +290,6 @@ class engine final : public engine_base<Space> {
       out.grad_norm = std::sqrt(sum(sync_.grad_squared_norm(uncounted_))) / loss_scale();
       scale = optim::clip_scale(out.grad_norm, opt_.clip_norm);
     }
-    const optim::loss_scaler scaler_before = scaler_;
     if constexpr (Precision::loss_scaling) {
       // Every rank sees the same verdict: the overflow flag is summed over ranks.
       out.skipped = !scaler_.update(sum(static_cast<int>(sync_.has_overflow())) > 0);
@@ -285,7 +299,6 @@ class engine final : public engine_base<Space> {
     if (experts_ < 0) experts_ = parallel::count_experts<Space>(pipe_.routing(), pp);
     out.routing = parallel::summarise_routing<Space>(pipe_.routing(), experts_, pp);
     if (opt_.commit && !opt_.commit()) {
-      scaler_ = scaler_before;
       out.committed = false;
       return out;
     }

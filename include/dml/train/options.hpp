@@ -57,7 +57,8 @@ struct trainer_options {
   std::string compress = "none";
   // ZeRO-Offload's disk tier: "optimizer:disk:DIR" keeps each rank's optimizer state slots in files in DIR
   // (an existing, writable directory) instead of memory, read and written offload_bucket_mb at a time around
-  // the update (parallel/offload.hpp). Empty: in memory.
+  // the update (parallel/offload.hpp); "optimizer,master:disk:DIR" keeps the float master weights of mixed
+  // precision there too (a slot after the state's). Empty: in memory.
   std::string offload{};
   double offload_bucket_mb = 1.0;
   // Steps as transactions (ft/elastic.hpp): called once per step after the gradients are reduced and before

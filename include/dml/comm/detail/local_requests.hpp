@@ -16,60 +16,15 @@
 #include "dml/comm/communicator.hpp"
 #include "dml/comm/detail/local_group.hpp"
 #include "dml/core/algorithm.hpp"
+#include "dml/core/worker_thread.hpp"
 
 namespace dml::comm {
 
 namespace detail::local_impl {
 
 // Runs a rank's non-blocking collectives in order on one thread, so they overlap the caller's
-// work; a blocking call first waits for the queue, keeping every rank's collectives in one order.
-class progress {
- public:
-  progress() : thread_([this] { loop(); }) {}
-  ~progress() {
-    {
-      std::lock_guard lk(m_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  void push(std::function<void()> f) {
-    {
-      std::lock_guard lk(m_);
-      queue_.push_back(std::move(f));
-    }
-    cv_.notify_all();
-  }
-  void drain() {
-    std::unique_lock lk(m_);
-    cv_.wait(lk, [&] { return queue_.empty() && !busy_; });
-  }
-
- private:
-  void loop() {
-    set_thread_budget(1);
-    std::unique_lock lk(m_);
-    for (;;) {
-      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stop_ and nothing left
-      auto f = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
-      lk.unlock();
-      f();  // tasks catch their own errors
-      lk.lock();
-      busy_ = false;
-      cv_.notify_all();
-    }
-  }
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool busy_ = false;
-  bool stop_ = false;
-  std::thread thread_;
-};
+// work; a blocking call first waits for the queue (drain), keeping every rank's collectives in one order.
+using progress = dml::detail::worker_thread;
 
 struct task_state {
   std::mutex m;
