@@ -79,9 +79,9 @@ int run_elastic(const options& o, const dml::train::dataset& train_set, const dm
         std::printf("test_accuracy=%.4f\n", double(correct) / double(test_set.size()));
       });
     }
-    std::printf("slot=%d steps=%lld configurations=%lld healed=%lld failed_steps=%lld final_loss=%.6f state_hash=%016llx\n",
+    std::printf("slot=%d steps=%lld configurations=%lld healed=%lld failed_steps=%lld seconds=%.3f final_loss=%.6f state_hash=%016llx\n",
                 so.slot, static_cast<long long>(r.steps), static_cast<long long>(r.configurations),
-                static_cast<long long>(r.healed), static_cast<long long>(r.failed_steps),
+                static_cast<long long>(r.healed), static_cast<long long>(r.failed_steps), r.seconds,
                 static_cast<double>(r.losses.empty() ? 0.f : r.losses.back()), static_cast<unsigned long long>(r.hash));
     std::fflush(stdout);
     return 0;

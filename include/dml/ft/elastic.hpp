@@ -43,6 +43,7 @@ struct elastic_result {
   std::vector<float> losses;         // the loss of each step this member committed, by step (0 where it was absent)
   std::uint64_t hash = 0;            // of the final state (parameters and optimizer state)
   int rank = -1;                     // this member's rank in its last configuration
+  double seconds = 0;                // from its first configuration to its last commit
   std::optional<train::state_snapshot> state;  // the final committed state
 };
 
@@ -102,9 +103,11 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
   auto say = [&](const std::string& line) {
     if (o.log) *o.log << "slot " << s.options().slot << ": " << line << std::endl;
   };
+  std::optional<clock::time_point> began;
   while (committed < o.steps) {
     const quorum q = s.join(committed);
     if (q.finished) break;
+    if (!began) began = clock::now();
     ++out.configurations;
     out.rank = q.rank;
     say(dml::detail::cat("epoch ", q.epoch, ": rank ", q.rank, " of ", q.size(), ", step ", q.step,
@@ -161,6 +164,7 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
     t.reset();
     comm.reset();
   }
+  if (began) out.seconds = std::chrono::duration<double>(clock::now() - *began).count();
   if (committed >= o.steps) s.done();
   out.steps = committed;
   if (committed_state) out.hash = parameter_hash(committed_state->values);
