@@ -82,7 +82,8 @@ def one_run(a, seed, workdir):
     if left:
         fail(f"seed {seed}: processes left behind: {left}")
     events = open(os.path.join(logs, "dml-run.log")).read().count("chaos: ")
-    return {"recoveries": int(m.group(1)), "lost": int(m.group(2)), "events": events,
+    loss = float(re.findall(r"final_loss=([0-9.]+)", p.stdout)[0])
+    return {"recoveries": int(m.group(1)), "lost": int(m.group(2)), "events": events, "loss": loss,
             "recovery": [float(x) for x in re.findall(r"recovery=([0-9.]+)", open(os.path.join(logs, "dml-run.log")).read())]}
 
 
@@ -140,12 +141,20 @@ def main():
     ap.add_argument("--comm-timeout-ms", type=int, default=1000)
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--loss-bound", type=float, default=1e-3)
     a = ap.parse_args()
     workdir = tempfile.mkdtemp(prefix="dml-chaos-")
-    rec, lost, recoveries, events = [], 0, 0, 0
+    rec, lost, recoveries, events, drift = [], 0, 0, 0, 0.0
     try:
+        # The fault-free run: what the final loss would be (members differ only in the order of float sums).
+        quiet = argparse.Namespace(**{**vars(a), "events": 0})
+        ref = one_run(quiet, 0, workdir)["loss"]
         for i in range(a.runs):
             r = one_run(a, a.seed + i, workdir)
+            drift = max(drift, abs(r["loss"] - ref))
+            if abs(r["loss"] - ref) > a.loss_bound:
+                fail(f"seed {a.seed + i}: final loss {r['loss']} is {abs(r['loss'] - ref):.2e} from the fault-free "
+                     f"run's {ref} (bound {a.loss_bound})")
             rec += r["recovery"]
             lost += r["lost"]
             recoveries += r["recoveries"]
@@ -156,6 +165,7 @@ def main():
         if not a.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     print(f"chaos: runs={a.runs} events={events} recoveries={recoveries} steps_lost={lost} "
+          f"final_loss_fault_free={ref:.6f} max_final_loss_drift={drift:.2e} "
           f"recovery_p50={percentile(rec, 0.5):.3f} recovery_p99={percentile(rec, 0.99):.3f} "
           f"recovery_max={max(rec) if rec else 0:.3f}")
 

@@ -6,7 +6,7 @@
 
 #include <atomic>
 #include <future>
-#include <sstream>
+#include <mutex>
 #include <thread>
 
 #include "dml/ft/coordinator.hpp"
@@ -18,16 +18,30 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// The coordinator serving from a thread of its own for the test's lifetime.
+// The coordinator serving from a thread of its own; the test reads its state under the same lock.
 struct served {
   coordinator c;
   std::atomic<bool> stop{false};
-  std::ostringstream log;
+  std::mutex m;
   std::thread t;
   explicit served(coordinator_options o) : c((o.log = nullptr, o)) {
     t = std::thread([this] {
-      while (!stop) c.poll_once(5ms);
+      while (!stop) {
+        {
+          std::lock_guard lk(m);
+          c.poll_once(2ms);
+        }
+        std::this_thread::yield();
+      }
     });
+  }
+  coordinator_stats stats() {
+    std::lock_guard lk(m);
+    return c.stats();
+  }
+  bool finished() {
+    std::lock_guard lk(m);
+    return c.finished();
   }
   ~served() {
     stop = true;
@@ -80,8 +94,8 @@ TEST_CASE("a quorum of every member, unanimous commits, and an abort on one fail
   CHECK(r[0].epoch == 2);
   CHECK(r[0].step == 1);
   CHECK(vote_all({&a, &b, &c}, 2, 2, {true, true, true})[2] == verdict::commit);
-  CHECK(s.c.stats().commits == 2);
-  CHECK(s.c.stats().recoveries == 1);
+  CHECK(s.stats().commits == 2);
+  CHECK(s.stats().recoveries == 1);
 }
 
 TEST_CASE("a member that stops its heartbeats is dead; the survivors' votes abort and a smaller quorum forms") {
@@ -97,7 +111,7 @@ TEST_CASE("a member that stops its heartbeats is dead; the survivors' votes abor
   q = join_all({&a, &b}, {0, 0});
   CHECK(q[0].epoch == 2);
   CHECK(q[0].slots == std::vector{0, 1});
-  CHECK(s.c.stats().deaths == 1);
+  CHECK(s.stats().deaths == 1);
 }
 
 TEST_CASE("a silent connection is declared dead at the heartbeat deadline, and fenced when it speaks again") {
@@ -114,7 +128,7 @@ TEST_CASE("a silent connection is declared dead at the heartbeat deadline, and f
   CHECK(q.size() == 2);
   // a votes; the mute member never does: its death aborts the step.
   CHECK(a.vote(q.epoch, 1, true) == verdict::abort);
-  CHECK(s.c.stats().deaths == 1);
+  CHECK(s.stats().deaths == 1);
   const auto q2 = a.join(0);
   CHECK(q2.size() == 1);
   CHECK(a.vote(q2.epoch, 1, true) == verdict::commit);
@@ -143,8 +157,8 @@ TEST_CASE("a joiner is taken in after the next commit and learns it is behind") 
   CHECK(!r[0].behind(r[0].rank));
   // The job ends when every member of the epoch says so; a later joiner is told it finished.
   for (auto* m : {&a, &b, &c}) m->done();
-  for (int i = 0; i < 100 && !s.c.finished(); ++i) std::this_thread::sleep_for(10ms);
-  CHECK(s.c.finished());
+  for (int i = 0; i < 100 && !s.finished(); ++i) std::this_thread::sleep_for(10ms);
+  CHECK(s.finished());
 }
 
 TEST_CASE("the store serves keys, and refuses a process without the job token") {
@@ -163,7 +177,7 @@ TEST_CASE("the store serves keys, and refuses a process without the job token") 
   CHECK(intruder.request(make_frame("HELLO", "guess", -1, 0, "store"), 2000ms).verb() == "REFUSED");
   connection silent(connect_to(host, port, 2000ms));
   CHECK(silent.request(make_frame("GET", "k"), 2000ms).verb() == "REFUSED");
-  CHECK(s.c.stats().refused == 2);
+  CHECK(s.stats().refused == 2);
   auto o = s.member(0);
   o.token = "guess";
   CHECK_THROWS_WITH_AS(session{o}, doctest::Contains("refused"), comm_error);
