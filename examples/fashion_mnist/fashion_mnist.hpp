@@ -43,7 +43,7 @@ struct options {
   int replicas = 1;               // > 1 with zeroN: hybrid sharding, ZeRO within each of this many replicas
   std::string precision = "fp32";
   double bucket_mb = 25.0;
-  std::string compress = "none";  // none | onebit | onebit:B | topk:F: gradient compression with error feedback
+  std::string compress = "none";  // none | onebit | onebit:B | topk:F | onebit-adam:W: compression, error feedback
   int pp = 1;                  // pipeline stages
   int dp = 0;                  // data-parallel ranks per stage; 0: ranks / pp
   std::int64_t microbatches = 1;
@@ -89,14 +89,16 @@ inline dml::flags command_line(options& o) {
   f.add("--precision", o.precision, "P", "arithmetic").choices({"fp32", "bf16", "fp16"});
   f.add("--bucket-mb", o.bucket_mb, "X", "gradient bucket size in MB")
       .check([](double mb) { return mb > 0 ? std::string() : "a size > 0"; }, "> 0");
-  f.add("--compress", o.compress, "C", "gradient compression with error feedback: none, onebit, onebit:B or topk:F")
+  f.add("--compress", o.compress, "C",
+        "gradient compression with error feedback: none, onebit, onebit:B, topk:F or onebit-adam:W")
       .check(
           [](const std::string& c) {
             try {
               (void)dml::parallel::gradient_compression::parse(c);
               return std::string();
             } catch (const dml::invalid_argument&) {
-              return std::string("none, onebit, onebit:B (B a positive multiple of 32) or topk:F (0 < F <= 1)");
+              return std::string("none, onebit, onebit:B (B a positive multiple of 32), topk:F (0 < F <= 1) or "
+                                 "onebit-adam:W (W >= 1 dense steps)");
             }
           },
           "fp32, ddp or zero1-3");

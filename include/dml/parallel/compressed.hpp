@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <string_view>
@@ -15,17 +16,22 @@
 #include <vector>
 
 #include "dml/comm/compression.hpp"
+#include "dml/comm/communicator.hpp"
 #include "dml/core/error.hpp"
 
 namespace dml::parallel {
 
 // What `compress` names: "none" (dense reductions, today's code path), "onebit" (1-bit SGD, blocks of 4096),
-// "onebit:B" (blocks of B, a positive multiple of 32) or "topk:F" (the fraction F of each part, 0 < F <= 1).
+// "onebit:B" (blocks of B, a positive multiple of 32), "topk:F" (the fraction F of each part, 0 < F <= 1) or
+// "onebit-adam:W" (1-bit Adam, Tang et al. 2021: W dense steps, then Adam's momentum, not the gradient, goes
+// 1-bit with error feedback while the optimizer keeps its second moment frozen; `beta1` is the optimizer's).
 struct gradient_compression {
   comm::any_filter filter{};
+  std::int64_t adam_warmup = 0;  // > 0: 1-bit Adam after this many dense steps
+  float beta1 = 0.9f;
 
   bool on() const { return filter.kind() != comm::filter_kind::none; }
-  std::string name() const { return filter.name(); }
+  std::string name() const { return adam_warmup > 0 ? "onebit-adam:" + std::to_string(adam_warmup) : filter.name(); }
 
   static gradient_compression parse(std::string_view spec) {
     constexpr const char* where = "dml::trainer: compress";
@@ -39,6 +45,14 @@ struct gradient_compression {
       // F = 1 sends every entry: a whole count no part reaches.
       return {comm::topk_filter{f < 1 ? f : 4294967295.0}};
     }
+    if (spec.starts_with("onebit-adam:")) {
+      const std::string_view arg = spec.substr(12);
+      std::int64_t w = 0;
+      const auto [p, ec] = std::from_chars(arg.data(), arg.data() + arg.size(), w);
+      if (arg.empty() || ec != std::errc{} || p != arg.data() + arg.size() || w < 1)
+        fail<invalid_argument>(where, ": expected onebit-adam:W with W >= 1 dense warm-up steps, found '", spec, "'");
+      return {.filter = comm::onebit_filter{}, .adam_warmup = w};
+    }
     if (spec == "onebit" || spec.starts_with("onebit:")) {
       try {
         return {comm::any_filter::parse(spec)};
@@ -47,7 +61,8 @@ struct gradient_compression {
                                "'");
       }
     }
-    fail<invalid_argument>(where, ": expected none, onebit, onebit:B or topk:F (0 < F <= 1), found '", spec, "'");
+    fail<invalid_argument>(where, ": expected none, onebit, onebit:B, topk:F (0 < F <= 1) or onebit-adam:W, found '",
+                           spec, "'");
   }
 };
 
@@ -66,26 +81,90 @@ struct wire_bytes {
 //     (the rest stays) and an all-gather hands every rank every owner's message, decoded into grad.
 // Every part's message has the same length (a filter's length depends only on the part's size), so the
 // exchanges are plain all-to-all and all-gather of bytes. Host memory, fp32 gradients.
+// 1-bit Adam (adam_warmup > 0): each rank keeps the momentum of its own gradients, m_i = β1·m_i + (1 − β1)·g_i;
+// their sum is the momentum of the summed gradient, so that is what goes through the reductions above, after
+// W dense steps (plain all-reduce / reduce-scatter of the gradient). What comes back, the summed momentum M, is
+// handed to the optimizer as the gradient that makes its momentum M: (M − β1·M_prev) / (1 − β1). The
+// optimizer's second moment is frozen from step W on (optim::freeze_variance), as the paper's. Each run
+// (keyed by its offset) must be reduced once per step.
 class compressed_reducer {
  public:
   compressed_reducer() = default;
   compressed_reducer(gradient_compression c, std::size_t entries, std::size_t owned)
-      : filter_(c.filter), worker_(entries, 0.f), server_(owned, 0.f) {}
+      : filter_(c.filter), worker_(entries, 0.f), server_(owned, 0.f), warmup_(c.adam_warmup), beta1_(c.beta1) {
+    if (warmup_ > 0) local_m_.assign(entries, 0.f);
+  }
 
   // Sums grad over c into out (this rank's part), feeding back through the worker residual at acc_offset.
   template <class Comm>
   void reduce_scatter(Comm& c, std::span<const float> grad, std::size_t acc_offset, std::span<float> out) {
-    exchange(c, grad, acc_offset, out);
     bytes_.dense += dense_share(c.size(), grad.size());
+    if (warmup_ == 0) return exchange(c, grad, acc_offset, out);
+    auto& r = momentum_run(acc_offset, out.size());
+    const std::span<float> lm = local_momentum(grad, acc_offset);
+    if (r.steps++ < warmup_) {
+      c.reduce_scatter(grad, out, comm::reduce_op::sum);
+      bytes_.sent += dense_share(c.size(), grad.size());
+      return advance(r.m, out);
+    }
+    exchange(c, lm, acc_offset, out);
+    as_gradient(r.m, out);
   }
 
   // Sums grad over c in place; the worker residual at acc_offset, the server residual at own_offset.
   template <class Comm>
   void all_reduce(Comm& c, std::span<float> grad, std::size_t acc_offset, std::size_t own_offset) {
+    bytes_.dense += 2 * dense_share(c.size(), grad.size());
+    if (warmup_ == 0) return compressed_all_reduce(c, grad, grad, acc_offset, own_offset);
+    auto& r = momentum_run(acc_offset, grad.size());
+    const std::span<float> lm = local_momentum(grad, acc_offset);
+    if (r.steps++ < warmup_) {
+      c.all_reduce(grad, comm::reduce_op::sum);
+      bytes_.sent += 2 * dense_share(c.size(), grad.size());
+      return advance(r.m, grad);
+    }
+    compressed_all_reduce(c, lm, grad, acc_offset, own_offset);
+    as_gradient(r.m, grad);
+  }
+
+  const wire_bytes& bytes() const { return bytes_; }
+  std::span<const float> worker_residual() const { return worker_; }
+  std::span<const float> server_residual() const { return server_; }
+
+ private:
+  struct momentum_state {
+    std::int64_t steps = 0;  // reductions so far
+    std::vector<float> m;    // the summed momentum as last handed out (the optimizer's, for grad_scale 1)
+  };
+  momentum_state& momentum_run(std::size_t key, std::size_t n) {
+    auto& r = momentum_[key];
+    if (r.m.size() != n) r.m.assign(n, 0.f);
+    return r;
+  }
+  // m = β1·m + (1 − β1)·g, as optim::adam computes it (so warm-up keeps M_prev equal to the optimizer's).
+  void advance(std::span<float> m, std::span<const float> g) const {
+    for (std::size_t i = 0; i < m.size(); ++i) m[i] = m[i] * beta1_ + (1.f - beta1_) * g[i];
+  }
+  std::span<float> local_momentum(std::span<const float> grad, std::size_t acc_offset) {
+    const std::span<float> lm(local_m_.data() + acc_offset, grad.size());
+    advance(lm, grad);
+    return lm;
+  }
+  // sum holds the summed momentum M: writes the gradient that takes m (M_prev) to M, and keeps M.
+  void as_gradient(std::span<float> m, std::span<float> sum) const {
+    for (std::size_t i = 0; i < m.size(); ++i) {
+      const float next = sum[i];
+      sum[i] = (next - beta1_ * m[i]) / (1.f - beta1_);
+      m[i] = next;
+    }
+  }
+  template <class Comm>
+  void compressed_all_reduce(Comm& c, std::span<const float> in, std::span<float> grad, std::size_t acc_offset,
+                             std::size_t own_offset) {
     const auto n = static_cast<std::size_t>(c.size());
     const std::size_t part = grad.size() / n;
     sum_.assign(part, 0.f);
-    exchange(c, grad, acc_offset, sum_);
+    exchange(c, in, acc_offset, sum_);
     float* s = server_.data() + own_offset;
     for (std::size_t i = 0; i < part; ++i) s[i] += sum_[i];
     out_.clear();
@@ -96,14 +175,7 @@ class compressed_reducer {
     for (std::size_t p = 0; p < n; ++p)
       filter_.decode(std::span<const std::byte>(in_).subspan(p * out_.size(), out_.size()), grad.subspan(p * part, part));
     bytes_.sent += static_cast<std::int64_t>((n - 1) * out_.size());
-    bytes_.dense += 2 * dense_share(c.size(), grad.size());
   }
-
-  const wire_bytes& bytes() const { return bytes_; }
-  std::span<const float> worker_residual() const { return worker_; }
-  std::span<const float> server_residual() const { return server_; }
-
- private:
   static std::int64_t dense_share(int n, std::size_t entries) {
     return static_cast<std::int64_t>(4 * entries / static_cast<std::size_t>(n) * static_cast<std::size_t>(n - 1));
   }
@@ -131,6 +203,10 @@ class compressed_reducer {
   std::vector<float> worker_, server_, sum_;
   std::vector<std::byte> out_, in_;
   wire_bytes bytes_{};
+  std::int64_t warmup_ = 0;
+  float beta1_ = 0.f;
+  std::vector<float> local_m_;                          // 1-bit Adam: this rank's momentum of its own gradients
+  std::map<std::size_t, momentum_state> momentum_{};    // 1-bit Adam: per run, by its offset
 };
 
 }  // namespace dml::parallel
