@@ -4,6 +4,7 @@
 // replicate, ZeRO-1 and ZeRO-2 on 2 ranks train close to dense; bad settings throw.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -84,7 +85,7 @@ TEST_CASE("adamw freeze_variance_after: the same steps before, the second moment
 }
 
 TEST_CASE_TEMPLATE("compress onebit-adam: dense warm-up bit for bit, then 1-bit momentum close to dense, bytes exact",
-                   S, parallel::replicate, parallel::zero<1>, parallel::zero<2>) {
+                   S, parallel::replicate, parallel::zero<1>, parallel::zero<2>, parallel::zero<3>) {
   constexpr int warmup = 10, long_steps = 100;
   const auto dense = train_adam<S>("none", long_steps);
   const auto warm = train_adam<S>("onebit-adam:" + std::to_string(warmup), warmup);
@@ -125,5 +126,27 @@ TEST_CASE("compress onebit-adam: bad settings fail at construction naming the se
     CHECK_THROWS_WITH_AS((trainer<parallel::replicate, optim::adamw>(c, model, o)),
                          doctest::Contains("compress onebit-adam:5: expected micro_batches = 1 and clip_norm = 0"),
                          invalid_argument);
+  });
+}
+
+TEST_CASE("onebit-adam reducer: entries without a gradient in warm-up stay 0 after it; the others move") {
+  // 2 ranks, 64 entries, entries 0..7 never have a gradient; warm-up of 2 steps, then 3 compressed ones.
+  constexpr std::size_t n = 64, dead = 8;
+  comm::local::run(2, [&](comm::local& c) {
+    auto spec = parallel::gradient_compression::parse("onebit-adam:2");
+    parallel::compressed_reducer r(spec, n, n / 2);
+    for (int step = 0; step < 5; ++step) {
+      std::vector<float> sum(n, 0.f), g;
+      for (int k = 0; k < 2; ++k) {
+        auto gk = dml_test::random_vector(n, 10u * static_cast<unsigned>(step) + static_cast<unsigned>(k));
+        std::fill_n(gk.begin(), dead, 0.f);
+        for (std::size_t i = 0; i < n; ++i) sum[i] += gk[i];
+        if (k == c.rank()) g = gk;
+      }
+      r.all_reduce(c, std::span<float>(g), 0, 0);
+      for (std::size_t i = 0; i < dead; ++i) CHECK(g[i] == 0.f);
+      if (step < 2) CHECK(g == sum);  // warm-up: the dense sum
+      else CHECK(std::count(g.begin() + dead, g.end(), 0.f) == 0);
+    }
   });
 }

@@ -85,7 +85,7 @@ struct wire_bytes {
 // their sum is the momentum of the summed gradient, so that is what goes through the reductions above, after
 // W dense steps (plain all-reduce / reduce-scatter of the gradient). What comes back, the summed momentum M, is
 // handed to the optimizer as the gradient that makes its momentum M: (M − β1·M_prev) / (1 − β1). The
-// optimizer's second moment is frozen from step W on (optim::freeze_variance), as the paper's. Each run
+// optimizer's second moment is frozen from step W on (adam's freeze_variance_after), as the paper's. Each run
 // (keyed by its offset) must be reduced once per step.
 class compressed_reducer {
  public:
@@ -108,7 +108,7 @@ class compressed_reducer {
       return advance(r.m, out);
     }
     exchange(c, lm, acc_offset, out);
-    as_gradient(r.m, out);
+    as_gradient(r, out);
   }
 
   // Sums grad over c in place; the worker residual at acc_offset, the server residual at own_offset.
@@ -124,7 +124,7 @@ class compressed_reducer {
       return advance(r.m, grad);
     }
     compressed_all_reduce(c, lm, grad, acc_offset, own_offset);
-    as_gradient(r.m, grad);
+    as_gradient(r, grad);
   }
 
   const wire_bytes& bytes() const { return bytes_; }
@@ -135,6 +135,7 @@ class compressed_reducer {
   struct momentum_state {
     std::int64_t steps = 0;  // reductions so far
     std::vector<float> m;    // the summed momentum as last handed out (the optimizer's, for grad_scale 1)
+    std::vector<std::uint8_t> live;  // after warm-up: 0 where the momentum was exactly 0, kept 0
   };
   momentum_state& momentum_run(std::size_t key, std::size_t n) {
     auto& r = momentum_[key];
@@ -150,12 +151,18 @@ class compressed_reducer {
     advance(lm, grad);
     return lm;
   }
-  // sum holds the summed momentum M: writes the gradient that takes m (M_prev) to M, and keeps M.
-  void as_gradient(std::span<float> m, std::span<float> sum) const {
-    for (std::size_t i = 0; i < m.size(); ++i) {
-      const float next = sum[i];
-      sum[i] = (next - beta1_ * m[i]) / (1.f - beta1_);
-      m[i] = next;
+  // sum holds the summed momentum M: writes the gradient that takes m (M_prev) to M, and keeps M. Entries whose
+  // momentum is exactly 0 after warm-up (no gradient ever: MNIST's blank border pixels) stay 0: a 1-bit message
+  // gives them ±the block's mean, which over a frozen second moment of 0 would be a step of m / eps.
+  void as_gradient(momentum_state& r, std::span<float> sum) const {
+    if (r.live.empty()) {
+      r.live.resize(r.m.size());
+      for (std::size_t i = 0; i < r.m.size(); ++i) r.live[i] = r.m[i] != 0.f;
+    }
+    for (std::size_t i = 0; i < r.m.size(); ++i) {
+      const float next = r.live[i] ? sum[i] : 0.f;
+      sum[i] = (next - beta1_ * r.m[i]) / (1.f - beta1_);
+      r.m[i] = next;
     }
   }
   template <class Comm>
