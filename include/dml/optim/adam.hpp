@@ -3,6 +3,7 @@
 // Sits on optim/optimizer.hpp; the update, the gradient scale and the decay are one fused pass.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <type_traits>
 
@@ -70,10 +71,10 @@ struct adam_base {
                              ", ", opt.weight_decay);
   }
   float default_lr() const { return opt.lr; }
-  // Freezes the second moment after step `after` (1-bit Adam) and gives β1, the momentum's decay.
-  float freeze_variance(std::int64_t after) {
+  // Freezes the second moment after step `after` (1-bit Adam) and gives β1, β2 and eps.
+  std::array<float, 3> freeze_variance(std::int64_t after) {
     opt.freeze_variance_after = after;
-    return opt.beta1;
+    return {opt.beta1, opt.beta2, opt.eps};
   }
 
   template <execution_space S>

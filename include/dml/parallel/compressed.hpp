@@ -28,7 +28,7 @@ namespace dml::parallel {
 struct gradient_compression {
   comm::any_filter filter{};
   std::int64_t adam_warmup = 0;  // > 0: 1-bit Adam after this many dense steps
-  float beta1 = 0.9f;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // the optimizer's
 
   bool on() const { return filter.kind() != comm::filter_kind::none; }
   std::string name() const { return adam_warmup > 0 ? "onebit-adam:" + std::to_string(adam_warmup) : filter.name(); }
@@ -85,13 +85,18 @@ struct wire_bytes {
 // their sum is the momentum of the summed gradient, so that is what goes through the reductions above, after
 // W dense steps (plain all-reduce / reduce-scatter of the gradient). What comes back, the summed momentum M, is
 // handed to the optimizer as the gradient that makes its momentum M: (M − β1·M_prev) / (1 − β1). The
-// optimizer's second moment is frozen from step W on (adam's freeze_variance_after), as the paper's. Each run
-// (keyed by its offset) must be reduced once per step.
+// optimizer's second moment is frozen from step W on (adam's freeze_variance_after), as the paper's. The reducer
+// tracks that second moment too during warm-up (ZeRO's warm-up all-reduces, so every rank has all of it) and
+// compresses m_i / d, d = √v̂ + eps the frozen denominator of the update: one sign and one mean per block are
+// then about the step each entry takes, where unscaled an entry with a small v would take the block's mean
+// over its own tiny √v (which diverges on Fashion-MNIST). d is the same on every rank, so the sum is M / d.
+// Each run (keyed by its offset) must be reduced once per step.
 class compressed_reducer {
  public:
   compressed_reducer() = default;
   compressed_reducer(gradient_compression c, std::size_t entries, std::size_t owned)
-      : filter_(c.filter), worker_(entries, 0.f), server_(owned, 0.f), warmup_(c.adam_warmup), beta1_(c.beta1) {
+      : filter_(c.filter), worker_(entries, 0.f), server_(owned, 0.f), warmup_(c.adam_warmup), beta1_(c.beta1),
+        beta2_(c.beta2), eps_(c.eps) {
     if (warmup_ > 0) local_m_.assign(entries, 0.f);
   }
 
@@ -100,14 +105,19 @@ class compressed_reducer {
   void reduce_scatter(Comm& c, std::span<const float> grad, std::size_t acc_offset, std::span<float> out) {
     bytes_.dense += dense_share(c.size(), grad.size());
     if (warmup_ == 0) return exchange(c, grad, acc_offset, out);
-    auto& r = momentum_run(acc_offset, out.size());
+    auto& r = momentum_run(acc_offset, out.size(), grad.size());
     const std::span<float> lm = local_momentum(grad, acc_offset);
-    if (r.steps++ < warmup_) {
-      c.reduce_scatter(grad, out, comm::reduce_op::sum);
-      bytes_.sent += dense_share(c.size(), grad.size());
-      return advance(r.m, out);
+    const std::size_t own = static_cast<std::size_t>(c.rank()) * out.size();
+    if (r.steps++ < warmup_) {  // all-reduce: every rank learns the whole second moment
+      sum_.assign(grad.begin(), grad.end());
+      c.all_reduce(std::span<float>(sum_), comm::reduce_op::sum);
+      bytes_.sent += 2 * dense_share(c.size(), grad.size());
+      std::copy_n(sum_.begin() + static_cast<std::ptrdiff_t>(own), out.size(), out.begin());
+      advance(r.m, out);
+      return second_moment(r, sum_);
     }
-    exchange(c, lm, acc_offset, out);
+    exchange(c, scaled(r, lm), acc_offset, out);
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] *= r.d[own + i];
     as_gradient(r, out);
   }
 
@@ -116,14 +126,16 @@ class compressed_reducer {
   void all_reduce(Comm& c, std::span<float> grad, std::size_t acc_offset, std::size_t own_offset) {
     bytes_.dense += 2 * dense_share(c.size(), grad.size());
     if (warmup_ == 0) return compressed_all_reduce(c, grad, grad, acc_offset, own_offset);
-    auto& r = momentum_run(acc_offset, grad.size());
+    auto& r = momentum_run(acc_offset, grad.size(), grad.size());
     const std::span<float> lm = local_momentum(grad, acc_offset);
     if (r.steps++ < warmup_) {
       c.all_reduce(grad, comm::reduce_op::sum);
       bytes_.sent += 2 * dense_share(c.size(), grad.size());
-      return advance(r.m, grad);
+      advance(r.m, grad);
+      return second_moment(r, grad);
     }
-    compressed_all_reduce(c, lm, grad, acc_offset, own_offset);
+    compressed_all_reduce(c, scaled(r, lm), grad, acc_offset, own_offset);
+    for (std::size_t i = 0; i < grad.size(); ++i) grad[i] *= r.d[i];
     as_gradient(r, grad);
   }
 
@@ -136,11 +148,29 @@ class compressed_reducer {
     std::int64_t steps = 0;  // reductions so far
     std::vector<float> m;    // the summed momentum as last handed out (the optimizer's, for grad_scale 1)
     std::vector<std::uint8_t> live;  // after warm-up: 0 where the momentum was exactly 0, kept 0
+    std::vector<float> v, d;         // the whole run: the second moment in warm-up, then √v̂ + eps
   };
-  momentum_state& momentum_run(std::size_t key, std::size_t n) {
+  momentum_state& momentum_run(std::size_t key, std::size_t n, std::size_t whole) {
     auto& r = momentum_[key];
     if (r.m.size() != n) r.m.assign(n, 0.f);
+    if (r.v.size() != whole) r.v.assign(whole, 0.f);
     return r;
+  }
+  // v = β2·v + (1 − β2)·g², as optim::adam computes it.
+  void second_moment(momentum_state& r, std::span<const float> g) const {
+    for (std::size_t i = 0; i < r.v.size(); ++i) r.v[i] = r.v[i] * beta2_ + (1.f - beta2_) * g[i] * g[i];
+  }
+  // lm / d, with d (the frozen denominator, as optim::adam's after step W) made on the first call.
+  std::span<const float> scaled(momentum_state& r, std::span<const float> lm) {
+    if (r.d.empty()) {
+      const auto bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(beta2_),
+                                                                        static_cast<double>(warmup_))));
+      r.d.resize(r.v.size());
+      for (std::size_t i = 0; i < r.v.size(); ++i) r.d[i] = std::sqrt(r.v[i]) / bc2_sqrt + eps_;
+    }
+    scaled_.resize(lm.size());
+    for (std::size_t i = 0; i < lm.size(); ++i) scaled_[i] = lm[i] / r.d[i];
+    return scaled_;
   }
   // m = β1·m + (1 − β1)·g, as optim::adam computes it (so warm-up keeps M_prev equal to the optimizer's).
   void advance(std::span<float> m, std::span<const float> g) const {
@@ -212,7 +242,8 @@ class compressed_reducer {
   wire_bytes bytes_{};
   std::int64_t warmup_ = 0;
   float beta1_ = 0.f;
-  std::vector<float> local_m_;                          // 1-bit Adam: this rank's momentum of its own gradients
+  float beta2_ = 0.f, eps_ = 0.f;
+  std::vector<float> local_m_, scaled_;                          // 1-bit Adam: this rank's momentum of its own gradients
   std::map<std::size_t, momentum_state> momentum_{};    // 1-bit Adam: per run, by its offset
 };
 

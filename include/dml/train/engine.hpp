@@ -238,10 +238,14 @@ class engine final : public engine_base<Space> {
       fail<invalid_argument>("dml::trainer: compress ", opt_.compress, ": expected micro_batches = 1 and clip_norm = 0 "
                              "(the momentum is reduced once a step, unscaled), found ", opt_.micro_batches, " and ",
                              opt_.clip_norm);
-    if constexpr (requires { optimizer_.freeze_variance(c.adam_warmup); })
-      c.beta1 = optimizer_.freeze_variance(c.adam_warmup);
-    else
+    if constexpr (requires { optimizer_.freeze_variance(c.adam_warmup); }) {
+      const auto [beta1, beta2, eps] = optimizer_.freeze_variance(c.adam_warmup);
+      c.beta1 = beta1;
+      c.beta2 = beta2;
+      c.eps = eps;
+    } else {
       fail<invalid_argument>("dml::trainer: compress ", opt_.compress, ": expected adam or adamw, found ", Optimizer::name);
+    }
     return c;
   }
   float loss_scale() const {
