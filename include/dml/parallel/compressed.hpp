@@ -117,8 +117,7 @@ class compressed_reducer {
       return second_moment(r, sum_);
     }
     exchange(c, scaled(r, lm), acc_offset, out);
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] *= r.d[own + i];
-    as_gradient(r, out);
+    as_gradient(r, out, own);
   }
 
   // Sums grad over c in place; the worker residual at acc_offset, the server residual at own_offset.
@@ -135,8 +134,7 @@ class compressed_reducer {
       return second_moment(r, grad);
     }
     compressed_all_reduce(c, scaled(r, lm), grad, acc_offset, own_offset);
-    for (std::size_t i = 0; i < grad.size(); ++i) grad[i] *= r.d[i];
-    as_gradient(r, grad);
+    as_gradient(r, grad, 0);
   }
 
   const wire_bytes& bytes() const { return bytes_; }
@@ -147,8 +145,8 @@ class compressed_reducer {
   struct momentum_state {
     std::int64_t steps = 0;  // reductions so far
     std::vector<float> m;    // the summed momentum as last handed out (the optimizer's, for grad_scale 1)
-    std::vector<std::uint8_t> live;  // after warm-up: 0 where the momentum was exactly 0, kept 0
     std::vector<float> v, d;         // the whole run: the second moment in warm-up, then √v̂ + eps
+    std::vector<std::uint8_t> live;  // the whole run, after warm-up: 0 where v was 0 (sent as 0, kept at 0)
   };
   momentum_state& momentum_run(std::size_t key, std::size_t n, std::size_t whole) {
     auto& r = momentum_[key];
@@ -160,16 +158,22 @@ class compressed_reducer {
   void second_moment(momentum_state& r, std::span<const float> g) const {
     for (std::size_t i = 0; i < r.v.size(); ++i) r.v[i] = r.v[i] * beta2_ + (1.f - beta2_) * g[i] * g[i];
   }
-  // lm / d, with d (the frozen denominator, as optim::adam's after step W) made on the first call.
+  // lm / d, with d (the frozen denominator, as optim::adam's after step W) made on the first call. Entries with
+  // no gradient in warm-up (v = 0: MNIST's blank border pixels; padding) are left out, sent as 0 and kept at 0:
+  // over d = eps a later gradient would swamp their block's mean, and the optimizer's step would be m / eps.
   std::span<const float> scaled(momentum_state& r, std::span<const float> lm) {
     if (r.d.empty()) {
       const auto bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(beta2_),
                                                                         static_cast<double>(warmup_))));
       r.d.resize(r.v.size());
-      for (std::size_t i = 0; i < r.v.size(); ++i) r.d[i] = std::sqrt(r.v[i]) / bc2_sqrt + eps_;
+      r.live.resize(r.v.size());
+      for (std::size_t i = 0; i < r.v.size(); ++i) {
+        r.d[i] = std::sqrt(r.v[i]) / bc2_sqrt + eps_;
+        r.live[i] = r.v[i] != 0.f;
+      }
     }
     scaled_.resize(lm.size());
-    for (std::size_t i = 0; i < lm.size(); ++i) scaled_[i] = lm[i] / r.d[i];
+    for (std::size_t i = 0; i < lm.size(); ++i) scaled_[i] = r.live[i] ? lm[i] / r.d[i] : 0.f;
     return scaled_;
   }
   // m = β1·m + (1 − β1)·g, as optim::adam computes it (so warm-up keeps M_prev equal to the optimizer's).
@@ -181,16 +185,11 @@ class compressed_reducer {
     advance(lm, grad);
     return lm;
   }
-  // sum holds the summed momentum M: writes the gradient that takes m (M_prev) to M, and keeps M. Entries whose
-  // momentum is exactly 0 after warm-up (no gradient ever: MNIST's blank border pixels) stay 0: a 1-bit message
-  // gives them ±the block's mean, which over a frozen second moment of 0 would be a step of m / eps.
-  void as_gradient(momentum_state& r, std::span<float> sum) const {
-    if (r.live.empty()) {
-      r.live.resize(r.m.size());
-      for (std::size_t i = 0; i < r.m.size(); ++i) r.live[i] = r.m[i] != 0.f;
-    }
+  // sum holds the summed momentum M / d of the entries from `first` on: writes the gradient that takes m
+  // (M_prev) to M, and keeps M.
+  void as_gradient(momentum_state& r, std::span<float> sum, std::size_t first) const {
     for (std::size_t i = 0; i < r.m.size(); ++i) {
-      const float next = r.live[i] ? sum[i] : 0.f;
+      const float next = r.live[first + i] ? sum[i] * r.d[first + i] : 0.f;
       sum[i] = (next - beta1_ * r.m[i]) / (1.f - beta1_);
       r.m[i] = next;
     }
