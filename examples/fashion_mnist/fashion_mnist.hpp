@@ -3,6 +3,7 @@
 // Flags: see command_line() below, or run it with --help. Prints test_accuracy=0.xxxx after every epoch.
 #pragma once
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <array>
@@ -29,6 +30,7 @@ struct options {
   std::string optimizer = "adamw";
   std::string lr_schedule = "cosine";  // constant | cosine (linear warmup, then cosine decay to 0)
   std::int64_t warmup = 100;
+  std::optional<float> warmup_fraction;  // warmup as a fraction of the run; overrides --warmup and its cap
   std::optional<float> weight_decay;
   float trust_clip = 0.f;  // lamb, lars: upper bound on the trust ratio; 0: none
   std::uint64_t seed = 1;
@@ -53,6 +55,7 @@ struct options {
   bool print_schedule = false;
   std::string checkpoint;  // save a sharded checkpoint here after every epoch
   std::string resume;      // continue from the newest checkpoint here
+  std::string offload;     // optimizer:disk:DIR keeps the optimizer state in files in DIR
 };
 
 // The command line: every flag bound to its member of `o`, with its default and its rules (dml/train/flags.hpp).
@@ -77,6 +80,9 @@ inline dml::flags command_line(options& o) {
   f.add("--lr-schedule", o.lr_schedule, "S", "constant, or linear warmup then cosine decay to 0")
       .choices({"constant", "cosine"});
   f.add("--warmup", o.warmup, "N", "warmup steps of the cosine schedule, at most a tenth of the run").min(0);
+  f.add("--warmup-fraction", o.warmup_fraction, "F", "warmup as a fraction of the run's steps, instead of --warmup")
+      .min(0.f)
+      .max(1.f);
   f.add("--init", o.init, "FILE", "initial weights, .safetensors");
   f.add("--save", o.save, "FILE", "save the trained weights, .safetensors");
   f.add_switch("--no-shuffle", o.shuffle, "keep the training set's order", false);
@@ -104,6 +110,8 @@ inline dml::flags command_line(options& o) {
           "fp32, ddp or zero1-3");
   f.add("--checkpoint", o.checkpoint, "DIR", "save a sharded checkpoint here after every epoch");
   f.add("--resume", o.resume, "DIR", "continue from the newest checkpoint in DIR");
+  f.add("--offload", o.offload, "optimizer:disk:DIR", "keep the optimizer state in files in DIR (an existing, writable directory)")
+      .check(dml::parallel::offload_spec_problem);
   f.add("--pp", o.pp, "K", "pipeline stages").min(1);
   f.add("--dp", o.dp, "D", "data-parallel ranks per stage; 0: ranks / K").min(0);
   f.add("--microbatches", o.microbatches, "M", "microbatches per step").min(1);
@@ -155,7 +163,10 @@ inline any_optimizer make_optimizer(const options& o) {
 // The learning rate of step s (from 1) of `planned`.
 inline float learning_rate(const options& o, float base, std::int64_t s, std::int64_t planned) {
   if (o.lr_schedule == "constant") return base;
-  return dml::optim::warmup_cosine{base, std::min(o.warmup, planned / 10), planned}(s);
+  const std::int64_t warmup = o.warmup_fraction
+                                  ? std::llround(static_cast<double>(*o.warmup_fraction) * static_cast<double>(planned))
+                                  : std::min(o.warmup, planned / 10);
+  return dml::optim::warmup_cosine{base, warmup, planned}(s);
 }
 
 inline std::int64_t planned_steps(const options& o, std::int64_t per_epoch) {
@@ -293,6 +304,7 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
   to.stage_cuts = o.cuts;
   to.recompute = o.recompute;
   to.replicas = o.replicas;
+  to.offload = o.offload;
   to.lr = [&o, base = opt.default_lr(), planned](std::int64_t s) { return learning_rate(o, base, s, planned); };
   dml::trainer<Sharding, Precision, any_optimizer> trainer(comm, model, to, opt);
   if (!o.init.empty()) {
@@ -319,6 +331,10 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
                 mem.params / 1048576.0, mem.grads / 1048576.0, mem.optimizer / 1048576.0, mem.buffers / 1048576.0,
                 // On CPUs without 16-bit matmul kernels (AVX2) this says "widened to f32: ...".
                 dml::host_gemm_impl(256, 1024, 1024, dml::dtype_v<typename Precision::type>).c_str());
+    if (!o.offload.empty())
+      std::printf("offload: optimizer state %.2f MiB on disk in %s; optimizer bytes in memory %.2f MiB (two buckets "
+                  "of state, and any fp32 master weights)\n",
+                  mem.offloaded / 1048576.0, o.offload.c_str() + 15, mem.optimizer / 1048576.0);
     if (o.pp > 1 || o.microbatches > 1)
       std::printf("pipeline: %d stage(s) x %d data-parallel rank(s), %lld micro-batch(es), schedule %s%s\n", o.pp,
                   ranks, static_cast<long long>(o.microbatches), o.schedule.empty() ? "default" : o.schedule.c_str(),

@@ -69,6 +69,7 @@ struct options {
   double holdout = 0.1;  // the text's tail kept for val_loss; 0: none
   std::string init, save, log;
   std::string checkpoint, resume;               // sharded checkpoints: save into / continue from a directory
+  std::string offload;  // optimizer:disk:DIR keeps the optimizer state in files in DIR
   std::optional<std::int64_t> checkpoint_every;  // absent: save after the last step only
   std::int64_t print_every = 0;  // 0: about 20 lines per run
   std::int64_t sample = 0;
@@ -173,6 +174,8 @@ inline dml::flags command_line(options& o) {
       .min(1)
       .default_text("after the last step only");
   f.add("--resume", o.resume, "DIR", "continue from the newest checkpoint in DIR");
+  f.add("--offload", o.offload, "optimizer:disk:DIR", "keep the optimizer state in files in DIR (an existing, writable directory)")
+      .check(dml::parallel::offload_spec_problem);
   f.add("--print-every", o.print_every, "N", "steps between progress lines; 0: about 20 lines").min(0);
   f.add("--sample", o.sample, "N", "bytes to sample after training").min(0);
   f.add("--prompt", o.prompt, "TEXT", "what the sample continues").default_text("the text's first 16 bytes");
@@ -397,6 +400,7 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   to.context_parallel = o.cp;
   to.cp_zigzag = o.cp_zigzag;
   to.replicas = o.replicas;
+  to.offload = o.offload;
   to.lr = [&o](std::int64_t s) { return learning_rate(o, s); };
   dml::trainer<Sharding, dml::optim::adamw, Precision> trainer(comm, model, to, dml::optim::adamw({.lr = o.lr}));
   if (!o.init.empty()) {

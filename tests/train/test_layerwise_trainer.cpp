@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <string>
 
 #include "support.hpp"
@@ -103,4 +104,16 @@ TEST_CASE("layer-wise optimizers refuse tensor parallelism, naming it") {
     const auto msg = dml_test::error_of<invalid_argument>([&] { trainer<parallel::replicate, optim::lamb> t(c, make_model(), o); });
     CHECK_MESSAGE(msg.find("tensor_parallel") != std::string::npos, msg);
   });
+}
+
+TEST_CASE("layer-wise optimizers refuse offload, naming it, and leave no state file behind") {
+  dml_test::temp_dir dir("dml-layerwise-offload");
+  auto o = options();
+  o.offload = "optimizer:disk:" + dir.path.string();
+  comm::local::run(1, [&](comm::local& c) {
+    const auto msg = dml_test::error_of<invalid_argument>([&] { trainer<parallel::zero<2>, optim::lamb> t(c, make_model(), o); });
+    CHECK_MESSAGE(msg.find("offload optimizer:disk:") != std::string::npos, msg);
+    CHECK_MESSAGE(msg.find("lamb or lars") != std::string::npos, msg);
+  });
+  CHECK(std::filesystem::is_empty(dir.path));
 }

@@ -29,7 +29,7 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
 
   replicate_sync(shard_groups<Comm> g, Net& net, const sync_options& o) : base(g, net, o) {
     const auto total = net_.layout().total;
-    state_.resize(total);
+    state_.resize(total, this->offload_);
     if constexpr (mixed) {
       master_.resize(static_cast<std::size_t>(total));
       init_master(net_, this->seed_, master_.data());
@@ -46,7 +46,7 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
     typename base::inflight f{.r = {}, .bucket = b, .seen = false};
     for (const auto& rn : bk->runs) {
       this->count_dense(rn, 2);
-      if constexpr (std::same_as<T, float>) {
+      if constexpr (std::same_as<T, float> && std::same_as<Space, host>) {
         if (this->compress_) {  // blocking: compressed messages are not overlapped with backward
           this->compressor_.all_reduce(this->group(rn), net_.grads().subspan(rn.lo, rn.hi - rn.lo),
                                        static_cast<std::size_t>(rn.lo), static_cast<std::size_t>(rn.shard_offset));
@@ -81,17 +81,21 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
   // One fused pass: unscale and clip (grad_scale), the update of the float weights, and under mixed
   // precision the cast into the working copy.
   void update(Optimizer& opt, float lr, std::int64_t t, float grad_scale) {
-    optim::step_args a{.n = net_.layout().total, .w = master(), .g = net_.grads().data(), .state = state_.pointers(),
-                       .step = t, .lr = lr, .grad_scale = grad_scale};
+    optim::step_args a{.n = net_.layout().total, .w = master(), .g = net_.grads().data(), .step = t, .lr = lr,
+                       .grad_scale = grad_scale};
     if constexpr (mixed) a.working = net_.params().data();
     if constexpr (optim::layerwise_v<Optimizer>) {
-      // Layer-wise (LAMB, LARS): every rank holds whole tensors, so their norms need no reduction.
+      // Layer-wise (LAMB, LARS): every rank holds whole tensors, so their norms need no reduction. Their state is
+      // in memory (the engine refuses offload with them).
       if (optim::uses_layerwise(opt)) {
         if (pieces_.empty()) pieces_ = optim::whole_tensors(net_.layout());
+        a.state = state_.pointers();
         return optim::update_tensors<Space>(opt, a, pieces_);
       }
     }
-    opt.template update<Space>(a);
+    state_.begin_step();
+    state_.update(opt, a, 0);
+    state_.end_step();
   }
 
   std::vector<float> parameters() {
@@ -112,7 +116,8 @@ class replicate_sync final : public data_parallel<Space, Comm, Optimizer, Precis
     const auto& L = net_.layout();
     const std::int64_t w = sizeof(T);
     return {.numel = L.numel, .padded = L.total, .params = L.total * w, .grads = L.total * w,
-            .optimizer = state_.bytes() + static_cast<std::int64_t>(master_.size() * sizeof(float))};
+            .optimizer = state_.bytes() + static_cast<std::int64_t>(master_.size() * sizeof(float)),
+            .offloaded = state_.disk_bytes()};
   }
 
   // Checkpoints: a rank writes its part of every run, and reads whole parameters and state.

@@ -27,6 +27,7 @@
 #include "dml/parallel/compressed.hpp"
 #include "dml/parallel/events.hpp"
 #include "dml/parallel/master_weights.hpp"
+#include "dml/parallel/offload.hpp"
 #include "dml/parallel/ownership.hpp"
 
 namespace dml {
@@ -41,6 +42,7 @@ struct memory_report {
   std::int64_t padded = 0;       // parameters including padding to equal, aligned per-rank parts
   std::int64_t params = 0, grads = 0, optimizer = 0;  // bytes held for the whole run
   std::int64_t buffers = 0;      // bytes of staging and gather buffers (ZeRO-2/3)
+  std::int64_t offloaded = 0;    // bytes of optimizer state on disk (offload); not part of total()
   // Bytes of activations at the last step's peak: layer outputs and what layers keep for backward, of every
   // micro-batch in flight (filled by the trainer; not part of total(), which is the model state).
   std::int64_t activations = 0;
@@ -59,6 +61,7 @@ struct sync_options {
   // its unshard to its reshard. Pipelines and split backward run per step.
   bool per_step = true;
   gradient_compression compress{};  // none: dense reductions; else compressed with error feedback (fp32, host)
+  offload_options offload{};  // optimizer state on disk (dir set) instead of memory
 };
 
 // The groups a sharding reduces and gathers over. dense: the data-parallel ranks that shard dense parameters
@@ -247,7 +250,7 @@ class data_parallel : public nn::layer_hooks {
   data_parallel(shard_groups<Comm> g, Net& net, const sync_options& o)
       : comm_(g.dense), replicate_(g.replicate && g.replicate->size() > 1 ? g.replicate : nullptr), net_(net),
         log_(o.log ? o.log : &no_log_), ranks_(g.dense.size()), rank_(g.dense.rank()), seed_(o.seed),
-        per_step_(o.per_step), chunks_(o.chunks.begin(), o.chunks.end()) {
+        per_step_(o.per_step), chunks_(o.chunks.begin(), o.chunks.end()), offload_(o.offload) {
     groups_[0] = &g.dense;
     groups_[1] = g.expert ? g.expert : &g.dense;
     if (!(o.bucket_mb > 0)) fail<invalid_argument>("dml::trainer: expected bucket_mb > 0, found ", o.bucket_mb);
@@ -381,7 +384,8 @@ class data_parallel : public nn::layer_hooks {
   std::vector<int> layer_bucket_;
   std::int64_t shard_ = 0, target_ = 0;
   int current_ = -1;
-  optim::state<Optimizer, Space> state_;
+  offload_options offload_;
+  optimizer_state<Optimizer, Space> state_;  // in memory, or on disk with offload_.dir set
   std::vector<inflight> pending_;  // one per bucket (DDP, ZeRO-1, and every stage per step)
   inflight reduce_[2];             // one per staging buffer (ZeRO-2/3 per micro-batch)
   bool compress_ = false;          // reductions go through compressor_ (blocking, at the bucket's end)

@@ -39,7 +39,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
 
   zero_sync(shard_groups<Comm> g, Net& net, const sync_options& o) : base(g, net, o) {
     shard_grads_.resize(static_cast<std::size_t>(shard_));
-    state_.resize(shard_);
+    state_.resize(shard_, this->offload_);
     std::int64_t widest = 0;
     for (const auto& b : buckets_) widest = std::max(widest, b.hi - b.lo);
     if (streams())
@@ -184,31 +184,31 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     if constexpr (optim::layerwise_v<Optimizer>) {
       if (optim::uses_layerwise(opt)) return update_layerwise(opt, lr, t, grad_scale);
     }
+    state_.begin_step();
     if constexpr (Stage == 3) {
-      optim::step_args a{.n = shard_, .w = shard_params_.data(), .g = shard_grads_.data(), .state = state_.pointers(),
-                         .step = t, .lr = lr, .grad_scale = grad_scale};
+      optim::step_args a{.n = shard_, .w = shard_params_.data(), .g = shard_grads_.data(), .step = t, .lr = lr,
+                         .grad_scale = grad_scale};
       if constexpr (mixed) a.working = shard_working_.data();
-      opt.template update<Space>(a);
+      state_.update(opt, a, 0);
       resident_ = {-1, -1};  // gathered copies are stale now
     } else {
       for (const auto& bk : buckets_)
         for (const auto& rn : bk.runs) {
-          std::array<float*, Optimizer::state_slots> st{};
-          for (int s = 0; s < Optimizer::state_slots; ++s) st[s] = state_.pointers()[s] + rn.shard_offset;
           T* w = net_.params().data() + rn.lo;
           const std::int64_t mine = this->rank_in(rn) * rn.part;
-          optim::step_args a{.n = rn.part, .g = shard_grads_.data() + rn.shard_offset, .state = st.data(), .step = t,
-                             .lr = lr, .grad_scale = grad_scale};
+          optim::step_args a{.n = rn.part, .g = shard_grads_.data() + rn.shard_offset, .step = t, .lr = lr,
+                             .grad_scale = grad_scale};
           if constexpr (mixed) {
             a.w = shard_params_.data() + rn.shard_offset;  // float master shard
             a.working = w + mine;
           } else {
             a.w = w + mine;
           }
-          opt.template update<Space>(a);
+          state_.update(opt, a, rn.shard_offset);
           this->group(rn).all_gather(span_in<T, Space>(w, rn.hi - rn.lo));  // in place: this rank's part is at rank·part
         }
     }
+    state_.end_step();
   }
   // Layer-wise optimizers (LAMB, LARS): a tensor may straddle shards, so each rank adds its pieces' sums, one
   // all-reduce of 2 × tensors doubles over the shard group completes them, and the update follows (stages 1 and
@@ -283,6 +283,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     m.grads = (streams() ? shard_ : L.total) * w;
     // Optimizer state, and under mixed precision the float master weights that go with it.
     m.optimizer = state_.bytes() + (mixed ? static_cast<std::int64_t>(shard_params_.size()) * f : 0);
+    m.offloaded = state_.disk_bytes();
     m.buffers = static_cast<std::int64_t>((staging_[0].size() + staging_[1].size() + gathered_[0].size() +
                                            gathered_[1].size() + shard_tmp_.size()) * sizeof(T)) +
                 (Stage == 3 && per_step_ ? std::max(peak_resident_, resident_peak_estimate()) : 0);
@@ -346,7 +347,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
   }
   // With compression on, reduces run rn's gradients at src into its part at dst now (blocking) and says so.
   bool compressed(const run& rn, const T* src, T* dst) {
-    if constexpr (std::same_as<T, float>) {
+    if constexpr (std::same_as<T, float> && std::same_as<Space, host>) {
       if (!this->compress_) return false;
       this->compressor_.reduce_scatter(this->group(rn), std::span<const float>(src, static_cast<std::size_t>(rn.hi - rn.lo)),
                                        static_cast<std::size_t>(rn.lo), std::span<float>(dst, static_cast<std::size_t>(rn.part)));

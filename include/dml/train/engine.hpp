@@ -65,7 +65,8 @@ class engine final : public engine_base<Space> {
         full_layout_(nn::make_layout(model, net_.layout().padding_unit)),
         sync_(place_.shards(), net_, {.seed = opt_.seed, .bucket_mb = opt_.bucket_mb, .chunks = place_.chunks(),
                                       .log = &log_, .per_step = place_.per_step(),
-                                      .compress = compression()}),
+                                      .compress = compression(),
+                                      .offload = offload_options(world)}),
         pipe_(place_.pipe(), net_, opt_.pipeline_stages, place_.pp_rank(), {place_.chunks().begin(), place_.chunks().end()},
               opt_.recompute, log_, place_.tensor()),
         ties_(parallel::find_ties(net_.layout(), full_layout_, place_.mesh() ? &place_.mesh()->pp() : nullptr)),
@@ -79,8 +80,18 @@ class engine final : public engine_base<Space> {
       fail<invalid_argument>("dml::trainer: layer-wise optimizers (lamb, lars) need whole tensors per data-parallel "
                              "group; expected tensor_parallel = expert_parallel = 1, found ", opt_.tensor_parallel,
                              " and ", opt_.expert_parallel);
+    if (optim::uses_layerwise(optimizer_) && !opt_.offload.empty())
+      fail<invalid_argument>("dml::trainer: offload ", opt_.offload, ": expected no offload with a layer-wise "
+                             "optimizer, found lamb or lars (their trust ratios read the state in memory)");
     pipe_.set_layer_context(place_.layer_groups());
     program(opt_.micro_batches);  // a bad schedule fails here, before any work
+  }
+
+  // Where the sharding keeps optimizer state: files named by process, trainer and rank, so that trainers
+  // and processes sharing a directory never share a file.
+  parallel::offload_options offload_options(Comm& world) const {
+    return {.dir = parallel::offload_directory(opt_.offload), .stem = parallel::offload_stem(world.rank()),
+            .bucket_mb = opt_.offload_bucket_mb};
   }
 
   // Runs this rank's program: the schedule's compute and transfers, the sharding's unshard, reshard and

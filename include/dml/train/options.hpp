@@ -55,6 +55,11 @@ struct trainer_options {
   // Gradient compression (DDP and ZeRO, fp32 on the host): "none", "onebit", "onebit:B" or "topk:F" with
   // 0 < F <= 1; error feedback keeps what a step did not send (parallel/compressed.hpp).
   std::string compress = "none";
+  // ZeRO-Offload's disk tier: "optimizer:disk:DIR" keeps each rank's optimizer state slots in files in DIR
+  // (an existing, writable directory) instead of memory, read and written offload_bucket_mb at a time around
+  // the update (parallel/offload.hpp). Empty: in memory.
+  std::string offload{};
+  double offload_bucket_mb = 1.0;
 };
 
 using parallel::routing_summary;
