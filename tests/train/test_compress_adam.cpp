@@ -112,6 +112,25 @@ TEST_CASE_TEMPLATE("compress onebit-adam: dense warm-up bit for bit, then 1-bit 
   CHECK(std::abs(mean - last) <= 0.2f);
 }
 
+TEST_CASE("compress onebit-adam: replicate and ZeRO-1/2/3 take the same steps, bit for bit, after warm-up too") {
+  // Every rank of replicate decodes what each part's owner decodes under ZeRO, in the same order, and the update
+  // is per entry: the same parameters (replicate's all-reduce does not compress the owner's sum a second time).
+  constexpr int warmup = 5, long_steps = 40;
+  const std::string spec = "onebit-adam:" + std::to_string(warmup);
+  const auto ddp = train_adam<parallel::replicate>(spec, long_steps);
+  const auto z1 = train_adam<parallel::zero<1>>(spec, long_steps);
+  const auto z2 = train_adam<parallel::zero<2>>(spec, long_steps);
+  const auto z3 = train_adam<parallel::zero<3>>(spec, long_steps);
+  CHECK(ddp.r.losses == z1.r.losses);
+  CHECK(ddp.r.params == z1.r.params);
+  CHECK(ddp.r.losses == z2.r.losses);
+  CHECK(ddp.r.params == z2.r.params);
+  CHECK(ddp.r.losses == z3.r.losses);
+  CHECK(ddp.r.params == z3.r.params);
+  const auto dense = train_adam<parallel::replicate>("none", long_steps);
+  CHECK(ddp.r.params != dense.r.params);  // compressed after warm-up
+}
+
 TEST_CASE("compress onebit-adam: bad settings fail at construction naming the setting") {
   const auto model = make_model();
   comm::local::run(1, [&](comm::local& c) {
