@@ -33,6 +33,18 @@ struct gradient_compression {
   bool on() const { return filter.kind() != comm::filter_kind::none; }
   std::string name() const { return adam_warmup > 0 ? "onebit-adam:" + std::to_string(adam_warmup) : filter.name(); }
 
+  // The check of a command line's --compress value: empty when parse accepts spec, else what was expected (the
+  // examples' and benchmarks' flag tables print it after "expected").
+  static std::string spec_problem(std::string_view spec) {
+    try {
+      (void)parse(spec);
+      return {};
+    } catch (const invalid_argument&) {
+      return "none, onebit, onebit:B (B a positive multiple of 32), topk:F (0 < F <= 1) or onebit-adam:W (W >= 1 "
+             "dense steps)";
+    }
+  }
+
   static gradient_compression parse(std::string_view spec) {
     constexpr const char* where = "dml::trainer: compress";
     if (spec.empty() || spec == "none") return {};
@@ -78,7 +90,9 @@ struct wire_bytes {
 //   reduce_scatter: acc += grad; each part of acc is compressed (what is not sent stays in acc) and sent to its
 //     owner with one all-to-all; the owner decodes the N messages and sums them.
 //   all_reduce: the reduce-scatter, then the owner adds its sum to its server residual, compresses that again
-//     (the rest stays) and an all-gather hands every rank every owner's message, decoded into grad.
+//     (the rest stays) and an all-gather hands every rank every owner's message, decoded into grad. Under 1-bit
+//     Adam, after warm-up, every rank's part messages are all-gathered instead and every rank sums as the owners
+//     do (gathered_all_reduce): the same steps as ZeRO's.
 // Every part's message has the same length (a filter's length depends only on the part's size), so the
 // exchanges are plain all-to-all and all-gather of bytes. Host memory, fp32 gradients.
 // 1-bit Adam (adam_warmup > 0): each rank keeps the momentum of its own gradients, m_i = β1·m_i + (1 − β1)·g_i;
@@ -204,14 +218,62 @@ class compressed_reducer {
     float* s = server_.data() + own_offset;
     for (std::size_t i = 0; i < part; ++i) s[i] += sum_[i];
     out_.clear();
-    filter_.encode(std::span<float>(s, part), out_);
+    encode(std::span<float>(s, part), out_);
     in_.resize(n * out_.size());
     c.all_gather(std::span<const std::byte>(out_), std::span<std::byte>(in_));
     std::fill(grad.begin(), grad.end(), 0.f);
     for (std::size_t p = 0; p < n; ++p)
-      filter_.decode(std::span<const std::byte>(in_).subspan(p * out_.size(), out_.size()), grad.subspan(p * part, part));
+      decode(std::span<const std::byte>(in_).subspan(p * out_.size(), out_.size()), grad.subspan(p * part, part));
     bytes_.sent += static_cast<std::int64_t>((n - 1) * out_.size());
   }
+  // topk's messages here carry 16-bit indices: the filter picks the entries (the parameter server's (u32 index,
+  // f32 value) pairs, in tmp_), rewritten as the 9-byte header, a u32 count per block of 65536 entries, the
+  // entries' u16 indices within their block, then their f32 values. 6 bytes an entry instead of 8. Other filters'
+  // messages go as they are.
+  static constexpr std::size_t index_block = 65536;
+  void encode(std::span<float> acc, std::vector<std::byte>& out) {
+    if (filter_.kind() != comm::filter_kind::topk) return filter_.encode(acc, out);
+    tmp_.clear();
+    filter_.encode(acc, tmp_);
+    const auto h = comm::detail::read_header(tmp_, comm::filter_kind::topk, acc.size(), where);
+    const std::size_t blocks = (acc.size() + index_block - 1) / index_block, count = h.count;
+    std::byte* p = comm::detail::append_message(out, comm::filter_kind::topk, h.n, h.count, 4 * blocks + 6 * count);
+    const std::byte* pairs = tmp_.data() + comm::message_header_bytes;
+    std::vector<std::uint32_t> per_block(blocks, 0);
+    for (std::size_t j = 0; j < count; ++j) {
+      const auto i = comm::detail::wire_get<std::uint32_t>(pairs + 8 * j);
+      ++per_block[i / index_block];
+      comm::detail::wire_put(p + 4 * blocks + 2 * j, static_cast<std::uint16_t>(i % index_block));
+      comm::detail::wire_put(p + 4 * blocks + 2 * count + 4 * j, comm::detail::wire_get<float>(pairs + 8 * j + 4));
+    }
+    for (std::size_t b = 0; b < blocks; ++b) comm::detail::wire_put(p + 4 * b, per_block[b]);
+  }
+  void decode(std::span<const std::byte> in, std::span<float> dst) const {
+    if (filter_.kind() != comm::filter_kind::topk) {
+      filter_.decode(in, dst);
+      return;
+    }
+    const auto h = comm::detail::read_header(in, comm::filter_kind::topk, dst.size(), where);
+    const std::size_t blocks = (dst.size() + index_block - 1) / index_block, count = h.count;
+    comm::detail::check_fits(in, comm::message_header_bytes + 4 * blocks + 6 * count,
+                             "header, a count per block of 65536 and 6 per entry", where);
+    const std::byte* p = in.data() + comm::message_header_bytes;
+    std::size_t j = 0;
+    for (std::size_t b = 0; b < blocks; ++b) {
+      const auto c = comm::detail::wire_get<std::uint32_t>(p + 4 * b);
+      const std::size_t end = std::min(dst.size(), (b + 1) * index_block);
+      if (c > count - j || c > end - b * index_block)
+        fail<invalid_argument>(where, ": expected at most ", std::min(count - j, end - b * index_block),
+                               " entries in block ", b, ", found ", c);
+      for (std::size_t e = j + c; j < e; ++j) {
+        const std::size_t i = b * index_block + comm::detail::wire_get<std::uint16_t>(p + 4 * blocks + 2 * j);
+        if (i >= end) fail<invalid_argument>(where, ": expected indices below ", end, ", found ", i, " in entry ", j);
+        dst[i] += comm::detail::wire_get<float>(p + 4 * blocks + 2 * count + 4 * j);
+      }
+    }
+    if (j != count) fail<invalid_argument>(where, ": expected the blocks' counts to sum to ", count, ", found ", j);
+  }
+  static constexpr const char* where = "dml::parallel::compressed_reducer";
   static std::int64_t dense_share(int n, std::size_t entries) {
     return static_cast<std::int64_t>(4 * entries / static_cast<std::size_t>(n) * static_cast<std::size_t>(n - 1));
   }
@@ -230,7 +292,7 @@ class compressed_reducer {
     const std::size_t part = grad.size() / n;
     for (std::size_t p = 0; p < n; ++p)
       for (std::size_t q = 0; q < n; ++q)
-        filter_.decode(std::span<const std::byte>(in_).subspan((q * n + p) * m, m), grad.subspan(p * part, part));
+        decode(std::span<const std::byte>(in_).subspan((q * n + p) * m, m), grad.subspan(p * part, part));
     bytes_.sent += static_cast<std::int64_t>((n - 1) * out_.size());
   }
   // acc += grad (the worker residual at acc_offset), then one message per part of acc into out_ (what is not sent
@@ -244,7 +306,7 @@ class compressed_reducer {
     float* acc = worker_.data() + acc_offset;
     for (std::size_t i = 0; i < grad.size(); ++i) acc[i] += grad[i];
     out_.clear();
-    for (std::size_t p = 0; p < n; ++p) filter_.encode(std::span<float>(acc + p * part, part), out_);
+    for (std::size_t p = 0; p < n; ++p) encode(std::span<float>(acc + p * part, part), out_);
     return out_.size() / n;
   }
   template <class Comm>
@@ -254,13 +316,13 @@ class compressed_reducer {
     in_.resize(out_.size());
     c.all_to_all(std::span<const std::byte>(out_), std::span<std::byte>(in_));
     std::fill(out.begin(), out.end(), 0.f);
-    for (std::size_t p = 0; p < n; ++p) filter_.decode(std::span<const std::byte>(in_).subspan(p * m, m), out);
+    for (std::size_t p = 0; p < n; ++p) decode(std::span<const std::byte>(in_).subspan(p * m, m), out);
     bytes_.sent += static_cast<std::int64_t>((n - 1) * m);
   }
 
   comm::any_filter filter_{};
   std::vector<float> worker_, server_, sum_;
-  std::vector<std::byte> out_, in_;
+  std::vector<std::byte> out_, in_, tmp_;
   wire_bytes bytes_{};
   std::int64_t warmup_ = 0;
   float beta1_ = 0.f;
