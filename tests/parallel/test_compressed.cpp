@@ -169,6 +169,12 @@ TEST_CASE("bad compress settings throw naming the setting") {
     CAPTURE(bad);
     CHECK_THROWS_WITH_AS(gradient_compression::parse(bad), doctest::Contains("compress"), invalid_argument);
   }
+  // The flag check the examples and benchmarks share: empty for what parse accepts, else what was expected.
+  CHECK(gradient_compression::spec_problem("onebit-adam:5").empty());
+  CHECK(gradient_compression::spec_problem("topk:0.05").empty());
+  CHECK(gradient_compression::spec_problem("none").empty());
+  CHECK(gradient_compression::spec_problem("topk:2").find("topk:F (0 < F <= 1)") != std::string::npos);
+  CHECK(gradient_compression::spec_problem("onebit-adam:0").find("onebit-adam:W (W >= 1") != std::string::npos);
   CHECK(!gradient_compression::parse("none").on());
   CHECK(gradient_compression::parse("topk:1").on());
   CHECK(gradient_compression::parse("onebit:64").name() == "onebit:64");
