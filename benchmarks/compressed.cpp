@@ -90,15 +90,7 @@ int main(int argc, char** argv) {
   f.add("--comm", cfg.comm, "C", "communicator; mpi under mpirun").choices({"local", "mpi"});
   f.add("--ranks", cfg.ranks, "N", "comm::local ranks").min(1);
   f.add("--compress", cfg.compress, "C,C", "compressions to time: onebit, onebit:B, topk:F")
-      .check(
-          [](const std::string& s) {
-            try {
-              (void)dml::parallel::gradient_compression::parse(s);
-              return std::string();
-            } catch (const dml::invalid_argument&) {
-              return std::string("onebit, onebit:B (B a positive multiple of 32) or topk:F (0 < F <= 1)");
-            }
-          });
+      .check(dml::parallel::gradient_compression::spec_problem);
   f.add("--mib", cfg.mib, "M,M", "gradient sizes in MiB").min(1);
   f.add("--iters", cfg.iters, "N", "timed calls per size; the fastest is kept").min(1);
   if (const auto status = f.parse_for_main(argc, argv, [] {})) return *status;

@@ -45,7 +45,7 @@ struct options {
   int replicas = 1;               // > 1 with zeroN: hybrid sharding, ZeRO within each of this many replicas
   std::string precision = "fp32";
   double bucket_mb = 25.0;
-  std::string compress = "none";  // none | onebit | onebit:B | topk:F: gradient compression with error feedback
+  std::string compress = "none";  // none | onebit | onebit:B | topk:F | onebit-adam:W: compression, error feedback
   int pp = 1;                  // pipeline stages
   int dp = 0;                  // data-parallel ranks per stage; 0: ranks / pp
   std::int64_t microbatches = 1;
@@ -99,17 +99,9 @@ inline dml::flags command_line(options& o) {
   f.add("--precision", o.precision, "P", "arithmetic").choices({"fp32", "bf16", "fp16"});
   f.add("--bucket-mb", o.bucket_mb, "X", "gradient bucket size in MB")
       .check([](double mb) { return mb > 0 ? std::string() : "a size > 0"; }, "> 0");
-  f.add("--compress", o.compress, "C", "gradient compression with error feedback: none, onebit, onebit:B or topk:F")
-      .check(
-          [](const std::string& c) {
-            try {
-              (void)dml::parallel::gradient_compression::parse(c);
-              return std::string();
-            } catch (const dml::invalid_argument&) {
-              return std::string("none, onebit, onebit:B (B a positive multiple of 32) or topk:F (0 < F <= 1)");
-            }
-          },
-          "fp32, ddp or zero1-3");
+  f.add("--compress", o.compress, "C",
+        "gradient compression with error feedback: none, onebit, onebit:B, topk:F or onebit-adam:W")
+      .check(dml::parallel::gradient_compression::spec_problem, "fp32, ddp or zero1-3");
   f.add("--checkpoint", o.checkpoint, "DIR", "save a sharded checkpoint here after every epoch");
   f.add("--resume", o.resume, "DIR", "continue from the newest checkpoint in DIR");
   f.add("--offload", o.offload, "optimizer[,master]:disk:DIR",
@@ -369,7 +361,7 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
   }
   batch_loader<dml::host> loader;
   dml::train::progress bar("train", planned, 100);
-  dml::parallel::wire_bytes bytes{};  // of the last step, rank 0's
+  dml::parallel::wire_bytes bytes{}, run_bytes{};  // of the last step and of the run so far, rank 0's
   for (std::int64_t epoch = first_epoch; epoch < o.epochs && step < planned; ++epoch) {
     const auto order = sampler.order(static_cast<std::uint64_t>(epoch));
     for (std::int64_t b = 0; b < per_epoch && step < planned; ++b) {
@@ -379,6 +371,8 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
       const auto r = trainer.step(loader.x.cview(), loader.y.data(), global);
       ++step;
       bytes = {r.gradient_bytes, r.dense_gradient_bytes};
+      run_bytes.sent += r.gradient_bytes;
+      run_bytes.dense += r.dense_gradient_bytes;
       if (rank == 0) {
         if (log) log << step << ',' << epoch << ',' << r.loss << ',' << to.lr(step) << '\n';
         bar.update(step, r.loss, global);
@@ -399,8 +393,10 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
     if (rank == 0) {
       std::printf("epoch=%lld steps=%lld seconds=%.1f\ntest_accuracy=%.4f\n", static_cast<long long>(epoch + 1),
                   static_cast<long long>(step), bar.elapsed(), double(correct[0]) / double(test_set.size()));
-      std::printf("compress=%s compressed_bytes_per_step=%lld dense_bytes_per_step=%lld\n", o.compress.c_str(),
-                  static_cast<long long>(bytes.sent), static_cast<long long>(bytes.dense));
+      std::printf("compress=%s compressed_bytes_per_step=%lld dense_bytes_per_step=%lld run_bytes=%lld "
+                  "dense_run_bytes=%lld\n",
+                  o.compress.c_str(), static_cast<long long>(bytes.sent), static_cast<long long>(bytes.dense),
+                  static_cast<long long>(run_bytes.sent), static_cast<long long>(run_bytes.dense));
       std::fflush(stdout);
     }
   }

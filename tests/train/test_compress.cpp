@@ -22,7 +22,8 @@ struct compress_run {
 // Message bytes of a part of n entries (comm/filter.hpp's 9-byte header, comm/compression.hpp's payloads).
 std::int64_t message_bytes(const std::string& spec, std::int64_t n) {
   if (spec == "onebit") return 9 + 4 + 8 * ((n + 4095) / 4096) + (n + 7) / 8;
-  return 9 + 8 * std::max<std::int64_t>(1, static_cast<std::int64_t>(0.05 * static_cast<double>(n)));  // topk:0.05
+  // topk:0.05: a u32 count per block of 65536, then a u16 index and an f32 value per entry (parallel/compressed.hpp).
+  return 9 + 4 * ((n + 65535) / 65536) + 6 * std::max<std::int64_t>(1, static_cast<std::int64_t>(0.05 * static_cast<double>(n)));
 }
 float mean_of_last(const std::vector<float>& v, std::size_t k) {
   float s = 0;

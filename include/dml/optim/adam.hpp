@@ -3,6 +3,7 @@
 // Sits on optim/optimizer.hpp; the update, the gradient scale and the decay are one fused pass.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <type_traits>
 
@@ -19,6 +20,7 @@ struct adam_update {
   float* m;
   float* v;
   float beta1, beta2, eps;
+  float beta2_rest;  // 1 − β2; with beta2 = 1 and this 0 the second moment stays as it is (frozen)
   float l2;          // Adam's weight decay, added to the gradient; 0 for AdamW
   float grad_scale;
   float step_size;   // lr / (1 − β1^t)
@@ -30,7 +32,7 @@ struct adam_update {
     const float p = w[i] * decay;
     const float grad = static_cast<float>(g[i]) * grad_scale + l2 * p;
     const float mi = m[i] * beta1 + (1.f - beta1) * grad;
-    const float vi = v[i] * beta2 + (1.f - beta2) * grad * grad;
+    const float vi = v[i] * beta2 + beta2_rest * grad * grad;
     m[i] = mi;
     v[i] = vi;
     const float updated = p - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
@@ -52,6 +54,8 @@ struct adam_base {
     float beta2 = 0.999f;
     float eps = 1e-8f;
     float weight_decay = Decoupled ? 1e-2f : 0.f;
+    // 1-bit Adam (Tang et al. 2021): > 0 freezes the second moment and its bias correction after this step.
+    std::int64_t freeze_variance_after = 0;
   };
   options opt{};
 
@@ -59,23 +63,35 @@ struct adam_base {
   explicit adam_base(options o) : opt(o) {
     if (!(opt.beta1 >= 0.f && opt.beta1 < 1.f && opt.beta2 >= 0.f && opt.beta2 < 1.f))
       fail<invalid_argument>("dml::optim::adam: betas must lie in [0, 1), found ", opt.beta1, ", ", opt.beta2);
+    if (opt.freeze_variance_after < 0)
+      fail<invalid_argument>("dml::optim::adam: freeze_variance_after must be >= 0 (0: never), found ",
+                             opt.freeze_variance_after);
     if (opt.lr < 0.f || opt.eps < 0.f || opt.weight_decay < 0.f)
       fail<invalid_argument>("dml::optim::adam: lr, eps and weight_decay must be >= 0, found ", opt.lr, ", ", opt.eps,
                              ", ", opt.weight_decay);
   }
   float default_lr() const { return opt.lr; }
+  // Freezes the second moment after step `after` (1-bit Adam) and gives β1, β2 and eps.
+  std::array<float, 3> freeze_variance(std::int64_t after) {
+    opt.freeze_variance_after = after;
+    return {opt.beta1, opt.beta2, opt.eps};
+  }
 
   template <execution_space S>
   void update(const step_args& a) const {
+    const bool frozen = opt.freeze_variance_after > 0 && a.step > opt.freeze_variance_after;
     const optim::detail::bias_corrections bc(opt.beta1, opt.beta2, a.step);
+    // A frozen second moment stops at step freeze_variance_after (1-bit Adam): so does its correction.
+    const double bc2 = frozen ? optim::detail::bias_corrections(opt.beta1, opt.beta2, opt.freeze_variance_after).bc2 : bc.bc2;
     optim::detail::visit_working(a, "dml::optim::adam working copy", [&](auto* working) {
       using W = std::remove_pointer_t<decltype(working)>;
       optim::detail::visit_grad(a, "dml::optim::adam gradients", [&](const auto* g) {
         using G = std::remove_cvref_t<decltype(*g)>;
-        for_each_index<S>(a.n, kernels::adam_update<W, G>{a.w, g, a.state[0], a.state[1], opt.beta1, opt.beta2,
-                                                          opt.eps, Decoupled ? 0.f : opt.weight_decay, a.grad_scale,
+        for_each_index<S>(a.n, kernels::adam_update<W, G>{a.w, g, a.state[0], a.state[1], opt.beta1,
+                                                          frozen ? 1.f : opt.beta2, opt.eps,
+                                                          frozen ? 0.f : 1.f - opt.beta2, Decoupled ? 0.f : opt.weight_decay, a.grad_scale,
                                                           static_cast<float>(a.lr / bc.bc1),
-                                                          static_cast<float>(std::sqrt(bc.bc2)),
+                                                          static_cast<float>(std::sqrt(bc2)),
                                                           Decoupled ? 1.f - a.lr * opt.weight_decay : 1.f, working});
       });
     });

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <string_view>
 #include <variant>
 
@@ -52,6 +53,14 @@ struct any_of {
   template <execution_space S>
   void update(const step_args& a) const {
     std::visit([&](const auto& o) { o.template update<S>(a); }, chosen);
+  }
+  // 1-bit Adam: freezes the chosen one's second moment after step `after` and gives its β1, β2 and eps; fails
+  // on one without a second moment to freeze.
+  std::array<float, 3> freeze_variance(std::int64_t after) {
+    return std::visit([&](auto& o) -> std::array<float, 3> {
+      if constexpr (requires { o.freeze_variance(after); }) return o.freeze_variance(after);
+      else fail<invalid_argument>("dml::trainer: compress onebit-adam: expected adam or adamw, found ", chosen_name());
+    }, chosen);
   }
   bool uses_layerwise() const {
     return std::visit([](const auto& o) { return layerwise_v<std::remove_cvref_t<decltype(o)>>; }, chosen);

@@ -69,7 +69,7 @@ class engine final : public engine_base<Space> {
         full_layout_(nn::make_layout(model, net_.layout().padding_unit)),
         sync_(place_.shards(), net_, {.seed = opt_.seed, .bucket_mb = opt_.bucket_mb, .chunks = place_.chunks(),
                                       .log = &log_, .per_step = place_.per_step(),
-                                      .compress = parallel::gradient_compression::parse(opt_.compress),
+                                      .compress = compression(),
                                       .offload = offload_options(world)}),
         pipe_(place_.pipe(), net_, opt_.pipeline_stages, place_.pp_rank(), {place_.chunks().begin(), place_.chunks().end()},
               opt_.recompute, log_, place_.tensor()),
@@ -312,6 +312,24 @@ class engine final : public engine_base<Space> {
     }
     log_(event_kind::step_end);
     return out;
+  }
+  // What trainer_options::compress names; 1-bit Adam also freezes the optimizer's second moment after warm-up.
+  parallel::gradient_compression compression() {
+    auto c = parallel::gradient_compression::parse(opt_.compress);
+    if (c.adam_warmup == 0) return c;
+    if (opt_.micro_batches != 1 || opt_.clip_norm > 0.f)
+      fail<invalid_argument>("dml::trainer: compress ", opt_.compress, ": expected micro_batches = 1 and clip_norm = 0 "
+                             "(the momentum is reduced once a step, unscaled), found ", opt_.micro_batches, " and ",
+                             opt_.clip_norm);
+    if constexpr (requires { optimizer_.freeze_variance(c.adam_warmup); }) {
+      const auto [beta1, beta2, eps] = optimizer_.freeze_variance(c.adam_warmup);
+      c.beta1 = beta1;
+      c.beta2 = beta2;
+      c.eps = eps;
+    } else {
+      fail<invalid_argument>("dml::trainer: compress ", opt_.compress, ": expected adam or adamw, found ", Optimizer::name);
+    }
+    return c;
   }
   float loss_scale() const {
     if constexpr (Precision::loss_scaling) return scaler_.scale();
