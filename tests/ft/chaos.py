@@ -64,7 +64,12 @@ def one_run(a, seed, workdir):
         if not name.startswith("commits-"):
             continue
         last = 0
-        for line in open(os.path.join(logs, name)):
+        lines = open(os.path.join(logs, name)).read().split("\n")
+        for i, line in enumerate(lines):
+            if len(line.split()) != 4:
+                if line and i != len(lines) - 1:  # only a line cut by a SIGKILL may be partial: the last one
+                    fail(f"seed {seed}: {name}: malformed line '{line}'")
+                continue
             step, epoch, size, h = line.split()
             step = int(step)
             if step <= last:
