@@ -747,9 +747,10 @@ void check_recovery(run& s, dml::comm::mpi& world) {
   if (n >= 2) {
     s.check("abort() from another thread ends a wait() on a collective a rank never joins", [&]() -> std::string {
       nccl g = c.split(0, r);
+      auto d = to_device(std::vector<float>(1024, 1.f));
+      g.all_reduce(d.span(), reduce_op::sum);  // connects the ranks (NCCL connects at the first collective)
       const std::string why = verdict([&]() -> std::string {
         if (r != 0) return "";
-        auto d = to_device(std::vector<float>(1024, 1.f));
         const auto t0 = std::chrono::steady_clock::now();
         std::thread killer([&] {
           std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -760,8 +761,8 @@ void check_recovery(run& s, dml::comm::mpi& world) {
         if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(30)) got = also(got, "time", "took over 30 s");
         return got;
       });
+      world.barrier();  // rank 1 keeps its end until rank 0 is done
       g.abort();
-      world.barrier();
       return why;
     });
   }
@@ -774,6 +775,7 @@ void check_recovery(run& s, dml::comm::mpi& world) {
               [&]() -> std::string {
         nccl p = c.split(0, r);
         auto d = to_device(std::vector<std::int64_t>(5, r + 1));
+        p.all_reduce(d.span(), reduce_op::sum);  // connected, so that the next one is enqueued and hangs on the GPU
         dml::comm::request hung;
         const std::string why = verdict([&]() -> std::string {
           if (r == n - 1) return "";  // the rank that is gone
@@ -789,9 +791,10 @@ void check_recovery(run& s, dml::comm::mpi& world) {
           q.barrier();
           return compare(to_host(e), std::vector<std::int64_t>(5, ranks_sum - n));
         });
-        if (after_error) p.abort();
+        if (after_error && r < n - 1) p.abort();
         hung.cancel();
-        world.barrier();
+        world.barrier();  // the last rank keeps its end until the others are done
+        if (after_error) p.abort();
         return why;
       });
     }

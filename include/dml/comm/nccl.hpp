@@ -736,6 +736,7 @@ class nccl {
   // Needs NCCL 2.27 or later (ncclCommShrink); with an older NCCL it throws comm_error.
   nccl shrink(std::span<const int> exclude_ranks, bool after_error = false) const {
     std::vector<int> excluded(exclude_ranks.begin(), exclude_ranks.end());
+    if (excluded.empty()) fail<invalid_argument>("dml::comm::nccl::shrink: expected at least one rank to exclude");
     for (int r : excluded) {
       check_rank(r, "shrink", "rank to exclude");
       if (r == rank())
@@ -778,23 +779,37 @@ class nccl {
                s_->size == 1 ? "initialisation" : "initialisation (waiting for every rank to join)");
   }
 
-  // A communicator made from this one by make(&comm) (split, shrink), with its own stream; this one's state
-  // is waited out too.
+  // A communicator made from this one by make(&handle) (split, shrink), with its own stream. Non-blocking,
+  // NCCL stores the new handle from a thread of its own once the new communicator is built (polling this
+  // one's state completes the call), so it lands in a slot of its own: when the call fails or runs past the
+  // timeout (this communicator is then aborted) the slot is left behind (a few bytes), since NCCL may still
+  // write it.
   template <class F>
   nccl child(const char* op, const char* call, F make) const {
+    auto* slot = new ncclComm_t(nullptr);
+    const ncclResult_t rc = make(slot);
+    if (rc != ncclSuccess && rc != ncclInProgress) detail::nccl_impl::fail_nccl(rc, call, __FILE__, __LINE__);
+    const auto deadline = std::chrono::steady_clock::now() + s_->timeout;
+    auto nap = std::chrono::microseconds(2);
+    ncclComm_t made = nullptr;
+    while (!(made = std::atomic_ref<ncclComm_t>(*slot).load(std::memory_order_acquire))) {
+      // This one's state: ncclInProgress until the call completes, an error after NCCL_SHRINK_ABORT (by design).
+      (void)s_->async_state(op);
+      if (std::chrono::steady_clock::now() > deadline)
+        s_->abort(dml::detail::cat("dml::comm::nccl: rank ", s_->rank, " of ", s_->size, ": ", op,
+                                   " did not complete within ", std::chrono::duration<double>(s_->timeout).count(),
+                                   " s; the communicator was aborted"));
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(1000));
+    }
+    delete slot;
     nccl out;
     out.s_->timeout = s_->timeout;
     out.s_->rank = s_->rank;
     out.s_->size = s_->size;
-    const ncclResult_t rc = make(&out.s_->comm);
-    if (rc != ncclSuccess && rc != ncclInProgress) {
-      if (out.s_->comm) out.s_->abort_now();
-      detail::nccl_impl::fail_nccl(rc, call, __FILE__, __LINE__);
-    }
+    out.s_->comm = made;
     out.s_->settle(ncclInProgress, call, __FILE__, __LINE__, op);
-    // The parent's own state may show the call in progress too; its errors show at its next operation (after
-    // NCCL_SHRINK_ABORT it is in error by design).
-    (void)s_->poll(ncclInProgress, op);
+    (void)s_->poll(ncclInProgress, op);  // joins NCCL's record of the call on this one, when it is healthy
     DML_CHECK_NCCL(ncclCommCount(out.s_->comm, &out.s_->size));
     DML_CHECK_NCCL(ncclCommUserRank(out.s_->comm, &out.s_->rank));
     out.init_stream(nullptr);
