@@ -2,7 +2,8 @@
 // tests/comm/nccl_check.cu — comm::nccl against a host reference. Every operation (plain, non-blocking and
 // host-staged forms; point to point in every order the contract allows; barrier; split) for every element
 // type it takes, at 0, 1 and 1023 elements (and 1<<22 for float), on inputs every rank computes for every
-// other rank; then the order contract against a compute stream. Built wherever nvcc is; run by mpirun (label
+// other rank; then the order contract against a compute stream; then recovery: abort(), shrink() and
+// communicators from a handed-out unique id. Built wherever nvcc is; run by mpirun (label
 // gpu). Without one GPU per rank: `SKIPPED: <reason>`, exit 77, on every rank alike.
 #include <cuda_runtime.h>
 
@@ -16,6 +17,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -699,6 +701,156 @@ void check_order(run& s) {
   });
 }
 
+
+// ---- recovery (DESIGN.md §11): abort, shrink, a communicator from a handed-out unique id -------------------
+
+// body()'s verdict, an exception as a failure: for checks that must reach a barrier after it on every rank.
+template <class F>
+std::string verdict(F&& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return std::string("threw: ") + e.what();
+  }
+}
+
+// "" when f throws comm_error whose message has `has`.
+template <class F>
+std::string throws_comm_error(F&& f, const std::string& has) {
+  try {
+    f();
+  } catch (const dml::comm_error& e) {
+    const std::string what = e.what();
+    return what.find(has) != std::string::npos ? "" : "comm_error without \"" + has + "\": " + what;
+  }
+  return "did not throw";
+}
+
+void check_recovery(run& s, dml::comm::mpi& world) {
+  nccl& c = s.c;
+  const int n = s.n, r = s.r;
+  const std::int64_t ranks_sum = std::int64_t(n) * (n + 1) / 2;
+
+  s.check("abort(): the next all_reduce throws comm_error (aborted)", [&]() -> std::string {
+    nccl g = c.split(0, r);
+    auto d = to_device(std::vector<std::int64_t>(3, r + 1));
+    g.all_reduce(d.span(), reduce_op::sum);
+    if (const std::string why = compare(to_host(d), std::vector<std::int64_t>(3, ranks_sum)); !why.empty())
+      return "before abort: " + why;
+    g.abort();
+    if (!g.aborted()) return "aborted() is false after abort()";
+    return also(throws_comm_error([&] { g.all_reduce(d.span(), reduce_op::sum); }, "aborted"), "barrier",
+                throws_comm_error([&] { g.barrier(); }, "aborted"));
+  });
+
+  // Rank 0 waits in an all_reduce that rank 1 never joins; another thread's abort() ends the wait.
+  if (n >= 2) {
+    s.check("abort() from another thread ends a wait() on a collective a rank never joins", [&]() -> std::string {
+      nccl g = c.split(0, r);
+      auto d = to_device(std::vector<float>(1024, 1.f));
+      g.all_reduce(d.span(), reduce_op::sum);  // connects the ranks (NCCL connects at the first collective)
+      const std::string why = verdict([&]() -> std::string {
+        if (r != 0) return "";
+        const auto t0 = std::chrono::steady_clock::now();
+        std::thread killer([&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          g.abort();
+        });
+        std::string got = throws_comm_error([&] { g.all_reduce(d.span(), reduce_op::sum); }, "aborted");
+        killer.join();
+        if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(30)) got = also(got, "time", "took over 30 s");
+        return got;
+      });
+      world.barrier();  // rank 1 keeps its end until rank 0 is done
+      g.abort();
+      return why;
+    });
+  }
+
+  // The last rank is gone: the others shrink to n - 1 ranks, renumbered in order, and reduce over them.
+  if (n >= 2) {
+    for (const bool after_error : {false, true}) {
+      const std::string how = after_error ? ", after_error: a collective hung on it)" : ")";
+      s.check("shrink(exclude the last rank" + how,
+              [&]() -> std::string {
+        nccl p = c.split(0, r);
+        auto d = to_device(std::vector<std::int64_t>(5, r + 1));
+        p.all_reduce(d.span(), reduce_op::sum);  // connected, so that the next one is enqueued and hangs on the GPU
+        dml::comm::request hung;
+        const std::string why = verdict([&]() -> std::string {
+          if (r == n - 1) return "";  // the rank that is gone
+          const int gone[] = {n - 1};
+          if (after_error) hung = p.iall_reduce(d.span(), reduce_op::sum);  // waits for the last rank forever
+          nccl q = p.shrink(gone, after_error);
+          if (after_error) p.abort();
+          if (q.size() != n - 1 || q.rank() != r)
+            return "rank " + std::to_string(q.rank()) + " of " + std::to_string(q.size()) + ", expected " +
+                   std::to_string(r) + " of " + std::to_string(n - 1);
+          auto e = to_device(std::vector<std::int64_t>(5, r + 1));
+          q.all_reduce(e.span(), reduce_op::sum);
+          q.barrier();
+          return compare(to_host(e), std::vector<std::int64_t>(5, ranks_sum - n));
+        });
+        if (after_error && r < n - 1) p.abort();
+        hung.cancel();
+        world.barrier();  // the last rank keeps its end until the others are done
+        if (after_error) p.abort();
+        return why;
+      });
+    }
+  } else if (r == 0) {
+    std::printf("nccl_check: shrink needs 2 ranks (one GPU each): not checked on 1\n");
+  }
+
+  // The coordinator's part, played by rank 0 and MPI: a fresh id, handed to every rank.
+  s.check("nccl(new_unique_id() from rank 0, rank, size): all_reduce", [&]() -> std::string {
+    ncclUniqueId id{};
+    if (r == 0) id = nccl::new_unique_id();
+    DML_CHECK_MPI(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, world.native()));
+    nccl g(id, r, n, {.timeout = std::chrono::seconds(60)});
+    if (g.rank() != r || g.size() != n) return "rank " + std::to_string(g.rank()) + " of " + std::to_string(g.size());
+    auto d = to_device(std::vector<std::int64_t>(7, r + 1));
+    g.all_reduce(d.span(), reduce_op::sum);
+    return compare(to_host(d), std::vector<std::int64_t>(7, ranks_sum));
+  });
+
+  // Non-blocking initialisation has a deadline: rank 1 of 2 never comes.
+  s.check("nccl(id, 0, 2) with no rank 1: comm_error within the timeout", [&]() -> std::string {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string why = throws_comm_error(
+        [&] { nccl g(nccl::new_unique_id(), 0, 2, {.timeout = std::chrono::seconds(2)}); },
+        "rank 0 of 2: initialisation (waiting for every rank to join) did not complete within 2 s");
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60)) why = also(why, "time", "took over 60 s");
+    return why;
+  });
+
+  // Two ranks as two threads of one process, on two devices: only where this process is alone on its node's GPUs.
+  int devices = 0;
+  DML_CHECK_CUDA(cudaGetDeviceCount(&devices));
+  if (n == 1 && devices >= 2) {
+    s.check("nccl(new_unique_id(), t, 2) on two threads and two devices: all_reduce", [&]() -> std::string {
+      const ncclUniqueId id = nccl::new_unique_id();
+      std::string why[2];
+      std::vector<std::thread> ranks;
+      for (int t = 0; t < 2; ++t)
+        ranks.emplace_back([&, t] {
+          try {
+            nccl g(id, t, 2, {.timeout = std::chrono::seconds(60), .device = t});
+            auto d = to_device(std::vector<float>(9, float(t + 1)));
+            g.all_reduce(d.span(), reduce_op::sum);
+            why[t] = compare(to_host(d), std::vector<float>(9, 3.f));
+          } catch (const std::exception& e) {
+            why[t] = std::string("threw: ") + e.what();
+          }
+        });
+      for (auto& t : ranks) t.join();
+      return also(also("", "thread 0", why[0]), "thread 1", why[1]);
+    });
+  } else if (r == 0) {
+    std::printf("nccl_check: two ranks as threads need one process on 2 GPUs: not checked\n");
+  }
+}
+
 }  // namespace
 
 static_assert(dml::comm::communicator<nccl>);
@@ -737,6 +889,7 @@ int main(int argc, char** argv) {
     check_misuse(s);
     check_barrier_and_split(s);
     check_order(s);
+    check_recovery(s, world);
 
     // A check fails if it failed on any rank.
     std::vector<int> any(s.failed);

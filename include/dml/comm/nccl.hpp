@@ -1,15 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
-// dml/comm/nccl.hpp — communicator over NCCL on GPUs, bootstrapped over comm::mpi.
-// Sits on comm/mpi.hpp, core/stream.hpp and the CUDA runtime; it moves device memory (dml::device_span) and
-// keeps the order contract of comm/communicator.hpp against the compute stream. See DESIGN.md §4.
+// dml/comm/nccl.hpp — communicator over NCCL on GPUs, bootstrapped over comm::mpi or from a unique id that a
+// coordinator hands out. Sits on comm/mpi.hpp, core/stream.hpp and the CUDA runtime; it moves device memory
+// (dml::device_span) and keeps the order contract of comm/communicator.hpp against the compute stream. Its NCCL
+// communicators are non-blocking (config.blocking = 0), so that initialisation, enqueueing and shrinking are
+// bounded by the timeout too; abort() and shrink() are the recovery of DESIGN.md §11. See DESIGN.md §4.
 #pragma once
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <span>
 #include <string>
@@ -112,14 +116,22 @@ struct state {
   cudaEvent_t input_ready = nullptr;
   int rank = 0, size = 1;
   std::chrono::milliseconds timeout{};
-  bool aborted = false;
+  std::atomic<bool> aborted{false};
+  // Guards comm against abort() from another thread while a thread uses it (live, wait, settle).
+  mutable std::mutex lifetime;
   std::vector<pending_p2p> pending;
   std::shared_ptr<p2p_batch> batch;
 
+  // A communicator that does not finalise within the timeout (a peer gone) is aborted instead.
   ~state() {
     if (comm) {
-      if (aborted) ncclCommAbort(comm);
-      else ncclCommDestroy(comm);
+      bool clean = false;
+      try {
+        clean = poll(ncclCommFinalize(comm), "finalisation") == ncclSuccess;
+      } catch (...) {
+      }
+      if (clean) ncclCommDestroy(comm);
+      else ncclCommAbort(comm);
     }
     if (scratch) cudaFree(scratch);
     if (input_ready) cudaEventDestroy(input_ready);
@@ -127,8 +139,51 @@ struct state {
   }
 
   ncclComm_t live() const {
+    std::lock_guard lock(lifetime);
     if (!comm || aborted) fail<comm_error>("dml::comm::nccl: rank ", rank, ": the communicator was aborted");
     return comm;
+  }
+
+  // NCCL's state of the communicator, read under the lock; throws once it was aborted.
+  ncclResult_t async_state(const char* op) {
+    std::lock_guard lock(lifetime);
+    if (aborted || !comm)
+      throw comm_error(dml::detail::cat("dml::comm::nccl: rank ", rank, " in ", op, ": the communicator was aborted"));
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t rc = ncclCommGetAsyncError(comm, &async);
+    return rc == ncclSuccess ? async : rc;
+  }
+
+  // A non-blocking communicator answers ncclInProgress while a call completes in the background: polls its
+  // state (sleeping between polls) until it is no longer in progress, for at most the timeout. Returns the
+  // final state, or ncclInProgress past the deadline; any other rc is returned as it is.
+  ncclResult_t poll(ncclResult_t rc, const char* op) {
+    if (rc != ncclInProgress) return rc;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto nap = std::chrono::microseconds(2);
+    for (;;) {
+      rc = async_state(op);
+      if (rc != ncclInProgress || std::chrono::steady_clock::now() > deadline) return rc;
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(1000));
+    }
+  }
+
+  // After a call on the communicator (call: its text, for the message): waits out ncclInProgress; a call that
+  // failed throws comm_error; a communicator that broke meanwhile, or is still busy past the timeout, is
+  // aborted, and throws comm_error naming the rank and op.
+  void settle(ncclResult_t rc, const char* call, const char* file, int line, const char* op) {
+    if (rc != ncclInProgress) {
+      if (rc != ncclSuccess) fail_nccl(rc, call, file, line);
+      return;
+    }
+    rc = poll(rc, op);
+    if (rc == ncclInProgress)
+      abort(dml::detail::cat("dml::comm::nccl: rank ", rank, " of ", size, ": ", op, " did not complete within ",
+                             std::chrono::duration<double>(timeout).count(), " s; the communicator was aborted"));
+    if (rc != ncclSuccess)
+      abort(dml::detail::cat("dml::comm::nccl: rank ", rank, " of ", size, " in ", op, ": ", ncclGetErrorString(rc),
+                             "; the communicator was aborted"));
   }
 
   // The order contract's first half: what the calling thread's compute stream has queued so far happens
@@ -165,11 +220,11 @@ struct state {
       ncclResult_t rc = ncclSuccess;
       for (const auto& p : posts) {
         rc = p.send ? ncclSend(p.data, p.count, p.type, p.peer, c, stream) : ncclRecv(p.data, p.count, p.type, p.peer, c, stream);
-        if (rc != ncclSuccess) break;
+        if (rc != ncclSuccess && rc != ncclInProgress) break;
       }
       const ncclResult_t end = ncclGroupEnd();
-      DML_CHECK_NCCL(rc);
-      DML_CHECK_NCCL(end);
+      if (rc != ncclInProgress) DML_CHECK_NCCL(rc);
+      settle(end, "ncclGroupEnd()", __FILE__, __LINE__, "send/recv");
       DML_CHECK_CUDA(cudaEventRecord(b->done, stream));
     } catch (const std::exception& e) {
       b->failed = e.what();
@@ -177,12 +232,18 @@ struct state {
     }
   }
 
-  [[noreturn]] void abort(const std::string& why) {
+  // Ends whatever the communicator runs (ncclCommAbort); afterwards every operation throws comm_error.
+  void abort_now() noexcept {
+    std::lock_guard lock(lifetime);
     if (comm && !aborted) {
       aborted = true;
       ncclCommAbort(comm);
       comm = nullptr;
     }
+    aborted = true;
+  }
+  [[noreturn]] void abort(const std::string& why) {
+    abort_now();
     throw comm_error(why);
   }
 
@@ -199,10 +260,7 @@ struct state {
         return;
       }
       if (rc != cudaErrorNotReady) fail_cuda(rc, "cudaEventQuery", __FILE__, __LINE__);
-      if (aborted || !comm)
-        throw comm_error(dml::detail::cat("dml::comm::nccl: rank ", rank, " in ", op, ": the communicator was aborted"));
-      ncclResult_t async = ncclSuccess;
-      DML_CHECK_NCCL(ncclCommGetAsyncError(comm, &async));
+      const ncclResult_t async = async_state(op);
       if (async != ncclSuccess && async != ncclInProgress)
         abort(dml::detail::cat("dml::comm::nccl: rank ", rank, " of ", size, " in ", op, ": ",
                                ncclGetErrorString(async), "; the communicator was aborted"));
@@ -303,6 +361,9 @@ inline constexpr bool never = false;
 
 }  // namespace detail::nccl_impl
 
+// An NCCL call that enqueues on the communicator: ncclInProgress (non-blocking) is waited out, with the timeout.
+#define DML_NCCL_ENQUEUE(expr, op) s_->settle((expr), #expr, __FILE__, __LINE__, (op))
+
 // Every operation of comm::nccl that receives host memory lands here and stops the build with one line.
 #define DML_NCCL_DEVICE_MEMORY_ONLY(op)                                                                          \
   template <class... A>                                                                                         \
@@ -315,9 +376,11 @@ inline constexpr bool never = false;
   }
 
 struct nccl_options {
-  // A blocking call or wait() longer than this aborts the communicator and throws comm_error.
+  // A blocking call or wait() longer than this aborts the communicator and throws comm_error; so does an
+  // initialisation (all ranks joining) or a shrink that has not completed within it.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
-  // The CUDA device; -1: the rank's node-local rank (nccl::node_local_device).
+  // The CUDA device; -1: the rank's node-local rank (nccl::node_local_device) when built over comm::mpi, the
+  // calling thread's current device when built from a unique id.
   int device = -1;
 };
 
@@ -327,6 +390,7 @@ struct nccl_options {
 // isend and irecv are issued together at the next wait, test or operation (one NCCL group).
 // NCCL has no message tags: send/recv between two ranks match in the order they are issued,
 // and the tag argument is accepted for interface compatibility only.
+// Threads: one thread issues the operations; abort() may come from any thread, and ends a wait() in another.
 class nccl {
  public:
   using options = nccl_options;
@@ -364,10 +428,33 @@ class nccl {
     s_->timeout = opt.timeout;
     DML_CHECK_CUDA(cudaSetDevice(opt.device >= 0 ? opt.device : node_local_device(bootstrap)));
     ncclUniqueId id{};
-    if (s_->rank == 0) DML_CHECK_NCCL(ncclGetUniqueId(&id));
+    if (s_->rank == 0) id = new_unique_id();
     DML_CHECK_MPI(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, bootstrap.native()));
-    DML_CHECK_NCCL(ncclCommInitRank(&s_->comm, s_->size, id, s_->rank));
+    init_comm(id);
     init_stream(stream);
+  }
+
+  // Rank `rank` of `size` from a unique id that someone else made with new_unique_id() and handed to every
+  // rank (a coordinator, after a failure: the survivors' new communicator). Collective over the size ranks,
+  // each its own process or thread with its own device (nccl_options::device, else the current one); past
+  // the timeout without all of them it aborts and throws comm_error.
+  nccl(ncclUniqueId id, int rank, int size, options opt = {}, cudaStream_t stream = nullptr)
+      : s_(std::make_shared<detail::nccl_impl::state>()) {
+    if (size < 1 || rank < 0 || rank >= size)
+      fail<invalid_argument>("dml::comm::nccl: expected 0 <= rank < size, found rank ", rank, " and size ", size);
+    s_->rank = rank;
+    s_->size = size;
+    s_->timeout = opt.timeout;
+    if (opt.device >= 0) DML_CHECK_CUDA(cudaSetDevice(opt.device));
+    init_comm(id);
+    init_stream(stream);
+  }
+
+  // A fresh id for nccl(id, rank, size): made once (by rank 0 or a coordinator) and sent to every rank.
+  static ncclUniqueId new_unique_id() {
+    ncclUniqueId id{};
+    DML_CHECK_NCCL(ncclGetUniqueId(&id));
+    return id;
   }
 
   nccl(nccl&&) noexcept = default;
@@ -378,13 +465,19 @@ class nccl {
   ncclComm_t native() const noexcept { return s_->comm; }
   cudaStream_t stream() const noexcept { return s_->stream; }
 
+  // Ends the communicator at once (ncclCommAbort): a collective blocked on a dead peer ends, a wait() in
+  // another thread throws, and every operation from now on throws comm_error ("... aborted"). Local, not
+  // collective; the survivors go on with shrink() (before aborting) or nccl(id, rank, size) (after).
+  void abort() noexcept { s_->abort_now(); }
+  bool aborted() const noexcept { return s_->aborted; }
+
   // ---- all_reduce
   template <reducible T>
   request iall_reduce(device_span<const std::type_identity_t<T>> send, device_span<T> recv, reduce_op op) {
     check_reduce<T>(op, "dml::comm::nccl::all_reduce");
     expect_size("all_reduce", "recv", recv.size(), send.size());
     const ncclComm_t c = begin();
-    DML_CHECK_NCCL(ncclAllReduce(send.data(), recv.data(), recv.size(), dt<T>(), red(op), c, stream()));
+    DML_NCCL_ENQUEUE(ncclAllReduce(send.data(), recv.data(), recv.size(), dt<T>(), red(op), c, stream()), "all_reduce");
     return done("all_reduce");
   }
   template <reducible T>
@@ -406,7 +499,8 @@ class nccl {
     check_reduce<T>(op, "dml::comm::nccl::reduce_scatter");
     expect_size("reduce_scatter", "send", send.size(), recv.size() * size());
     const ncclComm_t c = begin();
-    DML_CHECK_NCCL(ncclReduceScatter(send.data(), recv.data(), recv.size(), dt<T>(), red(op), c, stream()));
+    DML_NCCL_ENQUEUE(ncclReduceScatter(send.data(), recv.data(), recv.size(), dt<T>(), red(op), c, stream()),
+                     "reduce_scatter");
     return done("reduce_scatter");
   }
   template <reducible T>
@@ -426,7 +520,8 @@ class nccl {
   request iall_gather(device_span<const std::type_identity_t<T>> send, device_span<T> recv) {
     expect_size("all_gather", "recv", recv.size(), send.size() * size());
     const ncclComm_t c = begin();
-    DML_CHECK_NCCL(ncclAllGather(send.data(), recv.data(), send.size() * units<T>(), dt<T>(), c, stream()));
+    DML_NCCL_ENQUEUE(ncclAllGather(send.data(), recv.data(), send.size() * units<T>(), dt<T>(), c, stream()),
+                     "all_gather");
     return done("all_gather");
   }
   template <transferable T>
@@ -451,13 +546,13 @@ class nccl {
     for (int p = 0; p < size(); ++p) {
       const ncclResult_t rc = ncclBroadcast(p == rank() ? static_cast<const void*>(send.data()) : nullptr,
                                             recv.data() + off, counts[p] * units<T>(), dt<T>(), p, c, stream());
-      if (rc != ncclSuccess) {
+      if (rc != ncclSuccess && rc != ncclInProgress) {
         ncclGroupEnd();
         DML_CHECK_NCCL(rc);
       }
       off += counts[p];
     }
-    DML_CHECK_NCCL(ncclGroupEnd());
+    DML_NCCL_ENQUEUE(ncclGroupEnd(), "all_gatherv");
     done("all_gatherv").wait();
   }
 
@@ -466,7 +561,8 @@ class nccl {
   request ibroadcast(device_span<T> data, int root) {
     check_rank(root, "broadcast", "root");
     const ncclComm_t c = begin();
-    DML_CHECK_NCCL(ncclBroadcast(data.data(), data.data(), data.size() * units<T>(), dt<T>(), root, c, stream()));
+    DML_NCCL_ENQUEUE(ncclBroadcast(data.data(), data.data(), data.size() * units<T>(), dt<T>(), root, c, stream()),
+                     "broadcast");
     return done("broadcast");
   }
   template <transferable T>
@@ -481,8 +577,9 @@ class nccl {
     check_rank(root, "reduce", "root");
     if (rank() == root) expect_size("reduce", "recv", recv.size(), send.size());
     const ncclComm_t c = begin();
-    DML_CHECK_NCCL(ncclReduce(send.data(), rank() == root ? recv.data() : nullptr, send.size(), dt<T>(), red(op),
-                              root, c, stream()));
+    DML_NCCL_ENQUEUE(ncclReduce(send.data(), rank() == root ? recv.data() : nullptr, send.size(), dt<T>(), red(op),
+                                root, c, stream()),
+                     "reduce");
     return done("reduce");
   }
   template <reducible T>
@@ -616,7 +713,7 @@ class nccl {
 
   void barrier() {
     const ncclComm_t c = begin();
-    DML_CHECK_NCCL(ncclAllReduce(s_->scratch, s_->scratch, 1, ncclInt32, ncclSum, c, stream()));
+    DML_NCCL_ENQUEUE(ncclAllReduce(s_->scratch, s_->scratch, 1, ncclInt32, ncclSum, c, stream()), "barrier");
     done("barrier").wait();
   }
 
@@ -624,18 +721,100 @@ class nccl {
   // its own stream so that groups can run concurrently. Collective.
   nccl split(int color, int key) const {
     if (color < 0) fail<invalid_argument>("dml::comm::nccl::split: expected a color >= 0, found ", color);
+    s_->flush();
+    auto config = non_blocking();
+    return child("split", "ncclCommSplit",
+                 [&](ncclComm_t* out) { return ncclCommSplit(s_->live(), color, key, out, &config); });
+  }
+
+  // The communicator of the ranks not in exclude_ranks (ranks of this one), renumbered in order: what the
+  // survivors build after the ranks in exclude_ranks died. Collective over the remaining ranks; the excluded
+  // ones do not call it. after_error = false (NCCL_SHRINK_DEFAULT) needs this communicator healthy with nothing
+  // in flight; after_error = true (NCCL_SHRINK_ABORT) first ends what it still runs (a collective hung on a
+  // dead rank), for a communicator in error: it is unusable afterwards, so abort() or destroy it. One that was
+  // already aborted (abort(), or by the timeout) cannot shrink: build a new one with nccl(id, rank, size).
+  // Needs NCCL 2.27 or later (ncclCommShrink); with an older NCCL it throws comm_error.
+  nccl shrink(std::span<const int> exclude_ranks, bool after_error = false) const {
+    std::vector<int> excluded(exclude_ranks.begin(), exclude_ranks.end());
+    if (excluded.empty()) fail<invalid_argument>("dml::comm::nccl::shrink: expected at least one rank to exclude");
+    for (int r : excluded) {
+      check_rank(r, "shrink", "rank to exclude");
+      if (r == rank())
+        fail<invalid_argument>("dml::comm::nccl::shrink: rank ", r, " excludes itself; an excluded rank does not "
+                               "call shrink");
+    }
+    std::sort(excluded.begin(), excluded.end());
+    if (std::adjacent_find(excluded.begin(), excluded.end()) != excluded.end())
+      fail<invalid_argument>("dml::comm::nccl::shrink: expected distinct ranks to exclude, found one twice");
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+    if (!after_error) s_->flush();
+    auto config = non_blocking();
+    const int flags = after_error ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
+    return child("shrink", "ncclCommShrink", [&](ncclComm_t* out) {
+      return ncclCommShrink(s_->live(), excluded.data(), static_cast<int>(excluded.size()), out, &config, flags);
+    });
+#else
+    (void)after_error;
+    fail<comm_error>("dml::comm::nccl::shrink needs NCCL 2.27 or later (ncclCommShrink); this build has NCCL ",
+                     NCCL_MAJOR, ".", NCCL_MINOR, ".", NCCL_PATCH);
+#endif
+  }
+
+ private:
+  nccl() : s_(std::make_shared<detail::nccl_impl::state>()) {}
+
+  static ncclConfig_t non_blocking() {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    return config;
+  }
+
+  // Non-blocking initialisation: ncclCommInitRankConfig returns at once, and the communicator is ready when
+  // its state leaves ncclInProgress (every rank joined), which settle waits for with the timeout.
+  void init_comm(const ncclUniqueId& id) {
+    auto config = non_blocking();
+    const ncclResult_t rc = ncclCommInitRankConfig(&s_->comm, s_->size, id, s_->rank, &config);
+    if (rc != ncclSuccess && rc != ncclInProgress && s_->comm) s_->abort_now();
+    s_->settle(rc, "ncclCommInitRankConfig", __FILE__, __LINE__,
+               s_->size == 1 ? "initialisation" : "initialisation (waiting for every rank to join)");
+  }
+
+  // A communicator made from this one by make(&handle) (split, shrink), with its own stream. Non-blocking,
+  // NCCL stores the new handle from a thread of its own once the new communicator is built (polling this
+  // one's state completes the call), so it lands in a slot of its own: when the call fails or runs past the
+  // timeout (this communicator is then aborted) the slot is left behind (a few bytes), since NCCL may still
+  // write it.
+  template <class F>
+  nccl child(const char* op, const char* call, F make) const {
+    auto* slot = new ncclComm_t(nullptr);
+    const ncclResult_t rc = make(slot);
+    if (rc != ncclSuccess && rc != ncclInProgress) detail::nccl_impl::fail_nccl(rc, call, __FILE__, __LINE__);
+    const auto deadline = std::chrono::steady_clock::now() + s_->timeout;
+    auto nap = std::chrono::microseconds(2);
+    ncclComm_t made = nullptr;
+    while (!(made = std::atomic_ref<ncclComm_t>(*slot).load(std::memory_order_acquire))) {
+      // This one's state: ncclInProgress until the call completes, an error after NCCL_SHRINK_ABORT (by design).
+      (void)s_->async_state(op);
+      if (std::chrono::steady_clock::now() > deadline)
+        s_->abort(dml::detail::cat("dml::comm::nccl: rank ", s_->rank, " of ", s_->size, ": ", op,
+                                   " did not complete within ", std::chrono::duration<double>(s_->timeout).count(),
+                                   " s; the communicator was aborted"));
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(1000));
+    }
+    delete slot;
     nccl out;
     out.s_->timeout = s_->timeout;
-    s_->flush();
-    DML_CHECK_NCCL(ncclCommSplit(s_->live(), color, key, &out.s_->comm, nullptr));
+    out.s_->rank = s_->rank;
+    out.s_->size = s_->size;
+    out.s_->comm = made;
+    out.s_->settle(ncclInProgress, call, __FILE__, __LINE__, op);
+    (void)s_->poll(ncclInProgress, op);  // joins NCCL's record of the call on this one, when it is healthy
     DML_CHECK_NCCL(ncclCommCount(out.s_->comm, &out.s_->size));
     DML_CHECK_NCCL(ncclCommUserRank(out.s_->comm, &out.s_->rank));
     out.init_stream(nullptr);
     return out;
   }
-
- private:
-  nccl() : s_(std::make_shared<detail::nccl_impl::state>()) {}
 
   void init_stream(cudaStream_t stream) {
     if (stream) {
@@ -699,16 +878,16 @@ class nccl {
     DML_CHECK_NCCL(ncclGroupStart());
     std::size_t so = 0, ro = 0;
     ncclResult_t rc_all = ncclSuccess;
-    for (int p = 0; p < size() && rc_all == ncclSuccess; ++p) {
+    const auto queued = [](ncclResult_t r) { return r == ncclSuccess || r == ncclInProgress; };
+    for (int p = 0; p < size() && queued(rc_all); ++p) {
       if (sc[p]) rc_all = ncclSend(send.data() + so, sc[p] * units<T>(), dt<T>(), p, c, stream());
-      if (rc_all == ncclSuccess && rc[p])
-        rc_all = ncclRecv(recv.data() + ro, rc[p] * units<T>(), dt<T>(), p, c, stream());
+      if (queued(rc_all) && rc[p]) rc_all = ncclRecv(recv.data() + ro, rc[p] * units<T>(), dt<T>(), p, c, stream());
       so += sc[p];
       ro += rc[p];
     }
     const ncclResult_t end = ncclGroupEnd();
-    DML_CHECK_NCCL(rc_all);
-    DML_CHECK_NCCL(end);
+    if (!queued(rc_all)) DML_CHECK_NCCL(rc_all);
+    DML_NCCL_ENQUEUE(end, op);
   }
 
   std::shared_ptr<detail::nccl_impl::state> s_;
@@ -716,5 +895,6 @@ class nccl {
 
 static_assert(diagnose_communicator<nccl>());
 #undef DML_NCCL_DEVICE_MEMORY_ONLY
+#undef DML_NCCL_ENQUEUE
 
 }  // namespace dml::comm
