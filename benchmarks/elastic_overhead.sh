@@ -18,7 +18,7 @@ exe=$build/examples/fashion_mnist/fashion_mnist
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
 printf '%8s %6s %12s %12s %10s\n' width steps off_ms/step on_ms/step overhead
 for w in "${widths[@]}"; do
-  steps=$(( w >= 1536 ? 40 : (w >= 512 ? 100 : 300) ))
+  steps=$(( w >= 1536 ? 80 : (w >= 512 ? 200 : 600) ))
   best_off=1e9 best_on=1e9
   for rep in 1 2; do
     off=$("$run" --nproc 2 "$exe" --comm gloo --steps "$steps" --epochs 1 --hidden "$w" --threads 1 2>/dev/null |

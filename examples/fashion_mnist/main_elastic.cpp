@@ -34,6 +34,8 @@ int run_elastic(const options& o, const dml::train::dataset& train_set, const dm
   return dml::nn::with_mlp<max_hidden>(train_set.features(), o.hidden, 10, [&](auto model) {
     using trainer_t = dml::trainer<dml::parallel::replicate, any_optimizer>;
     batch_loader<dml::host> loader;
+    std::vector<std::int64_t> order;  // of the epoch order_epoch
+    std::int64_t order_epoch = -1;
     auto make_comm = [&](const dml::ft::quorum& q) {
       auto store = std::make_shared<::gloo::rendezvous::PrefixStore>("epoch-" + std::to_string(q.epoch), *base);
       return std::make_unique<dml::comm::gloo>(store, q.rank, q.size(), dml::comm::gloo_options{.timeout = timeout});
@@ -49,7 +51,10 @@ int run_elastic(const options& o, const dml::train::dataset& train_set, const dm
     auto run_step = [&](trainer_t& t, dml::comm::gloo&, std::int64_t step, const dml::ft::quorum& q) {
       // Step `step` of the whole run: its samples depend on the step alone; this member takes its share.
       const std::int64_t per = sampler.batches_per_epoch(), b = step % per;
-      const auto order = sampler.order(static_cast<std::uint64_t>(step / per));
+      if (step / per != order_epoch) {
+        order_epoch = step / per;
+        order = sampler.order(static_cast<std::uint64_t>(order_epoch));
+      }
       const std::int64_t global = std::min(o.batch, train_set.size() - b * o.batch);
       loader.load(train_set, dml::train::sampler::slice(order, b, o.batch, q.rank, q.size()));
       return t.step(loader.x.cview(), loader.y.data(), global);

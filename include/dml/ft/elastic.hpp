@@ -43,7 +43,7 @@ struct elastic_result {
   std::vector<float> losses;         // the loss of each step this member committed, by step (0 where it was absent)
   std::uint64_t hash = 0;            // of the final state (parameters and optimizer state)
   int rank = -1;                     // this member's rank in its last configuration
-  double seconds = 0;                // from its first configuration to its last commit
+  double seconds = 0;                // from its first step (its trainer built and healed) to its last commit
   std::optional<train::state_snapshot> state;  // the final committed state
 };
 
@@ -107,7 +107,6 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
   while (committed < o.steps) {
     const quorum q = s.join(committed);
     if (q.finished) break;
-    if (!began) began = clock::now();
     ++out.configurations;
     out.rank = q.rank;
     say(dml::detail::cat("epoch ", q.epoch, ": rank ", q.rank, " of ", q.size(), ", step ", q.step,
@@ -138,6 +137,7 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
       }
       at = q.step;
       holds_committed = true;
+      if (!began) began = clock::now();
       while (at < o.steps && !reconfigure) {
         const auto r = run_step(*t, *comm, at, q);
         if (!r.committed) {
