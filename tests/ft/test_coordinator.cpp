@@ -189,3 +189,21 @@ TEST_CASE("bad settings are refused at construction") {
   CHECK_THROWS_WITH_AS(coordinator{o}, doctest::Contains("--min must be in [1, 2], found 3"), invalid_argument);
   CHECK_THROWS_WITH_AS(parse_address("nohost", "--coordinator"), doctest::Contains("expected HOST:PORT"), invalid_argument);
 }
+
+TEST_CASE("no configuration forms without a member that holds the last committed step") {
+  served s(options(3, 1));
+  auto a = std::make_unique<session>(s.member(0));
+  auto b = std::make_unique<session>(s.member(1));
+  auto c = std::make_unique<session>(s.member(2));
+  auto q = join_all({a.get(), b.get(), c.get()}, {0, 0, 0});
+  CHECK(vote_all({a.get(), b.get(), c.get()}, q[0].epoch, 1, {true, true, true})[0] == verdict::commit);
+  // Every member that holds step 1 dies; a new start of slot 0 knows nothing: it must not train from step 0.
+  a.reset();
+  b.reset();
+  c.reset();
+  auto o = s.member(0, 1);
+  o.timeout = 1500ms;
+  session fresh(o);
+  CHECK_THROWS_WITH_AS(fresh.join(0), doctest::Contains("no answer to 'QUORUM'"), comm_error);
+  CHECK(s.stats().quorums == 1);
+}

@@ -273,6 +273,17 @@ class coordinator {
         if (!members_[static_cast<std::size_t>(s)].alive) busy.push_back(s);
     if (!busy.empty() && !late) return;
     if (static_cast<int>(ready.size()) < opt_.min_members) return;
+    // No committed step is ever lost: a configuration needs a member that holds the last one (a restarted member
+    // cannot heal from nobody). Until one asks (a frozen member resumes), the others wait; if none ever does, the
+    // job stalls and dml-run ends it.
+    std::int64_t holds = 0;
+    for (int s : ready) holds = std::max(holds, members_[static_cast<std::size_t>(s)].step);
+    if (holds < stats_.last_step) {
+      if (!said_waiting_) say(dml::detail::cat("waiting for a member that holds step ", stats_.last_step));
+      said_waiting_ = true;
+      return;
+    }
+    said_waiting_ = false;
     ++epoch_;
     ++stats_.quorums;
     in_epoch_ = std::set<int>(ready.begin(), ready.end());
@@ -382,6 +393,7 @@ class coordinator {
   std::int64_t epoch_ = 0, voting_step_ = 0;
   bool epoch_broken_ = false, finished_ = false;
   bool reconfiguring_ = false;  // the last commit asked the members to come for a new quorum
+  bool said_waiting_ = false;   // "waiting for a member that holds step N" was logged
   std::optional<clock::time_point> waiting_since_, recovery_started_;
   coordinator_stats stats_;
 };
