@@ -215,10 +215,21 @@ int main(int argc, char** argv) {
         std::shuffle(live.begin(), live.end(), rng);
         const int victims = std::min<int>(static_cast<int>(live.size()) - 1,
                                           std::bernoulli_distribution(chaos_double)(rng) ? 2 : 1);
+        std::vector<int> killed;  // in this event
         for (int i = 0; i < victims; ++i) {
-          auto& r = ranks[static_cast<std::size_t>(live[static_cast<std::size_t>(i)])];
-          const bool stop = chaos_signals == "stop" || (chaos_signals == "kill,stop" && std::bernoulli_distribution(0.5)(rng));
-          log << "dml-run: chaos: " << (stop ? "SIGSTOP" : "SIGKILL") << " slot " << live[static_cast<std::size_t>(i)]
+          const int victim = live[static_cast<std::size_t>(i)];
+          auto& r = ranks[static_cast<std::size_t>(victim)];
+          bool stop = chaos_signals == "stop" || (chaos_signals == "kill,stop" && std::bernoulli_distribution(0.5)(rng));
+          // The state lives in the members' memory: a SIGKILL never takes the last process that holds the last
+          // committed step (a frozen one still holds it); that one is frozen instead.
+          int other_holders = 0;
+          for (int s = 0; s < nproc; ++s)
+            if (s != victim && std::ranges::find(killed, s) == killed.end() && ranks[static_cast<std::size_t>(s)].running &&
+                coord.holds_last_step(s))
+              ++other_holders;
+          if (!stop && other_holders == 0) stop = true;
+          if (!stop) killed.push_back(victim);
+          log << "dml-run: chaos: " << (stop ? "SIGSTOP" : "SIGKILL") << " slot " << victim
               << " at step " << coord.stats().last_step << std::endl;
           ::kill(r.pid, stop ? SIGSTOP : SIGKILL);
           if (stop) {
