@@ -4,10 +4,13 @@
 #pragma once
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "dml/core/algorithm.hpp"
@@ -15,6 +18,19 @@
 #include "dml/optim/loss_scaler.hpp"
 #include "dml/parallel/buckets.hpp"
 #include "dml/train/checkpoint.hpp"
+#include "dml/train/options.hpp"
+
+namespace dml::train {
+
+// What a rank holds in the global index space of checkpoints (train/checkpoint.hpp), in memory: meta.values
+// holds the elements of `ranges`, in order. Any layout of the same model restores from a set of these (of one
+// step) that covers every element: a restart at another world size reshards them as it reshards checkpoints.
+struct state_pieces {
+  state_snapshot meta;
+  std::vector<checkpoint_range> ranges;
+};
+
+}  // namespace dml::train
 
 namespace dml::train::detail {
 
@@ -136,11 +152,10 @@ void save_sharded(Comm& comm, Sync& sync, const std::filesystem::path& dir, chec
   write_checkpoint(comm, dir, std::move(info), ranges, std::span<const float* const>(data));
 }
 
-// Reads what this layout holds: whole parameters or state where the sharding keeps them whole, else
-// the rank's pieces. Everything lands in scratch first, so a failed load leaves the sharding as it was.
-template <int StateSlots, class Comm, class Sync>
-checkpoint_info load_sharded(Comm& comm, Sync& sync, const nn::param_layout& L, const std::filesystem::path& dir,
-                             const checkpoint_info& want) {
+// What this layout holds, as ranges of the global index space and where each lands: whole parameters or state
+// where the sharding keeps them whole, else the rank's pieces.
+template <int StateSlots, class Sync>
+std::pair<std::vector<checkpoint_range>, std::vector<float*>> held_ranges(Sync& sync, const nn::param_layout& L) {
   const auto mine = sync.owned_pieces();
   std::vector<checkpoint_range> need;
   std::vector<float*> dst;
@@ -158,16 +173,88 @@ checkpoint_info load_sharded(Comm& comm, Sync& sync, const nn::param_layout& L, 
       for (const auto& s : L.slots) add(k, s, 0, s.shape.numel(), base + s.offset);
     }
   }
+  return {std::move(need), std::move(dst)};
+}
+
+// Fills `need` through scratch (read(need, out) fills out[i] with need[i]'s elements), then copies into dst:
+// a read that throws leaves the sharding as it was.
+template <class Read>
+void fill_held(const std::vector<checkpoint_range>& need, const std::vector<float*>& dst, Read&& read) {
   std::size_t total = 0;
   for (const auto& q : need) total += static_cast<std::size_t>(q.end - q.begin);
   std::vector<float> scratch(total);
   std::vector<float*> out;
   for (std::size_t i = 0, at = 0; i < need.size(); at += static_cast<std::size_t>(need[i].end - need[i].begin), ++i)
     out.push_back(scratch.data() + at);
-  auto info = read_checkpoint(comm, dir, want, need, std::span<float* const>(out));
+  read(need, out);
   for (std::size_t i = 0; i < need.size(); ++i)
     dml::copy_n(out[i], static_cast<std::size_t>(need[i].end - need[i].begin), dst[i]);
+}
+
+// Reads what this layout holds from the newest checkpoint in dir.
+template <int StateSlots, class Comm, class Sync>
+checkpoint_info load_sharded(Comm& comm, Sync& sync, const nn::param_layout& L, const std::filesystem::path& dir,
+                             const checkpoint_info& want) {
+  const auto [need, dst] = held_ranges<StateSlots>(sync, L);
+  checkpoint_info info;
+  fill_held(need, dst, [&](const std::vector<checkpoint_range>& q, std::vector<float*>& out) {
+    info = read_checkpoint(comm, dir, want, q, std::span<float* const>(out));
+  });
   return info;
+}
+
+// The elements a rank owns (parallel/ownership.hpp), parameters and optimizer state, in the global index space
+// of checkpoints, with the trainer's counters: what train::state_pieces carries.
+template <int StateSlots, class Sync>
+void export_owned(Sync& sync, const nn::param_layout& L, state_pieces& out) {
+  for (const auto& p : sync.owned_pieces()) {
+    const auto& slot = L.slots[p.slot];
+    for (int k = -1; k < StateSlots; ++k) {
+      const float* held = sync.held(k, p);
+      whole_runs(slot.spec.shard, p.begin, p.end, [&](std::int64_t b, std::int64_t e, std::int64_t local) {
+        out.ranges.push_back({checkpoint_tensor_name(k, slot.name), b, e});
+        const auto at = out.meta.values.size();
+        out.meta.values.resize(at + static_cast<std::size_t>(e - b));
+        dml::copy_n(held + (local - p.begin), static_cast<std::size_t>(e - b), out.meta.values.data() + at);
+      });
+    }
+  }
+}
+
+// Fills out[i] with the elements of need[i] from any of `sources` (pieces of one step, from any layouts; where
+// two hold an element, they hold the same value). An element none holds is an error naming it.
+inline void read_pieces(std::span<const state_pieces> sources, const std::vector<checkpoint_range>& need,
+                        std::span<float* const> out) {
+  struct run { std::int64_t begin, end; const float* data; };
+  std::map<std::string_view, std::vector<run>> by_tensor;
+  for (const auto& s : sources) {
+    std::size_t at = 0;
+    for (const auto& r : s.ranges) {
+      if (r.end < r.begin || at + static_cast<std::size_t>(r.end - r.begin) > s.meta.values.size())
+        fail<format_error>("dml::train: a state's range [", r.begin, ", ", r.end, ") of '", r.tensor,
+                           "' runs past its ", s.meta.values.size(), " values");
+      by_tensor[r.tensor].push_back({r.begin, r.end, s.meta.values.data() + at});
+      at += static_cast<std::size_t>(r.end - r.begin);
+    }
+  }
+  for (auto& [name, runs] : by_tensor) std::ranges::sort(runs, {}, &run::begin);
+  for (std::size_t i = 0; i < need.size(); ++i) {
+    const auto& q = need[i];
+    const auto it = by_tensor.find(q.tensor);
+    std::int64_t at = q.begin;
+    if (it != by_tensor.end())
+      for (const auto& r : it->second) {  // sorted by begin: take each run that reaches past `at`
+        if (r.begin > at) break;
+        if (r.end <= at) continue;
+        const std::int64_t e = std::min(r.end, q.end);
+        std::memcpy(out[i] + (at - q.begin), r.data + (at - r.begin), static_cast<std::size_t>(e - at) * sizeof(float));
+        at = e;
+        if (at == q.end) break;
+      }
+    if (at != q.end)
+      fail<invalid_argument>("dml::train: elements [", at, ", ", q.end, ") of '", q.tensor, "' are held by none of the ",
+                             sources.size(), " states given");
+  }
 }
 
 }  // namespace dml::train::detail

@@ -34,6 +34,8 @@ struct engine_base {
   virtual step_result step(tensor_view<const float, Space> x, const std::int32_t* y, std::int64_t global_batch) = 0;
   virtual state_snapshot snapshot() = 0;
   virtual void restore(const state_snapshot&) = 0;
+  virtual state_pieces export_pieces() = 0;
+  virtual void import_pieces(std::span<const state_pieces> sources) = 0;
   virtual std::int64_t correct(tensor_view<const float, Space> x, const std::int32_t* y) = 0;
   virtual std::vector<float> full_parameters() = 0;
   virtual void load_full_parameters(std::span<const float> full) = 0;
@@ -255,6 +257,30 @@ class engine final : public engine_base<Space> {
     optimizer_step_ = s.optimizer_step;
     opt_.seed = s.seed;
     scaler_.restore(s.loss_scale, s.growth_tracker);
+    sync_.refresh_working();
+  }
+  state_pieces export_pieces() override {
+    state_pieces out{.meta = {.step = step_, .optimizer_step = optimizer_step_, .seed = opt_.seed,
+                              .loss_scale = scaler_.scale(), .growth_tracker = scaler_.growth_tracker(), .values = {}},
+                     .ranges = {}};
+    export_owned<Optimizer::state_slots>(sync_, net_.layout(), out);
+    return out;
+  }
+  void import_pieces(std::span<const state_pieces> sources) override {
+    if (sources.empty()) fail<invalid_argument>("dml::trainer::import_pieces: expected at least one state, found none");
+    const auto& m = sources.front().meta;
+    for (const auto& s : sources)
+      if (s.meta.step != m.step || s.meta.optimizer_step != m.optimizer_step || s.meta.seed != m.seed)
+        fail<invalid_argument>("dml::trainer::import_pieces: expected the states of one step, found steps ", m.step,
+                               " and ", s.meta.step);
+    const auto [need, dst] = held_ranges<Optimizer::state_slots>(sync_, net_.layout());
+    fill_held(need, dst, [&](const std::vector<checkpoint_range>& q, std::vector<float*>& out) {
+      read_pieces(sources, q, std::span<float* const>(out));
+    });
+    step_ = m.step;
+    optimizer_step_ = m.optimizer_step;
+    opt_.seed = m.seed;
+    scaler_.restore(m.loss_scale, m.growth_tracker);
     sync_.refresh_working();
   }
 

@@ -98,6 +98,12 @@ class trainer {
   // snapshot of the same layout and rank (this one's, or a peer's that holds the same part: a replica).
   train::state_snapshot snapshot() { return engine_->snapshot(); }
   void restore(const train::state_snapshot& s) { engine_->restore(s); }
+  // What this rank owns (its pieces of parameters and optimizer state) in the global index space of checkpoints,
+  // in memory; not collective. import_pieces() fills this rank from states of one step exported by any layout
+  // of the same model (another world size, sharding or pipeline cut), as load_checkpoint does from files; an
+  // element none of them holds is an error, and the trainer is left as it was.
+  train::state_pieces export_pieces() { return engine_->export_pieces(); }
+  void import_pieces(std::span<const train::state_pieces> sources) { engine_->import_pieces(sources); }
 
  private:
   // The trainer's memory is the communicator's: dml::cuda over comm::nccl, dml::host over comm::local or comm::mpi.
