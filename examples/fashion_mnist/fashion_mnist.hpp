@@ -59,6 +59,7 @@ struct options {
   bool elastic = false;    // under dml-run: train through deaths of ranks (main_elastic.cpp)
   std::string commit_log;  // --elastic: append "step epoch members hash" per committed step
   std::int64_t comm_timeout_ms = 1000;  // --elastic: the deadline of every collective
+  int copies = 1;  // --elastic with parts of the model: the members after each that hold a copy of its pieces
 };
 
 // The command line: every flag bound to its member of `o`, with its default and its rules (dml/train/flags.hpp).
@@ -116,9 +117,13 @@ inline dml::flags command_line(options& o) {
   f.add("--cuts", o.cuts, "L,L", "first layer of each stage after the first").default_text("balanced");
   f.add_switch("--recompute", o.recompute, "recompute activations in the backward pass");
   f.add_switch("--print-schedule", o.print_schedule, "print the pipeline schedule's table");
-  f.add_switch("--elastic", o.elastic, "under dml-run: train through deaths, freezes and restarts of ranks (ddp, fp32)");
+  f.add_switch("--elastic", o.elastic, "under dml-run: train through deaths, freezes and restarts of ranks (fp32; ddp heals from peers, zero1-3 and --pp restart at the new size)");
   f.add("--commit-log", o.commit_log, "FILE", "with --elastic: append one line per committed step");
   f.add("--comm-timeout-ms", o.comm_timeout_ms, "MS", "with --elastic: the deadline of every collective").min(1);
+  f.add("--copies", o.copies, "K",
+        "with --elastic and zero1-3 or --pp: the members after each that hold a copy of its state (deaths survived "
+        "at once)")
+      .min(1);
   return f;
 }
 

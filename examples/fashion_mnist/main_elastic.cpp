@@ -1,9 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-// examples/fashion_mnist/main_elastic.cpp — the --elastic path: ranks started by dml-run train data parallel over
-// comm::gloo and go on when a rank dies, is frozen or restarts (include/dml/ft/elastic.hpp). The global batch is
-// kept: the members of a configuration split each step's samples among themselves.
+// examples/fashion_mnist/main_elastic.cpp — the --elastic path: ranks started by dml-run train over comm::gloo and
+// go on when a rank dies, is frozen or restarts (include/dml/ft/elastic.hpp). The global batch is kept: the
+// members of a configuration split each step's samples among themselves.
+//   --parallel ddp on one stage: every member is a replica, and one behind heals from a peer (train_elastic).
+//   --parallel zero1-3 or --pp K: members hold parts of the model; each configuration restarts at its own size
+//   from the pieces the members and their buddies hold (train_restarting), with the largest number of stages
+//   up to K that divides it.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <numeric>
 
 #include "dml/comm/gloo.hpp"
 #include "dml/ft/elastic.hpp"
@@ -14,66 +20,68 @@
 
 namespace fashion_mnist {
 
-int run_elastic(const options& o, const dml::train::dataset& train_set, const dml::train::dataset& test_set) {
-  if (o.parallel != "ddp" || o.precision != "fp32" || o.pp != 1 || o.compress != "none" || !o.offload.empty() ||
-      !o.resume.empty() || !o.checkpoint.empty())
-    dml::fail<dml::invalid_argument>("--elastic trains ddp in fp32 on one stage, without --compress, --offload, "
-                                     "--checkpoint or --resume (found --parallel ", o.parallel, " --precision ",
-                                     o.precision, " --pp ", o.pp, ")");
-  if (!dml::ft::session_options::in_environment())
-    dml::fail<dml::invalid_argument>("--elastic: start the ranks with dml-run (DML_RUN_COORDINATOR is not set)");
-  dml::set_thread_budget(o.threads);
-  const auto so = dml::ft::session_options::from_environment();
-  const auto timeout = std::chrono::milliseconds(o.comm_timeout_ms);
-  auto base = std::make_shared<dml::ft::tcp_store>(so.address, so.token, std::chrono::milliseconds(30000));
-  dml::ft::session session(so);
-  const any_optimizer opt = make_optimizer(o);
-  dml::train::sampler sampler(train_set.size(), o.batch, o.seed, o.shuffle);
-  const std::int64_t planned = planned_steps(o, sampler.batches_per_epoch());
+namespace {
 
-  return dml::nn::with_mlp<max_hidden>(train_set.features(), o.hidden, 10, [&](auto model) {
-    using trainer_t = dml::trainer<dml::parallel::replicate, any_optimizer>;
-    batch_loader<dml::host> loader;
-    std::vector<std::int64_t> order;  // of the epoch order_epoch
-    std::int64_t order_epoch = -1;
-    auto make_comm = [&](const dml::ft::quorum& q) {
-      auto store = std::make_shared<::gloo::rendezvous::PrefixStore>("epoch-" + std::to_string(q.epoch), *base);
-      return std::make_unique<dml::comm::gloo>(store, q.rank, q.size(), dml::comm::gloo_options{.timeout = timeout});
-    };
-    auto make_trainer = [&](dml::comm::gloo& c, std::function<bool()> commit) {
-      dml::train::trainer_options to;
-      to.seed = o.seed;
-      to.bucket_mb = o.bucket_mb;
-      to.commit = std::move(commit);
-      to.lr = [&o, base_lr = opt.default_lr(), planned](std::int64_t s) { return learning_rate(o, base_lr, s, planned); };
-      return std::make_unique<trainer_t>(c, model, to, opt);
-    };
-    auto run_step = [&](trainer_t& t, dml::comm::gloo&, std::int64_t step, const dml::ft::quorum& q) {
-      // Step `step` of the whole run: its samples depend on the step alone; this member takes its share.
-      const std::int64_t per = sampler.batches_per_epoch(), b = step % per;
-      if (step / per != order_epoch) {
-        order_epoch = step / per;
-        order = sampler.order(static_cast<std::uint64_t>(order_epoch));
-      }
-      const std::int64_t global = std::min(o.batch, train_set.size() - b * o.batch);
-      loader.load(train_set, dml::train::sampler::slice(order, b, o.batch, q.rank, q.size()));
-      return t.step(loader.x.cview(), loader.y.data(), global);
-    };
+// What both paths share: the coordinator's session, the store, and each step's samples.
+struct elastic_job {
+  const options& o;
+  const dml::train::dataset& train_set;
+  const dml::train::dataset& test_set;
+  dml::ft::session_options so = dml::ft::session_options::from_environment();
+  std::shared_ptr<dml::ft::tcp_store> base =
+      std::make_shared<dml::ft::tcp_store>(so.address, so.token, std::chrono::milliseconds(30000));
+  dml::ft::session session{so};
+  any_optimizer opt = make_optimizer(o);
+  dml::train::sampler sampler{train_set.size(), o.batch, o.seed, o.shuffle};
+  std::int64_t planned = planned_steps(o, sampler.batches_per_epoch());
+  batch_loader<dml::host> loader;
+  std::vector<std::int64_t> order;  // of the epoch order_epoch
+  std::int64_t order_epoch = -1;
+
+  // Each configuration's communicator: its own key space in the store (the fencing).
+  std::unique_ptr<dml::comm::gloo> make_comm(const dml::ft::quorum& q) {
+    auto store = std::make_shared<::gloo::rendezvous::PrefixStore>("epoch-" + std::to_string(q.epoch), *base);
+    return std::make_unique<dml::comm::gloo>(store, q.rank, q.size(),
+                                             dml::comm::gloo_options{.timeout = std::chrono::milliseconds(o.comm_timeout_ms)});
+  }
+  dml::train::trainer_options trainer_options() const {
+    dml::train::trainer_options to;
+    to.seed = o.seed;
+    to.bucket_mb = o.bucket_mb;
+    to.lr = [&o = o, base_lr = opt.default_lr(), p = planned](std::int64_t s) { return learning_rate(o, base_lr, s, p); };
+    return to;
+  }
+  // Step `step` of the whole run: its samples depend on the step alone; data rank `rank` of `ranks` takes its share.
+  template <class Trainer>
+  dml::train::step_result step(Trainer& t, std::int64_t step, int rank, int ranks) {
+    const std::int64_t per = sampler.batches_per_epoch(), b = step % per;
+    if (step / per != order_epoch) {
+      order_epoch = step / per;
+      order = sampler.order(static_cast<std::uint64_t>(order_epoch));
+    }
+    const std::int64_t global = std::min(o.batch, train_set.size() - b * o.batch);
+    loader.load(train_set, dml::train::sampler::slice(order, b, o.batch, rank, ranks));
+    return t.step(loader.x.cview(), loader.y.data(), global);
+  }
+  dml::ft::elastic_options elastic_options() const {
     // "{slot}" in --commit-log names this rank's own file.
     std::string commit_log = o.commit_log;
     if (const auto at = commit_log.find("{slot}"); at != std::string::npos)
       commit_log.replace(at, 6, std::to_string(so.slot));
-    const auto r = dml::ft::train_elastic(session, make_comm, make_trainer, run_step,
-                                          {.steps = planned, .commit_log = commit_log, .log = &std::cerr});
+    return {.steps = planned, .commit_log = commit_log, .log = &std::cerr, .copies = o.copies};
+  }
+  // The first member of the last configuration scores the test set alone, on one rank holding the final state.
+  template <class Model>
+  void finish(const dml::ft::elastic_result& r, Model model) {
     if (r.steps < planned) {
       std::printf("slot %d: the job finished at step %lld without this start\n", so.slot, static_cast<long long>(r.steps));
-      return 0;
+      return;
     }
-    // Every member holds the whole model: the first of the last configuration scores the test set alone.
-    if (r.rank == 0 && r.state) {
+    if (r.rank == 0 && (r.state || !r.pieces.empty())) {
       dml::comm::local::run(1, [&](dml::comm::local& c) {
         dml::trainer<dml::parallel::replicate, any_optimizer> t(c, model, {}, opt);
-        t.restore(*r.state);
+        if (r.state) t.restore(*r.state);
+        else t.import_pieces(r.pieces);
         std::int64_t correct = 0;
         std::vector<std::int64_t> all(static_cast<std::size_t>(test_set.size()));
         std::iota(all.begin(), all.end(), std::int64_t{0});
@@ -89,6 +97,73 @@ int run_elastic(const options& o, const dml::train::dataset& train_set, const dm
                 static_cast<long long>(r.healed), static_cast<long long>(r.failed_steps), r.seconds,
                 static_cast<double>(r.losses.empty() ? 0.f : r.losses.back()), static_cast<unsigned long long>(r.hash));
     std::fflush(stdout);
+  }
+};
+
+// Replicas: a member behind the others heals from one at the quorum's step.
+template <class Model>
+void run_replicas(elastic_job& j, Model model) {
+  using trainer_t = dml::trainer<dml::parallel::replicate, any_optimizer>;
+  auto make_trainer = [&](dml::comm::gloo& c, std::function<bool()> commit) {
+    auto to = j.trainer_options();
+    to.commit = std::move(commit);
+    return std::make_unique<trainer_t>(c, model, to, j.opt);
+  };
+  auto run_step = [&](trainer_t& t, dml::comm::gloo&, std::int64_t step, const dml::ft::quorum& q) {
+    return j.step(t, step, q.rank, q.size());
+  };
+  auto make_comm = [&](const dml::ft::quorum& q) { return j.make_comm(q); };
+  j.finish(dml::ft::train_elastic(j.session, make_comm, make_trainer, run_step, j.elastic_options()), model);
+}
+
+// Parts of the model: every configuration restarts at its size, with the most stages up to --pp that divide it.
+template <class Sharding, class Model>
+void run_parts(elastic_job& j, Model model) {
+  using trainer_t = dml::trainer<Sharding, any_optimizer>;
+  auto stages = [&](int n) {
+    int k = std::min(j.o.pp, n);
+    while (n % k != 0) --k;
+    return k;
+  };
+  auto make_trainer = [&](dml::comm::gloo& c, const dml::ft::quorum& q) {
+    auto to = j.trainer_options();
+    to.pipeline_stages = stages(q.size());
+    to.micro_batches = j.o.microbatches;
+    to.schedule = j.o.schedule;
+    to.recompute = j.o.recompute;
+    if (q.rank == 0)
+      std::cerr << "slot " << j.so.slot << ": epoch " << q.epoch << " trains " << j.o.parallel << " on "
+                << to.pipeline_stages << " stage(s) x " << q.size() / to.pipeline_stages << " data-parallel rank(s)"
+                << std::endl;
+    return std::make_unique<trainer_t>(c, model, to, j.opt);
+  };
+  auto run_step = [&](trainer_t& t, dml::comm::gloo&, std::int64_t step, const dml::ft::quorum& q) {
+    const int dp = q.size() / stages(q.size());  // the stages of one data rank take the same rows
+    return j.step(t, step, q.rank % dp, dp);
+  };
+  auto make_comm = [&](const dml::ft::quorum& q) { return j.make_comm(q); };
+  j.finish(dml::ft::train_restarting(j.session, make_comm, make_trainer, run_step, j.elastic_options()), model);
+}
+
+}  // namespace
+
+int run_elastic(const options& o, const dml::train::dataset& train_set, const dml::train::dataset& test_set) {
+  if (o.precision != "fp32" || o.compress != "none" || !o.offload.empty() || !o.resume.empty() ||
+      !o.checkpoint.empty() || o.replicas != 1 || o.dp != 0 || !o.cuts.empty())
+    dml::fail<dml::invalid_argument>("--elastic trains in fp32, without --compress, --offload, --checkpoint, "
+                                     "--resume, --replicas, --dp or --cuts (the layout follows the world's size; "
+                                     "found --precision ", o.precision, ")");
+  if (!dml::ft::session_options::in_environment())
+    dml::fail<dml::invalid_argument>("--elastic: start the ranks with dml-run (DML_RUN_COORDINATOR is not set)");
+  dml::set_thread_budget(o.threads);
+  elastic_job j{o, train_set, test_set};
+  return dml::nn::with_mlp<max_hidden>(train_set.features(), o.hidden, 10, [&](auto model) {
+    using dml::parallel::zero;
+    if (o.parallel == "zero1") run_parts<zero<1>>(j, model);
+    else if (o.parallel == "zero2") run_parts<zero<2>>(j, model);
+    else if (o.parallel == "zero3") run_parts<zero<3>>(j, model);
+    else if (o.pp > 1) run_parts<dml::parallel::replicate>(j, model);
+    else run_replicas(j, model);
     return 0;
   });
 }

@@ -7,6 +7,7 @@
 import argparse
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -40,7 +41,7 @@ def one_run(a, seed, workdir):
            "--log", os.path.join(logs, "dml-run.log"), "--stall-seconds", "60",
            a.program, "--elastic", "--data", a.data, "--steps", str(a.steps), "--batch", str(a.batch),
            "--hidden", a.hidden, "--comm-timeout-ms", str(a.comm_timeout_ms),
-           "--commit-log", os.path.join(logs, "commits-{slot}.log")]
+           "--commit-log", os.path.join(logs, "commits-{slot}.log")] + shlex.split(a.args)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     intruder = try_intruder(os.path.join(logs, "dml-run.log")) if seed == a.seed else None
     out, err = proc.communicate(timeout=a.timeout)
@@ -147,6 +148,7 @@ def main():
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--loss-bound", type=float, default=1e-3)
+    ap.add_argument("--args", default="", help="more arguments of the program, e.g. '--parallel zero2 --pp 2'")
     a = ap.parse_args()
     workdir = tempfile.mkdtemp(prefix="dml-chaos-")
     rec, lost, recoveries, events, drift = [], 0, 0, 0, 0.0
