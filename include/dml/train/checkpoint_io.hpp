@@ -251,9 +251,14 @@ inline void read_pieces(std::span<const state_pieces> sources, const std::vector
         at = e;
         if (at == q.end) break;
       }
-    if (at != q.end)
-      fail<invalid_argument>("dml::train: elements [", at, ", ", q.end, ") of '", q.tensor, "' are held by none of the ",
-                             sources.size(), " states given");
+    if (at != q.end) {
+      std::int64_t gap_end = q.end;  // up to the next run that holds something
+      if (it != by_tensor.end())
+        for (const auto& r : it->second)
+          if (r.begin > at) gap_end = std::min(gap_end, r.begin);
+      fail<invalid_argument>("dml::train: elements [", at, ", ", gap_end, ") of '", q.tensor,
+                             "' are held by none of the ", sources.size(), " states given");
+    }
   }
 }
 
