@@ -161,6 +161,22 @@ TEST_CASE("a joiner is taken in after the next commit and learns it is behind") 
   CHECK(s.finished());
 }
 
+TEST_CASE("a member that says DONE and leaves before the others do is not a death") {
+  served s(options(2, 2));
+  auto a = std::make_unique<session>(s.member(0));
+  session b(s.member(1));
+  auto q = join_all({a.get(), &b}, {0, 0});
+  CHECK(vote_all({a.get(), &b}, q[0].epoch, 1, {true, true})[0] == verdict::commit);
+  a->done();
+  a.reset();  // its connections close
+  std::this_thread::sleep_for(100ms);
+  CHECK(!s.finished());
+  b.done();
+  for (int i = 0; i < 100 && !s.finished(); ++i) std::this_thread::sleep_for(10ms);
+  CHECK(s.finished());
+  CHECK(s.stats().deaths == 0);
+}
+
 TEST_CASE("the store serves keys, and refuses a process without the job token") {
   served s(options(1));
   auto [host, port] = parse_address("127.0.0.1:" + std::to_string(s.c.port()), "test");

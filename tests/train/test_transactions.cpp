@@ -169,6 +169,9 @@ TEST_CASE("pieces move a run out of a pipeline: 2 stages x 2 ranks (zero<1>) to 
 TEST_CASE("pieces move a run into a pipeline: replicate on 3 to 2 stages (zero<3>)") {
   check_moved<parallel::replicate, parallel::zero<3>>(3, 1, 2, 2);
 }
+TEST_CASE("pieces move a run into 2 stages x 2 data ranks: zero<3> on 3 to zero<3> on 4") {
+  check_moved<parallel::zero<3>, parallel::zero<3>>(3, 1, 4, 2);
+}
 TEST_CASE("pieces that miss an element are refused, and the trainer is unchanged") {
   auto a = move_run<parallel::zero<2>>(2, 1, {});
   a.pieces.pop_back();  // rank 1's part is gone

@@ -358,6 +358,11 @@ class coordinator {
     if (!m.alive) return;
     m.alive = m.wants_quorum = m.voted = false;
     if (finished_) return;  // after the last step, members leave
+    if (m.done && in_epoch_.count(slot)) {
+      // It reached the last step and left before the others said so: not a failure; the epoch waits for them.
+      say(dml::detail::cat("slot ", slot, " left after the last step"));
+      return check_finished();
+    }
     ++stats_.deaths;
     say(dml::detail::cat("slot ", slot, " is dead: ", why));
     if (in_epoch_.count(slot) && !finished_) break_epoch(dml::detail::cat("slot ", slot, " died"));

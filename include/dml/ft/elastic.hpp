@@ -161,7 +161,7 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
         }
         out.losses[static_cast<std::size_t>(at)] = r.loss;
         ++at;
-        if (commits) {
+        if (commits.is_open()) {
           const auto p = t->full_parameters();
           commits << at << ' ' << q.epoch << ' ' << q.size() << ' ' << parameter_hash(p) << std::endl;
         }
@@ -397,7 +397,7 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
         // needs the others (the hash of the parameters, the final pieces) is done before the vote.
         auto now = pieces_of(*t, *comm, q, at + 1);
         const bool last = at + 1 == o.steps;
-        const std::uint64_t hash = commits || last ? parameter_hash(t->full_parameters()) : 0;
+        const std::uint64_t hash = commits.is_open() || last ? parameter_hash(t->full_parameters()) : 0;
         auto final_pieces = last ? detail::collect_pieces(*comm, now, at + 1) : std::vector<train::state_pieces>{};
         const verdict v = s.vote(q.epoch, at + 1, true);
         if (v != verdict::commit && v != verdict::commit_and_reconfigure) {
@@ -408,7 +408,7 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
         committed = ++at;
         held = std::move(now);
         out.losses[static_cast<std::size_t>(at - 1)] = r.loss;
-        if (commits) commits << at << ' ' << q.epoch << ' ' << q.size() << ' ' << hash << std::endl;
+        if (commits.is_open()) commits << at << ' ' << q.epoch << ' ' << q.size() << ' ' << hash << std::endl;
         if (last) out.hash = hash, out.pieces = std::move(final_pieces);
         if (v == verdict::commit_and_reconfigure) break;
       }
