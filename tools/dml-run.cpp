@@ -66,7 +66,7 @@ void on_signal(int) { interrupted = 1; }
 }  // namespace
 
 int main(int argc, char** argv) {
-  int nproc = 1, min_members = 0, max_restarts = 10, chaos_events = 0;
+  int nproc = 1, min_members = 0, max_restarts = 10, chaos_events = 0, chaos_keep = 1;
   std::string host = "127.0.0.1", chaos_signals = "kill", log_file;
   std::int64_t heartbeat_ms = 1000, join_ms = 5000, stall_s = 120, chaos_every_ms = 2000, chaos_seed = 1;
   double chaos_double = 0.0;
@@ -89,6 +89,10 @@ int main(int argc, char** argv) {
   cli.add("--chaos-seed", chaos_seed, "S", "seed of the chaos (victims, moments, signals)");
   cli.add("--chaos-signals", chaos_signals, "LIST", "kill, stop (SIGSTOP, SIGCONT 0.5-2.5 s later) or kill,stop");
   cli.add("--chaos-double", chaos_double, "P", "chance that an event hits two ranks at once").min(0.0).max(1.0);
+  cli.add("--chaos-keep", chaos_keep, "N",
+          "a SIGKILL never leaves fewer than N live ranks holding the last committed step (it freezes instead): 1 "
+          "for replicas, members - copies for state held in parts")
+      .min(1);
   // dml-run's flags come first; the program and its arguments are the rest of the line.
   int first = 1;
   while (first < argc && std::string_view(argv[first]).starts_with("--")) {
@@ -220,14 +224,14 @@ int main(int argc, char** argv) {
           const int victim = live[static_cast<std::size_t>(i)];
           auto& r = ranks[static_cast<std::size_t>(victim)];
           bool stop = chaos_signals == "stop" || (chaos_signals == "kill,stop" && std::bernoulli_distribution(0.5)(rng));
-          // The state lives in the members' memory: a SIGKILL never takes the last process that holds the last
-          // committed step (a frozen one still holds it); that one is frozen instead.
+          // The state lives in the members' memory: a SIGKILL never leaves fewer than --chaos-keep processes that
+          // hold the last committed step (a frozen one still holds it); that one is frozen instead.
           int other_holders = 0;
           for (int s = 0; s < nproc; ++s)
             if (s != victim && std::ranges::find(killed, s) == killed.end() && ranks[static_cast<std::size_t>(s)].running &&
                 coord.holds_last_step(s))
               ++other_holders;
-          if (!stop && other_holders == 0) stop = true;
+          if (!stop && other_holders < chaos_keep) stop = true;
           if (!stop) killed.push_back(victim);
           log << "dml-run: chaos: " << (stop ? "SIGSTOP" : "SIGKILL") << " slot " << victim
               << " at step " << coord.stats().last_step << std::endl;

@@ -16,21 +16,16 @@
 #include "dml/ft/store.hpp"
 #include "fashion_mnist.hpp"
 
-#include <gloo/rendezvous/prefix_store.h>
-
 namespace fashion_mnist {
 
 namespace {
 
-// What both paths share: the coordinator's session, the store, and each step's samples.
+// What both paths share: the rank's job (session, store, communicators) and each step's samples.
 struct elastic_job {
   const options& o;
   const dml::train::dataset& train_set;
   const dml::train::dataset& test_set;
-  dml::ft::session_options so = dml::ft::session_options::from_environment();
-  std::shared_ptr<dml::ft::tcp_store> base =
-      std::make_shared<dml::ft::tcp_store>(so.address, so.token, std::chrono::milliseconds(30000));
-  dml::ft::session session{so};
+  dml::ft::gloo_job job{std::chrono::milliseconds(o.comm_timeout_ms)};
   any_optimizer opt = make_optimizer(o);
   dml::train::sampler sampler{train_set.size(), o.batch, o.seed, o.shuffle};
   std::int64_t planned = planned_steps(o, sampler.batches_per_epoch());
@@ -38,12 +33,6 @@ struct elastic_job {
   std::vector<std::int64_t> order;  // of the epoch order_epoch
   std::int64_t order_epoch = -1;
 
-  // Each configuration's communicator: its own key space in the store (the fencing).
-  std::unique_ptr<dml::comm::gloo> make_comm(const dml::ft::quorum& q) {
-    auto store = std::make_shared<::gloo::rendezvous::PrefixStore>("epoch-" + std::to_string(q.epoch), *base);
-    return std::make_unique<dml::comm::gloo>(store, q.rank, q.size(),
-                                             dml::comm::gloo_options{.timeout = std::chrono::milliseconds(o.comm_timeout_ms)});
-  }
   dml::train::trainer_options trainer_options() const {
     dml::train::trainer_options to;
     to.seed = o.seed;
@@ -64,17 +53,13 @@ struct elastic_job {
     return t.step(loader.x.cview(), loader.y.data(), global);
   }
   dml::ft::elastic_options elastic_options() const {
-    // "{slot}" in --commit-log names this rank's own file.
-    std::string commit_log = o.commit_log;
-    if (const auto at = commit_log.find("{slot}"); at != std::string::npos)
-      commit_log.replace(at, 6, std::to_string(so.slot));
-    return {.steps = planned, .commit_log = commit_log, .log = &std::cerr, .copies = o.copies};
+    return {.steps = planned, .commit_log = job.slot_path(o.commit_log), .log = &std::cerr, .copies = o.copies};
   }
   // The first member of the last configuration scores the test set alone, on one rank holding the final state.
   template <class Model>
   void finish(const dml::ft::elastic_result& r, Model model) {
     if (r.steps < planned) {
-      std::printf("slot %d: the job finished at step %lld without this start\n", so.slot, static_cast<long long>(r.steps));
+      std::printf("slot %d: the job finished at step %lld without this start\n", job.slot(), static_cast<long long>(r.steps));
       return;
     }
     if (r.rank == 0 && (r.state || !r.pieces.empty())) {
@@ -92,10 +77,7 @@ struct elastic_job {
         std::printf("test_accuracy=%.4f\n", double(correct) / double(test_set.size()));
       });
     }
-    std::printf("slot=%d steps=%lld configurations=%lld healed=%lld failed_steps=%lld seconds=%.3f final_loss=%.6f state_hash=%016llx\n",
-                so.slot, static_cast<long long>(r.steps), static_cast<long long>(r.configurations),
-                static_cast<long long>(r.healed), static_cast<long long>(r.failed_steps), r.seconds,
-                static_cast<double>(r.losses.empty() ? 0.f : r.losses.back()), static_cast<unsigned long long>(r.hash));
+    std::printf("%s\n", dml::ft::summary_line(r, job.slot()).c_str());
     std::fflush(stdout);
   }
 };
@@ -112,8 +94,8 @@ void run_replicas(elastic_job& j, Model model) {
   auto run_step = [&](trainer_t& t, dml::comm::gloo&, std::int64_t step, const dml::ft::quorum& q) {
     return j.step(t, step, q.rank, q.size());
   };
-  auto make_comm = [&](const dml::ft::quorum& q) { return j.make_comm(q); };
-  j.finish(dml::ft::train_elastic(j.session, make_comm, make_trainer, run_step, j.elastic_options()), model);
+  auto make_comm = [&](const dml::ft::quorum& q) { return j.job.make_comm(q); };
+  j.finish(dml::ft::train_elastic(j.job.session(), make_comm, make_trainer, run_step, j.elastic_options()), model);
 }
 
 // Parts of the model: every configuration restarts at its size, with the most stages up to --pp that divide it.
@@ -132,7 +114,7 @@ void run_parts(elastic_job& j, Model model) {
     to.schedule = j.o.schedule;
     to.recompute = j.o.recompute;
     if (q.rank == 0)
-      std::cerr << "slot " << j.so.slot << ": epoch " << q.epoch << " trains " << j.o.parallel << " on "
+      std::cerr << "slot " << j.job.slot() << ": epoch " << q.epoch << " trains " << j.o.parallel << " on "
                 << to.pipeline_stages << " stage(s) x " << q.size() / to.pipeline_stages << " data-parallel rank(s)"
                 << std::endl;
     return std::make_unique<trainer_t>(c, model, to, j.opt);
@@ -141,8 +123,8 @@ void run_parts(elastic_job& j, Model model) {
     const int dp = q.size() / stages(q.size());  // the stages of one data rank take the same rows
     return j.step(t, step, q.rank % dp, dp);
   };
-  auto make_comm = [&](const dml::ft::quorum& q) { return j.make_comm(q); };
-  j.finish(dml::ft::train_restarting(j.session, make_comm, make_trainer, run_step, j.elastic_options()), model);
+  auto make_comm = [&](const dml::ft::quorum& q) { return j.job.make_comm(q); };
+  j.finish(dml::ft::train_restarting(j.job.session(), make_comm, make_trainer, run_step, j.elastic_options()), model);
 }
 
 }  // namespace

@@ -75,6 +75,11 @@ struct options {
   std::int64_t sample = 0;
   std::optional<std::string> prompt;
   std::optional<float> temperature;  // absent or 0: greedy
+  // under dml-run: train through deaths (main_elastic.cpp); each configuration restarts at its size
+  bool elastic = false;
+  std::string commit_log;               // append "step epoch members hash" per committed step; {slot}: the rank's slot
+  std::int64_t comm_timeout_ms = 2000;  // the deadline of every collective
+  int copies = 1;                       // the members after each that hold a copy of its state
 };
 
 // The command line: every flag bound to its member of `o`, with its default and its rules (dml/train/flags.hpp);
@@ -182,6 +187,12 @@ inline dml::flags command_line(options& o) {
   f.add("--sample", o.sample, "N", "bytes to sample after training").min(0);
   f.add("--prompt", o.prompt, "TEXT", "what the sample continues").default_text("the text's first 16 bytes");
   f.add("--temperature", o.temperature, "X", "sampling temperature").min(0.f).default_text("greedy");
+  f.add_switch("--elastic", o.elastic,
+               "under dml-run (with Gloo): train through deaths, freezes and restarts of ranks; each configuration "
+               "restarts at its size, with the most tensor-parallel ranks up to --tp that it allows");
+  f.add("--commit-log", o.commit_log, "FILE", "with --elastic: append one line per committed step");
+  f.add("--comm-timeout-ms", o.comm_timeout_ms, "MS", "with --elastic: the deadline of every collective").min(1);
+  f.add("--copies", o.copies, "K", "with --elastic: the members after each that hold a copy of its state").min(1);
   return f;
 }
 
@@ -587,6 +598,9 @@ int run(const options& o, Comm& comm, const corpus& text) {
 #if defined(DML_EXAMPLE_WITH_MPI)
 int run_mpi(const options& o, const corpus& text);
 #endif
+#if defined(DML_EXAMPLE_WITH_GLOO)
+int run_elastic(const options& o, const corpus& text);
+#endif
 
 inline int main(int argc, char** argv) {
   options o;
@@ -594,6 +608,13 @@ inline int main(int argc, char** argv) {
   if (const auto status = cli.parse_for_main(argc, argv, [&] { check_across(o); })) return *status;
   try {
     const corpus text = load_corpus(o);
+    if (o.elastic) {
+#if defined(DML_EXAMPLE_WITH_GLOO)
+      return run_elastic(o, text);
+#else
+      dml::fail<dml::invalid_argument>("--elastic: this build has no Gloo");
+#endif
+    }
     if (o.comm == "mpi") {
 #if defined(DML_EXAMPLE_WITH_MPI)
       return run_mpi(o, text);

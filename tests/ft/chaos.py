@@ -37,11 +37,13 @@ def one_run(a, seed, workdir):
     signals = ["kill", "stop", "kill,stop"][seed % 3] if a.signals == "mixed" else a.signals
     cmd = [a.dml_run, "--nproc", str(a.nproc), "--min", str(a.min), "--chaos-events", str(a.events),
            "--chaos-every-ms", str(a.every_ms), "--chaos-seed", str(seed), "--chaos-signals", signals,
-           "--chaos-double", str(a.double), "--heartbeat-deadline-ms", str(a.heartbeat_ms),
+           "--chaos-double", str(a.double), "--chaos-keep", str(a.keep_holders), "--heartbeat-deadline-ms", str(a.heartbeat_ms),
            "--log", os.path.join(logs, "dml-run.log"), "--stall-seconds", "60",
-           a.program, "--elastic", "--data", a.data, "--steps", str(a.steps), "--batch", str(a.batch),
-           "--hidden", a.hidden, "--comm-timeout-ms", str(a.comm_timeout_ms),
-           "--commit-log", os.path.join(logs, "commits-{slot}.log")] + shlex.split(a.args)
+           a.program, "--elastic", "--steps", str(a.steps), "--comm-timeout-ms", str(a.comm_timeout_ms),
+           "--commit-log", os.path.join(logs, "commits-{slot}.log")]
+    # The Fashion-MNIST example's data and model; another program (--gpt) takes its own in --args.
+    cmd += [] if a.gpt else ["--data", a.data, "--batch", str(a.batch), "--hidden", a.hidden]
+    cmd += shlex.split(a.args)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     intruder = try_intruder(os.path.join(logs, "dml-run.log")) if seed == a.seed else None
     out, err = proc.communicate(timeout=a.timeout)
@@ -148,6 +150,9 @@ def main():
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--loss-bound", type=float, default=1e-3)
+    ap.add_argument("--gpt", action="store_true", help="the program is the GPT example (no --data, --batch, --hidden)")
+    ap.add_argument("--keep-holders", type=int, default=1,
+                    help="dml-run --chaos-keep: live holders of the last step a SIGKILL must leave")
     ap.add_argument("--args", default="", help="more arguments of the program, e.g. '--parallel zero2 --pp 2'")
     a = ap.parse_args()
     workdir = tempfile.mkdtemp(prefix="dml-chaos-")

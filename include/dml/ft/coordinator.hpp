@@ -62,10 +62,10 @@ class coordinator {
   }
   // Whether the slot is a member of the current epoch (the one that finished, at the end).
   bool in_final_epoch(int slot) const { return (finished_ ? final_members_ : in_epoch_).count(slot) > 0; }
-  // Whether the slot's current start holds the last committed step (it took part in that commit).
+  // Whether the slot's current start is alive and holds the last committed step (it took part in that commit).
   bool holds_last_step(int slot) const {
     const auto& m = members_.at(static_cast<std::size_t>(slot));
-    return m.incarnation >= 0 && m.step == stats_.last_step;
+    return m.alive && m.incarnation >= 0 && m.step == stats_.last_step;
   }
   // A slot whose process is gone (dml-run saw it exit): dead at once, not at the heartbeat deadline.
   void process_exited(int slot, const std::string& why) {

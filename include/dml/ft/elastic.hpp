@@ -61,6 +61,19 @@ struct elastic_result {
   std::vector<train::state_pieces> pieces;     // the final committed state, every piece (train_restarting)
 };
 
+// One line for a member's end: "slot=S steps=N configurations=C healed=H failed_steps=F seconds=T final_loss=L
+// state_hash=X" (what tests/ft/chaos.py reads).
+inline std::string summary_line(const elastic_result& r, int slot) {
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "slot=%d steps=%lld configurations=%lld healed=%lld failed_steps=%lld seconds=%.3f final_loss=%.6f "
+                "state_hash=%016llx",
+                slot, static_cast<long long>(r.steps), static_cast<long long>(r.configurations),
+                static_cast<long long>(r.healed), static_cast<long long>(r.failed_steps), r.seconds,
+                static_cast<double>(r.losses.empty() ? 0.f : r.losses.back()), static_cast<unsigned long long>(r.hash));
+  return line;
+}
+
 // FNV-1a over the bytes of the parameters: equal on every member after every commit.
 inline std::uint64_t parameter_hash(std::span<const float> p) {
   std::uint64_t h = 1469598103934665603ull;

@@ -1,15 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/ft/store.hpp — Gloo's rendezvous store over the coordinator: the key-value store dml-run serves, reached
 // only with the job's token. Sits on ft/wire.hpp and Gloo (libgloo-dev); comm::gloo rendezvous through it
-// (open_store("tcp:HOST:PORT")). See DESIGN.md §11.
+// (open_store("tcp:HOST:PORT")). gloo_job is what a program started by dml-run needs to train through deaths over
+// comm::gloo: the session with the coordinator, the store, and a communicator per configuration. See DESIGN.md §11.
 #pragma once
 
+#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "dml/comm/gloo.hpp"
+#include "dml/ft/session.hpp"
 #include "dml/ft/wire.hpp"
 
 namespace dml::ft {
@@ -61,6 +66,35 @@ class tcp_store final : public ::gloo::rendezvous::Store {
   milliseconds timeout_;
   std::mutex m_;
   connection c_;
+};
+
+// A rank started by dml-run (DML_RUN_* in the environment): its session with the coordinator and the store, and
+// each configuration's communicator in a key space of its own ("epoch-E": a member frozen in an older epoch can
+// reach no one of a newer one). Give make_comm to ft::train_elastic or ft::train_restarting.
+class gloo_job {
+ public:
+  explicit gloo_job(milliseconds comm_timeout, milliseconds store_timeout = milliseconds(30000))
+      : options_(session_options::from_environment()),
+        store_(std::make_shared<tcp_store>(options_.address, options_.token, store_timeout)),
+        session_(options_),
+        comm_timeout_(comm_timeout) {}
+  ft::session& session() { return session_; }
+  int slot() const { return options_.slot; }
+  std::unique_ptr<comm::gloo> make_comm(const quorum& q) {
+    auto store = std::make_shared<::gloo::rendezvous::PrefixStore>("epoch-" + std::to_string(q.epoch), *store_);
+    return std::make_unique<comm::gloo>(store, q.rank, q.size(), comm::gloo_options{.timeout = comm_timeout_});
+  }
+  // `path` with "{slot}" replaced by this rank's slot: a file of its own (a commit log).
+  std::string slot_path(std::string path) const {
+    if (const auto at = path.find("{slot}"); at != std::string::npos) path.replace(at, 6, std::to_string(slot()));
+    return path;
+  }
+
+ private:
+  session_options options_;
+  std::shared_ptr<tcp_store> store_;
+  ft::session session_;
+  milliseconds comm_timeout_;
 };
 
 }  // namespace dml::ft
