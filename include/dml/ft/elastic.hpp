@@ -105,6 +105,27 @@ train::state_snapshot receive_state(C& c, int from) {
   c.recv(std::span<float>(s.values), from, 72);
   return s;
 }
+// What a member writes: a line per commit to the commit log ("step epoch members hash"), and its story to o.log.
+class journal {
+ public:
+  journal(const elastic_options& o, int slot) : log_(o.log), slot_(slot) {
+    if (o.commit_log.empty()) return;
+    commits_.open(o.commit_log, std::ios::app);
+    if (!commits_) fail<io_error>("dml::ft: cannot append to the commit log ", o.commit_log);
+  }
+  bool logs_commits() const { return commits_.is_open(); }
+  void commit(std::int64_t step, std::int64_t epoch, int members, std::uint64_t hash) {
+    if (logs_commits()) commits_ << step << ' ' << epoch << ' ' << members << ' ' << hash << std::endl;
+  }
+  void say(const std::string& line) {
+    if (log_) *log_ << "slot " << slot_ << ": " << line << std::endl;
+  }
+
+ private:
+  std::ofstream commits_;
+  std::ostream* log_;
+  int slot_;
+};
 }  // namespace detail
 
 // Trains until `o.steps` steps have committed, through deaths, freezes and restarts of members.
@@ -122,14 +143,8 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
   out.losses.assign(static_cast<std::size_t>(o.steps), 0.f);
   std::optional<train::state_snapshot> committed_state;  // what this member last committed
   std::int64_t committed = 0;
-  std::ofstream commits;
-  if (!o.commit_log.empty()) {
-    commits.open(o.commit_log, std::ios::app);
-    if (!commits) fail<io_error>("dml::ft: cannot append to the commit log ", o.commit_log);
-  }
-  auto say = [&](const std::string& line) {
-    if (o.log) *o.log << "slot " << s.options().slot << ": " << line << std::endl;
-  };
+  detail::journal journal(o, s.options().slot);
+  auto say = [&](const std::string& line) { journal.say(line); };
   std::optional<clock::time_point> began;
   while (committed < o.steps) {
     const quorum q = s.join(committed);
@@ -174,10 +189,7 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
         }
         out.losses[static_cast<std::size_t>(at)] = r.loss;
         ++at;
-        if (commits.is_open()) {
-          const auto p = t->full_parameters();
-          commits << at << ' ' << q.epoch << ' ' << q.size() << ' ' << parameter_hash(p) << std::endl;
-        }
+        if (journal.logs_commits()) journal.commit(at, q.epoch, q.size(), parameter_hash(t->full_parameters()));
       }
     } catch (const comm_error& e) {
       ++out.failed_steps;
@@ -343,14 +355,8 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
   out.losses.assign(static_cast<std::size_t>(o.steps), 0.f);
   std::vector<detail::held_pieces> held;  // of the step `committed`, newest configuration first
   std::int64_t committed = 0;
-  std::ofstream commits;
-  if (!o.commit_log.empty()) {
-    commits.open(o.commit_log, std::ios::app);
-    if (!commits) fail<io_error>("dml::ft: cannot append to the commit log ", o.commit_log);
-  }
-  auto say = [&](const std::string& line) {
-    if (o.log) *o.log << "slot " << s.options().slot << ": " << line << std::endl;
-  };
+  detail::journal journal(o, s.options().slot);
+  auto say = [&](const std::string& line) { journal.say(line); };
   // This member's pieces as of step `at` of configuration q, and copies of the `copies` members' before it.
   auto pieces_of = [&](auto& t, auto& c, const quorum& q, std::int64_t at) {
     std::vector<detail::held_pieces> now{{at, q.epoch, q.rank, q.size(), detail::encode(t.export_pieces())}};
@@ -410,7 +416,7 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
         // needs the others (the hash of the parameters, the final pieces) is done before the vote.
         auto now = pieces_of(*t, *comm, q, at + 1);
         const bool last = at + 1 == o.steps;
-        const std::uint64_t hash = commits.is_open() || last ? parameter_hash(t->full_parameters()) : 0;
+        const std::uint64_t hash = journal.logs_commits() || last ? parameter_hash(t->full_parameters()) : 0;
         auto final_pieces = last ? detail::collect_pieces(*comm, now, at + 1) : std::vector<train::state_pieces>{};
         const verdict v = s.vote(q.epoch, at + 1, true);
         if (v != verdict::commit && v != verdict::commit_and_reconfigure) {
@@ -421,7 +427,7 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
         committed = ++at;
         held = std::move(now);
         out.losses[static_cast<std::size_t>(at - 1)] = r.loss;
-        if (commits.is_open()) commits << at << ' ' << q.epoch << ' ' << q.size() << ' ' << hash << std::endl;
+        journal.commit(at, q.epoch, q.size(), hash);
         if (last) out.hash = hash, out.pieces = std::move(final_pieces);
         if (v == verdict::commit_and_reconfigure) break;
       }
