@@ -60,6 +60,7 @@ struct options {
   std::string commit_log;  // --elastic: append "step epoch members hash" per committed step
   std::int64_t comm_timeout_ms = 1000;  // --elastic: the deadline of every collective
   int copies = 1;  // --elastic with parts of the model: the members after each that hold a copy of its pieces
+  std::int64_t commit_every = 1;  // --elastic, restarting: vote and copy the state every this many steps
 };
 
 // The command line: every flag bound to its member of `o`, with its default and its rules (dml/train/flags.hpp).
@@ -123,6 +124,10 @@ inline dml::flags command_line(options& o) {
   f.add("--copies", o.copies, "K",
         "with --elastic and zero1-3 or --pp: the members after each that hold a copy of its state (deaths survived "
         "at once)")
+      .min(1);
+  f.add("--commit-every", o.commit_every, "K",
+        "with --elastic where members hold parts of the model: vote and copy the state every K steps (a failure "
+        "runs up to K steps again)")
       .min(1);
   return f;
 }

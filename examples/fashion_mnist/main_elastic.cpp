@@ -53,7 +53,8 @@ struct elastic_job {
     return t.step(loader.x.cview(), loader.y.data(), global);
   }
   dml::ft::elastic_options elastic_options() const {
-    return {.steps = planned, .commit_log = job.slot_path(o.commit_log), .log = &std::cerr, .copies = o.copies};
+    return {.steps = planned, .commit_log = job.slot_path(o.commit_log), .log = &std::cerr, .copies = o.copies,
+            .commit_every = o.commit_every};
   }
   // The first member of the last configuration scores the test set alone, on one rank holding the final state.
   template <class Model>
@@ -135,6 +136,10 @@ int run_elastic(const options& o, const dml::train::dataset& train_set, const dm
     dml::fail<dml::invalid_argument>("--elastic trains in fp32, without --compress, --offload, --checkpoint, "
                                      "--resume, --replicas, --dp or --cuts (the layout follows the world's size; "
                                      "found --precision ", o.precision, ")");
+  if (o.parallel == "ddp" && o.pp == 1 && (o.commit_every != 1 || o.copies != 1))
+    dml::fail<dml::invalid_argument>("--commit-every and --copies apply where members hold parts of the model "
+                                     "(--parallel zero1-3 or --pp); under ddp every member holds it all (found "
+                                     "--commit-every ", o.commit_every, " --copies ", o.copies, ")");
   if (!dml::ft::session_options::in_environment())
     dml::fail<dml::invalid_argument>("--elastic: start the ranks with dml-run (DML_RUN_COORDINATOR is not set)");
   dml::set_thread_budget(o.threads);

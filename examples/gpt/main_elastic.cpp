@@ -52,7 +52,7 @@ int run_restarting(const options& o, const corpus& text) {
   auto make_comm = [&](const dml::ft::quorum& q) { return job.make_comm(q); };
   const auto r = dml::ft::train_restarting(job.session(), make_comm, make_trainer, run_step,
                                            {.steps = o.steps, .commit_log = job.slot_path(o.commit_log),
-                                            .log = &std::cerr, .copies = o.copies});
+                                            .log = &std::cerr, .copies = o.copies, .commit_every = o.commit_every});
   if (r.steps < o.steps)
     std::printf("slot %d: the job finished at step %lld without this start\n", job.slot(), static_cast<long long>(r.steps));
   else

@@ -80,6 +80,7 @@ struct options {
   std::string commit_log;               // append "step epoch members hash" per committed step; {slot}: the rank's slot
   std::int64_t comm_timeout_ms = 2000;  // the deadline of every collective
   int copies = 1;                       // the members after each that hold a copy of its state
+  std::int64_t commit_every = 1;  // --elastic, restarting: vote and copy the state every this many steps
 };
 
 // The command line: every flag bound to its member of `o`, with its default and its rules (dml/train/flags.hpp);
@@ -193,6 +194,10 @@ inline dml::flags command_line(options& o) {
   f.add("--commit-log", o.commit_log, "FILE", "with --elastic: append one line per committed step");
   f.add("--comm-timeout-ms", o.comm_timeout_ms, "MS", "with --elastic: the deadline of every collective").min(1);
   f.add("--copies", o.copies, "K", "with --elastic: the members after each that hold a copy of its state").min(1);
+  f.add("--commit-every", o.commit_every, "K",
+        "with --elastic where members hold parts of the model: vote and copy the state every K steps (a failure "
+        "runs up to K steps again)")
+      .min(1);
   return f;
 }
 

@@ -43,7 +43,7 @@ def one_run(a, seed, workdir):
            "--commit-log", os.path.join(logs, "commits-{slot}.log")]
     # The Fashion-MNIST example's data and model; another program (--gpt) takes its own in --args.
     cmd += [] if a.gpt else ["--data", a.data, "--batch", str(a.batch), "--hidden", a.hidden]
-    cmd += shlex.split(a.args)
+    cmd += shlex.split(a.args) + ["--commit-every", str(a.commit_every)] * (a.commit_every > 1)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     intruder = try_intruder(os.path.join(logs, "dml-run.log")) if seed == a.seed else None
     out, err = proc.communicate(timeout=a.timeout)
@@ -80,7 +80,8 @@ def one_run(a, seed, workdir):
             last = step
             if history.setdefault(step, h) != h:
                 fail(f"seed {seed}: step {step} has two parameter hashes ({history[step]} and {h}): two histories")
-    missing = [s for s in range(1, a.steps + 1) if s not in history]
+    # With --commit-every K only every K-th step (and the last) is voted on and logged.
+    missing = [s for s in range(1, a.steps + 1) if (s % a.commit_every == 0 or s == a.steps) and s not in history]
     if missing:
         fail(f"seed {seed}: steps never committed: {missing[:10]}")
     finals = re.findall(r"state_hash=([0-9a-f]+)", p.stdout)
@@ -150,6 +151,7 @@ def main():
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--loss-bound", type=float, default=1e-3)
+    ap.add_argument("--commit-every", type=int, default=1, help="the program's --commit-every (restarting layouts)")
     ap.add_argument("--gpt", action="store_true", help="the program is the GPT example (no --data, --batch, --hidden)")
     ap.add_argument("--keep-holders", type=int, default=1,
                     help="dml-run --chaos-keep: live holders of the last step a SIGKILL must leave")

@@ -161,6 +161,32 @@ TEST_CASE("a joiner is taken in after the next commit and learns it is behind") 
   CHECK(s.finished());
 }
 
+TEST_CASE("a member frozen while it waits for a quorum is answered when it resumes") {
+  served s(options(2, 2));
+  session a(s.member(0));
+  auto [host, port] = parse_address("127.0.0.1:" + std::to_string(s.c.port()), "test");
+  connection mute(connect_to(host, port, 2000ms));  // slot 1's control connection, without heartbeats
+  CHECK(mute.request(make_frame("HELLO", "secret", 1, 0, "control"), 2000ms).verb() == "OK");
+  auto fq = std::async(std::launch::async, [&] { return a.join(0); });
+  CHECK(mute.request(make_frame("QUORUM", 0), 5000ms).verb() == "QUORUM");
+  const auto q = fq.get();
+  auto fv = std::async(std::launch::async, [&] { return a.vote(q.epoch, 1, true); });
+  CHECK(mute.request(make_frame("VOTE", q.epoch, 1, "ok"), 5000ms).verb() == "COMMIT");
+  CHECK(fv.get() == verdict::commit);
+  // Both ask for a new quorum; slot 1 falls silent past the deadline (frozen) before one forms without it.
+  auto fm = std::async(std::launch::async, [&] { return mute.request(make_frame("QUORUM", 1), 10000ms); });
+  auto fa = std::async(std::launch::async, [&] { return a.join(1); });
+  std::this_thread::sleep_for(50ms);
+  for (int i = 0; i < 100 && s.stats().deaths == 0; ++i) std::this_thread::sleep_for(20ms);
+  CHECK(s.stats().deaths == 1);
+  // It resumes: a heartbeat. Its question still stands, and the quorum of both forms.
+  connection beat(connect_to(host, port, 2000ms));
+  CHECK(beat.request(make_frame("HELLO", "secret", 1, 0, "heartbeat"), 2000ms).verb() == "OK");
+  beat.send(make_frame("HB"), clock::now() + 2000ms);
+  CHECK(fm.get().verb() == "QUORUM");
+  CHECK(fa.get().size() == 2);
+}
+
 TEST_CASE("a member that says DONE and leaves before the others do is not a death") {
   served s(options(2, 2));
   auto a = std::make_unique<session>(s.member(0));

@@ -356,7 +356,8 @@ class coordinator {
   void declare_dead(int slot, const std::string& why) {
     auto& m = members_[static_cast<std::size_t>(slot)];
     if (!m.alive) return;
-    m.alive = m.wants_quorum = m.voted = false;
+    // A question for a quorum stays asked: a frozen member that resumes is answered (a new start replaces it).
+    m.alive = m.voted = false;
     if (finished_) return;  // after the last step, members leave
     if (m.done && in_epoch_.count(slot)) {
       // It reached the last step and left before the others said so: not a failure; the epoch waits for them.

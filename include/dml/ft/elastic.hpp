@@ -46,6 +46,9 @@ struct elastic_options {
   std::string commit_log;   // a file to append "step epoch size hash" to after each commit (empty: none)
   std::ostream* log = nullptr;  // one line per configuration and per failure
   int copies = 1;  // train_restarting: the members after each that hold a copy of its pieces (deaths survived at once)
+  // train_restarting: vote and copy every this many steps. The steps between are tentative: a failure runs the
+  // steps since the last commit again (up to this many lost), for 1/commit_every of the copying.
+  std::int64_t commit_every = 1;
 };
 
 struct elastic_result {
@@ -56,7 +59,8 @@ struct elastic_result {
   std::vector<float> losses;         // the loss of each step this member committed, by step (0 where it was absent)
   std::uint64_t hash = 0;            // of the final state (parameters and optimizer state)
   int rank = -1;                     // this member's rank in its last configuration
-  double seconds = 0;                // from its first step (its trainer built and healed) to its last commit
+  double seconds = 0;  // from its first step (trainer built and healed) to its last commit (train_restarting: the
+                       // end of its last step, before the final state is gathered)
   std::optional<train::state_snapshot> state;  // the final committed state (train_elastic)
   std::vector<train::state_pieces> pieces;     // the final committed state, every piece (train_restarting)
 };
@@ -351,6 +355,7 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
   using comm_ptr = decltype(make_comm(std::declval<const quorum&>()));
   using trainer_ptr = decltype(make_trainer(*std::declval<comm_ptr&>(), std::declval<const quorum&>()));
   if (o.copies < 0) fail<invalid_argument>("dml::ft: copies: expected 0 or more, found ", o.copies);
+  if (o.commit_every < 1) fail<invalid_argument>("dml::ft: commit_every: expected 1 or more, found ", o.commit_every);
   elastic_result out;
   out.losses.assign(static_cast<std::size_t>(o.steps), 0.f);
   std::vector<detail::held_pieces> held;  // of the step `committed`, newest configuration first
@@ -365,7 +370,7 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
                      detail::pass_to_buddy(c, now.front().bytes, d)});
     return now;
   };
-  std::optional<clock::time_point> began;
+  std::optional<clock::time_point> began, trained;
   while (committed < o.steps) {
     const quorum q = s.join(committed);
     if (q.finished) break;
@@ -411,22 +416,24 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
       at = q.step;
       if (!began) began = clock::now();
       while (at < o.steps) {
-        const auto r = run_step(*t, *comm, at, q);
+        out.losses[static_cast<std::size_t>(at)] = run_step(*t, *comm, at, q).loss;
+        if (++at == o.steps) trained = clock::now();  // what follows the last step is a one-off: not timed
+        // Between commits the steps are tentative: a failure before the next commit runs them again.
+        if (at % o.commit_every != 0 && at != o.steps) continue;
         // The update is applied here; it counts once the buddies hold its pieces and every member voted. What
         // needs the others (the hash of the parameters, the final pieces) is done before the vote.
-        auto now = pieces_of(*t, *comm, q, at + 1);
-        const bool last = at + 1 == o.steps;
+        auto now = pieces_of(*t, *comm, q, at);
+        const bool last = at == o.steps;
         const std::uint64_t hash = journal.logs_commits() || last ? parameter_hash(t->full_parameters()) : 0;
-        auto final_pieces = last ? detail::collect_pieces(*comm, now, at + 1) : std::vector<train::state_pieces>{};
-        const verdict v = s.vote(q.epoch, at + 1, true);
+        auto final_pieces = last ? detail::collect_pieces(*comm, now, at) : std::vector<train::state_pieces>{};
+        const verdict v = s.vote(q.epoch, at, true);
         if (v != verdict::commit && v != verdict::commit_and_reconfigure) {
           ++out.failed_steps;
-          say(dml::detail::cat("step ", at + 1, " was not committed (epoch ", q.epoch, ")"));
+          say(dml::detail::cat("step ", at, " was not committed (epoch ", q.epoch, ")"));
           break;
         }
-        committed = ++at;
+        committed = at;
         held = std::move(now);
-        out.losses[static_cast<std::size_t>(at - 1)] = r.loss;
         journal.commit(at, q.epoch, q.size(), hash);
         if (last) out.hash = hash, out.pieces = std::move(final_pieces);
         if (v == verdict::commit_and_reconfigure) break;
@@ -438,7 +445,7 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
     t.reset();
     comm.reset();
   }
-  if (began) out.seconds = std::chrono::duration<double>(clock::now() - *began).count();
+  if (began) out.seconds = std::chrono::duration<double>(trained.value_or(clock::now()) - *began).count();
   if (committed >= o.steps) s.done();
   out.steps = committed;
   return out;
