@@ -9,7 +9,8 @@
 #   ARGS="--parallel zero2" benchmarks/elastic_overhead.sh BUILD_DIR ...   (both sides take ARGS: under --elastic,
 #   zero1-3 and --pp restart at each configuration's size and copy each member's state to the next every step)
 #
-# Each pair runs twice, alternating, and keeps each side's faster run (the machine is shared and noisy).
+# Each pair runs twice, alternating, and keeps each side's faster run (the machine is shared and noisy). Both sides
+# print the seconds of their training loops only (not the scoring of the test set, nor the final state's gathering).
 set -euo pipefail
 build=${1:?usage: elastic_overhead.sh BUILD_DIR [WIDTHS...]}
 shift

@@ -372,8 +372,10 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
   batch_loader<dml::host> loader;
   dml::train::progress bar("train", planned, 100);
   dml::parallel::wire_bytes bytes{}, run_bytes{};  // of the last step and of the run so far, rank 0's
+  double trained = 0;  // seconds in the training loops, the scoring of the test set not counted
   for (std::int64_t epoch = first_epoch; epoch < o.epochs && step < planned; ++epoch) {
     const auto order = sampler.order(static_cast<std::uint64_t>(epoch));
+    const double epoch_began = bar.elapsed();
     for (std::int64_t b = 0; b < per_epoch && step < planned; ++b) {
       const auto idx = dml::train::sampler::slice(order, b, o.batch, dp_rank, ranks);
       const std::int64_t global = std::min(o.batch, train_set.size() - b * o.batch);
@@ -388,6 +390,7 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
         bar.update(step, r.loss, global);
       }
     }
+    trained += bar.elapsed() - epoch_began;
     // Every rank scores its slice of each chunk of the test set; the counts are summed.
     std::array<std::int64_t, 1> correct{0};
     std::vector<std::int64_t> all(static_cast<std::size_t>(test_set.size()));
@@ -401,8 +404,8 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
     if (!o.checkpoint.empty())
       trainer.save_checkpoint(o.checkpoint, {{"epoch", std::to_string(epoch + 1)}, {"step", std::to_string(step)}});
     if (rank == 0) {
-      std::printf("epoch=%lld steps=%lld seconds=%.1f\ntest_accuracy=%.4f\n", static_cast<long long>(epoch + 1),
-                  static_cast<long long>(step), bar.elapsed(), double(correct[0]) / double(test_set.size()));
+      std::printf("epoch=%lld steps=%lld seconds=%.3f\ntest_accuracy=%.4f\n", static_cast<long long>(epoch + 1),
+                  static_cast<long long>(step), trained, double(correct[0]) / double(test_set.size()));
       std::printf("compress=%s compressed_bytes_per_step=%lld dense_bytes_per_step=%lld run_bytes=%lld "
                   "dense_run_bytes=%lld\n",
                   o.compress.c_str(), static_cast<long long>(bytes.sent), static_cast<long long>(bytes.dense),

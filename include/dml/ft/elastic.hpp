@@ -59,8 +59,8 @@ struct elastic_result {
   std::vector<float> losses;         // the loss of each step this member committed, by step (0 where it was absent)
   std::uint64_t hash = 0;            // of the final state (parameters and optimizer state)
   int rank = -1;                     // this member's rank in its last configuration
-  double seconds = 0;  // from its first step (trainer built and healed) to its last commit (train_restarting: the
-                       // end of its last step, before the final state is gathered)
+  double seconds = 0;  // from its first step (trainer built and healed) to the end of its last step (the final
+                       // snapshot or gathering and the teardown are not counted)
   std::optional<train::state_snapshot> state;  // the final committed state (train_elastic)
   std::vector<train::state_pieces> pieces;     // the final committed state, every piece (train_restarting)
 };
@@ -149,7 +149,7 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
   std::int64_t committed = 0;
   detail::journal journal(o, s.options().slot);
   auto say = [&](const std::string& line) { journal.say(line); };
-  std::optional<clock::time_point> began;
+  std::optional<clock::time_point> began, trained;
   while (committed < o.steps) {
     const quorum q = s.join(committed);
     if (q.finished) break;
@@ -192,7 +192,7 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
           break;
         }
         out.losses[static_cast<std::size_t>(at)] = r.loss;
-        ++at;
+        if (++at == o.steps) trained = clock::now();  // the final snapshot and teardown are one-offs: not timed
         if (journal.logs_commits()) journal.commit(at, q.epoch, q.size(), parameter_hash(t->full_parameters()));
       }
     } catch (const comm_error& e) {
@@ -207,7 +207,7 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
     t.reset();
     comm.reset();
   }
-  if (began) out.seconds = std::chrono::duration<double>(clock::now() - *began).count();
+  if (began) out.seconds = std::chrono::duration<double>(trained.value_or(clock::now()) - *began).count();
   if (committed >= o.steps) s.done();
   out.steps = committed;
   if (committed_state) out.hash = parameter_hash(committed_state->values);
