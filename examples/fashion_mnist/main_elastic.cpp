@@ -22,6 +22,8 @@ namespace {
 
 // What both paths share: the rank's job (session, store, communicators) and each step's samples.
 struct elastic_job {
+  elastic_job(const options& opts, const dml::train::dataset& train, const dml::train::dataset& test)
+      : o(opts), train_set(train), test_set(test) {}
   const options& o;
   const dml::train::dataset& train_set;
   const dml::train::dataset& test_set;

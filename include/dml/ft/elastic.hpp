@@ -148,14 +148,13 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
   std::optional<train::state_snapshot> committed_state;  // what this member last committed
   std::int64_t committed = 0;
   detail::journal journal(o, s.options().slot);
-  auto say = [&](const std::string& line) { journal.say(line); };
   std::optional<clock::time_point> began, trained;
   while (committed < o.steps) {
     const quorum q = s.join(committed);
     if (q.finished) break;
     ++out.configurations;
     out.rank = q.rank;
-    say(dml::detail::cat("epoch ", q.epoch, ": rank ", q.rank, " of ", q.size(), ", step ", q.step,
+    journal.say(dml::detail::cat("epoch ", q.epoch, ": rank ", q.rank, " of ", q.size(), ", step ", q.step,
                          q.behind(q.rank) ? dml::detail::cat(" (behind at ", committed, ": healing from rank ", q.source(), ")") : ""));
     bool reconfigure = false, holds_committed = false;
     std::int64_t at = committed;
@@ -188,7 +187,7 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
         const auto r = run_step(*t, *comm, at, q);
         if (!r.committed) {
           ++out.failed_steps;
-          say(dml::detail::cat("step ", at + 1, " was not committed (epoch ", q.epoch, ")"));
+          journal.say(dml::detail::cat("step ", at + 1, " was not committed (epoch ", q.epoch, ")"));
           break;
         }
         out.losses[static_cast<std::size_t>(at)] = r.loss;
@@ -197,7 +196,7 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
       }
     } catch (const comm_error& e) {
       ++out.failed_steps;
-      say(dml::detail::cat("epoch ", q.epoch, " failed at step ", at + 1, ": ", e.what()));
+      journal.say(dml::detail::cat("epoch ", q.epoch, " failed at step ", at + 1, ": ", e.what()));
     }
     // Keep what was committed: the trainer's state, unless it never received it (a failure while healing).
     if (t && holds_committed) {
@@ -361,7 +360,6 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
   std::vector<detail::held_pieces> held;  // of the step `committed`, newest configuration first
   std::int64_t committed = 0;
   detail::journal journal(o, s.options().slot);
-  auto say = [&](const std::string& line) { journal.say(line); };
   // This member's pieces as of step `at` of configuration q, and copies of the `copies` members' before it.
   auto pieces_of = [&](auto& t, auto& c, const quorum& q, std::int64_t at) {
     std::vector<detail::held_pieces> now{{at, q.epoch, q.rank, q.size(), detail::encode(t.export_pieces())}};
@@ -376,7 +374,7 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
     if (q.finished) break;
     ++out.configurations;
     out.rank = q.rank;
-    say(dml::detail::cat("epoch ", q.epoch, ": rank ", q.rank, " of ", q.size(), ", step ", q.step,
+    journal.say(dml::detail::cat("epoch ", q.epoch, ": rank ", q.rank, " of ", q.size(), ", step ", q.step,
                          committed < q.step ? dml::detail::cat(" (behind at ", committed, ")") : ""));
     std::int64_t at = committed;
     comm_ptr comm;
@@ -397,7 +395,7 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
         std::array<std::int32_t, 1> restored{missing.empty() ? 1 : 0};
         comm::all_reduce_host(*comm, std::span<std::int32_t>(restored), comm::reduce_op::min);
         if (restored[0] == 0) {
-          say(dml::detail::cat("epoch ", q.epoch, " cannot restore step ", q.step, " from its members' copies",
+          journal.say(dml::detail::cat("epoch ", q.epoch, " cannot restore step ", q.step, " from its members' copies",
                                missing.empty() ? "" : dml::detail::cat(" (", missing, ")"),
                                "; waiting for a configuration that holds them"));
           t.reset();
@@ -429,7 +427,7 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
         const verdict v = s.vote(q.epoch, at, true);
         if (v != verdict::commit && v != verdict::commit_and_reconfigure) {
           ++out.failed_steps;
-          say(dml::detail::cat("step ", at, " was not committed (epoch ", q.epoch, ")"));
+          journal.say(dml::detail::cat("step ", at, " was not committed (epoch ", q.epoch, ")"));
           break;
         }
         committed = at;
@@ -440,7 +438,7 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
       }
     } catch (const comm_error& e) {
       ++out.failed_steps;
-      say(dml::detail::cat("epoch ", q.epoch, " failed at step ", at + 1, ": ", e.what()));
+      journal.say(dml::detail::cat("epoch ", q.epoch, " failed at step ", at + 1, ": ", e.what()));
     }
     t.reset();
     comm.reset();

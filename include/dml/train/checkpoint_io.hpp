@@ -115,6 +115,21 @@ std::vector<std::vector<checkpoint_range>> gather_ranges(Comm& comm, const std::
   return out;
 }
 
+// Each run of what this rank owns (parallel/ownership.hpp) as a range of the whole parameter, parameters (k = -1)
+// and each optimizer slot: f(k, slot, whole_begin, whole_end, the run's first element here).
+template <int StateSlots, class Sync, class F>
+void each_owned_run(Sync& sync, const nn::param_layout& L, F&& f) {
+  for (const auto& p : sync.owned_pieces()) {
+    const auto& slot = L.slots[p.slot];
+    for (int k = -1; k < StateSlots; ++k) {
+      const float* held = sync.held(k, p);
+      whole_runs(slot.spec.shard, p.begin, p.end, [&](std::int64_t b, std::int64_t e, std::int64_t local) {
+        f(k, slot, b, e, held + (local - p.begin));
+      });
+    }
+  }
+}
+
 // Every rank writes the elements it owns (parallel/buckets.hpp): its part of each run of its stage, params and
 // state alike, under every sharding; tensor ranks but 0 leave out the copies they share, replicas but the first
 // write nothing. Each element is written once, whatever the layout; each rank describes its own ranges and the
@@ -125,17 +140,12 @@ void save_sharded(Comm& comm, Sync& sync, const std::filesystem::path& dir, chec
   std::vector<const float*> data;
   std::vector<checkpoint_range> mine;
   if (sync.writes_checkpoint())
-    for (const auto& p : sync.owned_pieces()) {
-      const auto& slot = L.slots[p.slot];
-      if (!writes_slot(slot, tp_rank)) continue;
-      for (int k = -1; k < StateSlots; ++k) {
-        const float* held = sync.held(k, p);
-        whole_runs(slot.spec.shard, p.begin, p.end, [&](std::int64_t b, std::int64_t e, std::int64_t local) {
-          mine.push_back({checkpoint_tensor_name(k, slot.name), b, e});
-          data.push_back(held + (local - p.begin));
-        });
-      }
-    }
+    each_owned_run<StateSlots>(sync, L, [&](int k, const nn::param_slot& slot, std::int64_t b, std::int64_t e,
+                                            const float* src) {
+      if (!writes_slot(slot, tp_rank)) return;
+      mine.push_back({checkpoint_tensor_name(k, slot.name), b, e});
+      data.push_back(src);
+    });
   std::vector<std::string> names;
   for (int k = -1; k < StateSlots; ++k)
     for (const auto& m : info.model) names.push_back(checkpoint_tensor_name(k, m.name));
@@ -207,18 +217,13 @@ checkpoint_info load_sharded(Comm& comm, Sync& sync, const nn::param_layout& L, 
 // of checkpoints, with the trainer's counters: what train::state_pieces carries.
 template <int StateSlots, class Sync>
 void export_owned(Sync& sync, const nn::param_layout& L, state_pieces& out) {
-  for (const auto& p : sync.owned_pieces()) {
-    const auto& slot = L.slots[p.slot];
-    for (int k = -1; k < StateSlots; ++k) {
-      const float* held = sync.held(k, p);
-      whole_runs(slot.spec.shard, p.begin, p.end, [&](std::int64_t b, std::int64_t e, std::int64_t local) {
-        out.ranges.push_back({checkpoint_tensor_name(k, slot.name), b, e});
-        const auto at = out.meta.values.size();
-        out.meta.values.resize(at + static_cast<std::size_t>(e - b));
-        dml::copy_n(held + (local - p.begin), static_cast<std::size_t>(e - b), out.meta.values.data() + at);
-      });
-    }
-  }
+  each_owned_run<StateSlots>(sync, L, [&](int k, const nn::param_slot& slot, std::int64_t b, std::int64_t e,
+                                          const float* src) {
+    out.ranges.push_back({checkpoint_tensor_name(k, slot.name), b, e});
+    const auto at = out.meta.values.size();
+    out.meta.values.resize(at + static_cast<std::size_t>(e - b));
+    dml::copy_n(src, static_cast<std::size_t>(e - b), out.meta.values.data() + at);
+  });
 }
 
 // Fills out[i] with the elements of need[i] from any of `sources` (pieces of one step, from any layouts; where
