@@ -247,7 +247,9 @@ void layer_tests() {
   check_layer("linear(128, 96, no bias)", dml::nn::linear{128, 96, false}, dense_case(200, 128), 1e-5f, 1e-4f);
   check_layer("linear<16, 8>", dml::nn::linear<16, 8>{}, dense_case(5, 16));
   check_layer("relu", dml::nn::relu{}, dense_case(64, 100));
-  check_layer("gelu", dml::nn::gelu{}, dense_case(64, 100, 4.f), 1e-6f, 1e-5f);
+  // The host's tanh is a polynomial that vectorises (core/math.hpp): GELU's derivative is within 1.3e-6 of a
+  // double reference over [-4, 4], CUDA's tanhf within 4.3e-7; with |dy| <= 1 the two sides differ by up to 1.7e-6.
+  check_layer("gelu", dml::nn::gelu{}, dense_case(64, 100, 4.f), 2e-6f, 1e-5f);
   check_layer("dropout(0.3)", dml::nn::dropout{0.3f}, dense_case(64, 100));
   // Both block sizes of the fused kernel; a width that is not a multiple of the block; a large mean.
   check_layer("layernorm(7)", dml::nn::layernorm{7}, dense_case(300, 7, 3.f), 1e-5f, 1e-4f);

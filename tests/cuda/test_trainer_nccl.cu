@@ -3,6 +3,8 @@
 // the host trainer on one rank with the same initial weights (same seed) and the same global batches: every
 // sharding (replicate, zero<1>, zero<2>, zero<3>) in fp32 and in mixed bf16. Per-step losses, gradient norms and
 // the trained parameters must agree within the bounds below; every rank must hold the same losses and parameters.
+// Then optimizer state offloaded to disk (zero<2>, fp32) and, with it, bf16's master weights (zero<1>, bf16): the
+// cuda path stages the state through host memory and must train as the host does without offload.
 // Run under mpirun (-np 1 and -np 2, label gpu); without one GPU per rank: `SKIPPED: <reason>`, exit 77.
 //
 // Bounds, and why:
@@ -22,6 +24,7 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <vector>
@@ -53,8 +56,9 @@ struct data {
   }
 };
 
-dml::train::trainer_options options() {
+dml::train::trainer_options options(const std::string& offload = "") {
   dml::train::trainer_options o;
+  o.offload = offload;
   o.seed = 3;  // the initial weights follow (seed, parameter): the same on host and GPU
   o.bucket_mb = 1000.0 * sizeof(float) / (1024.0 * 1024.0);
   o.clip_norm = 1.f;  // so that every step reports its gradient norm
@@ -69,8 +73,8 @@ struct run {
 
 // This rank's rows of every step, trained in Space over comm.
 template <class Space, class Sharding, class Precision, class Comm>
-run train(Comm& comm, const data& d) {
-  dml::trainer<Space, Sharding, Precision> t(comm, make_model(), options());
+run train(Comm& comm, const data& d, const std::string& offload = "") {
+  dml::trainer<Space, Sharding, Precision> t(comm, make_model(), options(offload));
   const std::int64_t lo = global_batch * comm.rank() / comm.size(), hi = global_batch * (comm.rank() + 1) / comm.size();
   dml::buffer<float, Space> x(static_cast<std::size_t>((hi - lo) * features));
   dml::buffer<std::int32_t, Space> y(static_cast<std::size_t>(hi - lo));
@@ -107,9 +111,9 @@ bool same_on_every_rank(dml::comm::mpi& world, std::vector<float> v) {
 
 template <class Sharding, class Precision>
 int check(dml::comm::nccl& gpu, dml::comm::mpi& world, dml::comm::mpi& alone, const data& d, const char* sharding,
-          double loss_bound, double param_bound) {
+          double loss_bound, double param_bound, const std::string& offload = "") {
   const auto ref = train<dml::host, dml::parallel::replicate, Precision>(alone, d);
-  const auto got = train<dml::cuda, Sharding, Precision>(gpu, d);
+  const auto got = train<dml::cuda, Sharding, Precision>(gpu, d, offload);
   const double loss_diff = max_rel(widen(got.losses), widen(ref.losses));
   const double norm_diff = max_rel(got.grad_norms, ref.grad_norms);
   double param_diff = got.params.size() == ref.params.size() ? 0.0 : INFINITY;
@@ -122,9 +126,10 @@ int check(dml::comm::nccl& gpu, dml::comm::mpi& world, dml::comm::mpi& alone, co
   if (gpu.rank() == 0)
     std::printf("%-4s trainer<cuda, %s, %s> on %d GPU(s) vs host on 1 rank: max_rel_loss_diff=%.3g "
                 "max_rel_grad_norm_diff=%.3g (bound %.0e), max_abs_param_diff=%.3g (bound %.0e), ranks agree: %s; "
-                "loss %.5f -> %.5f\n",
+                "loss %.5f -> %.5f%s%s\n",
                 ok ? "ok" : "FAIL", sharding, Precision::name, gpu.size(), loss_diff, norm_diff, loss_bound,
-                param_diff, param_bound, agree ? "yes" : "NO", ref.losses.front(), ref.losses.back());
+                param_diff, param_bound, agree ? "yes" : "NO", ref.losses.front(), ref.losses.back(),
+                offload.empty() ? "" : "; offload ", offload.c_str());
   std::fflush(stdout);
   return ok ? 0 : 1;
 }
@@ -152,8 +157,19 @@ int main(int argc, char** argv) {
     const data d;
     int failures = check_every_sharding<dml::precision::fp32>(gpu, world, alone, d, 1e-4, 2e-3);
     failures += check_every_sharding<dml::precision::bf16>(gpu, world, alone, d, 1e-2, 2.0 * lr * steps);
+    // Every rank's offload files carry its process and rank in their names: one directory serves all.
+    const auto dir = std::filesystem::temp_directory_path() / "dml_trainer_nccl_offload";
+    if (world.rank() == 0) std::filesystem::create_directories(dir);
+    world.barrier();
+    using dml::parallel::zero;
+    failures += check<zero<2>, dml::precision::fp32>(gpu, world, alone, d, "zero<2>", 1e-4, 2e-3,
+                                                     "optimizer:disk:" + dir.string());
+    failures += check<zero<1>, dml::precision::bf16>(gpu, world, alone, d, "zero<1>", 1e-2, 2.0 * lr * steps,
+                                                     "optimizer,master:disk:" + dir.string());
+    world.barrier();
+    if (world.rank() == 0) std::filesystem::remove_all(dir);
     world.all_reduce(std::span<int>(&failures, 1), dml::comm::reduce_op::max);  // a check fails if it did on any rank
-    if (world.rank() == 0) std::printf("test_trainer_nccl: 8 checks, %d failed\n", failures);
+    if (world.rank() == 0) std::printf("test_trainer_nccl: 10 checks, %d failed\n", failures);
     std::fflush(stdout);
     world.barrier();
     return failures == 0 ? 0 : 1;
