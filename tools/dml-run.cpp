@@ -15,6 +15,7 @@
 #include <iostream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dml/ft/coordinator.hpp"
@@ -44,6 +45,7 @@ struct rank_proc {
   std::int64_t start = 0;
   bool running = false, stopped = false;
   std::string last;  // how its last process ended
+  bool ended_with_group = false;  // dml-run killed it because a rank of its group died
   clock::time_point resume_at{};
 };
 
@@ -66,7 +68,7 @@ void on_signal(int) { interrupted = 1; }
 }  // namespace
 
 int main(int argc, char** argv) {
-  int nproc = 1, min_members = 0, max_restarts = 10, chaos_events = 0, chaos_keep = 1;
+  int nproc = 1, min_members = 0, max_restarts = 10, chaos_events = 0, chaos_keep = 1, groups = 0;
   std::string host = "127.0.0.1", chaos_signals = "kill", log_file;
   std::int64_t heartbeat_ms = 1000, join_ms = 5000, stall_s = 120, chaos_every_ms = 2000, chaos_seed = 1;
   double chaos_double = 0.0;
@@ -78,6 +80,10 @@ int main(int argc, char** argv) {
                  "deaths (ft/elastic.hpp). The last line: recoveries=N steps_lost=K recovery_seconds=P50/P99/MAX.");
   cli.add("--nproc", nproc, "N", "ranks to start").min(1);
   cli.add("--min", min_members, "N", "the fewest ranks a configuration may have (0: --nproc, no shrinking)").min(0);
+  cli.add("--groups", groups, "G",
+          "failure domains: G groups of nproc / G consecutive ranks; a rank's death ends and restarts its group, and "
+          "configurations take whole groups (0: every rank its own)")
+      .min(0);
   cli.add("--host", host, "HOST", "the interface the store and coordinator listen on");
   cli.add("--heartbeat-deadline-ms", heartbeat_ms, "MS", "a rank silent this long is dead").min(100);
   cli.add("--join-deadline-ms", join_ms, "MS", "a quorum waits this long for live ranks that have not asked").min(100);
@@ -104,11 +110,14 @@ int main(int argc, char** argv) {
         if (first >= argc && !cli.given("--help")) fail<invalid_argument>("expected a PROGRAM after the flags");
         if (min_members > nproc)
           fail<invalid_argument>("--min ", min_members, " is above --nproc ", nproc);
+        if (groups > 0 && nproc % groups != 0)
+          fail<invalid_argument>("--groups ", groups, " does not divide --nproc ", nproc, " into groups of equal size");
         if (chaos_signals != "kill" && chaos_signals != "stop" && chaos_signals != "kill,stop")
           fail<invalid_argument>("--chaos-signals: expected kill, stop or kill,stop, found '", chaos_signals, "'");
       }))
     return *rc;
   if (min_members == 0) min_members = nproc;
+  const int group = groups > 0 ? nproc / groups : 1;  // ranks per group
 
   std::ofstream log_out;
   if (!log_file.empty()) {
@@ -121,7 +130,7 @@ int main(int argc, char** argv) {
   std::ostream& log = log_file.empty() ? std::cerr : log_out;
   try {
     const std::string token = random_token();
-    coordinator coord({.token = token, .nproc = nproc, .min_members = min_members,
+    coordinator coord({.token = token, .nproc = nproc, .min_members = min_members, .group_size = group,
                        .heartbeat_deadline = milliseconds(heartbeat_ms), .join_deadline = milliseconds(join_ms),
                        .host = host, .port = 0, .log = &log});
     const std::string address = dml::detail::cat(host, ":", coord.port());
@@ -144,6 +153,7 @@ int main(int argc, char** argv) {
         ::setenv("DML_RUN_SLOT", std::to_string(slot).c_str(), 1);
         ::setenv("DML_RUN_START", std::to_string(r.start).c_str(), 1);
         ::setenv("DML_RUN_NPROC", std::to_string(nproc).c_str(), 1);
+        ::setenv("DML_RUN_GROUP_SIZE", std::to_string(group).c_str(), 1);
         ::execvp(argv[first], argv + first);
         std::fprintf(stderr, "dml-run: cannot run %s: %s\n", argv[first], std::strerror(errno));
         ::_exit(127);
@@ -194,8 +204,18 @@ int main(int argc, char** argv) {
         if (ok) continue;
         coord.process_exited(s, r.last);
         const bool elastic = coord.joined(s);
-        if (elastic && !coord.finished() && restarts < max_restarts) {
-          ++restarts;
+        // A group fails whole: its other ranks are ended too and start again with it (one restart, not several).
+        const bool with_group = std::exchange(r.ended_with_group, false);
+        if (elastic && group > 1 && !with_group && !coord.finished())
+          for (int t = s - s % group; t < s - s % group + group; ++t) {
+            auto& mate = ranks[static_cast<std::size_t>(t)];
+            if (t == s || !mate.running || mate.ended_with_group) continue;
+            log << "dml-run: slot " << t << " ends with its group (slot " << s << ")" << std::endl;
+            mate.ended_with_group = true;
+            ::kill(mate.pid, SIGKILL);
+          }
+        if (elastic && !coord.finished() && (with_group || restarts < max_restarts)) {
+          if (!with_group) ++restarts;
           ++r.start;
           spawn(s);
         } else if (!coord.finished()) {
@@ -226,10 +246,13 @@ int main(int argc, char** argv) {
           bool stop = chaos_signals == "stop" || (chaos_signals == "kill,stop" && std::bernoulli_distribution(0.5)(rng));
           // The state lives in the members' memory: a SIGKILL never leaves fewer than --chaos-keep processes that
           // hold the last committed step (a frozen one still holds it); that one is frozen instead.
+          // With groups, the victim's whole group goes.
+          auto same_group = [&](int a, int b) { return a / group == b / group; };
           int other_holders = 0;
           for (int s = 0; s < nproc; ++s)
-            if (s != victim && std::ranges::find(killed, s) == killed.end() && ranks[static_cast<std::size_t>(s)].running &&
-                coord.holds_last_step(s))
+            if (!same_group(s, victim) &&
+                std::ranges::none_of(killed, [&](int k) { return same_group(k, s); }) &&
+                ranks[static_cast<std::size_t>(s)].running && coord.holds_last_step(s))
               ++other_holders;
           if (!stop && other_holders < chaos_keep) stop = true;
           if (!stop) killed.push_back(victim);

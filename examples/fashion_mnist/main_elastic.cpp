@@ -65,10 +65,10 @@ struct elastic_job {
       std::printf("slot %d: the job finished at step %lld without this start\n", job.slot(), static_cast<long long>(r.steps));
       return;
     }
-    if (r.rank == 0 && (r.state || !r.pieces.empty())) {
+    if (r.rank == 0 && (!r.parameters.empty() || !r.pieces.empty())) {
       dml::comm::local::run(1, [&](dml::comm::local& c) {
         dml::trainer<dml::parallel::replicate, any_optimizer> t(c, model, {}, opt);
-        if (r.state) t.restore(*r.state);
+        if (!r.parameters.empty()) t.load_full_parameters(r.parameters);
         else t.import_pieces(r.pieces);
         std::int64_t correct = 0;
         std::vector<std::int64_t> all(static_cast<std::size_t>(test_set.size()));
@@ -85,13 +85,15 @@ struct elastic_job {
   }
 };
 
-// Replicas: a member behind the others heals from one at the quorum's step.
-template <class Model>
+// Replicas: a member behind the others heals from one at the quorum's step. Under dml-run --groups each group
+// is a replica that ZeRO shards inside (hybrid sharding), and a member heals from its place in another group.
+template <class Sharding, class Model>
 void run_replicas(elastic_job& j, Model model) {
-  using trainer_t = dml::trainer<dml::parallel::replicate, any_optimizer>;
-  auto make_trainer = [&](dml::comm::gloo& c, std::function<bool()> commit) {
+  using trainer_t = dml::trainer<Sharding, any_optimizer>;
+  auto make_trainer = [&](dml::comm::gloo& c, const dml::ft::quorum& q, std::function<bool()> commit) {
     auto to = j.trainer_options();
     to.commit = std::move(commit);
+    if constexpr (!std::same_as<Sharding, dml::parallel::replicate>) to.replicas = q.size() / q.group;
     return std::make_unique<trainer_t>(c, model, to, j.opt);
   };
   auto run_step = [&](trainer_t& t, dml::comm::gloo&, std::int64_t step, const dml::ft::quorum& q) {
@@ -138,21 +140,34 @@ int run_elastic(const options& o, const dml::train::dataset& train_set, const dm
     dml::fail<dml::invalid_argument>("--elastic trains in fp32, without --compress, --offload, --checkpoint, "
                                      "--resume, --replicas, --dp or --cuts (the layout follows the world's size; "
                                      "found --precision ", o.precision, ")");
-  if (o.parallel == "ddp" && o.pp == 1 && (o.commit_every != 1 || o.copies != 1))
-    dml::fail<dml::invalid_argument>("--commit-every and --copies apply where members hold parts of the model "
-                                     "(--parallel zero1-3 or --pp); under ddp every member holds it all (found "
-                                     "--commit-every ", o.commit_every, " --copies ", o.copies, ")");
   if (!dml::ft::session_options::in_environment())
     dml::fail<dml::invalid_argument>("--elastic: start the ranks with dml-run (DML_RUN_COORDINATOR is not set)");
+  const int group = dml::ft::session_options::from_environment().group;
+  if (group > 1 && o.pp > 1)
+    dml::fail<dml::invalid_argument>("--pp under dml-run --groups: expected one stage (each group holds the whole "
+                                     "model), found --pp ", o.pp);
+  // A step commits before its update; ZeRO-1/2 gather the updated parameters after it, and layer-wise optimizers
+  // sum their norms over the shards first: a failure there would leave a committed step that no member finished.
+  if (group > 1 && (o.parallel == "zero1" || o.parallel == "zero2" || o.optimizer == "lamb" || o.optimizer == "lars"))
+    dml::fail<dml::invalid_argument>("dml-run --groups trains ddp or zero3 inside each group, with an element-wise "
+                                     "optimizer (a collective after the vote would split a committed step); found "
+                                     "--parallel ", o.parallel, " --optimizer ", o.optimizer);
+  if (((o.parallel == "ddp" && o.pp == 1) || group > 1) && (o.commit_every != 1 || o.copies != 1))
+    dml::fail<dml::invalid_argument>("--commit-every and --copies apply where members hold parts of the model "
+                                     "(--parallel zero1-3 or --pp); under ddp, or in groups that each hold it, every "
+                                     "member heals from a peer (found --commit-every ", o.commit_every, " --copies ",
+                                     o.copies, ")");
   dml::set_thread_budget(o.threads);
   elastic_job j{o, train_set, test_set};
   return dml::nn::with_mlp<max_hidden>(train_set.features(), o.hidden, 10, [&](auto model) {
-    using dml::parallel::zero;
-    if (o.parallel == "zero1") run_parts<zero<1>>(j, model);
-    else if (o.parallel == "zero2") run_parts<zero<2>>(j, model);
-    else if (o.parallel == "zero3") run_parts<zero<3>>(j, model);
+    // zeroN is hybrid<zero<N>> (plain ZeRO with one replica), as in the other launchers.
+    using dml::parallel::hybrid, dml::parallel::zero;
+    if (group > 1 && o.parallel == "zero3") run_replicas<hybrid<zero<3>>>(j, model);
+    else if (o.parallel == "zero1") run_parts<hybrid<zero<1>>>(j, model);
+    else if (o.parallel == "zero2") run_parts<hybrid<zero<2>>>(j, model);
+    else if (o.parallel == "zero3") run_parts<hybrid<zero<3>>>(j, model);
     else if (o.pp > 1) run_parts<dml::parallel::replicate>(j, model);
-    else run_replicas(j, model);
+    else run_replicas<dml::parallel::replicate>(j, model);
     return 0;
   });
 }

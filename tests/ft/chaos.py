@@ -38,6 +38,7 @@ def one_run(a, seed, workdir):
     cmd = [a.dml_run, "--nproc", str(a.nproc), "--min", str(a.min), "--chaos-events", str(a.events),
            "--chaos-every-ms", str(a.every_ms), "--chaos-seed", str(seed), "--chaos-signals", signals,
            "--chaos-double", str(a.double), "--chaos-keep", str(a.keep_holders), "--heartbeat-deadline-ms", str(a.heartbeat_ms),
+           "--groups", str(a.groups),
            "--log", os.path.join(logs, "dml-run.log"), "--stall-seconds", "60",
            a.program, "--elastic", "--steps", str(a.steps), "--comm-timeout-ms", str(a.comm_timeout_ms),
            "--commit-log", os.path.join(logs, "commits-{slot}.log")]
@@ -155,6 +156,8 @@ def main():
     ap.add_argument("--gpt", action="store_true", help="the program is the GPT example (no --data, --batch, --hidden)")
     ap.add_argument("--keep-holders", type=int, default=1,
                     help="dml-run --chaos-keep: live holders of the last step a SIGKILL must leave")
+    ap.add_argument("--groups", type=int, default=0,
+                    help="dml-run --groups: failure domains of nproc / G ranks (0: every rank its own)")
     ap.add_argument("--args", default="", help="more arguments of the program, e.g. '--parallel zero2 --pp 2'")
     a = ap.parse_args()
     workdir = tempfile.mkdtemp(prefix="dml-chaos-")

@@ -249,3 +249,42 @@ TEST_CASE("no configuration forms without a member that holds the last committed
   CHECK_THROWS_WITH_AS(fresh.join(0), doctest::Contains("no answer to 'QUORUM'"), comm_error);
   CHECK(s.stats().quorums == 1);
 }
+
+TEST_CASE("groups join whole; a member behind heals from its place in another group") {
+  auto o = options(4, 2);
+  o.group_size = 2;
+  served s(o);
+  session a(s.member(0)), b(s.member(1)), c(s.member(2));
+  auto d = std::make_unique<session>(s.member(3));
+  auto q = join_all({&a, &b, &c, d.get()}, {0, 0, 0, 0});
+  CHECK(q[0].size() == 4);
+  CHECK(q[0].group == 2);
+  CHECK(vote_all({&a, &b, &c, d.get()}, q[0].epoch, 1, {true, true, true, true})[0] == verdict::commit);
+  // Slot 3 dies: its group (slots 2 and 3) is out, though slot 2 lives and asks; slots 0 and 1 go on.
+  d.reset();
+  auto lone = std::async(std::launch::async, [&] { return c.join(1); });
+  q = join_all({&a, &b}, {1, 1});
+  CHECK(q[0].slots == std::vector{0, 1});
+  CHECK(vote_all({&a, &b}, q[0].epoch, 2, {true, true})[0] == verdict::commit);
+  // A new start of slot 3 completes the group: it comes in after the next commit, both its ranks behind, each
+  // healing from the member in the same place of the group that holds the step.
+  session d2(s.member(3, 1));
+  auto back = std::async(std::launch::async, [&] { return d2.join(0); });
+  std::this_thread::sleep_for(100ms);
+  CHECK(vote_all({&a, &b}, q[0].epoch, 3, {true, true})[0] == verdict::commit_and_reconfigure);
+  q = join_all({&a, &b}, {3, 3});
+  const auto qc = lone.get(), qd = back.get();
+  CHECK(qc.slots == std::vector{0, 1, 2, 3});
+  CHECK(qc.step == 3);
+  CHECK(qc.behind(2));
+  CHECK(qd.behind(3));
+  CHECK(qc.source(2) == 0);
+  CHECK(qd.source(3) == 1);
+  CHECK(q[0].source(1) == 1);
+}
+
+TEST_CASE("groups must divide the slots") {
+  auto o = options(4);
+  o.group_size = 3;
+  CHECK_THROWS_WITH_AS(coordinator{o}, doctest::Contains("a group size of 3"), invalid_argument);
+}

@@ -14,6 +14,8 @@
 #include <gloo/broadcast.h>
 #include <gloo/reduce.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -47,6 +49,10 @@ struct gloo_options {
 // communicator is broken() and every operation throws comm_error at once. Recovery builds a new communicator
 // (over a PrefixStore of a fresh prefix) with the ranks that are left.
 //
+// Gloo's TCP transport writes to its sockets without MSG_NOSIGNAL: a write to a peer that died would raise SIGPIPE
+// and end this process. The first communicator therefore ignores SIGPIPE when its disposition is still the default
+// (the write then fails with EPIPE, a comm_error); a handler the program installed is left alone.
+//
 // Blocking: iall_reduce, ireduce_scatter, iall_gather and ibroadcast run at the call and return a completed
 // request. isend and irecv are truly non-blocking: they post an unbound buffer, and a thread of their own waits for
 // it with the deadline; a rank may post a receive and a send in either order. Gloo cannot withdraw a posted
@@ -69,6 +75,7 @@ class gloo {
       fail<invalid_argument>("dml::comm::gloo: expected 0 <= rank < size, found rank ", rank, " and size ", size);
     if (opt.timeout.count() <= 0)
       fail<invalid_argument>("dml::comm::gloo: expected a timeout > 0 ms, found ", opt.timeout.count());
+    ignore_sigpipe();
     s_ = std::make_shared<detail::gloo_impl::state>(std::move(store), rank, size, opt.timeout,
                                                    std::move(opt.hostname));
     s_->connect();
@@ -325,6 +332,11 @@ class gloo {
   }
 
  private:
+  static void ignore_sigpipe() {
+    struct sigaction now {};
+    if (::sigaction(SIGPIPE, nullptr, &now) == 0 && now.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
+  }
+
   // Ring reduce-scatter (Gloo has no new-style one): at step k rank r sends its partial sum of block r - 1 - k to
   // the next rank and adds its own part of block r - 2 - k to what the previous rank sent; after size() - 1 steps
   // block r is complete. recv may be block rank() of send.

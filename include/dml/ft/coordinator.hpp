@@ -26,6 +26,7 @@ struct coordinator_options {
   std::string token;             // every connection must present it
   int nproc = 1;                 // member slots
   int min_members = 1;           // a quorum needs at least this many
+  int group_size = 1;            // failure domains: slots [k·g, (k+1)·g) join and leave configurations together
   milliseconds heartbeat_deadline{1000};  // a member silent this long is dead
   milliseconds join_deadline{5000};       // a quorum waits this long for live members that have not asked
   milliseconds start_deadline{60000};     // the first quorum waits this long for every slot to join
@@ -48,6 +49,9 @@ class coordinator {
     if (opt_.nproc < 1) fail<invalid_argument>("dml::ft::coordinator: nproc must be at least 1, found ", opt_.nproc);
     if (opt_.min_members < 1 || opt_.min_members > opt_.nproc)
       fail<invalid_argument>("dml::ft::coordinator: --min must be in [1, ", opt_.nproc, "], found ", opt_.min_members);
+    if (opt_.group_size < 1 || opt_.nproc % opt_.group_size != 0)
+      fail<invalid_argument>("dml::ft::coordinator: expected groups of equal size that divide the ", opt_.nproc,
+                             " slots, found a group size of ", opt_.group_size);
     ::fcntl(listen_.get(), F_SETFL, O_NONBLOCK);
   }
   int port() const { return port_of(listen_); }
@@ -260,6 +264,16 @@ class coordinator {
     try_form_quorum();
   }
 
+  // Whether every member of the slot's group is alive and asks for a quorum (always, in groups of one).
+  bool group_ready(int slot) const {
+    const int first = slot - slot % opt_.group_size;
+    for (int t = first; t < first + opt_.group_size; ++t) {
+      const auto& m = members_[static_cast<std::size_t>(t)];
+      if (!m.alive || !m.wants_quorum) return false;
+    }
+    return true;
+  }
+
   void try_form_quorum() {
     if (!waiting_since_ || finished_) return;
     std::vector<int> ready, busy;
@@ -276,13 +290,23 @@ class coordinator {
     if (epoch_ == 0)
       for (int s = 0; s < opt_.nproc; ++s)
         if (!members_[static_cast<std::size_t>(s)].alive) busy.push_back(s);
+    // Groups join whole: a member whose group is not all here is left out (it comes with its group, after a
+    // later commit).
+    const int g = opt_.group_size;
+    std::erase_if(ready, [&](int s) { return !group_ready(s); });
     if (!busy.empty() && !late) return;
     if (static_cast<int>(ready.size()) < opt_.min_members) return;
     // No committed step is ever lost: a configuration needs a member that holds the last one (a restarted member
-    // cannot heal from nobody). Until one asks (a frozen member resumes), the others wait; if none ever does, the
-    // job stalls and dml-run ends it.
-    std::int64_t holds = 0;
-    for (int s : ready) holds = std::max(holds, members_[static_cast<std::size_t>(s)].step);
+    // cannot heal from nobody); with groups, one for each place in a group (the state of a place is its own).
+    // Until one asks (a frozen member resumes), the others wait; if none ever does, the job stalls and dml-run
+    // ends it.
+    std::int64_t holds = stats_.last_step;
+    for (int place = 0; place < g; ++place) {
+      std::int64_t top = 0;
+      for (int s : ready)
+        if (s % g == place) top = std::max(top, members_[static_cast<std::size_t>(s)].step);
+      holds = std::min(holds, top);
+    }
     if (holds < stats_.last_step) {
       if (!said_waiting_) say(dml::detail::cat("waiting for a member that holds step ", stats_.last_step));
       said_waiting_ = true;
@@ -298,6 +322,7 @@ class coordinator {
     for (int s : ready) top = std::max(top, members_[static_cast<std::size_t>(s)].step);
     frame f = make_frame("QUORUM", epoch_, top, ready.size());
     for (int s : ready) f.words.push_back(dml::detail::cat(s, ":", members_[static_cast<std::size_t>(s)].step));
+    f.words.push_back(std::to_string(g));
     std::string who;
     for (int s : ready) who += dml::detail::cat(who.empty() ? "" : ",", s);
     say(dml::detail::cat("epoch ", epoch_, ": members ", who, " at step ", top,
@@ -322,7 +347,9 @@ class coordinator {
       if (!members_[static_cast<std::size_t>(s)].voted) return;
     // Unanimous: the step commits. Members that wait for a quorum are asked to come after it.
     bool joiners = false;
-    for (int s = 0; s < opt_.nproc; ++s) joiners |= members_[static_cast<std::size_t>(s)].alive && members_[static_cast<std::size_t>(s)].wants_quorum;
+    for (int s = 0; s < opt_.nproc; ++s)
+      joiners |= members_[static_cast<std::size_t>(s)].alive && members_[static_cast<std::size_t>(s)].wants_quorum &&
+                 group_ready(s);
     ++stats_.commits;
     stats_.last_step = std::max(stats_.last_step, step);
     if (recovery_started_) {

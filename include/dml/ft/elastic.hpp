@@ -57,11 +57,12 @@ struct elastic_result {
   std::int64_t healed = 0;           // times it received state from a peer
   std::int64_t failed_steps = 0;     // step attempts that did not commit here
   std::vector<float> losses;         // the loss of each step this member committed, by step (0 where it was absent)
-  std::uint64_t hash = 0;            // of the final state (parameters and optimizer state)
+  std::uint64_t hash = 0;            // of the final parameters (as the commit log's last line)
   int rank = -1;                     // this member's rank in its last configuration
   double seconds = 0;  // from its first step (trainer built and healed) to the end of its last step (the final
                        // snapshot or gathering and the teardown are not counted)
-  std::optional<train::state_snapshot> state;  // the final committed state (train_elastic)
+  std::optional<train::state_snapshot> state;  // the final committed state (train_elastic): this rank's part
+  std::vector<float> parameters;               // the final parameters, whole (train_elastic)
   std::vector<train::state_pieces> pieces;     // the final committed state, every piece (train_restarting)
 };
 
@@ -114,19 +115,26 @@ class journal {
  public:
   journal(const elastic_options& o, int slot) : log_(o.log), slot_(slot) {
     if (o.commit_log.empty()) return;
+    // An earlier start of this slot may have written lines: the last complete one's step is where it stopped.
+    std::ifstream before(o.commit_log);
+    for (std::string line; std::getline(before, line);)
+      if (long long step = 0; std::sscanf(line.c_str(), "%lld", &step) == 1) logged_ = std::max<std::int64_t>(logged_, step);
     commits_.open(o.commit_log, std::ios::app);
     if (!commits_) fail<io_error>("dml::ft: cannot append to the commit log ", o.commit_log);
   }
   bool logs_commits() const { return commits_.is_open(); }
   void commit(std::int64_t step, std::int64_t epoch, int members, std::uint64_t hash) {
     if (logs_commits()) commits_ << step << ' ' << epoch << ' ' << members << ' ' << hash << std::endl;
+    logged_ = step;
   }
+  std::int64_t logged() const { return logged_; }  // the last step written
   void say(const std::string& line) {
     if (log_) *log_ << "slot " << slot_ << ": " << line << std::endl;
   }
 
  private:
   std::ofstream commits_;
+  std::int64_t logged_ = 0;
   std::ostream* log_;
   int slot_;
 };
@@ -134,15 +142,16 @@ class journal {
 
 // Trains until `o.steps` steps have committed, through deaths, freezes and restarts of members.
 //   make_comm(const quorum&) -> std::unique_ptr<Comm>: the epoch's communicator (collective over its members);
-//   make_trainer(Comm&, std::function<bool()> commit) -> std::unique_ptr<Trainer>: a trainer whose
-//     trainer_options::commit is `commit`;
+//   make_trainer(Comm&, const quorum&, std::function<bool()> commit) -> std::unique_ptr<Trainer>: a trainer whose
+//     trainer_options::commit is `commit` (with groups, hybrid sharding: q.size() / q.group replicas);
 //   run_step(Trainer&, Comm&, std::int64_t step, const quorum&) -> train::step_result: step `step` (from 0),
 //     on this member's share of the step's samples (rank q.rank of q.size()).
 template <class MakeComm, class MakeTrainer, class RunStep>
 elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_trainer, RunStep run_step,
                              const elastic_options& o) {
   using comm_ptr = decltype(make_comm(std::declval<const quorum&>()));
-  using trainer_ptr = decltype(make_trainer(*std::declval<comm_ptr&>(), std::declval<std::function<bool()>>()));
+  using trainer_ptr = decltype(make_trainer(*std::declval<comm_ptr&>(), std::declval<const quorum&>(),
+                                            std::declval<std::function<bool()>>()));
   elastic_result out;
   out.losses.assign(static_cast<std::size_t>(o.steps), 0.f);
   std::optional<train::state_snapshot> committed_state;  // what this member last committed
@@ -155,7 +164,7 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
     ++out.configurations;
     out.rank = q.rank;
     journal.say(dml::detail::cat("epoch ", q.epoch, ": rank ", q.rank, " of ", q.size(), ", step ", q.step,
-                         q.behind(q.rank) ? dml::detail::cat(" (behind at ", committed, ": healing from rank ", q.source(), ")") : ""));
+                         q.behind(q.rank) ? dml::detail::cat(" (behind at ", committed, ": healing from rank ", q.source(q.rank), ")") : ""));
     bool reconfigure = false, holds_committed = false;
     std::int64_t at = committed;
     // The trainer refers to the communicator: it goes first.
@@ -168,20 +177,28 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
         reconfigure = v == verdict::commit_and_reconfigure;
         return v == verdict::commit || v == verdict::commit_and_reconfigure;
       };
-      t = make_trainer(*comm, vote);
+      t = make_trainer(*comm, q, vote);
       if (q.behind(q.rank)) {
-        t->restore(detail::receive_state(*comm, q.source()));
+        t->restore(detail::receive_state(*comm, q.source(q.rank)));
         ++out.healed;
       } else if (committed_state) {
         t->restore(*committed_state);
       }
-      if (q.rank == q.source()) {
-        const auto mine = t->snapshot();
-        for (int r = 0; r < q.size(); ++r)
-          if (q.behind(r)) detail::send_state(*comm, mine, r);
-      }
+      // Each member behind heals from the first at the quorum's step in its place (groups: hybrid sharding).
+      std::optional<train::state_snapshot> mine;
+      for (int r = 0; r < q.size(); ++r)
+        if (q.behind(r) && q.source(r) == q.rank) {
+          if (!mine) mine = t->snapshot();
+          detail::send_state(*comm, *mine, r);
+        }
       at = q.step;
       holds_committed = true;
+      // A step can commit and its line go unwritten: under ZeRO-3 the hash gathers the parameters, a collective
+      // that a death right after the vote breaks. The configuration that follows writes it (every member gathers).
+      if (journal.logs_commits() && at > 0) {
+        const auto hash = parameter_hash(t->full_parameters());
+        if (!q.behind(q.rank) && journal.logged() < at) journal.commit(at, q.epoch, q.size(), hash);
+      }
       if (!began) began = clock::now();
       while (at < o.steps && !reconfigure) {
         const auto r = run_step(*t, *comm, at, q);
@@ -191,8 +208,14 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
           break;
         }
         out.losses[static_cast<std::size_t>(at)] = r.loss;
-        if (++at == o.steps) trained = clock::now();  // the final snapshot and teardown are one-offs: not timed
-        if (journal.logs_commits()) journal.commit(at, q.epoch, q.size(), parameter_hash(t->full_parameters()));
+        const bool last = ++at == o.steps;
+        if (last) trained = clock::now();  // the final gathering, snapshot and teardown are one-offs: not timed
+        if (journal.logs_commits() || last) {
+          auto p = t->full_parameters();
+          const auto hash = parameter_hash(p);
+          journal.commit(at, q.epoch, q.size(), hash);
+          if (last) out.hash = hash, out.parameters = std::move(p);
+        }
       }
     } catch (const comm_error& e) {
       ++out.failed_steps;
@@ -209,7 +232,6 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
   if (began) out.seconds = std::chrono::duration<double>(trained.value_or(clock::now()) - *began).count();
   if (committed >= o.steps) s.done();
   out.steps = committed;
-  if (committed_state) out.hash = parameter_hash(committed_state->values);
   out.state = std::move(committed_state);
   return out;
 }

@@ -18,10 +18,12 @@ struct session_options {
   std::string token;              // the job's token
   int slot = 0;                   // this member's slot
   std::int64_t start = 0;         // which start of the slot this process is (dml-run counts them)
+  int group = 1;                  // ranks per failure domain (dml-run --groups: nproc / groups)
   milliseconds heartbeat{100};    // one heartbeat per period
   milliseconds timeout{120000};   // the longest wait for a quorum or a vote's verdict
 
-  // What dml-run hands its ranks: DML_RUN_COORDINATOR, DML_RUN_TOKEN, DML_RUN_SLOT, DML_RUN_START.
+  // What dml-run hands its ranks: DML_RUN_COORDINATOR, DML_RUN_TOKEN, DML_RUN_SLOT, DML_RUN_START, and
+  // DML_RUN_GROUP_SIZE (1 when unset).
   static bool in_environment() { return std::getenv("DML_RUN_COORDINATOR") != nullptr; }
   static session_options from_environment() {
     auto need = [](const char* name) -> std::string {
@@ -45,6 +47,8 @@ struct session_options {
     o.token = need("DML_RUN_TOKEN");
     o.slot = static_cast<int>(number("DML_RUN_SLOT"));
     o.start = number("DML_RUN_START");
+    if (std::getenv("DML_RUN_GROUP_SIZE")) o.group = static_cast<int>(number("DML_RUN_GROUP_SIZE"));
+    if (o.group < 1) fail<invalid_argument>("dml::ft: DML_RUN_GROUP_SIZE should be at least 1, found ", o.group);
     return o;
   }
 };
@@ -55,13 +59,17 @@ struct quorum {
   int rank = -1;                     // this member's rank in the configuration
   std::vector<int> slots;
   std::vector<std::int64_t> steps;
+  int group = 1;                     // ranks [k·group, (k+1)·group) are one failure domain (dml-run --groups)
   bool finished = false;             // the job reached its last step without this member
   int size() const { return static_cast<int>(slots.size()); }
-  // The member that hands its state to those behind: the first at the highest step.
-  int source() const {
-    for (int r = 0; r < size(); ++r)
-      if (steps[static_cast<std::size_t>(r)] == step) return r;
-    return 0;
+  // The member that hands its state to rank r when r is behind: the first at the highest step in the same place
+  // of its group (with groups of one, the first at the highest step). Groups join whole, so a rank's place is
+  // its slot's.
+  int source(int r = 0) const {
+    for (int s = r % group; s < size(); s += group)
+      if (steps[static_cast<std::size_t>(s)] == step) return s;
+    fail<comm_error>("dml::ft: no member of the configuration holds step ", step, " for place ", r % group,
+                     " of a group");
   }
   bool behind(int r) const { return steps[static_cast<std::size_t>(r)] < step; }
 };
@@ -103,6 +111,9 @@ class session {
       q.steps.push_back(std::stoll(w.substr(colon + 1)));
       if (q.slots.back() == opt_.slot) q.rank = static_cast<int>(i);
     }
+    if (f.words.size() > static_cast<std::size_t>(4 + n)) q.group = static_cast<int>(f.number(static_cast<std::size_t>(4 + n)));
+    if (q.group < 1 || q.size() % q.group != 0)
+      fail<format_error>("dml::ft: a quorum of ", q.size(), " members in groups of ", q.group);
     if (q.rank < 0) fail<comm_error>("dml::ft: a quorum without this member (slot ", opt_.slot, ")");
     return q;
   }
