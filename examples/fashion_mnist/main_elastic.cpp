@@ -68,7 +68,7 @@ struct elastic_job {
     if (r.rank == 0 && (!r.parameters.empty() || !r.pieces.empty())) {
       dml::comm::local::run(1, [&](dml::comm::local& c) {
         dml::trainer<dml::parallel::replicate, any_optimizer> t(c, model, {}, opt);
-        if (!r.parameters.empty()) t.load_full_parameters(r.parameters);
+        if (!r.parameters.empty()) t.load_full_parameters(dml::nn::unpack(t.layout(), r.parameters));
         else t.import_pieces(r.pieces);
         std::int64_t correct = 0;
         std::vector<std::int64_t> all(static_cast<std::size_t>(test_set.size()));
@@ -140,9 +140,8 @@ int run_elastic(const options& o, const dml::train::dataset& train_set, const dm
     dml::fail<dml::invalid_argument>("--elastic trains in fp32, without --compress, --offload, --checkpoint, "
                                      "--resume, --replicas, --dp or --cuts (the layout follows the world's size; "
                                      "found --precision ", o.precision, ")");
-  if (!dml::ft::session_options::in_environment())
-    dml::fail<dml::invalid_argument>("--elastic: start the ranks with dml-run (DML_RUN_COORDINATOR is not set)");
-  const int group = dml::ft::session_options::from_environment().group;
+  const bool launched = dml::ft::session_options::in_environment();
+  const int group = launched ? dml::ft::session_options::from_environment().group : 1;
   if (group > 1 && o.pp > 1)
     dml::fail<dml::invalid_argument>("--pp under dml-run --groups: expected one stage (each group holds the whole "
                                      "model), found --pp ", o.pp);
@@ -157,6 +156,8 @@ int run_elastic(const options& o, const dml::train::dataset& train_set, const dm
                                      "(--parallel zero1-3 or --pp); under ddp, or in groups that each hold it, every "
                                      "member heals from a peer (found --commit-every ", o.commit_every, " --copies ",
                                      o.copies, ")");
+  if (!launched)
+    dml::fail<dml::invalid_argument>("--elastic: start the ranks with dml-run (DML_RUN_COORDINATOR is not set)");
   dml::set_thread_budget(o.threads);
   elastic_job j{o, train_set, test_set};
   return dml::nn::with_mlp<max_hidden>(train_set.features(), o.hidden, 10, [&](auto model) {

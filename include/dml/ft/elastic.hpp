@@ -36,6 +36,7 @@
 
 #include "dml/comm/communicator.hpp"
 #include "dml/ft/session.hpp"
+#include "dml/nn/param_layout.hpp"
 #include "dml/train/checkpoint_io.hpp"
 #include "dml/train/options.hpp"
 
@@ -62,7 +63,7 @@ struct elastic_result {
   double seconds = 0;  // from its first step (trainer built and healed) to the end of its last step (the final
                        // snapshot or gathering and the teardown are not counted)
   std::optional<train::state_snapshot> state;  // the final committed state (train_elastic): this rank's part
-  std::vector<float> parameters;               // the final parameters, whole (train_elastic)
+  std::vector<float> parameters;               // the final parameters, whole and packed (train_elastic)
   std::vector<train::state_pieces> pieces;     // the final committed state, every piece (train_restarting)
 };
 
@@ -85,6 +86,12 @@ inline std::uint64_t parameter_hash(std::span<const float> p) {
   const auto* b = reinterpret_cast<const unsigned char*>(p.data());
   for (std::size_t i = 0; i < p.size_bytes(); ++i) h = (h ^ b[i]) * 1099511628211ull;
   return h;
+}
+
+// The whole model's parameters without padding (nn::pack): the same values in every layout. Collective.
+template <class Trainer>
+std::vector<float> packed_parameters(Trainer& t) {
+  return nn::pack(t.layout(), t.full_parameters());
 }
 
 namespace detail {
@@ -196,7 +203,7 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
       // A step can commit and its line go unwritten: under ZeRO-3 the hash gathers the parameters, a collective
       // that a death right after the vote breaks. The configuration that follows writes it (every member gathers).
       if (journal.logs_commits() && at > 0) {
-        const auto hash = parameter_hash(t->full_parameters());
+        const auto hash = parameter_hash(packed_parameters(*t));
         if (!q.behind(q.rank) && journal.logged() < at) journal.commit(at, q.epoch, q.size(), hash);
       }
       if (!began) began = clock::now();
@@ -211,7 +218,7 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
         const bool last = ++at == o.steps;
         if (last) trained = clock::now();  // the final gathering, snapshot and teardown are one-offs: not timed
         if (journal.logs_commits() || last) {
-          auto p = t->full_parameters();
+          auto p = packed_parameters(*t);
           const auto hash = parameter_hash(p);
           journal.commit(at, q.epoch, q.size(), hash);
           if (last) out.hash = hash, out.parameters = std::move(p);
@@ -444,7 +451,7 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
         // needs the others (the hash of the parameters, the final pieces) is done before the vote.
         auto now = pieces_of(*t, *comm, q, at);
         const bool last = at == o.steps;
-        const std::uint64_t hash = journal.logs_commits() || last ? parameter_hash(t->full_parameters()) : 0;
+        const std::uint64_t hash = journal.logs_commits() || last ? parameter_hash(packed_parameters(*t)) : 0;
         auto final_pieces = last ? detail::collect_pieces(*comm, now, at) : std::vector<train::state_pieces>{};
         const verdict v = s.vote(q.epoch, at, true);
         if (v != verdict::commit && v != verdict::commit_and_reconfigure) {

@@ -98,6 +98,30 @@ param_layout make_layout(const sequential<Layers...>& model, std::int64_t alignm
   return out;
 }
 
+// The parameters without their padding, slot after slot: what layouts of every alignment (world size, sharding)
+// hold alike. `padded` has l.total floats; unpack() is the inverse, into another layout of the same model.
+inline std::vector<float> pack(const param_layout& l, std::span<const float> padded) {
+  if (static_cast<std::int64_t>(padded.size()) != l.total)
+    fail<invalid_argument>("dml::nn::pack: expected ", l.total, " floats (padding included), found ", padded.size());
+  std::vector<float> out;
+  out.reserve(static_cast<std::size_t>(l.numel));
+  for (const auto& s : l.slots)
+    out.insert(out.end(), padded.begin() + s.offset, padded.begin() + s.offset + s.shape.numel());
+  return out;
+}
+inline std::vector<float> unpack(const param_layout& l, std::span<const float> packed) {
+  if (static_cast<std::int64_t>(packed.size()) != l.numel)
+    fail<invalid_argument>("dml::nn::unpack: expected ", l.numel, " floats (no padding), found ", packed.size());
+  std::vector<float> out(static_cast<std::size_t>(l.total), 0.f);
+  std::size_t at = 0;
+  for (const auto& s : l.slots) {
+    const auto n = static_cast<std::size_t>(s.shape.numel());
+    std::copy_n(packed.begin() + static_cast<std::ptrdiff_t>(at), n, out.begin() + s.offset);
+    at += n;
+  }
+  return out;
+}
+
 namespace kernels {
 template <class T = float>
 struct init_param {
