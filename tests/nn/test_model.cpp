@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "dml/dml.hpp"
 
@@ -25,6 +26,25 @@ TEST_CASE("sequential names parameters as PyTorch's nn.Sequential state dict") {
   for (const auto& s : slots) CHECK(s.offset % nn::param_layout::alignment == 0);
   CHECK(net.layout().numel == 12 + 3 + 3 + 3 + 6);
   CHECK(net.layout().total == 5 * nn::param_layout::alignment);
+}
+
+TEST_CASE("pack drops the padding of any alignment; unpack puts the values back into another layout") {
+  auto model = nn::sequential{nn::linear{5, 3}, nn::relu{}, nn::linear{3, 7}};
+  const auto small = nn::make_layout(model), wide = nn::make_layout(model, 16 * 3);  // one rank, and 3 shards
+  REQUIRE(small.numel == 5 * 3 + 3 + 3 * 7 + 7);
+  CHECK(wide.total > small.total);
+  std::vector<float> a(static_cast<std::size_t>(small.total), -1.f);
+  float v = 0.f;
+  for (const auto& slot : small.slots)
+    for (std::int64_t i = 0; i < slot.shape.numel(); ++i) a[static_cast<std::size_t>(slot.offset + i)] = v++;
+  const auto packed = nn::pack(small, a);
+  REQUIRE(packed.size() == static_cast<std::size_t>(small.numel));
+  for (std::size_t i = 0; i < packed.size(); ++i) CHECK(packed[i] == static_cast<float>(i));  // no padding in it
+  const auto b = nn::unpack(wide, packed);
+  CHECK(b.size() == static_cast<std::size_t>(wide.total));
+  CHECK(nn::pack(wide, b) == packed);
+  CHECK_THROWS_WITH_AS(nn::pack(wide, a), doctest::Contains("(padding included)"), invalid_argument);
+  CHECK_THROWS_WITH_AS(nn::unpack(small, a), doctest::Contains("(no padding)"), invalid_argument);
 }
 
 TEST_CASE("initialisation follows PyTorch's distributions and depends on the seed alone") {
