@@ -3,6 +3,8 @@
 // (heartbeats, a quorum per configuration, a vote per step: include/dml/ft/coordinator.hpp), restarts ranks
 // that die, and reports what happened. Programs that join the coordinator (ft/elastic.hpp) go on through
 // deaths; others (plain --comm gloo) end the job when one rank fails. --chaos-* kills ranks on purpose.
+// The coordinator runs in a process of its own on a listening socket dml-run holds: when it dies, dml-run starts
+// it again on the same socket, from its state file, and the members ask the new start (ft/session.hpp).
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
@@ -11,6 +13,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <random>
@@ -65,13 +69,97 @@ double percentile(std::vector<double> v, double p) {
 volatile sig_atomic_t interrupted = 0;
 void on_signal(int) { interrupted = 1; }
 
+// The coordinator in a process of its own, started again when it ends (a crash, or --chaos-coordinator), on the
+// listening socket dml-run keeps, from its state file. dml-run reads its status on a supervisor connection.
+class coordinator_process {
+ public:
+  coordinator_process(coordinator_options o, std::ostream& log) : opt_(std::move(o)), log_(log) { start(); }
+  ~coordinator_process() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  int starts() const { return starts_; }
+  const coordinator_status& status() const { return status_; }
+
+  // True when the coordinator's process ended since the last call (it is not started again here).
+  bool ended(std::string& how) {
+    int st = 0;
+    if (pid_ <= 0 || ::waitpid(pid_, &st, WNOHANG) != pid_) return false;
+    how = describe(st);
+    pid_ = -1;
+    link_.close();
+    return true;
+  }
+  void start() {
+    log_.flush();
+    std::fflush(nullptr);  // nothing buffered is written twice
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) fail<io_error>("dml-run: fork: ", std::strerror(errno));
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // it never outlives dml-run
+      if (::getppid() != parent) ::_exit(1);
+      ::signal(SIGINT, SIG_DFL);
+      ::signal(SIGTERM, SIG_DFL);
+      try {
+        coordinator c(opt_);
+        for (;;) c.poll_once(milliseconds(100));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "dml-run: the coordinator failed: %s\n", e.what());
+      }
+      ::_exit(1);
+    }
+    pid_ = pid;
+    ++starts_;
+    log_ << "dml-run: coordinator start " << starts_ << " is pid " << pid << std::endl;
+  }
+  // Reads the coordinator's status; keeps the last one while it is away.
+  void refresh() {
+    if (auto f = ask(make_frame("STATUS"))) status_ = coordinator_status::decode(*f);
+  }
+  // A rank's process ended: the coordinator declares it dead at once, not at the heartbeat deadline.
+  void process_exited(int slot, const std::string& why) { ask(make_frame("EXITED", slot, why)); }
+
+ private:
+  std::optional<frame> ask(const frame& f) {
+    if (pid_ <= 0) return std::nullopt;
+    try {
+      if (!link_) {
+        link_ = connection(connect_to(opt_.host, port_of_listener(), milliseconds(2000)));
+        if (link_.request(make_frame("HELLO", opt_.token, -1, 0, "supervisor"), milliseconds(2000)).verb() != "OK")
+          fail<comm_error>("dml-run: the coordinator refused its supervisor");
+      }
+      return link_.request(f, milliseconds(2000));
+    } catch (const comm_error&) {
+      link_.close();  // a coordinator that died: dml-run sees its process end and starts it again
+      return std::nullopt;
+    }
+  }
+  int port_of_listener() const {
+    sockaddr_in a{};
+    socklen_t n = sizeof a;
+    ::getsockname(opt_.listen_fd, reinterpret_cast<sockaddr*>(&a), &n);
+    return ntohs(a.sin_port);
+  }
+
+  coordinator_options opt_;
+  std::ostream& log_;
+  pid_t pid_ = -1;
+  int starts_ = 0;
+  connection link_;
+  coordinator_status status_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int nproc = 1, min_members = 0, max_restarts = 10, chaos_events = 0, chaos_keep = 1, groups = 0;
   std::string host = "127.0.0.1", chaos_signals = "kill", log_file;
   std::int64_t heartbeat_ms = 1000, join_ms = 5000, stall_s = 120, chaos_every_ms = 2000, chaos_seed = 1;
-  double chaos_double = 0.0;
+  double chaos_double = 0.0, chaos_coordinator = 0.0;
   dml::flags cli("dml-run",
                  "Starts N ranks of PROGRAM with a rendezvous store and a coordinator; restarts ranks that die.\n"
                  "usage: dml-run [flags] PROGRAM [ARGS...]",
@@ -95,6 +183,10 @@ int main(int argc, char** argv) {
   cli.add("--chaos-seed", chaos_seed, "S", "seed of the chaos (victims, moments, signals)");
   cli.add("--chaos-signals", chaos_signals, "LIST", "kill, stop (SIGSTOP, SIGCONT 0.5-2.5 s later) or kill,stop");
   cli.add("--chaos-double", chaos_double, "P", "chance that an event hits two ranks at once").min(0.0).max(1.0);
+  cli.add("--chaos-coordinator", chaos_coordinator, "P",
+          "chance that an event kills the coordinator instead (SIGKILL; dml-run starts it again)")
+      .min(0.0)
+      .max(1.0);
   cli.add("--chaos-keep", chaos_keep, "N",
           "a SIGKILL never leaves fewer than N live ranks holding the last committed step (it freezes instead): 1 "
           "for replicas, members - copies for state held in parts")
@@ -130,11 +222,24 @@ int main(int argc, char** argv) {
   std::ostream& log = log_file.empty() ? std::cerr : log_out;
   try {
     const std::string token = random_token();
-    coordinator coord({.token = token, .nproc = nproc, .min_members = min_members, .group_size = group,
-                       .heartbeat_deadline = milliseconds(heartbeat_ms), .join_deadline = milliseconds(join_ms),
-                       .host = host, .port = 0, .log = &log});
-    const std::string address = dml::detail::cat(host, ":", coord.port());
+    const socket_fd listener = listen_on(host, 0);
+    char dir_template[] = "/tmp/dml-run-XXXXXX";
+    if (!::mkdtemp(dir_template)) fail<io_error>("dml-run: cannot make a directory in /tmp: ", std::strerror(errno));
+    const std::filesystem::path state_dir = dir_template;
+    struct remove_dir {
+      std::filesystem::path p;
+      ~remove_dir() {
+        std::error_code ec;
+        std::filesystem::remove_all(p, ec);
+      }
+    } remove_state{state_dir};
+    const std::string address = dml::detail::cat(host, ":", port_of(listener));
     log << "dml-run: coordinator and store at " << address << std::endl;
+    coordinator_process coord({.token = token, .nproc = nproc, .min_members = min_members, .group_size = group,
+                               .heartbeat_deadline = milliseconds(heartbeat_ms), .join_deadline = milliseconds(join_ms),
+                               .host = host, .port = 0, .log = &log, .listen_fd = listener.get(),
+                               .state_file = (state_dir / "coordinator.state").string()},
+                              log);
     ::signal(SIGINT, on_signal);
     ::signal(SIGTERM, on_signal);
 
@@ -172,21 +277,33 @@ int main(int argc, char** argv) {
     auto next_chaos = clock::now() + next_gap();
     int chaos_left = chaos_events, restarts = 0;
     std::vector<double> recovery;                       // a chaos event to the next commit of a later epoch
-    std::optional<clock::time_point> pending_event;
+    bool pending_event = false;  // a chaos event waits for its recovery, which began at event_at
+    clock::time_point event_at{};
     std::int64_t event_epoch = 0, commits_seen = 0;
     auto last_progress = clock::now();
     bool failed = false;
     std::string why_failed;
 
     for (;;) {
-      coord.poll_once(milliseconds(10));
+      std::this_thread::sleep_for(milliseconds(10));
+      if (std::string how; coord.ended(how)) {
+        log << "dml-run: the coordinator " << how << std::endl;
+        if (coord.starts() <= max_restarts) {
+          coord.start();
+        } else {
+          failed = true;
+          why_failed = dml::detail::cat("the coordinator ", how, " after ", coord.starts(), " starts (--max-restarts)");
+        }
+      }
+      coord.refresh();
+      const auto& cs = coord.status();
       const auto now = clock::now();
-      if (coord.stats().commits != commits_seen) {
-        commits_seen = coord.stats().commits;
+      if (cs.stats.commits != commits_seen) {
+        commits_seen = cs.stats.commits;
         last_progress = now;
-        if (pending_event && coord.epoch() > event_epoch) {
-          recovery.push_back(std::chrono::duration<double>(now - *pending_event).count());
-          pending_event.reset();
+        if (pending_event && cs.epoch > event_epoch) {
+          recovery.push_back(std::chrono::duration<double>(now - event_at).count());
+          pending_event = false;
           log << "dml-run: recovery=" << recovery.back() << " s (a chaos event to the next commit of a new configuration)"
               << std::endl;
         }
@@ -203,10 +320,10 @@ int main(int argc, char** argv) {
         log << "dml-run: slot " << s << " (pid " << r.pid << ") " << r.last << std::endl;
         if (ok) continue;
         coord.process_exited(s, r.last);
-        const bool elastic = coord.joined(s);
+        const bool elastic = cs.joined(s);
         // A group fails whole: its other ranks are ended too and start again with it (one restart, not several).
         const bool with_group = std::exchange(r.ended_with_group, false);
-        if (elastic && group > 1 && !with_group && !coord.finished())
+        if (elastic && group > 1 && !with_group && !cs.finished)
           for (int t = s - s % group; t < s - s % group + group; ++t) {
             auto& mate = ranks[static_cast<std::size_t>(t)];
             if (t == s || !mate.running || mate.ended_with_group) continue;
@@ -214,11 +331,11 @@ int main(int argc, char** argv) {
             mate.ended_with_group = true;
             ::kill(mate.pid, SIGKILL);
           }
-        if (elastic && !coord.finished() && (with_group || restarts < max_restarts)) {
+        if (elastic && !cs.finished && (with_group || restarts < max_restarts)) {
           if (!with_group) ++restarts;
           ++r.start;
           spawn(s);
-        } else if (!coord.finished()) {
+        } else if (!cs.finished) {
           failed = true;
           why_failed = dml::detail::cat("slot ", s, " ", r.last,
                                         elastic ? dml::detail::cat(" after ", restarts, " restarts (--max-restarts)")
@@ -232,7 +349,20 @@ int main(int argc, char** argv) {
           r.stopped = false;
         }
       // Chaos: after the first commit, a random victim (or two) at random moments.
-      if (chaos_left > 0 && commits_seen > 0 && now >= next_chaos && !coord.finished()) {
+      if (chaos_left > 0 && commits_seen > 0 && now >= next_chaos && !cs.finished &&
+          std::bernoulli_distribution(chaos_coordinator)(rng)) {
+        log << "dml-run: chaos: SIGKILL the coordinator (pid " << coord.pid() << ") at step " << cs.stats.last_step
+            << std::endl;
+        ::kill(coord.pid(), SIGKILL);
+        if (!pending_event) {
+          pending_event = true;
+          event_at = now;
+          event_epoch = cs.epoch;
+        }
+        --chaos_left;
+        next_chaos = now + next_gap();
+      }
+      if (chaos_left > 0 && commits_seen > 0 && now >= next_chaos && !cs.finished) {
         std::vector<int> live;
         for (int s = 0; s < nproc; ++s)
           if (ranks[static_cast<std::size_t>(s)].running && !ranks[static_cast<std::size_t>(s)].stopped) live.push_back(s);
@@ -252,12 +382,12 @@ int main(int argc, char** argv) {
           for (int s = 0; s < nproc; ++s)
             if (!same_group(s, victim) &&
                 std::ranges::none_of(killed, [&](int k) { return same_group(k, s); }) &&
-                ranks[static_cast<std::size_t>(s)].running && coord.holds_last_step(s))
+                ranks[static_cast<std::size_t>(s)].running && cs.holds_last_step(s))
               ++other_holders;
           if (!stop && other_holders < chaos_keep) stop = true;
           if (!stop) killed.push_back(victim);
           log << "dml-run: chaos: " << (stop ? "SIGSTOP" : "SIGKILL") << " slot " << victim
-              << " at step " << coord.stats().last_step << std::endl;
+              << " at step " << cs.stats.last_step << std::endl;
           ::kill(r.pid, stop ? SIGSTOP : SIGKILL);
           if (stop) {
             r.stopped = true;
@@ -265,8 +395,9 @@ int main(int argc, char** argv) {
           }
         }
         if (victims > 0 && !pending_event) {
-          pending_event = now;
-          event_epoch = coord.epoch();
+          pending_event = true;
+          event_at = now;
+          event_epoch = cs.epoch;
         }
         --chaos_left;
         next_chaos = now + next_gap();
@@ -275,7 +406,7 @@ int main(int argc, char** argv) {
         failed = true;
         why_failed = "interrupted";
       }
-      if (!failed && now - last_progress > std::chrono::seconds(stall_s) && coord.any_joined()) {
+      if (!failed && now - last_progress > std::chrono::seconds(stall_s) && cs.any_joined()) {
         failed = true;
         why_failed = dml::detail::cat("no step committed for ", stall_s, " s (--stall-seconds)");
       }
@@ -305,10 +436,10 @@ int main(int argc, char** argv) {
       }
       if (!any_running) break;
       // The job is over: ranks left over (a frozen one, say) are ended, so no process outlives dml-run.
-      if (coord.finished()) {
+      if (cs.finished) {
         bool members_done = true;
         for (int s = 0; s < nproc; ++s)
-          if (ranks[static_cast<std::size_t>(s)].running && coord.in_final_epoch(s)) members_done = false;
+          if (ranks[static_cast<std::size_t>(s)].running && cs.in_final_epoch(s)) members_done = false;
         if (members_done)
           for (auto& r : ranks)
             if (r.running) {
@@ -318,10 +449,12 @@ int main(int argc, char** argv) {
       }
     }
 
-    const auto& st = coord.stats();
+    coord.refresh();
+    const auto& cs = coord.status();
+    const auto& st = cs.stats;
     bool all_ok = !failed;
-    if (!coord.finished() && coord.any_joined()) all_ok = false;
-    if (!coord.any_joined())
+    if (!cs.finished && cs.any_joined()) all_ok = false;
+    if (!cs.any_joined())
       for (const auto& r : ranks) all_ok &= r.last == "exited with status 0";
     std::vector<double> rec = recovery.empty() ? st.recovery_seconds : recovery;
     if (!all_ok) {
@@ -330,10 +463,11 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "dml-run:   slot %d (start %lld): %s\n", s, static_cast<long long>(ranks[static_cast<std::size_t>(s)].start),
                      ranks[static_cast<std::size_t>(s)].last.c_str());
     }
-    std::printf("recoveries=%lld steps_lost=%lld restarts=%d last_step=%lld recovery_seconds=%.3f/%.3f/%.3f\n",
+    std::printf("recoveries=%lld steps_lost=%lld restarts=%d last_step=%lld recovery_seconds=%.3f/%.3f/%.3f "
+                "coordinator_starts=%d\n",
                 static_cast<long long>(st.recoveries), static_cast<long long>(st.recoveries), restarts,
                 static_cast<long long>(st.last_step), percentile(rec, 0.5), percentile(rec, 0.99),
-                rec.empty() ? 0.0 : *std::max_element(rec.begin(), rec.end()));
+                rec.empty() ? 0.0 : *std::max_element(rec.begin(), rec.end()), coord.starts());
     return all_ok ? 0 : 1;
   } catch (const dml::error& e) {
     std::fprintf(stderr, "dml-run: error: %s\n", e.what());

@@ -38,7 +38,7 @@ def one_run(a, seed, workdir):
     cmd = [a.dml_run, "--nproc", str(a.nproc), "--min", str(a.min), "--chaos-events", str(a.events),
            "--chaos-every-ms", str(a.every_ms), "--chaos-seed", str(seed), "--chaos-signals", signals,
            "--chaos-double", str(a.double), "--chaos-keep", str(a.keep_holders), "--heartbeat-deadline-ms", str(a.heartbeat_ms),
-           "--groups", str(a.groups),
+           "--groups", str(a.groups), "--chaos-coordinator", str(a.coordinator),
            "--log", os.path.join(logs, "dml-run.log"), "--stall-seconds", "60",
            a.program, "--elastic", "--steps", str(a.steps), "--comm-timeout-ms", str(a.comm_timeout_ms),
            "--commit-log", os.path.join(logs, "commits-{slot}.log")]
@@ -93,9 +93,15 @@ def one_run(a, seed, workdir):
     left = leftover(os.path.join(logs, "dml-run.log"))
     if left:
         fail(f"seed {seed}: processes left behind: {left}")
-    events = open(os.path.join(logs, "dml-run.log")).read().count("chaos: ")
+    log_text = open(os.path.join(logs, "dml-run.log")).read()
+    events = log_text.count("chaos: ")
+    coordinator_kills = log_text.count("chaos: SIGKILL the coordinator")
+    starts = re.search(r"coordinator_starts=(\d+)", tail)
+    if starts and int(starts.group(1)) != coordinator_kills + 1:
+        fail(f"seed {seed}: the coordinator was killed {coordinator_kills} times but started {starts.group(1)} times")
     loss = float(re.findall(r"final_loss=([0-9.]+)", p.stdout)[0])
     return {"recoveries": int(m.group(1)), "lost": int(m.group(2)), "events": events, "loss": loss,
+            "coordinator_kills": coordinator_kills,
             "recovery": [float(x) for x in re.findall(r"recovery=([0-9.]+)", open(os.path.join(logs, "dml-run.log")).read())]}
 
 
@@ -160,10 +166,12 @@ def main():
                     help="dml-run --chaos-keep: live holders of the last step a SIGKILL must leave")
     ap.add_argument("--groups", type=int, default=0,
                     help="dml-run --groups: failure domains of nproc / G ranks (0: every rank its own)")
+    ap.add_argument("--coordinator", type=float, default=0.0,
+                    help="dml-run --chaos-coordinator: chance that an event kills the coordinator instead of ranks")
     ap.add_argument("--args", default="", help="more arguments of the program, e.g. '--parallel zero2 --pp 2'")
     a = ap.parse_args()
     workdir = tempfile.mkdtemp(prefix="dml-chaos-")
-    rec, lost, recoveries, events, drift = [], 0, 0, 0, 0.0
+    rec, lost, recoveries, events, drift, coordinator_kills = [], 0, 0, 0, 0.0, 0
     try:
         # The fault-free run: what the final loss would be (members differ only in the order of float sums).
         quiet = argparse.Namespace(**{**vars(a), "events": 0})
@@ -178,12 +186,16 @@ def main():
             lost += r["lost"]
             recoveries += r["recoveries"]
             events += r["events"]
-            print(f"chaos: seed {a.seed + i}: ok, {r['events']} events, {r['recoveries']} recoveries, "
-                  f"recovery seconds {r['recovery']}", flush=True)
+            coordinator_kills += r["coordinator_kills"]
+            print(f"chaos: seed {a.seed + i}: ok, {r['events']} events ({r['coordinator_kills']} of the coordinator), "
+                  f"{r['recoveries']} recoveries, recovery seconds {r['recovery']}", flush=True)
+        if a.coordinator > 0 and a.events > 0 and coordinator_kills == 0:
+            fail("--coordinator was given but no event of these seeds killed the coordinator: choose other seeds")
     finally:
         if not a.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    print(f"chaos: runs={a.runs} events={events} recoveries={recoveries} steps_lost={lost} "
+    print(f"chaos: runs={a.runs} events={events} coordinator_kills={coordinator_kills} recoveries={recoveries} "
+          f"steps_lost={lost} "
           f"final_loss_fault_free={ref:.6f} max_final_loss_drift={drift:.2e} "
           f"recovery_p50={percentile(rec, 0.5):.3f} recovery_p99={percentile(rec, 0.99):.3f} "
           f"recovery_max={max(rec) if rec else 0:.3f}")

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // tests/ft/test_coordinator.cpp — the coordinator against members in threads: quorums, unanimous commits,
 // aborts, deaths by lost heartbeat and by closed connection, fencing of an old epoch, joiners, the store and
-// the job token.
+// the job token, and a coordinator that dies and starts again from its state file.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -9,8 +9,11 @@
 #include <mutex>
 #include <thread>
 
+#include <fstream>
+
 #include "dml/ft/coordinator.hpp"
 #include "dml/ft/session.hpp"
+#include "temp_dir.hpp"
 
 using namespace dml;
 using namespace dml::ft;
@@ -156,7 +159,7 @@ TEST_CASE("a joiner is taken in after the next commit and learns it is behind") 
   CHECK(rc.source() == 0);
   CHECK(!r[0].behind(r[0].rank));
   // The job ends when every member of the epoch says so; a later joiner is told it finished.
-  for (auto* m : {&a, &b, &c}) m->done();
+  for (auto* m : {&a, &b, &c}) m->done(2);
   for (int i = 0; i < 100 && !s.finished(); ++i) std::this_thread::sleep_for(10ms);
   CHECK(s.finished());
 }
@@ -193,11 +196,11 @@ TEST_CASE("a member that says DONE and leaves before the others do is not a deat
   session b(s.member(1));
   auto q = join_all({a.get(), &b}, {0, 0});
   CHECK(vote_all({a.get(), &b}, q[0].epoch, 1, {true, true})[0] == verdict::commit);
-  a->done();
+  a->done(1);
   a.reset();  // its connections close
   std::this_thread::sleep_for(100ms);
   CHECK(!s.finished());
-  b.done();
+  b.done(1);
   for (int i = 0; i < 100 && !s.finished(); ++i) std::this_thread::sleep_for(10ms);
   CHECK(s.finished());
   CHECK(s.stats().deaths == 0);
@@ -287,4 +290,65 @@ TEST_CASE("groups must divide the slots") {
   auto o = options(4);
   o.group_size = 3;
   CHECK_THROWS_WITH_AS(coordinator{o}, doctest::Contains("a group size of 3"), invalid_argument);
+}
+
+TEST_CASE("a coordinator that dies starts again from its state file: members ask the new start, epochs rise, and "
+          "no committed step is lost") {
+  dml_test::temp_dir dir("dml-coordinator");
+  const socket_fd listener = listen_on("127.0.0.1", 0);  // dml-run's: it outlives every start
+  auto o = options(2, 2);
+  o.listen_fd = listener.get();
+  o.state_file = (dir / "state").string();
+  auto first = std::make_unique<served>(o);
+  session a(first->member(0)), b(first->member(1));
+  const auto q = join_all({&a, &b}, {0, 0});
+  CHECK(vote_all({&a, &b}, q[0].epoch, 1, {true, true})[0] == verdict::commit);
+  CHECK(vote_all({&a, &b}, q[0].epoch, 2, {true, true})[0] == verdict::commit);
+  first.reset();  // its memory and connections are gone
+  // A vote whose verdict died with the coordinator counts as fenced: the member must join again.
+  CHECK(a.vote(q[0].epoch, 3, true) == verdict::fenced);
+  served second(o);
+  const auto st = second.stats();
+  CHECK(st.starts == 2);
+  CHECK(st.last_step == 2);
+  CHECK(st.commits == 2);
+  CHECK(st.recoveries == 1);  // the epoch that died with the first start
+  // The members ask the new start (their connections are made again): a later epoch, at the committed step.
+  const auto r = join_all({&a, &b}, {2, 2});
+  CHECK(r[0].epoch == q[0].epoch + 1);
+  CHECK(r[0].step == 2);
+  CHECK(!r[0].behind(0));
+  // A vote of the old epoch is fenced; the new one commits, and the recovery is timed.
+  CHECK(b.vote(q[0].epoch, 3, true) == verdict::fenced);
+  CHECK(vote_all({&a, &b}, r[0].epoch, 3, {true, true}) == std::vector{verdict::commit, verdict::commit});
+  CHECK(second.stats().recovery_seconds.size() == 1);
+  CHECK(second.stats().last_step == 3);
+}
+
+TEST_CASE("a new start of the coordinator learns the job finished from a member that committed the last step") {
+  dml_test::temp_dir dir("dml-coordinator");
+  const socket_fd listener = listen_on("127.0.0.1", 0);
+  auto o = options(2, 2);
+  o.listen_fd = listener.get();
+  o.state_file = (dir / "state").string();
+  auto first = std::make_unique<served>(o);
+  session a(first->member(0)), b(first->member(1));
+  const auto q = join_all({&a, &b}, {0, 0});
+  CHECK(vote_all({&a, &b}, q[0].epoch, 1, {true, true})[0] == verdict::commit);
+  first.reset();
+  served second(o);
+  // Member a was told step 1 (the last) committed; b's verdict was lost. a says DONE: the job is finished, and b,
+  // asking for a quorum, is told so.
+  a.done(1);
+  for (int i = 0; i < 100 && !second.finished(); ++i) std::this_thread::sleep_for(10ms);
+  CHECK(second.finished());
+  CHECK(b.join(0).finished);
+}
+
+TEST_CASE("a state file that is not a coordinator's is refused by name") {
+  dml_test::temp_dir dir("dml-coordinator");
+  auto o = options(2);
+  o.state_file = (dir / "state").string();
+  std::ofstream(o.state_file) << "something else\n";
+  CHECK_THROWS_WITH_AS(coordinator{o}, doctest::Contains("is not a coordinator's state"), format_error);
 }

@@ -11,10 +11,13 @@
 #pragma once
 
 #include <algorithm>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -33,6 +36,8 @@ struct coordinator_options {
   std::string host = "127.0.0.1";
   int port = 0;                  // 0: any free port
   std::ostream* log = nullptr;   // one line per event
+  int listen_fd = -1;            // a socket already listening (dml-run's, kept across starts): used instead of host:port
+  std::string state_file{};      // what must outlive this start (empty: nothing); read back by the next start
 };
 
 // What happened, for dml-run's last line and the tests.
@@ -40,12 +45,57 @@ struct coordinator_stats {
   std::int64_t quorums = 0, recoveries = 0, commits = 0, refused = 0, deaths = 0;  // recoveries: epochs broken
   std::int64_t last_step = 0;                 // the highest committed step
   std::vector<double> recovery_seconds;       // a death or failed vote to the next epoch's first commit
+  std::int64_t starts = 1;                    // this start of the coordinator (2: it died once)
+};
+
+// What dml-run reads from the coordinator (in a process of its own) on its supervisor connection: the counters and,
+// per slot, whether a start of it joined, is in the final epoch, and holds the last committed step.
+struct coordinator_status {
+  coordinator_stats stats;
+  std::int64_t epoch = 0;
+  bool finished = false;
+  std::string slots;  // per slot a digit: 1 joined, 2 in the final epoch, 4 holds the last committed step
+
+  bool joined(int s) const { return flag(s, 1); }
+  bool in_final_epoch(int s) const { return flag(s, 2); }
+  bool holds_last_step(int s) const { return flag(s, 4); }
+  bool any_joined() const {
+    return std::ranges::any_of(slots, [](char c) { return ((c - '0') & 1) != 0; });
+  }
+
+  frame encode() const {
+    frame f = make_frame("STATUS", epoch, finished ? 1 : 0, stats.quorums, stats.recoveries, stats.commits,
+                         stats.refused, stats.deaths, stats.last_step, stats.starts, slots.empty() ? "-" : slots);
+    for (double r : stats.recovery_seconds) f.body += dml::detail::cat(r, " ");
+    return f;
+  }
+  static coordinator_status decode(const frame& f) {
+    if (f.verb() != "STATUS" || f.words.size() != 11)
+      fail<format_error>("dml::ft: expected a STATUS frame of 11 words, found '", f.verb(), "' with ", f.words.size());
+    coordinator_status s;
+    s.epoch = f.number(1);
+    s.finished = f.number(2) != 0;
+    s.stats = {.quorums = f.number(3), .recoveries = f.number(4), .commits = f.number(5), .refused = f.number(6),
+               .deaths = f.number(7), .last_step = f.number(8), .recovery_seconds = {}, .starts = f.number(9)};
+    s.slots = f.at(10) == "-" ? "" : f.at(10);
+    std::istringstream in(f.body);
+    for (double r; in >> r;) s.stats.recovery_seconds.push_back(r);
+    return s;
+  }
+
+ private:
+  bool flag(int s, int bit) const {
+    return s >= 0 && s < static_cast<int>(slots.size()) && ((slots[static_cast<std::size_t>(s)] - '0') & bit) != 0;
+  }
 };
 
 class coordinator {
  public:
   explicit coordinator(coordinator_options o)
-      : opt_(std::move(o)), listen_(listen_on(opt_.host, opt_.port)), members_(static_cast<std::size_t>(opt_.nproc)) {
+      : opt_(std::move(o)),
+        listen_(opt_.listen_fd >= 0 ? socket_fd(::fcntl(opt_.listen_fd, F_DUPFD_CLOEXEC, 0)) : listen_on(opt_.host, opt_.port)),
+        members_(static_cast<std::size_t>(opt_.nproc)) {
+    if (!listen_) fail<comm_error>("dml::ft::coordinator: cannot use listening socket ", opt_.listen_fd, ": ", std::strerror(errno));
     if (opt_.nproc < 1) fail<invalid_argument>("dml::ft::coordinator: nproc must be at least 1, found ", opt_.nproc);
     if (opt_.min_members < 1 || opt_.min_members > opt_.nproc)
       fail<invalid_argument>("dml::ft::coordinator: --min must be in [1, ", opt_.nproc, "], found ", opt_.min_members);
@@ -53,6 +103,7 @@ class coordinator {
       fail<invalid_argument>("dml::ft::coordinator: expected groups of equal size that divide the ", opt_.nproc,
                              " slots, found a group size of ", opt_.group_size);
     ::fcntl(listen_.get(), F_SETFL, O_NONBLOCK);
+    if (!opt_.state_file.empty()) restore_state();
   }
   int port() const { return port_of(listen_); }
   const coordinator_stats& stats() const { return stats_; }
@@ -70,6 +121,13 @@ class coordinator {
   bool holds_last_step(int slot) const {
     const auto& m = members_.at(static_cast<std::size_t>(slot));
     return m.alive && m.incarnation >= 0 && m.step == stats_.last_step;
+  }
+  coordinator_status status() const {
+    coordinator_status s{.stats = stats_, .epoch = epoch_, .finished = finished_, .slots = {}};
+    for (int slot = 0; slot < opt_.nproc; ++slot)
+      s.slots += static_cast<char>('0' + (joined(slot) ? 1 : 0) + (in_final_epoch(slot) ? 2 : 0) +
+                                   (holds_last_step(slot) ? 4 : 0));
+    return s;
   }
   // A slot whose process is gone (dml-run saw it exit): dead at once, not at the heartbeat deadline.
   void process_exited(int slot, const std::string& why) {
@@ -180,13 +238,19 @@ class coordinator {
       }
       const auto slot = f.number(2);
       c.role = f.at(4);
-      if (c.role != "store" && (slot < 0 || slot >= opt_.nproc)) {
+      const bool member_role = c.role == "control" || c.role == "heartbeat";
+      if (member_role && (slot < 0 || slot >= opt_.nproc)) {
         answer(c.fd.get(), make_frame("REFUSED", dml::detail::cat("slot ", slot, " outside [0, ", opt_.nproc, ")")));
         c.fd.reset();
         return;
       }
+      if (!member_role && c.role != "store" && c.role != "supervisor") {
+        answer(c.fd.get(), make_frame("REFUSED", dml::detail::cat("unknown role '", c.role, "'")));
+        c.fd.reset();
+        return;
+      }
       c.hello = true;
-      c.slot = c.role == "store" ? -1 : static_cast<int>(slot);
+      c.slot = member_role ? static_cast<int>(slot) : -1;
       if (c.slot >= 0) {
         auto& m = members_[static_cast<std::size_t>(c.slot)];
         const auto inc = f.number(3);
@@ -215,7 +279,7 @@ class coordinator {
     }
     if (c.slot >= 0) {
       auto& m = members_[static_cast<std::size_t>(c.slot)];
-      if (!m.alive && c.role != "store") {
+      if (!m.alive) {
         m.alive = true;  // a frozen member that resumed: alive, but fenced from the epoch it was in
         say(dml::detail::cat("slot ", c.slot, " resumed after being declared dead; it must heal"));
         in_epoch_.erase(c.slot);
@@ -235,13 +299,38 @@ class coordinator {
       out.body = it->second;
       return answer(c.fd.get(), out);
     }
+    if (c.role == "supervisor") {
+      if (v == "STATUS") return answer(c.fd.get(), status().encode());
+      if (v == "EXITED") {
+        std::string why;
+        for (std::size_t i = 2; i < f.words.size(); ++i) why += (i > 2 ? " " : "") + f.words[i];
+        process_exited(static_cast<int>(f.number(1)), why.empty() ? "exited" : why);
+        return answer(c.fd.get(), make_frame("OK"));
+      }
+    }
     if (c.role != "control") fail<format_error>("'", v, "' on a ", c.role, " connection");
     auto& m = members_[static_cast<std::size_t>(c.slot)];
     if (v == "QUORUM") return ask_quorum(c.slot, f.number(1));
     if (v == "VOTE") return vote(c.slot, f.number(1), f.number(2), f.at(3) == "ok");
     if (v == "DONE") {
       m.done = true;
+      m.step = f.words.size() > 1 ? f.number(1) : m.step;
       answer(m.control, make_frame("OK"));
+      // A new start of the coordinator that has formed no configuration yet: a member that committed the last
+      // step finished the job (the last step was committed by the start before).
+      if (stats_.starts > 1 && in_epoch_.empty() && !finished_ && m.step >= stats_.last_step) {
+        in_epoch_ = {c.slot};
+        finished_ = true;
+        final_members_ = in_epoch_;
+        say(dml::detail::cat("slot ", c.slot, " finished at step ", m.step, " before this start: the job is finished"));
+        persist();
+        for (int s = 0; s < opt_.nproc; ++s) {
+          auto& x = members_[static_cast<std::size_t>(s)];
+          if (x.alive && x.wants_quorum) answer(x.control, make_frame("FINISHED", stats_.last_step));
+        }
+        return;
+      }
+      if (finished_) final_members_.insert(c.slot);
       return check_finished();
     }
     fail<format_error>("unknown request '", v, "'");
@@ -286,8 +375,12 @@ class coordinator {
     // have not asked within the join deadline are left out (they are fenced when they vote).
     // The first configuration waits for every slot to join (up to the start deadline); later ones go on with
     // the members present, and a slot that comes back joins at a later step.
-    const bool late = clock::now() - *waiting_since_ > (epoch_ == 0 ? opt_.start_deadline : opt_.join_deadline);
-    if (epoch_ == 0)
+    // A new start of the coordinator waits up to the heartbeat deadline for slots it has not heard from yet: the
+    // members of the epoch it lost come back at their next question (a vote: one step).
+    const bool new_start = stats_.starts > 1 && !formed_since_start_;
+    const auto patience = epoch_ == 0 ? opt_.start_deadline : new_start ? opt_.heartbeat_deadline : opt_.join_deadline;
+    const bool late = clock::now() - *waiting_since_ > patience;
+    if (epoch_ == 0 || new_start)
       for (int s = 0; s < opt_.nproc; ++s)
         if (!members_[static_cast<std::size_t>(s)].alive) busy.push_back(s);
     // Groups join whole: a member whose group is not all here is left out (it comes with its group, after a
@@ -313,6 +406,7 @@ class coordinator {
       return;
     }
     said_waiting_ = false;
+    formed_since_start_ = true;
     ++epoch_;
     ++stats_.quorums;
     in_epoch_ = std::set<int>(ready.begin(), ready.end());
@@ -327,6 +421,7 @@ class coordinator {
     for (int s : ready) who += dml::detail::cat(who.empty() ? "" : ",", s);
     say(dml::detail::cat("epoch ", epoch_, ": members ", who, " at step ", top,
                          busy.empty() ? "" : dml::detail::cat(" (", busy.size(), " late members left out)")));
+    persist();
     for (int s : ready) {
       auto& m = members_[static_cast<std::size_t>(s)];
       m.wants_quorum = m.voted = false;
@@ -363,6 +458,7 @@ class coordinator {
       x.step = step;
       answer(x.control, make_frame("COMMIT", joiners ? "RECONF" : "STAY"));
     }
+    persist();
   }
 
   // The epoch can commit nothing more: voters are answered ABORT, later votes too.
@@ -372,6 +468,7 @@ class coordinator {
     ++stats_.recoveries;
     if (!recovery_started_) recovery_started_ = clock::now();
     say(dml::detail::cat("epoch ", epoch_, " aborted at step ", voting_step_ + 1, ": ", why));
+    persist();
     for (int s : in_epoch_) {
       auto& m = members_[static_cast<std::size_t>(s)];
       if (m.voted) answer(m.control, make_frame("ABORT"));
@@ -416,14 +513,52 @@ class coordinator {
     finished_ = true;
     final_members_ = in_epoch_;
     say(dml::detail::cat("finished at step ", stats_.last_step, " in epoch ", epoch_));
+    persist();
     for (int s = 0; s < opt_.nproc; ++s) {
       auto& m = members_[static_cast<std::size_t>(s)];
       if (m.alive && m.wants_quorum) answer(m.control, make_frame("FINISHED", stats_.last_step));
     }
   }
 
+  // ---- the state file: one line, rewritten in place at a fixed width (a death between writes leaves the last one)
+  static constexpr std::size_t state_width = 255;
+  void persist() {
+    if (opt_.state_file.empty()) return;
+    if (!state_) {
+      state_ = socket_fd(::open(opt_.state_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+      if (!state_) fail<io_error>("dml::ft::coordinator: cannot open the state file ", opt_.state_file, ": ", std::strerror(errno));
+    }
+    auto line = dml::detail::cat("dml-coordinator 1 ", epoch_, " ", stats_.last_step, " ", stats_.commits, " ",
+                                 stats_.recoveries, " ", stats_.deaths, " ", stats_.quorums, " ", stats_.refused, " ",
+                                 stats_.starts, " ", finished_ ? 1 : 0);
+    line.resize(state_width - 1, ' ');
+    line += '\n';
+    if (::pwrite(state_.get(), line.data(), line.size(), 0) != static_cast<ssize_t>(line.size()))
+      fail<io_error>("dml::ft::coordinator: cannot write the state file ", opt_.state_file, ": ", std::strerror(errno));
+  }
+  void restore_state() {
+    std::ifstream in(opt_.state_file);
+    if (!in) return;  // the first start
+    std::string magic;
+    int version = 0, finished = 0;
+    in >> magic >> version >> epoch_ >> stats_.last_step >> stats_.commits >> stats_.recoveries >> stats_.deaths >>
+        stats_.quorums >> stats_.refused >> stats_.starts >> finished;
+    if (!in || magic != "dml-coordinator" || version != 1)
+      fail<format_error>("dml::ft::coordinator: the state file ", opt_.state_file,
+                         " is not a coordinator's state (expected 'dml-coordinator 1' and 9 numbers)");
+    finished_ = finished != 0;
+    ++stats_.starts;
+    if (epoch_ > 0 && !finished_) {
+      ++stats_.recoveries;  // the epoch died with the last start
+      recovery_started_ = clock::now();
+    }
+    say(dml::detail::cat("coordinator start ", stats_.starts, ": epoch ", epoch_, ", last committed step ",
+                         stats_.last_step, finished_ ? ", finished" : "; every member joins a new configuration"));
+    persist();
+  }
+
   coordinator_options opt_;
-  socket_fd listen_;
+  socket_fd listen_, state_;
   std::vector<client> clients_;
   std::vector<member> members_;
   std::map<std::string, std::string> store_;
@@ -432,6 +567,7 @@ class coordinator {
   bool epoch_broken_ = false, finished_ = false;
   bool reconfiguring_ = false;  // the last commit asked the members to come for a new quorum
   bool said_waiting_ = false;   // "waiting for a member that holds step N" was logged
+  bool formed_since_start_ = false;  // a configuration formed since this start of the coordinator
   std::optional<clock::time_point> waiting_since_, recovery_started_;
   coordinator_stats stats_;
 };

@@ -237,7 +237,7 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
     comm.reset();
   }
   if (began) out.seconds = std::chrono::duration<double>(trained.value_or(clock::now()) - *began).count();
-  if (committed >= o.steps) s.done();
+  if (committed >= o.steps) s.done(committed);
   out.steps = committed;
   out.state = std::move(committed_state);
   return out;
@@ -473,7 +473,7 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
     comm.reset();
   }
   if (began) out.seconds = std::chrono::duration<double>(trained.value_or(clock::now()) - *began).count();
-  if (committed >= o.steps) s.done();
+  if (committed >= o.steps) s.done(committed);
   out.steps = committed;
   return out;
 }

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/ft/session.hpp — a member's side of the coordinator: join, heartbeats from a thread of their own, a quorum
 // per configuration, one vote per step. Sits on ft/wire.hpp; ft/elastic.hpp drives it. See DESIGN.md §11.
+// The coordinator may die and start again (dml-run keeps its port): a lost connection is made again, a vote whose
+// verdict was lost with it counts as fenced (the member joins the next configuration and heals if it is behind),
+// and questions (a quorum, the end) are asked again of the new start, until the timeout.
 #pragma once
 
 #include <atomic>
@@ -93,7 +96,7 @@ class session {
   // Waits for the coordinator to form a configuration with this member in it; `step` is this member's
   // committed step (0 for a new start).
   quorum join(std::int64_t step) {
-    const auto f = control_.request(make_frame("QUORUM", step), opt_.timeout);
+    const auto f = request(make_frame("QUORUM", step));
     quorum q;
     if (f.verb() == "FINISHED") {
       q.finished = true;
@@ -119,38 +122,74 @@ class session {
   }
 
   // This member's vote on `step` of `epoch`; the verdict is the same for every member of the epoch.
+  // A verdict lost with the coordinator (a closed connection, no answer before the timeout) is `fenced`: the
+  // epoch went with it, and whether the step committed elsewhere is the next quorum's to say.
   verdict vote(std::int64_t epoch, std::int64_t step, bool ok) {
-    const auto f = control_.request(make_frame("VOTE", epoch, step, ok ? "ok" : "failed"), opt_.timeout);
+    frame f;
+    try {
+      if (!control_) return verdict::fenced;
+      f = control_.request(make_frame("VOTE", epoch, step, ok ? "ok" : "failed"), opt_.timeout);
+    } catch (const comm_error&) {
+      control_.close();
+      return verdict::fenced;
+    }
     if (f.verb() == "COMMIT") return f.at(1) == "RECONF" ? verdict::commit_and_reconfigure : verdict::commit;
     if (f.verb() == "ABORT") return verdict::abort;
     if (f.verb() == "FENCED") return verdict::fenced;
     fail<comm_error>("dml::ft: voted, the coordinator answered '", f.verb(), "'");
   }
 
-  // The member reached the last step.
-  void done() { control_.request(make_frame("DONE"), opt_.timeout); }
+  // The member committed the last step, `step`.
+  void done(std::int64_t step) { request(make_frame("DONE", step)); }
 
  private:
-  connection open(const std::string& role) {
+  connection open(const std::string& role, milliseconds timeout = milliseconds(10000)) {
     auto [host, port] = parse_address(opt_.address, "DML_RUN_COORDINATOR");
-    connection c(connect_to(host, port, milliseconds(10000)));
-    const auto f = c.request(make_frame("HELLO", opt_.token, opt_.slot, opt_.start, role), milliseconds(10000));
+    connection c(connect_to(host, port, timeout));
+    const auto f = c.request(make_frame("HELLO", opt_.token, opt_.slot, opt_.start, role), timeout);
     if (f.verb() != "OK")
-      fail<comm_error>("dml::ft: the coordinator at ", opt_.address, " refused slot ", opt_.slot, ": ",
-                       f.words.size() > 1 ? f.words[1] : f.verb());
+      fail<refused_error>("dml::ft: the coordinator at ", opt_.address, " refused slot ", opt_.slot, ": ",
+                          f.words.size() > 1 ? f.words[1] : f.verb());
     return c;
   }
-  void beat() {
-    try {
-      auto c = open("heartbeat");
-      while (!stop_) {
-        c.send(make_frame("HB"), clock::now() + opt_.heartbeat * 10);
-        for (auto waited = milliseconds(0); waited < opt_.heartbeat && !stop_; waited += milliseconds(10))
-          std::this_thread::sleep_for(milliseconds(10));
+  // A question on the control connection; a lost connection is made again and the question asked again (of the
+  // coordinator's next start), until the timeout. REFUSED is final.
+  frame request(const frame& f) {
+    const auto deadline = clock::now() + opt_.timeout;
+    std::string first;  // what went wrong first: the question's own failure, said when the time is up
+    for (;;) {
+      try {
+        if (!control_) control_ = open("control", left_until(deadline));
+        return control_.request(f, left_until(deadline));
+      } catch (const refused_error&) {
+        throw;
+      } catch (const comm_error& e) {
+        control_.close();
+        if (first.empty()) first = e.what();
+        if (clock::now() >= deadline)
+          fail<comm_error>(first, first == e.what() ? "" : dml::detail::cat("; asked again until the timeout: ", e.what()));
+        std::this_thread::sleep_for(milliseconds(50));
       }
-    } catch (const error&) {
-      // The coordinator is gone: the control connection reports it at the next request.
     }
+  }
+  // Heartbeats, on a connection of their own; when it is lost, again every 100 ms (a new start of the coordinator
+  // refuses them until this member's control connection has said HELLO to it).
+  void beat() {
+    while (!stop_) {
+      try {
+        auto c = open("heartbeat", milliseconds(1000));
+        while (!stop_) {
+          c.send(make_frame("HB"), clock::now() + opt_.heartbeat * 10);
+          pause(opt_.heartbeat);
+        }
+      } catch (const error&) {
+        pause(milliseconds(100));
+      }
+    }
+  }
+  void pause(milliseconds d) {
+    for (auto waited = milliseconds(0); waited < d && !stop_; waited += milliseconds(10))
+      std::this_thread::sleep_for(milliseconds(10));
   }
 
   session_options opt_;

@@ -23,25 +23,20 @@ class tcp_store final : public ::gloo::rendezvous::Store {
  public:
   // Connects to the coordinator at address ("HOST:PORT") and presents the token; a wrong token is refused.
   tcp_store(const std::string& address, const std::string& token, milliseconds timeout)
-      : address_(address), timeout_(timeout) {
-    auto [host, port] = parse_address(address, "the store address");
-    c_ = connection(connect_to(host, port, timeout));
-    const auto f = c_.request(make_frame("HELLO", token, -1, 0, "store"), timeout);
-    if (f.verb() != "OK")
-      fail<comm_error>("dml::ft::tcp_store: the store at ", address, " refused this process: ",
-                       f.words.size() > 1 ? f.words[1] : f.verb());
+      : address_(address), token_(token), timeout_(timeout) {
+    connect();
   }
 
   void set(const std::string& key, const std::vector<char>& data) override {
     frame f = make_frame("SET", key);
     f.body.assign(data.begin(), data.end());
     std::lock_guard lk(m_);
-    c_.request(f, timeout_);
+    request(f);
   }
   std::vector<char> get(const std::string& key) override {
     wait({key}, timeout_);
     std::lock_guard lk(m_);
-    const auto f = c_.request(make_frame("GET", key), timeout_);
+    const auto f = request(make_frame("GET", key));
     return {f.body.begin(), f.body.end()};
   }
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
@@ -51,7 +46,7 @@ class tcp_store final : public ::gloo::rendezvous::Store {
       for (auto pause = milliseconds(1);; pause = std::min(pause * 2, milliseconds(20))) {
         {
           std::lock_guard lk(m_);
-          if (c_.request(make_frame("GET", k), timeout_).verb() == "VALUE") break;
+          if (request(make_frame("GET", k)).verb() == "VALUE") break;
         }
         if (clock::now() > deadline)
           fail<comm_error>("dml::ft::tcp_store: key '", k, "' did not appear at ", address_, " within ",
@@ -62,7 +57,31 @@ class tcp_store final : public ::gloo::rendezvous::Store {
   }
 
  private:
-  std::string address_;
+  void connect() {
+    auto [host, port] = parse_address(address_, "the store address");
+    c_ = connection(connect_to(host, port, timeout_));
+    const auto f = c_.request(make_frame("HELLO", token_, -1, 0, "store"), timeout_);
+    if (f.verb() != "OK")
+      fail<refused_error>("dml::ft::tcp_store: the store at ", address_, " refused this process: ",
+                          f.words.size() > 1 ? f.words[1] : f.verb());
+  }
+  // One request; a lost connection is made again once (dml-run starts a coordinator that died again, on the same
+  // port, with an empty store: the keys of a new configuration's prefix are all that is asked of it then).
+  frame request(const frame& f) {
+    for (int attempt = 0;; ++attempt) {
+      try {
+        if (!c_) connect();
+        return c_.request(f, timeout_);
+      } catch (const refused_error&) {
+        throw;
+      } catch (const comm_error&) {
+        c_.close();
+        if (attempt > 0) throw;
+      }
+    }
+  }
+
+  std::string address_, token_;
   milliseconds timeout_;
   std::mutex m_;
   connection c_;

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -33,6 +34,18 @@ namespace dml::ft {
 
 using clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+
+// The coordinator answered REFUSED (a wrong job token, a slot out of range, a start that is not the slot's
+// current one): final, unlike a lost connection, which a new start of the coordinator may mend.
+class refused_error : public comm_error {
+ public:
+  using comm_error::comm_error;
+};
+
+// What is left of a deadline, rounded up, at least 1 ms.
+inline milliseconds left_until(clock::time_point deadline) {
+  return std::max(milliseconds(1), std::chrono::ceil<milliseconds>(deadline - clock::now()));
+}
 
 // A message: its words and an optional body (store values, snapshots).
 struct frame {
