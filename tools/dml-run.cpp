@@ -165,7 +165,8 @@ int main(int argc, char** argv) {
                  "usage: dml-run [flags] PROGRAM [ARGS...]",
                  "Each rank gets DML_RANK, DML_WORLD_SIZE and DML_STORE (comm::gloo's rendezvous, reached with the job\n"
                  "token DML_RUN_TOKEN), and DML_RUN_COORDINATOR and DML_RUN_SLOT for programs that train through\n"
-                 "deaths (ft/elastic.hpp). The last line: recoveries=N steps_lost=K recovery_seconds=P50/P99/MAX.");
+                 "deaths (ft/elastic.hpp). The last line: recoveries=N steps_lost=K (steps run but never committed)\n"
+                 "restarts=R last_step=S recovery_seconds=P50/P99/MAX coordinator_starts=C.");
   cli.add("--nproc", nproc, "N", "ranks to start").min(1);
   cli.add("--min", min_members, "N", "the fewest ranks a configuration may have (0: --nproc, no shrinking)").min(0);
   cli.add("--groups", groups, "G",
@@ -465,7 +466,7 @@ int main(int argc, char** argv) {
     }
     std::printf("recoveries=%lld steps_lost=%lld restarts=%d last_step=%lld recovery_seconds=%.3f/%.3f/%.3f "
                 "coordinator_starts=%d\n",
-                static_cast<long long>(st.recoveries), static_cast<long long>(st.recoveries), restarts,
+                static_cast<long long>(st.recoveries), static_cast<long long>(st.steps_lost), restarts,
                 static_cast<long long>(st.last_step), percentile(rec, 0.5), percentile(rec, 0.99),
                 rec.empty() ? 0.0 : *std::max_element(rec.begin(), rec.end()), coord.starts());
     return all_ok ? 0 : 1;

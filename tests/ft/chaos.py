@@ -62,6 +62,9 @@ def one_run(a, seed, workdir):
                   r"recovery_seconds=([0-9.]+)/([0-9.]+)/([0-9.]+)", tail)
     if not m:
         fail(f"seed {seed}: no summary line in:\n{p.stdout}")
+    # A recovery loses at most the steps since the last vote: the step in flight, or the tentative ones.
+    if int(m.group(2)) > int(m.group(1)) * a.commit_every:
+        fail(f"seed {seed}: {m.group(2)} steps lost in {m.group(1)} recoveries (at most {a.commit_every} each)")
     # One history: every step 1..steps committed, one hash per step across all ranks and starts.
     history = {}
     for name in os.listdir(logs):

@@ -352,3 +352,22 @@ TEST_CASE("a state file that is not a coordinator's is refused by name") {
   std::ofstream(o.state_file) << "something else\n";
   CHECK_THROWS_WITH_AS(coordinator{o}, doctest::Contains("is not a coordinator's state"), format_error);
 }
+
+TEST_CASE("steps lost are the steps members ran past the last committed one") {
+  served s(options(2, 2));
+  session a(s.member(0)), b(s.member(1));
+  const auto q = join_all({&a, &b}, {0, 0});
+  CHECK(vote_all({&a, &b}, q[0].epoch, 1, {true, true})[0] == verdict::commit);
+  // A vote every 3 steps: both ran steps 2 to 4 tentatively, and the vote on step 4 fails.
+  CHECK(vote_all({&a, &b}, q[0].epoch, 4, {true, false})[0] == verdict::abort);
+  auto fa = std::async(std::launch::async, [&] { return a.join(1, 4); });
+  auto fb = std::async(std::launch::async, [&] { return b.join(1, 3); });
+  const auto r = fa.get();
+  CHECK(fb.get().epoch == r.epoch);
+  CHECK(r.step == 1);
+  CHECK(s.stats().steps_lost == 3);
+  // A step that committed is not lost, though the members ran it: they ask again at it.
+  CHECK(vote_all({&a, &b}, r.epoch, 2, {true, true})[0] == verdict::commit);
+  join_all({&a, &b}, {2, 2});
+  CHECK(s.stats().steps_lost == 3);
+}

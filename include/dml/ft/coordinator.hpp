@@ -43,6 +43,8 @@ struct coordinator_options {
 // What happened, for dml-run's last line and the tests.
 struct coordinator_stats {
   std::int64_t quorums = 0, recoveries = 0, commits = 0, refused = 0, deaths = 0;  // recoveries: epochs broken
+  std::int64_t steps_lost = 0;  // steps members ran that never committed (each new quorum: the highest step its
+                                // members ran past the last committed one)
   std::int64_t last_step = 0;                 // the highest committed step
   std::vector<double> recovery_seconds;       // a death or failed vote to the next epoch's first commit
   std::int64_t starts = 1;                    // this start of the coordinator (2: it died once)
@@ -65,19 +67,21 @@ struct coordinator_status {
 
   frame encode() const {
     frame f = make_frame("STATUS", epoch, finished ? 1 : 0, stats.quorums, stats.recoveries, stats.commits,
-                         stats.refused, stats.deaths, stats.last_step, stats.starts, slots.empty() ? "-" : slots);
+                         stats.refused, stats.deaths, stats.last_step, stats.starts, stats.steps_lost,
+                         slots.empty() ? "-" : slots);
     for (double r : stats.recovery_seconds) f.body += dml::detail::cat(r, " ");
     return f;
   }
   static coordinator_status decode(const frame& f) {
-    if (f.verb() != "STATUS" || f.words.size() != 11)
-      fail<format_error>("dml::ft: expected a STATUS frame of 11 words, found '", f.verb(), "' with ", f.words.size());
+    if (f.verb() != "STATUS" || f.words.size() != 12)
+      fail<format_error>("dml::ft: expected a STATUS frame of 12 words, found '", f.verb(), "' with ", f.words.size());
     coordinator_status s;
     s.epoch = f.number(1);
     s.finished = f.number(2) != 0;
     s.stats = {.quorums = f.number(3), .recoveries = f.number(4), .commits = f.number(5), .refused = f.number(6),
-               .deaths = f.number(7), .last_step = f.number(8), .recovery_seconds = {}, .starts = f.number(9)};
-    s.slots = f.at(10) == "-" ? "" : f.at(10);
+               .deaths = f.number(7), .steps_lost = f.number(10), .last_step = f.number(8), .recovery_seconds = {},
+               .starts = f.number(9)};
+    s.slots = f.at(11) == "-" ? "" : f.at(11);
     std::istringstream in(f.body);
     for (double r; in >> r;) s.stats.recovery_seconds.push_back(r);
     return s;
@@ -163,6 +167,7 @@ class coordinator {
     bool alive = false, wants_quorum = false, voted = false, vote_ok = false, done = false;
     clock::time_point last_seen{};
     std::int64_t step = 0;  // its committed step
+    std::int64_t ran = 0;   // the highest step it started, as it last asked for a quorum
     int control = -1;       // fd of its control connection (answers go there)
   };
 
@@ -310,7 +315,7 @@ class coordinator {
     }
     if (c.role != "control") fail<format_error>("'", v, "' on a ", c.role, " connection");
     auto& m = members_[static_cast<std::size_t>(c.slot)];
-    if (v == "QUORUM") return ask_quorum(c.slot, f.number(1));
+    if (v == "QUORUM") return ask_quorum(c.slot, f.number(1), f.words.size() > 2 ? f.number(2) : f.number(1));
     if (v == "VOTE") return vote(c.slot, f.number(1), f.number(2), f.at(3) == "ok");
     if (v == "DONE") {
       m.done = true;
@@ -337,10 +342,11 @@ class coordinator {
   }
 
   // ---- quorum
-  void ask_quorum(int slot, std::int64_t step) {
+  void ask_quorum(int slot, std::int64_t step, std::int64_t ran) {
     auto& m = members_[static_cast<std::size_t>(slot)];
     m.wants_quorum = true;
     m.step = step;
+    m.ran = std::max(step, ran);
     if (in_epoch_.count(slot)) {
       if (reconfiguring_) {
         epoch_broken_ = true;  // asked to come after a commit: the epoch ends without a failure
@@ -412,8 +418,12 @@ class coordinator {
     in_epoch_ = std::set<int>(ready.begin(), ready.end());
     epoch_broken_ = reconfiguring_ = false;
     waiting_since_.reset();
-    std::int64_t top = 0;
-    for (int s : ready) top = std::max(top, members_[static_cast<std::size_t>(s)].step);
+    std::int64_t top = 0, ran = 0;
+    for (int s : ready) {
+      top = std::max(top, members_[static_cast<std::size_t>(s)].step);
+      ran = std::max(ran, members_[static_cast<std::size_t>(s)].ran);
+    }
+    stats_.steps_lost += std::max<std::int64_t>(0, ran - std::max(top, stats_.last_step));
     frame f = make_frame("QUORUM", epoch_, top, ready.size());
     for (int s : ready) f.words.push_back(dml::detail::cat(s, ":", members_[static_cast<std::size_t>(s)].step));
     f.words.push_back(std::to_string(g));
@@ -530,7 +540,7 @@ class coordinator {
     }
     auto line = dml::detail::cat("dml-coordinator 1 ", epoch_, " ", stats_.last_step, " ", stats_.commits, " ",
                                  stats_.recoveries, " ", stats_.deaths, " ", stats_.quorums, " ", stats_.refused, " ",
-                                 stats_.starts, " ", finished_ ? 1 : 0);
+                                 stats_.starts, " ", finished_ ? 1 : 0, " ", stats_.steps_lost);
     line.resize(state_width - 1, ' ');
     line += '\n';
     if (::pwrite(state_.get(), line.data(), line.size(), 0) != static_cast<ssize_t>(line.size()))
@@ -542,10 +552,10 @@ class coordinator {
     std::string magic;
     int version = 0, finished = 0;
     in >> magic >> version >> epoch_ >> stats_.last_step >> stats_.commits >> stats_.recoveries >> stats_.deaths >>
-        stats_.quorums >> stats_.refused >> stats_.starts >> finished;
+        stats_.quorums >> stats_.refused >> stats_.starts >> finished >> stats_.steps_lost;
     if (!in || magic != "dml-coordinator" || version != 1)
       fail<format_error>("dml::ft::coordinator: the state file ", opt_.state_file,
-                         " is not a coordinator's state (expected 'dml-coordinator 1' and 9 numbers)");
+                         " is not a coordinator's state (expected 'dml-coordinator 1' and 10 numbers)");
     finished_ = finished != 0;
     ++stats_.starts;
     if (epoch_ > 0 && !finished_) {

@@ -162,11 +162,11 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
   elastic_result out;
   out.losses.assign(static_cast<std::size_t>(o.steps), 0.f);
   std::optional<train::state_snapshot> committed_state;  // what this member last committed
-  std::int64_t committed = 0;
+  std::int64_t committed = 0, ran = 0;  // ran: the highest step started (the coordinator counts those lost)
   detail::journal journal(o, s.options().slot);
   std::optional<clock::time_point> began, trained;
   while (committed < o.steps) {
-    const quorum q = s.join(committed);
+    const quorum q = s.join(committed, ran);
     if (q.finished) break;
     ++out.configurations;
     out.rank = q.rank;
@@ -208,6 +208,7 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
       }
       if (!began) began = clock::now();
       while (at < o.steps && !reconfigure) {
+        ran = std::max(ran, at + 1);
         const auto r = run_step(*t, *comm, at, q);
         if (!r.committed) {
           ++out.failed_steps;
@@ -387,7 +388,7 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
   elastic_result out;
   out.losses.assign(static_cast<std::size_t>(o.steps), 0.f);
   std::vector<detail::held_pieces> held;  // of the step `committed`, newest configuration first
-  std::int64_t committed = 0;
+  std::int64_t committed = 0, ran = 0;  // ran: the highest step started, tentative ones too
   detail::journal journal(o, s.options().slot);
   // This member's pieces as of step `at` of configuration q, and copies of the `copies` members' before it.
   auto pieces_of = [&](auto& t, auto& c, const quorum& q, std::int64_t at) {
@@ -399,7 +400,7 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
   };
   std::optional<clock::time_point> began, trained;
   while (committed < o.steps) {
-    const quorum q = s.join(committed);
+    const quorum q = s.join(committed, ran);
     if (q.finished) break;
     ++out.configurations;
     out.rank = q.rank;
@@ -443,6 +444,7 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
       at = q.step;
       if (!began) began = clock::now();
       while (at < o.steps) {
+        ran = std::max(ran, at + 1);
         out.losses[static_cast<std::size_t>(at)] = run_step(*t, *comm, at, q).loss;
         if (++at == o.steps) trained = clock::now();  // what follows the last step is a one-off: not timed
         // Between commits the steps are tentative: a failure before the next commit runs them again.

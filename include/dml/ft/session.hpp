@@ -6,6 +6,7 @@
 // and questions (a quorum, the end) are asked again of the new start, until the timeout.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -94,9 +95,10 @@ class session {
   const session_options& options() const { return opt_; }
 
   // Waits for the coordinator to form a configuration with this member in it; `step` is this member's
-  // committed step (0 for a new start).
-  quorum join(std::int64_t step) {
-    const auto f = request(make_frame("QUORUM", step));
+  // committed step (0 for a new start), `ran` the highest step it started (a failed or tentative one: the
+  // coordinator counts the steps lost, those run but never committed).
+  quorum join(std::int64_t step, std::int64_t ran = 0) {
+    const auto f = request(make_frame("QUORUM", step, std::max(step, ran)));
     quorum q;
     if (f.verb() == "FINISHED") {
       q.finished = true;
