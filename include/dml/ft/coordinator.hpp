@@ -320,21 +320,24 @@ class coordinator {
     if (v == "DONE") {
       m.done = true;
       m.step = f.words.size() > 1 ? f.number(1) : m.step;
-      answer(m.control, make_frame("OK"));
       // A new start of the coordinator that has formed no configuration yet: a member that committed the last
-      // step finished the job (the last step was committed by the start before).
+      // step finished the job (the last step was committed by the start before). It is told so (ENDED): the
+      // members that ask next are told the job finished, so this one does what the last configuration's first
+      // member would (the example scores the final state).
       if (stats_.starts > 1 && in_epoch_.empty() && !finished_ && m.step >= stats_.last_step) {
         in_epoch_ = {c.slot};
         finished_ = true;
         final_members_ = in_epoch_;
         say(dml::detail::cat("slot ", c.slot, " finished at step ", m.step, " before this start: the job is finished"));
         persist();
+        answer(m.control, make_frame("OK", "ENDED"));
         for (int s = 0; s < opt_.nproc; ++s) {
           auto& x = members_[static_cast<std::size_t>(s)];
           if (x.alive && x.wants_quorum) answer(x.control, make_frame("FINISHED", stats_.last_step));
         }
         return;
       }
+      answer(m.control, make_frame("OK"));
       if (finished_) final_members_.insert(c.slot);
       return check_finished();
     }

@@ -141,8 +141,12 @@ class session {
     fail<comm_error>("dml::ft: voted, the coordinator answered '", f.verb(), "'");
   }
 
-  // The member committed the last step, `step`.
-  void done(std::int64_t step) { request(make_frame("DONE", step)); }
+  // The member committed the last step, `step`. True when its word ended the job (a new start of the coordinator
+  // learned from it that the job is finished: the other members are told so and do not finish it themselves).
+  bool done(std::int64_t step) {
+    const auto f = request(make_frame("DONE", step));
+    return f.words.size() > 1 && f.at(1) == "ENDED";
+  }
 
  private:
   connection open(const std::string& role, milliseconds timeout = milliseconds(10000)) {
