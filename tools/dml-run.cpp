@@ -128,7 +128,7 @@ class coordinator_process {
     if (pid_ <= 0) return std::nullopt;
     try {
       if (!link_) {
-        link_ = connection(connect_to(opt_.host, port_of_listener(), milliseconds(2000)));
+        link_ = connection(connect_to(opt_.host, port_of(opt_.listen_fd), milliseconds(2000)));
         if (link_.request(make_frame("HELLO", opt_.token, -1, 0, "supervisor"), milliseconds(2000)).verb() != "OK")
           fail<comm_error>("dml-run: the coordinator refused its supervisor");
       }
@@ -138,13 +138,6 @@ class coordinator_process {
       return std::nullopt;
     }
   }
-  int port_of_listener() const {
-    sockaddr_in a{};
-    socklen_t n = sizeof a;
-    ::getsockname(opt_.listen_fd, reinterpret_cast<sockaddr*>(&a), &n);
-    return ntohs(a.sin_port);
-  }
-
   coordinator_options opt_;
   std::ostream& log_;
   pid_t pid_ = -1;

@@ -61,6 +61,18 @@ coordinator_options options(int n, int min = 1) {
           .start_deadline = 300ms};
 }
 
+// What dml-run keeps across starts of the coordinator: its listening socket and a state file (2 slots, 2 needed).
+struct restartable {
+  dml_test::temp_dir dir{"dml-coordinator"};
+  socket_fd listener = listen_on("127.0.0.1", 0);
+  coordinator_options o = [this] {
+    auto x = options(2, 2);
+    x.listen_fd = listener.get();
+    x.state_file = (dir / "state").string();
+    return x;
+  }();
+};
+
 // Every member joins at `step` from a thread; returns their quorums in slot order.
 std::vector<quorum> join_all(std::vector<session*> ss, std::vector<std::int64_t> steps) {
   std::vector<std::future<quorum>> fs;
@@ -294,12 +306,8 @@ TEST_CASE("groups must divide the slots") {
 
 TEST_CASE("a coordinator that dies starts again from its state file: members ask the new start, epochs rise, and "
           "no committed step is lost") {
-  dml_test::temp_dir dir("dml-coordinator");
-  const socket_fd listener = listen_on("127.0.0.1", 0);  // dml-run's: it outlives every start
-  auto o = options(2, 2);
-  o.listen_fd = listener.get();
-  o.state_file = (dir / "state").string();
-  auto first = std::make_unique<served>(o);
+  restartable job;
+  auto first = std::make_unique<served>(job.o);
   session a(first->member(0)), b(first->member(1));
   const auto q = join_all({&a, &b}, {0, 0});
   CHECK(vote_all({&a, &b}, q[0].epoch, 1, {true, true})[0] == verdict::commit);
@@ -307,7 +315,7 @@ TEST_CASE("a coordinator that dies starts again from its state file: members ask
   first.reset();  // its memory and connections are gone
   // A vote whose verdict died with the coordinator counts as fenced: the member must join again.
   CHECK(a.vote(q[0].epoch, 3, true) == verdict::fenced);
-  served second(o);
+  served second(job.o);
   const auto st = second.stats();
   CHECK(st.starts == 2);
   CHECK(st.last_step == 2);
@@ -326,17 +334,13 @@ TEST_CASE("a coordinator that dies starts again from its state file: members ask
 }
 
 TEST_CASE("a new start of the coordinator learns the job finished from a member that committed the last step") {
-  dml_test::temp_dir dir("dml-coordinator");
-  const socket_fd listener = listen_on("127.0.0.1", 0);
-  auto o = options(2, 2);
-  o.listen_fd = listener.get();
-  o.state_file = (dir / "state").string();
-  auto first = std::make_unique<served>(o);
+  restartable job;
+  auto first = std::make_unique<served>(job.o);
   session a(first->member(0)), b(first->member(1));
   const auto q = join_all({&a, &b}, {0, 0});
   CHECK(vote_all({&a, &b}, q[0].epoch, 1, {true, true})[0] == verdict::commit);
   first.reset();
-  served second(o);
+  served second(job.o);
   // Member a was told step 1 (the last) committed; b's verdict was lost. a says DONE: the job is finished, and b,
   // asking for a quorum, is told so.
   CHECK(a.done(1));  // its word ended the job

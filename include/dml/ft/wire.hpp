@@ -192,12 +192,13 @@ inline socket_fd listen_on(const std::string& host, int port) {
   if (::listen(s.get(), 256) != 0) fail<comm_error>("dml::ft: listen(): ", std::strerror(errno));
   return s;
 }
-inline int port_of(const socket_fd& s) {
+inline int port_of(int fd) {
   sockaddr_in a{};
   socklen_t n = sizeof a;
-  ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&a), &n);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
   return ntohs(a.sin_port);
 }
+inline int port_of(const socket_fd& s) { return port_of(s.get()); }
 
 // Connects to host:port, retrying refused connections until the deadline (the peer may not listen yet).
 inline socket_fd connect_to(const std::string& host, int port, milliseconds timeout) {
