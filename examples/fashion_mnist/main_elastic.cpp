@@ -146,11 +146,12 @@ int run_elastic(const options& o, const dml::train::dataset& train_set, const dm
   if (group > 1 && o.pp > 1)
     dml::fail<dml::invalid_argument>("--pp under dml-run --groups: expected one stage (each group holds the whole "
                                      "model), found --pp ", o.pp);
-  // A step commits before its update; ZeRO-1/2 gather the updated parameters after it, and layer-wise optimizers
-  // sum their norms over the shards first: a failure there would leave a committed step that no member finished.
-  if (group > 1 && (o.parallel == "zero1" || o.parallel == "zero2" || o.optimizer == "lamb" || o.optimizer == "lars"))
-    dml::fail<dml::invalid_argument>("dml-run --groups trains ddp or zero3 inside each group, with an element-wise "
-                                     "optimizer (a collective after the vote would split a committed step); found "
+  // A step commits before its update, and nothing after the vote may wait for a peer. Under ZeRO, layer-wise
+  // optimizers sum their norms over the shards after it: a failure there would leave a committed step that no
+  // member of the group finished. (ZeRO-1/2 gather the updated parts before the next step; ddp needs no sums.)
+  if (group > 1 && o.parallel != "ddp" && (o.optimizer == "lamb" || o.optimizer == "lars"))
+    dml::fail<dml::invalid_argument>("dml-run --groups trains lamb and lars under ddp only (under ZeRO their norms "
+                                     "are summed after the vote, which would split a committed step); found "
                                      "--parallel ", o.parallel, " --optimizer ", o.optimizer);
   if (((o.parallel == "ddp" && o.pp == 1) || group > 1) && (o.commit_every != 1 || o.copies != 1))
     dml::fail<dml::invalid_argument>("--commit-every and --copies apply where members hold parts of the model "
@@ -164,7 +165,9 @@ int run_elastic(const options& o, const dml::train::dataset& train_set, const dm
   return dml::nn::with_mlp<max_hidden>(train_set.features(), o.hidden, 10, [&](auto model) {
     // zeroN is hybrid<zero<N>> (plain ZeRO with one replica), as in the other launchers.
     using dml::parallel::hybrid, dml::parallel::zero;
-    if (group > 1 && o.parallel == "zero3") run_replicas<hybrid<zero<3>>>(j, model);
+    if (group > 1 && o.parallel == "zero1") run_replicas<hybrid<zero<1>>>(j, model);
+    else if (group > 1 && o.parallel == "zero2") run_replicas<hybrid<zero<2>>>(j, model);
+    else if (group > 1 && o.parallel == "zero3") run_replicas<hybrid<zero<3>>>(j, model);
     else if (o.parallel == "zero1") run_parts<hybrid<zero<1>>>(j, model);
     else if (o.parallel == "zero2") run_parts<hybrid<zero<2>>>(j, model);
     else if (o.parallel == "zero3") run_parts<hybrid<zero<3>>>(j, model);

@@ -4,6 +4,7 @@
 // continues with the same losses, bit for bit; pieces exported by one layout restore into another.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <mutex>
 #include <vector>
 
@@ -72,20 +73,23 @@ void check_abandoned_steps(int ranks) {
 }
 
 // 3 steps, a snapshot per rank, then a new trainer (another seed: other initial weights) restores it and takes
-// steps 3..5: the same losses as the trainer that went on.
+// steps 3..5: the same losses as the trainer that went on. With `transactions` both vote (always commit): under
+// ZeRO-1/2 the snapshot is taken while the others' updated parts are still to be gathered.
 template <class Sharding>
-void check_snapshot(int ranks) {
+void check_snapshot(int ranks, bool transactions = false) {
   struct out_t {
     std::vector<float> a, b;
     std::int64_t steps = 0;
   };
   const auto got = on_ranks<out_t>(ranks, [&](comm::local& c) {
     out_t o;
-    trainer<Sharding> t(c, trainer_fixture::make_model(), trainer_fixture::options());
+    auto opt = trainer_fixture::options();
+    if (transactions) opt.commit = [] { return true; };
+    trainer<Sharding> t(c, trainer_fixture::make_model(), opt);
     for (int s = 0; s < 3; ++s) step_on(t, c, s);
     const auto snap = t.snapshot();
     CHECK(snap.step == 3);
-    auto other = trainer_fixture::options();
+    auto other = opt;
     other.seed = 99;
     trainer<Sharding> u(c, trainer_fixture::make_model(), other);
     u.restore(snap);
@@ -99,6 +103,32 @@ void check_snapshot(int ranks) {
   });
   CHECK(got.a == got.b);
   CHECK(got.steps == 6);
+}
+
+// Nothing after the vote waits for a peer: rank 1 fails its vote of step 2 and leaves (as a rank that died after
+// the others' votes), rank 0 is told to commit, and its step must end committed, not in a collective that times out.
+template <class Sharding>
+void check_nothing_after_the_vote() {
+  bool committed = false, threw = false;
+  comm::local::run(2, [&](comm::local& c) {
+    auto opt = trainer_fixture::options();
+    std::int64_t votes = 0;
+    opt.commit = [&] {
+      if (++votes == 2 && c.rank() == 1) throw comm_error("a collective failed");
+      return true;
+    };
+    trainer<Sharding> t(c, trainer_fixture::make_model(), opt);
+    step_on(t, c, 0);
+    try {
+      const bool ok = step_on(t, c, 1) >= 0;
+      if (c.rank() == 0) committed = ok;
+    } catch (const comm_error&) {
+      if (c.rank() == 0) threw = true;
+    }
+    if (c.rank() == 0) CHECK(t.steps() == 2);
+  }, comm::local_options{.timeout = std::chrono::seconds(5)});
+  CHECK(committed);
+  CHECK_FALSE(threw);
 }
 
 // A run of one layout to step 3: every rank's pieces, the parameters, and the losses of steps 3..5 after it.
@@ -191,6 +221,19 @@ TEST_CASE("an abandoned or failed step changes nothing: zero<3>") { check_abando
 TEST_CASE("a snapshot restores into a fresh trainer: replicate") { check_snapshot<parallel::replicate>(2); }
 TEST_CASE("a snapshot restores into a fresh trainer: zero<1>") { check_snapshot<parallel::zero<1>>(2); }
 TEST_CASE("a snapshot restores into a fresh trainer: zero<3>") { check_snapshot<parallel::zero<3>>(3); }
+TEST_CASE("an abandoned or failed step changes nothing: zero<1>, whose gathers wait for the next pass") {
+  check_abandoned_steps<parallel::zero<1>>(2);
+}
+TEST_CASE("a snapshot taken before the gather restores: zero<1> and zero<2> with votes") {
+  check_snapshot<parallel::zero<1>>(2, true);
+  check_snapshot<parallel::zero<2>>(3, true);
+}
+TEST_CASE("nothing after the vote waits for a peer: zero<1>, zero<2>, zero<3>, replicate") {
+  check_nothing_after_the_vote<parallel::zero<1>>();
+  check_nothing_after_the_vote<parallel::zero<2>>();
+  check_nothing_after_the_vote<parallel::zero<3>>();
+  check_nothing_after_the_vote<parallel::replicate>();
+}
 
 TEST_CASE("a snapshot of another layout is refused") {
   comm::local::run(2, [](comm::local& c) {

@@ -62,6 +62,9 @@ struct sync_options {
   bool per_step = true;
   gradient_compression compress{};  // none: dense reductions; else compressed with error feedback (fp32, host)
   offload_options offload{};  // optimizer state on disk (dir set) instead of memory
+  // Steps as transactions (trainer_options::commit): nothing after the vote may wait for a peer, so ZeRO-1/2
+  // gather the updated parts before the next pass instead of after the update (settle()).
+  bool defer_gather = false;
 };
 
 // The groups a sharding reduces and gathers over. dense: the data-parallel ranks that shard dense parameters

@@ -37,7 +37,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
             .own_grads = Stage < 2 || per_step, .layers = {}};
   }
 
-  zero_sync(shard_groups<Comm> g, Net& net, const sync_options& o) : base(g, net, o) {
+  zero_sync(shard_groups<Comm> g, Net& net, const sync_options& o) : base(g, net, o), defer_gather_(o.defer_gather && Stage < 3) {
     shard_grads_.resize(static_cast<std::size_t>(shard_));
     state_.resize(shard_, this->offload_);
     std::int64_t widest = 0;
@@ -87,6 +87,20 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
       resident_bytes_ -= static_cast<std::int64_t>(at.size() * sizeof(T));
       at = buffer<T, Space>();
     }
+  }
+
+  // Before every pass: deferred gathers (stages 1 and 2 under steps as transactions) complete the parameters.
+  void begin_pass() {
+    settle();
+    base::begin_pass();
+  }
+  // Stages 1 and 2 under steps as transactions: after an update (or a restore) every rank's own parts are current
+  // and the others' are not until this gathers them. A collective: every rank of the shard group calls it.
+  void settle() {
+    if (!gather_pending_) return;
+    for (const auto& bk : buckets_)
+      for (const auto& rn : bk.runs) this->group(rn).all_gather(span_in<T, Space>(net_.params().data() + rn.lo, rn.hi - rn.lo));
+    gather_pending_ = false;
   }
 
   // ---- hooks: per micro-batch, stage 3 gathers parameters around each bucket; every stage launches bucket
@@ -205,7 +219,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
             a.w = w + mine;
           }
           state_.update(opt, a, rn.shard_offset);
-          this->group(rn).all_gather(span_in<T, Space>(w, rn.hi - rn.lo));  // in place: this rank's part is at rank·part
+          gather_updated(rn);
         }
     }
     state_.end_step();
@@ -225,7 +239,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     for (const auto& bk : buckets_)
       for (const auto& rn : bk.runs) {
         opt.template apply<Space>(run_args(rn, lr, t, grad_scale), layerwise_pieces_[k++], sums.data());
-        if constexpr (Stage < 3) this->group(rn).all_gather(span_in<T, Space>(net_.params().data() + rn.lo, rn.hi - rn.lo));
+        if constexpr (Stage < 3) gather_updated(rn);
       }
     if constexpr (Stage == 3) resident_ = {-1, -1};
   }
@@ -242,6 +256,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
                                      span_in<float, Space>(gathered.data() + rn.lo, rn.hi - rn.lo));
       dml::copy_n(gathered.data(), total, full.data());
     } else {
+      settle();
       dml::copy_n(net_.params().data(), total, full.data());
     }
     return full;
@@ -257,7 +272,9 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     }
     refresh_working();
   }
-  // After the float parameters changed outside an update (load): rewrite the working copy from them.
+  // After the float parameters changed outside an update (load, restore): rewrite the working copy from them.
+  // Under steps as transactions a restored snapshot's other parts may predate its step (taken while a gather was
+  // pending): the next pass gathers them, so that a restore waits for no peer.
   void refresh_working() {
     resident_ = {-1, -1};  // gathered copies are stale now
     if constexpr (mixed && Stage == 3) {
@@ -265,10 +282,11 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     } else if constexpr (mixed) {  // cast this rank's parts, then gather every part
       for (const auto& bk : buckets_)
         for (const auto& rn : bk.runs) {
-          T* w = net_.params().data() + rn.lo;
-          cast_n<Space>(shard_master() + rn.shard_offset, w + this->rank_in(rn) * rn.part, rn.part);
-          this->group(rn).all_gather(span_in<T, Space>(w, rn.hi - rn.lo));
+          cast_n<Space>(shard_master() + rn.shard_offset, net_.params().data() + rn.lo + this->rank_in(rn) * rn.part, rn.part);
+          gather_updated(rn);
         }
+    } else if (defer_gather_) {
+      gather_pending_ = true;
     }
   }
 
@@ -386,6 +404,12 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     if constexpr (mixed) return shard_working_.data();
     else return shard_params_.data();
   }
+  // Stages 1 and 2: every rank of run rn's group gets the others' updated parts (in place: this rank's part is
+  // at rank·part), now, or under steps as transactions before the next pass (settle()).
+  void gather_updated(const run& rn) {
+    if (defer_gather_) gather_pending_ = true;
+    else this->group(rn).all_gather(span_in<T, Space>(net_.params().data() + rn.lo, rn.hi - rn.lo));
+  }
   void point_params(int b) {
     const auto& bk = buckets_[static_cast<std::size_t>(b)];
     T* at = gathered_[static_cast<std::size_t>(b % 2)].data();
@@ -431,6 +455,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
   std::int64_t resident_bytes_ = 0, peak_resident_ = 0;
   std::vector<std::vector<optim::tensor_piece>> layerwise_pieces_;  // per run (layer-wise optimizers)
   std::vector<float*> run_state_;
+  bool defer_gather_ = false, gather_pending_ = false;
 };
 
 }  // namespace detail

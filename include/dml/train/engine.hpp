@@ -72,7 +72,7 @@ class engine final : public engine_base<Space> {
         sync_(place_.shards(), net_, {.seed = opt_.seed, .bucket_mb = opt_.bucket_mb, .chunks = place_.chunks(),
                                       .log = &log_, .per_step = place_.per_step(),
                                       .compress = compression(),
-                                      .offload = offload_options(world)}),
+                                      .offload = offload_options(world), .defer_gather = static_cast<bool>(opt_.commit)}),
         pipe_(place_.pipe(), net_, opt_.pipeline_stages, place_.pp_rank(), {place_.chunks().begin(), place_.chunks().end()},
               opt_.recompute, log_, place_.tensor()),
         ties_(parallel::find_ties(net_.layout(), full_layout_, place_.mesh() ? &place_.mesh()->pp() : nullptr)),

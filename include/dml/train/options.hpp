@@ -63,10 +63,10 @@ struct trainer_options {
   double offload_bucket_mb = 1.0;
   // Steps as transactions (ft/elastic.hpp): called once per step after the gradients are reduced and before
   // the update; false abandons the step (no update, the step count stays, step_result::committed is false).
-  // Empty: every step commits, at no cost. The update is the step's last collective work under replicate and
-  // ZeRO-3 with element-wise optimizers; ZeRO-1/2 gather the updated parameters, and layer-wise optimizers (LAMB,
-  // LARS) sum their norms, after the commit, so a failure there leaves the update done and the step counted
-  // abandoned: drive those with whole-step votes (ft::train_restarting), not with this hook.
+  // Empty: every step commits, at no cost. With element-wise optimizers nothing after the vote waits for a peer:
+  // ZeRO-1/2 gather the updated parts before the next pass instead of after the update. Layer-wise optimizers
+  // (LAMB, LARS) under ZeRO sum their norms over the shards after the commit, so a failure there leaves the
+  // update half done: drive those with whole-step votes (ft::train_restarting), not with this hook.
   std::function<bool()> commit{};
 };
 
