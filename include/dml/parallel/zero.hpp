@@ -99,7 +99,7 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
   void settle() {
     if (!gather_pending_) return;
     for (const auto& bk : buckets_)
-      for (const auto& rn : bk.runs) this->group(rn).all_gather(span_in<T, Space>(net_.params().data() + rn.lo, rn.hi - rn.lo));
+      for (const auto& rn : bk.runs) gather_run(rn);
     gather_pending_ = false;
   }
 
@@ -404,11 +404,14 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     if constexpr (mixed) return shard_working_.data();
     else return shard_params_.data();
   }
-  // Stages 1 and 2: every rank of run rn's group gets the others' updated parts (in place: this rank's part is
-  // at rank·part), now, or under steps as transactions before the next pass (settle()).
+  // Stages 1 and 2: every rank of run rn's group gets the others' updated parts, now, or under steps as
+  // transactions before the next pass (settle()).
   void gather_updated(const run& rn) {
     if (defer_gather_) gather_pending_ = true;
-    else this->group(rn).all_gather(span_in<T, Space>(net_.params().data() + rn.lo, rn.hi - rn.lo));
+    else gather_run(rn);
+  }
+  void gather_run(const run& rn) {  // in place: this rank's part is at rank·part
+    this->group(rn).all_gather(span_in<T, Space>(net_.params().data() + rn.lo, rn.hi - rn.lo));
   }
   void point_params(int b) {
     const auto& bk = buckets_[static_cast<std::size_t>(b)];
