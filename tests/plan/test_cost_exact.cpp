@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// tests/plan/test_cost_exact.cpp — dml::cost's bytes for layouts dml runs here equal the trainer's: model states
-// (memory(), from allocated sizes) and peak activation bytes, for the MLP of the trainer tests and the GPT of the
-// tensor-parallel tests under replicate and ZeRO-1/2/3, fp32 and bf16, AdamW and SGD, dp × tp × sp.
+// tests/plan/test_cost_exact.cpp — dml::cost's bytes for layouts dml runs here equal the trainer's, on every rank:
+// model states (memory(), from allocated sizes; ZeRO's staging, gather and resident buffers included) and peak
+// activation bytes, for MLPs and the GPT under replicate and ZeRO-1/2/3, fp32 and bf16, AdamW and SGD, dp × tp × sp,
+// pipelines (every schedule, recompute), experts (ep, tied or not) and context parallelism.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -18,9 +19,12 @@ struct observed {
   std::int64_t activations = 0;
 };
 
+// Every rank's memory() and activation peak after `steps` steps on rows of rows_shape (a GPT takes token ids and
+// a label per token); global: the global batch.
 template <class... P, class Model>
-observed run(const Model& model, int ranks, train::trainer_options o, dml::shape rows_shape, int steps = 1) {
-  observed out;
+std::vector<observed> run_ranks(const Model& model, int ranks, train::trainer_options o, dml::shape rows_shape,
+                                std::int64_t global, int steps = 1) {
+  std::vector<observed> out(static_cast<std::size_t>(ranks));
   comm::local::run(ranks, [&](comm::local& c) {
     trainer<P...> t(c, model, o);
     std::vector<float> x(static_cast<std::size_t>(rows_shape.numel()));
@@ -28,32 +32,46 @@ observed run(const Model& model, int ranks, train::trainer_options o, dml::shape
     const std::int64_t labels = std::is_same_v<Model, nn::gpt_model> ? rows_shape.numel() : rows_shape[0];
     std::vector<std::int32_t> y(static_cast<std::size_t>(labels));
     for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int32_t>(i % 5);
-    for (int s = 0; s < steps; ++s) t.step(tensor_view<const float>(x.data(), rows_shape), y.data(), rows_shape[0] * (ranks / o.tensor_parallel));
-    if (c.rank() == 0) out = {t.memory(), t.peak_activation_bytes()};
+    for (int s = 0; s < steps; ++s) t.step(tensor_view<const float>(x.data(), rows_shape), y.data(), global);
+    out[static_cast<std::size_t>(c.rank())] = {t.memory(), t.peak_activation_bytes()};
   });
   return out;
 }
 
+template <class... P, class Model>
+observed run(const Model& model, int ranks, train::trainer_options o, dml::shape rows_shape, int steps = 1) {
+  return run_ranks<P...>(model, ranks, o, rows_shape, rows_shape[0] * (ranks / o.tensor_parallel), steps)[0];
+}
+
+template <class Sharding>
+constexpr int zero_stage = std::is_same_v<Sharding, parallel::replicate> ? 0
+                         : std::is_same_v<Sharding, parallel::zero<1>>   ? 1
+                         : std::is_same_v<Sharding, parallel::zero<2>>   ? 2 : 3;
+
+void check_states(const train::memory_report& got, const cost::state_bytes& want) {
+  CHECK(got.numel == want.numel);
+  CHECK(got.padded == want.padded);
+  CHECK(got.params == want.params);
+  CHECK(got.grads == want.grads);
+  CHECK(got.optimizer == want.optimizer);
+  CHECK(got.buffers == want.buffers);
+}
+
 template <class Sharding, class Precision, class Opt>
 void check_mlp(int ranks) {
-  constexpr int zero = std::is_same_v<Sharding, parallel::replicate> ? 0
-                     : std::is_same_v<Sharding, parallel::zero<1>>   ? 1
-                     : std::is_same_v<Sharding, parallel::zero<2>>   ? 2 : 3;
+  constexpr int zero = zero_stage<Sharding>;
   const auto model = nn::sequential{nn::linear{24, 40}, nn::relu{}, nn::layernorm{40}, nn::linear{40, 24}, nn::gelu{},
                                     nn::linear{24, 5}};
   const std::int64_t w = std::is_same_v<Precision, precision::fp32> ? 4 : 2;
   const int slots = Opt::state_slots;
   const auto got = run<Sharding, Precision, Opt>(model, ranks, {}, {8, 24});
-  const auto want = cost::model_states(model, zero, ranks, w, slots);
+  const auto want = cost::model_states(model, {.zero = zero, .shards = {ranks, ranks}, .working_bytes = w, .slots = slots,
+                                                .per_step = zero < 2});
   CAPTURE(zero);
   CAPTURE(ranks);
   CAPTURE(w);
   CAPTURE(slots);
-  CHECK(got.memory.numel == want.numel);
-  CHECK(got.memory.padded == want.padded);
-  CHECK(got.memory.params == want.params);
-  CHECK(got.memory.grads == want.grads);
-  CHECK(got.memory.optimizer == want.optimizer);
+  check_states(got.memory, want);
   CHECK(got.activations == cost::activation_set_bytes(model, {8, 24}, w));
   CHECK(got.memory.activations == got.activations);
 }
@@ -109,19 +127,168 @@ TEST_CASE("the GPT under dp × tp × sp, ZeRO and bf16: the trainer's memory() a
     const auto model = nn::gpt(g);
     {
       const auto got = run<parallel::replicate, optim::adamw>(model, l.tp * l.dp, o, rows);
-      const auto want = cost::model_states(part, 0, l.dp, 4, 2);
+      const auto want = cost::model_states(part, {.zero = 0, .shards = {l.dp, l.dp}});
       CHECK(got.memory.padded == want.padded);
       CHECK(got.memory.params + got.memory.grads + got.memory.optimizer == want.params + want.grads + want.optimizer);
       CHECK(got.activations == cost::activation_set_bytes(part, rows, 4));
     }
     {
       const auto got = run<parallel::zero<2>, precision::bf16, optim::adamw>(model, l.tp * l.dp, o, rows);
-      const auto want = cost::model_states(part, 2, l.dp, 2, 2);
-      CHECK(got.memory.padded == want.padded);
-      CHECK(got.memory.params == want.params);
-      CHECK(got.memory.grads == want.grads);
-      CHECK(got.memory.optimizer == want.optimizer);
+      const auto want = cost::model_states(part, {.zero = 2, .shards = {l.dp, l.dp}, .working_bytes = 2});
+      check_states(got.memory, want);
       CHECK(got.activations == cost::activation_set_bytes(part, rows, 2));
     }
+  }
+}
+
+namespace {
+
+// Ten layers, eight of them places to cut (two relus are fused into the linears before them): enough chunks for
+// four stages, or two stages of two interleaved chunks.
+auto deep_mlp() {
+  return nn::sequential{nn::linear{24, 40}, nn::relu{},      nn::layernorm{40}, nn::linear{40, 40}, nn::gelu{},
+                        nn::linear{40, 32}, nn::relu{},      nn::linear{32, 24}, nn::gelu{},        nn::linear{24, 5}};
+}
+
+// One pipeline layout of pp stages × dp ranks (stage = rank / dp, data-parallel rank fastest), m micro-batches of
+// 8 rows per data-parallel rank: every rank's memory() and activation peak against the cost model.
+template <class Sharding, class Precision = precision::fp32>
+void check_pipeline(const std::string& sched, int pp, int dp, bool recompute, bool residency = false, std::int64_t m = 4) {
+  const auto model = deep_mlp();
+  constexpr std::int64_t w = std::is_same_v<Precision, precision::fp32> ? 4 : 2, rows = 8;
+  train::trainer_options o;
+  o.pipeline_stages = pp;
+  o.schedule = sched;
+  o.micro_batches = m;
+  o.recompute = recompute;
+  o.micro_batch_residency = residency;
+  const auto got = run_ranks<Sharding, Precision, optim::adamw>(model, pp * dp, o, {rows, 24}, rows * dp);
+  const auto table = schedule::make(sched, pp, static_cast<int>(m));
+  const bool per_step = zero_stage<Sharding> < 2 || !residency || schedule::splits_backward(table);
+  for (int r = 0; r < pp * dp; ++r) {
+    const int stage = r / dp;
+    const auto chunks = cost::stage_chunks(model, pp, table.virtual_stages, stage);
+    const auto want = cost::model_states(model, {.zero = zero_stage<Sharding>, .shards = {dp, dp}, .working_bytes = w,
+                                                 .slots = 2, .per_step = per_step, .micro_batches = m, .chunks = chunks,
+                                                 .table = &table, .pp_rank = stage});
+    CAPTURE(sched);
+    CAPTURE(pp);
+    CAPTURE(dp);
+    CAPTURE(recompute);
+    CAPTURE(residency);
+    CAPTURE(zero_stage<Sharding>);
+    CAPTURE(w);
+    CAPTURE(r);
+    check_states(got[static_cast<std::size_t>(r)].memory, want);
+    CHECK(got[static_cast<std::size_t>(r)].activations ==
+          cost::pipeline_activation_peak(model, table, stage, chunks, {rows, 24}, w, recompute));
+  }
+}
+
+template <class Sharding, class Precision = precision::fp32>
+void check_pipelines() {
+  struct shape {
+    std::string sched;
+    int pp, dp;
+  };
+  for (const shape& l : {shape{"gpipe", 2, 2}, shape{"1f1b", 2, 2}, shape{"1f1b", 4, 1}, shape{"interleaved:2", 2, 1},
+                         shape{"zb", 2, 2}})
+    for (bool recompute : {false, true}) check_pipeline<Sharding, Precision>(l.sched, l.pp, l.dp, recompute);
+}
+
+}  // namespace
+
+TEST_CASE("pipelines: every rank's model states, ZeRO buffers and activation peak equal the cost model") {
+  check_pipelines<parallel::replicate>();
+  check_pipelines<parallel::zero<1>>();
+  check_pipelines<parallel::zero<2>>();
+  check_pipelines<parallel::zero<3>>();
+  check_pipelines<parallel::zero<3>, precision::bf16>();
+  check_pipelines<parallel::replicate, precision::bf16>();
+  // ZeRO-2/3 reducing (and gathering) per micro-batch on a pipeline: staging and gather buffers instead.
+  for (std::string sched : {"1f1b", "interleaved:2", "zb"}) {
+    check_pipeline<parallel::zero<2>>(sched, 2, 1, false, true);
+    check_pipeline<parallel::zero<3>>(sched, 2, 1, false, true);
+  }
+}
+
+TEST_CASE("ZeRO's staging, gather and aside buffers on one stage, over many buckets and micro-batches") {
+  const auto model = deep_mlp();
+  for (std::int64_t m : {1, 3})
+    for (double bucket_mb : {25.0, 0.004}) {  // 0.004 MiB: 1,048 floats, so several buckets
+      train::trainer_options o;
+      o.micro_batches = m;
+      o.bucket_mb = bucket_mb;
+      CAPTURE(m);
+      CAPTURE(bucket_mb);
+      auto want = [&](int zero, std::int64_t w) {
+        return cost::model_states(model, {.zero = zero, .shards = {2, 2}, .working_bytes = w, .per_step = zero < 2,
+                                          .micro_batches = m, .bucket_mb = bucket_mb});
+      };
+      check_states(run<parallel::zero<2>, optim::adamw>(model, 2, o, {12, 24}).memory, want(2, 4));
+      check_states(run<parallel::zero<3>, optim::adamw>(model, 2, o, {12, 24}).memory, want(3, 4));
+      check_states(run<parallel::zero<3>, precision::bf16, optim::adamw>(model, 2, o, {12, 24}).memory, want(3, 2));
+      check_states(run<parallel::zero<1>, optim::adamw>(model, 2, o, {12, 24}).memory, want(1, 4));
+    }
+}
+
+namespace {
+
+// A GPT of four blocks over dp data-parallel ranks, ep of them sharing out its experts or cp of them each holding
+// a chunk of every sequence: every rank's memory() and activation peak against the cost model.
+template <class Sharding, class Precision = precision::fp32>
+void check_gpt(const nn::gpt_config& g, int dp, int ep, int cp) {
+  using gpt_fixture::batch;
+  using gpt_fixture::seq;
+  constexpr std::int64_t w = std::is_same_v<Precision, precision::fp32> ? 4 : 2;
+  train::trainer_options o;
+  o.expert_parallel = ep;
+  o.context_parallel = cp;
+  const std::int64_t rows = batch / (dp / cp);
+  const auto got = run_ranks<Sharding, Precision, optim::adamw>(nn::gpt(g), dp, o, {rows, seq}, batch);
+  for (int r = 0; r < dp; ++r) {
+    auto part = nn::gpt(g);
+    if (ep > 1) nn::set_expert_split(part, ep, r % ep);
+    if (cp > 1) nn::set_context_split(part, {.ranks = cp, .rank = r % cp, .zigzag = true});
+    const auto want = cost::model_states(part, {.zero = zero_stage<Sharding>, .shards = {dp, dp / ep}, .working_bytes = w,
+                                                .per_step = zero_stage<Sharding> < 2});
+    CAPTURE(dp);
+    CAPTURE(ep);
+    CAPTURE(cp);
+    CAPTURE(g.tie_weights);
+    CAPTURE(zero_stage<Sharding>);
+    CAPTURE(w);
+    CAPTURE(r);
+    check_states(got[static_cast<std::size_t>(r)].memory, want);
+    CHECK(got[static_cast<std::size_t>(r)].activations == cost::activation_set_bytes(part, {rows, seq}, w));
+  }
+}
+
+template <class Sharding, class Precision = precision::fp32>
+void check_experts(bool tied) {
+  const auto g = gpt_fixture::compose_config(tied, true);
+  check_gpt<Sharding, Precision>(g, 2, 2, 1);
+  check_gpt<Sharding, Precision>(g, 4, 2, 1);
+  check_gpt<Sharding, Precision>(g, 4, 4, 1);
+}
+
+}  // namespace
+
+TEST_CASE("experts (ep 2 and 4, tied embeddings or not): every rank's bytes equal the cost model") {
+  for (bool tied : {false, true}) {
+    check_experts<parallel::replicate>(tied);
+    check_experts<parallel::zero<1>>(tied);
+    check_experts<parallel::zero<2>>(tied);
+    check_experts<parallel::zero<3>>(tied);
+    check_experts<parallel::zero<3>, precision::bf16>(tied);
+  }
+}
+
+TEST_CASE("context parallelism (cp 2 and 4): every rank's bytes equal the cost model") {
+  const auto g = gpt_fixture::compose_config(false, false);
+  for (int cp : {2, 4}) {
+    check_gpt<parallel::replicate>(g, 4, 1, cp);
+    check_gpt<parallel::zero<2>>(g, 4, 1, cp);
+    check_gpt<parallel::zero<3>, precision::bf16>(g, 4, 1, cp);
   }
 }

@@ -1,42 +1,98 @@
 // SPDX-License-Identifier: Apache-2.0
-// dml/plan/exact.hpp — dml's own bytes for a model it can build: model states from the flat layout's arithmetic
-// and an activation set from the layers' shape rules and saved_bytes, without allocating a parameter.
-// Sits on nn/ (sequential, param_layout, network's fusion rule); used by tests and tools/dml-plan. See DESIGN.md §7.
+// dml/plan/exact.hpp — dml's own bytes for a model it can build, per rank and before building it: model states
+// from the flat layout's arithmetic and the trainer's own bucket plan (staging and gather buffers included), an
+// activation set from the layers' shape rules and saved_bytes, and a pipeline rank's activation peak from its
+// schedule. Uses the functions the trainer places a model with (make_layout, make_buckets, stage_chunks, lower),
+// without a communicator or a parameter. Used by tests and tools/dml-plan. See DESIGN.md §7.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "dml/nn/network.hpp"
 #include "dml/nn/param_layout.hpp"
 #include "dml/nn/sequential.hpp"
+#include "dml/parallel/buckets.hpp"
+#include "dml/parallel/pipeline.hpp"
+#include "dml/parallel/program.hpp"
+#include "dml/parallel/schedule.hpp"
+#include "dml/parallel/sharding.hpp"
 
 namespace dml::cost {
 
 // What parallel::replicate and parallel::zero<Stage>'s memory() report, computed before building them.
 struct state_bytes {
   std::int64_t numel = 0, padded = 0, params = 0, grads = 0, optimizer = 0;  // optimizer: state + master weights
+  std::int64_t buffers = 0;  // ZeRO's staging, gather and aside-reduction buffers, and ZeRO-3's resident chunks
   friend bool operator==(const state_bytes&, const state_bytes&) = default;
 };
 
-// zero: 0 (replicate) to 3; ranks: the data-parallel ranks (every sharding pads each parameter to 16·ranks floats); working_bytes: 4 (fp32) or 2;
-// slots: the optimizer's state_slots; streams: ZeRO-2/3 reduce each backward into the shard (one stage,
-// whole backward) rather than into whole gradients per step (pipelines).
-// The model must carry this rank's tensor-parallel part already (nn::set_tensor_split).
+// One rank's sharding as the trainer places it (parallel::placement): what model_states needs besides the model,
+// which must carry this rank's tensor- and expert-parallel part already (nn::set_tensor_split, set_expert_split).
+struct rank_sharding {
+  int zero = 0;                        // 0: replicate; 1 to 3: ZeRO's stage
+  parallel::shard_ranks shards{};      // ranks sharding dense and expert parameters: dp / replicas, and that / ep
+  std::int64_t working_bytes = 4;      // 4 (fp32) or 2 (bf16, fp16: float master weights beside the state)
+  int slots = 2;                       // the optimizer's state_slots
+  bool per_step = false;               // gradients reduced once per step (pipelines, split backward), not per pass
+  std::int64_t micro_batches = 1;      // backward passes per step
+  double bucket_mb = 25.0;             // trainer_options::bucket_mb
+  std::span<const nn::layer_range> chunks = {};  // the layers this rank holds (empty: all)
+  const schedule::table* table = nullptr;        // pipelines under ZeRO-3: which chunks are resident at once
+  int pp_rank = 0;
+};
+
+// The bytes memory() reports for rank `r` (numel and padded are of the layers it holds).
 template <class... L>
-state_bytes model_states(const nn::sequential<L...>& model, int zero, int ranks, std::int64_t working_bytes, int slots,
-                         bool streams = true, std::span<const nn::layer_range> held = {}) {
-  if (zero < 0 || zero > 3 || ranks < 1)
-    fail<invalid_argument>("dml::cost::model_states: expected zero 0 to 3 and ranks >= 1, found ", zero, " and ", ranks);
-  const bool mixed = working_bytes != 4;
-  const std::int64_t unit = nn::param_layout::alignment * ranks;  // replicate pads as ZeRO does
-  const auto lay = nn::make_layout(model, unit, held);
-  const std::int64_t shard = zero > 0 ? lay.total / ranks : lay.total;
+state_bytes model_states(const nn::sequential<L...>& model, const rank_sharding& r) {
+  if (r.zero < 0 || r.zero > 3 || r.shards.dense < 1 || r.shards.expert < 1 || r.shards.dense % r.shards.expert != 0)
+    fail<invalid_argument>("dml::cost::model_states: expected zero 0 to 3 and shard ranks dense >= 1 divisible by "
+                           "expert >= 1, found ", r.zero, ", ", r.shards.dense, " and ", r.shards.expert);
+  const std::int64_t w = r.working_bytes, f = sizeof(float);
+  const bool mixed = w != 4;
+  const auto lay = nn::make_layout(model, nn::param_layout::alignment * r.shards.dense, r.chunks);
   state_bytes s{.numel = lay.numel, .padded = lay.total};
-  s.params = (zero == 3 ? shard : lay.total) * working_bytes;
-  s.grads = (zero >= 2 && streams ? shard : lay.total) * working_bytes;
-  s.optimizer = shard * slots * 4 + (mixed ? shard * 4 : 0);
+  if (r.zero == 0) {  // parallel::replicate: whole copies, the float master weights of mixed precision beside them
+    s.params = s.grads = lay.total * w;
+    s.optimizer = lay.total * (r.slots * f + (mixed ? f : 0));
+    return s;
+  }
+  const auto plan = parallel::make_buckets(lay, model.depth(),
+                                           static_cast<std::int64_t>(r.bucket_mb * 1024.0 * 1024.0 / sizeof(float)),
+                                           r.shards, r.chunks, parallel::tied_slots(lay, parallel::detail::tie_targets(model)));
+  const bool streams = r.zero >= 2 && !r.per_step;
+  s.params = (r.zero == 3 ? plan.shard : lay.total) * w;
+  s.grads = (streams ? plan.shard : lay.total) * w;
+  s.optimizer = plan.shard * (r.slots * f + (mixed ? f : 0));
+  std::int64_t widest = 0;
+  for (const auto& b : plan.buckets) widest = std::max(widest, b.hi - b.lo);
+  std::int64_t floats = 0;
+  if (streams) floats += 2 * widest + (r.micro_batches > 1 ? plan.shard : 0);  // staging; later passes reduce aside
+  if (r.zero == 3 && !r.per_step) floats += 2 * widest;                         // gathered buckets
+  s.buffers = floats * w;
+  if (r.zero == 3 && r.per_step) {  // the chunks resident at once, unshard to reshard
+    std::vector<nn::layer_range> whole{{0, model.depth()}};
+    const std::span<const nn::layer_range> chunks = r.chunks.empty() ? std::span<const nn::layer_range>(whole) : r.chunks;
+    auto chunk_floats = [&](int c) {
+      const auto range = chunks[static_cast<std::size_t>(c)];
+      const std::size_t s0 = lay.first_slot[range.first], s1 = lay.first_slot[range.end];
+      return s0 == s1 ? 0 : (s1 < lay.slots.size() ? lay.slots[s1].offset : lay.total) - lay.slots[s0].offset;
+    };
+    std::int64_t live = 0, peak = 0;
+    for (int c = 0; c < static_cast<int>(chunks.size()); ++c) peak = std::max(peak, chunk_floats(c));  // before a step
+    if (r.table) {
+      for (const auto& in : parallel::lower(*r.table, r.pp_rank, {.per_micro_batch = false, .ties = false})) {
+        if (in.what == parallel::instruction::kind::unshard) peak = std::max(peak, live += chunk_floats(in.chunk));
+        if (in.what == parallel::instruction::kind::reshard) live -= chunk_floats(in.chunk);
+      }
+    }
+    s.buffers += peak * w;
+  }
   return s;
 }
 
@@ -44,10 +100,11 @@ state_bytes model_states(const nn::sequential<L...>& model, int zero, int ranks,
 // fused into its linear has none), what each layer keeps for backward rounded up to floats, and the input in
 // the working type where the network casts it. x: the range's input shape. As activations::bytes() counts them,
 // a tensor left unsized (the float input read in place, the outputs of layers outside the range) is one element:
-// tensor's empty shape has rank 0, and a product of no dimensions is 1.
+// tensor's empty shape has rank 0, and a product of no dimensions is 1. recompute: what a pipeline keeps of a
+// set between its forward and its backward under activation recomputation, the input alone.
 template <class... L>
 std::int64_t activation_set_bytes(const nn::sequential<L...>& model, dml::shape x, std::int64_t working_bytes,
-                                  nn::layer_range range = {}) {
+                                  nn::layer_range range = {}, bool recompute = false) {
   using net = nn::basic_network<host, float, L...>;
   const auto absorbed = net::absorbed_layers(model);
   if (range.end == 0) range.end = model.depth();
@@ -60,9 +117,46 @@ std::int64_t activation_set_bytes(const nn::sequential<L...>& model, dml::shape 
     const std::int64_t saved = nn::saved_bytes(l, x, static_cast<std::size_t>(working_bytes));
     kept += (saved + 3) / 4 * 4;
     x = l.output_shape(x);
-    if (!absorbed[i]) values += x.numel();
+    values += recompute ? 1 : absorbed[i] ? 0 : x.numel();  // released: unsized, one each
   });
-  return values * working_bytes + kept;
+  return values * working_bytes + (recompute ? 0 : kept);
+}
+
+// The chunks (layer ranges) of pipeline rank `rank` as the trainer cuts `model`: at `cuts`, or balanced by cost
+// over `cost_rows` rows (trainer_options' stage_cuts and cost_rows); virtual_stages > 1 for interleaving.
+template <class... L>
+std::vector<nn::layer_range> stage_chunks(const nn::sequential<L...>& model, int stages, int virtual_stages, int rank,
+                                          std::vector<std::size_t> cuts = {}, std::int64_t cost_rows = 64) {
+  return parallel::stage_chunks<nn::basic_network<host, float, L...>>(
+      model, {.stages = stages, .virtual_stages = virtual_stages, .cuts = std::move(cuts), .cost_rows = cost_rows}, rank);
+}
+
+// The most activation bytes pipeline rank `rank` holds at once in a step of schedule `t` over `rows` rows of
+// shape `x` (rows of x[0]): a (micro-batch, chunk) set counts from its forward to the backward that ends it
+// (backward, or backward_weight of a split one), as parallel::pipeline keeps them.
+template <class... L>
+std::int64_t pipeline_activation_peak(const nn::sequential<L...>& model, const schedule::table& t, int rank,
+                                      std::span<const nn::layer_range> chunks, dml::shape x, std::int64_t working_bytes,
+                                      bool recompute = false) {
+  std::vector<dml::shape> shapes;  // per layer: its output at x's rows
+  dml::shape y = x;
+  model.for_each_layer([&](std::size_t, const auto& l) { shapes.push_back(y = l.output_shape(y)); });
+  std::map<std::pair<int, int>, std::int64_t> live_sets;
+  std::int64_t live = 0, peak = 0;
+  const std::int64_t rows = x[0], m = t.micro_batches;
+  for (const auto& a : t.ranks.at(static_cast<std::size_t>(rank))) {
+    if (a.kind == schedule::op::forward) {
+      const auto range = chunks[static_cast<std::size_t>(a.chunk)];
+      dml::shape in = range.first == 0 ? x : shapes[range.first - 1];
+      in[0] = rows * (a.micro + 1) / m - rows * a.micro / m;
+      const std::int64_t b = activation_set_bytes(model, in, working_bytes, range, recompute);
+      live_sets[{a.micro, a.chunk}] = b;
+      peak = std::max(peak, live += b);
+    } else if (a.kind == schedule::op::backward || a.kind == schedule::op::backward_weight) {
+      live -= live_sets.at({a.micro, a.chunk});
+    }
+  }
+  return peak;
 }
 
 }  // namespace dml::cost
