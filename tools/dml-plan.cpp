@@ -11,6 +11,7 @@
 #include "dml/plan/calibrate.hpp"
 #include "dml/plan/cluster.hpp"
 #include "dml/plan/cost.hpp"
+#include "dml/plan/exact.hpp"
 #include "dml/train/flags.hpp"
 
 namespace {
@@ -53,7 +54,7 @@ void print(const cost::estimate& e, int rank) {
 
 int main(int argc, char** argv) {
   std::string model_kind = "gpt", precision = "bf16", optimizer = "adamw", memory = "80GiB", cluster_file, layout,
-              calibrate_file;
+              calibrate_file, bytes_from = "dml";
   cost::model m{.layers = 12, .d_model = 768, .heads = 12, .seq = 1024, .vocab = 50304};
   double params = 0;
   std::int64_t batch = 8, micro_batch = 1;
@@ -71,6 +72,7 @@ int main(int argc, char** argv) {
   cli.add("--experts", m.experts, "E", "experts per MoE block (0: dense)").min(0);
   cli.add("--top-k", m.top_k, "K", "experts per token").min(1);
   cli.add("--moe-every", m.moe_every, "N", "every N-th block is MoE").min(1);
+  cli.add("--capacity-factor", m.capacity_factor, "C", "tokens an expert takes: C·tokens·k/E (<= 0: all)");
   cli.add("--params", params, "N", "parameter count (model states only, no activations); implies --model params").min(0);
   cli.add("--batch", batch, "B", "global batch, sequences per step").min(1);
   cli.add("--micro-batch", micro_batch, "b", "sequences per micro-batch in the search").min(1);
@@ -87,6 +89,10 @@ int main(int argc, char** argv) {
   });
   cli.add("--cluster", cluster_file, "FILE", "cluster description (JSON; see --calibrate)");
   cli.add("--layout", layout, "LAYOUT", "evaluate one layout: dp=8,tp=4,pp=2,zero=1,sp=1,schedule=1f1b,mb=8,recompute=selective");
+  cli.add("--bytes", bytes_from, "FROM",
+          "dml: a GPT's bytes as dml's trainer will hold them, to the byte; papers: ZeRO's and Korthikanti et al.'s "
+          "formulas (selective recompute priced too)")
+      .choices({"dml", "papers"});
   cli.add("--top", show, "N", "layouts to print").min(0);
   cli.add_switch("--json", json, "one JSON object per layout");
   cli.add("--calibrate", calibrate_file, "FILE", "measure this host's GEMM and copy rates and write them as a cluster file");
@@ -122,9 +128,9 @@ int main(int argc, char** argv) {
     std::vector<cost::estimate> all;
     if (!layout.empty()) {
       const auto l = cost::parse_layout(layout);
-      all.push_back(cost::evaluate(m, l, t, c, l.devices()));
+      all.push_back(bytes_from == "dml" ? cost::evaluate_dml(m, l, t, c, l.devices()) : cost::evaluate(m, l, t, c, l.devices()));
     } else
-      all = cost::search(m, t, c, devices, micro_batch);
+      all = bytes_from == "dml" ? cost::search_dml(m, t, c, devices, micro_batch) : cost::search(m, t, c, devices, micro_batch);
     if (json) {
       for (const auto& e : all) std::printf("%s\n", to_json(e).dump().c_str());
       return 0;

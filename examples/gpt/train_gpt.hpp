@@ -19,7 +19,7 @@
 #include "dml/dml.hpp"
 #include "dml/nn/gpt.hpp"
 #include "dml/plan/cluster.hpp"
-#include "dml/plan/cost.hpp"
+#include "dml/plan/exact.hpp"
 #include "dml/train/flags.hpp"
 #include "dml/train/text.hpp"
 #include "dml/train/weights.hpp"
@@ -221,19 +221,20 @@ inline void check_across(options& o) {
                                      "found --init ", o.init);
 }
 
-// --plan auto: of the layouts of `world` ranks dml::cost ranks (DESIGN.md §7), the fastest predicted to fit in
-// --memory that this example runs (no selective recompute; 1F1B on a pipeline; micro-batches of one sequence)
-// replaces the layout flags; it is printed before training.
+// --plan auto: of the layouts of `world` ranks dml::cost ranks (DESIGN.md §7), the fastest whose largest rank fits
+// in --memory, by the bytes the trainer will hold (cost::search_dml; 1F1B on a pipeline; micro-batches of one
+// sequence), replaces the layout flags; it is printed before training.
 inline void apply_plan(options& o, int world) {
   if (o.plan != "auto") return;
   const dml::cost::model m{.layers = o.layers, .d_model = o.d_model, .heads = o.heads, .seq = o.seq, .vocab = o.vocab,
-                           .bias = o.bias, .tie = o.tie, .experts = o.experts, .top_k = o.top_k, .moe_every = o.moe_every};
+                           .bias = o.bias, .tie = o.tie, .experts = o.experts, .top_k = o.top_k, .moe_every = o.moe_every,
+                           .capacity_factor = o.capacity_factor};
   const dml::cost::training t{.global_batch = o.batch,
                               .prec = o.precision == "bf16" ? dml::cost::precision::bf16 : dml::cost::precision::fp32};
   dml::cost::cluster c;
   c.memory_bytes = dml::cost::parse_bytes(o.memory);
-  for (const auto& e : dml::cost::search(m, t, c, world, 1)) {
-    if (!e.fits || e.lay.recomp == dml::cost::recompute::selective) continue;
+  for (const auto& e : dml::cost::search_dml(m, t, c, world, 1)) {
+    if (!e.fits) continue;
     const auto& l = e.lay;
     o.tp = l.tp, o.pp = l.pp, o.dp = l.dp, o.sp = l.sp, o.ep = o.cp = o.replicas = 1;
     o.parallel = l.zero == 0 ? "replicate" : "zero" + std::to_string(l.zero);

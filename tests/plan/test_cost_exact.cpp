@@ -292,3 +292,88 @@ TEST_CASE("context parallelism (cp 2 and 4): every rank's bytes equal the cost m
     check_gpt<parallel::zero<3>, precision::bf16>(g, 4, 1, cp);
   }
 }
+
+namespace {
+
+// The largest rank's bytes of a GPT layout as the trainer holds them after a step, against cost::evaluate_dml's.
+template <class Sharding, class Precision>
+cost::bytes held(const nn::gpt_config& g, const cost::layout& l, std::int64_t batch) {
+  train::trainer_options o;
+  o.tensor_parallel = l.tp;
+  o.sequence_parallel = l.sp;
+  o.pipeline_stages = l.pp;
+  o.schedule = l.pp > 1 ? l.schedule : "";
+  o.micro_batches = l.micro_batches;
+  o.recompute = l.recomp == cost::recompute::full;
+  o.expert_parallel = l.ep;
+  o.context_parallel = l.cp;
+  o.replicas = l.replicas;
+  const auto got = run_ranks<Sharding, Precision, optim::adamw>(nn::gpt(g), l.devices(), o,
+                                                                 {batch / (l.dp / l.cp), g.seq}, batch);
+  cost::bytes most;
+  for (const auto& r : got) {
+    const bool mixed = !std::is_same_v<Precision, precision::fp32>;
+    const double master = mixed ? static_cast<double>(r.memory.optimizer) / 3 : 0;  // AdamW: 2 slots + master
+    const cost::bytes b{.params = static_cast<double>(r.memory.params), .grads = static_cast<double>(r.memory.grads),
+                        .optimizer = static_cast<double>(r.memory.optimizer) - master, .master = master,
+                        .activations = static_cast<double>(r.activations), .buffers = static_cast<double>(r.memory.buffers)};
+    if (b.total() > most.total()) most = b;
+  }
+  return most;
+}
+
+template <class Precision>
+cost::bytes held(const nn::gpt_config& g, const cost::layout& l, std::int64_t batch) {
+  switch (l.zero) {
+    case 0: return held<parallel::replicate, Precision>(g, l, batch);
+    case 1: return held<parallel::hybrid<parallel::zero<1>>, Precision>(g, l, batch);
+    case 2: return held<parallel::hybrid<parallel::zero<2>>, Precision>(g, l, batch);
+    default: return held<parallel::hybrid<parallel::zero<3>>, Precision>(g, l, batch);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cost::evaluate_dml: a GPT layout's largest rank holds what the cost model says, category by category") {
+  constexpr std::int64_t batch = 8;
+  const cost::model dense{.layers = 4, .d_model = 32, .heads = 4, .seq = 16, .vocab = 32};
+  auto moe = dense;
+  moe.experts = 4;
+  moe.moe_every = 2;
+  struct lay {
+    const cost::model* m;
+    const char* layout;
+    cost::precision p;
+    float dropout;
+  };
+  for (const lay& c : {lay{&dense, "dp=4", cost::precision::fp32, 0.1f},
+                       lay{&dense, "dp=2,zero=2", cost::precision::bf16, 0.f},
+                       lay{&dense, "dp=2,tp=2,sp=1,zero=3", cost::precision::fp32, 0.f},
+                       lay{&dense, "dp=2,pp=2,zero=1,mb=4", cost::precision::fp32, 0.1f},
+                       lay{&dense, "pp=2,schedule=gpipe,mb=4,recompute=full", cost::precision::bf16, 0.f},
+                       lay{&dense, "dp=2,pp=2,zero=3,mb=2", cost::precision::fp32, 0.f},
+                       lay{&dense, "dp=4,cp=2,zero=3", cost::precision::fp32, 0.f},
+                       lay{&dense, "dp=4,replicas=2,zero=2,mb=2", cost::precision::fp32, 0.f},
+                       lay{&moe, "dp=4,ep=2,zero=1", cost::precision::fp32, 0.f},
+                       lay{&moe, "dp=4,ep=4,zero=3,mb=2", cost::precision::bf16, 0.f}}) {
+    CAPTURE(c.layout);
+    const auto l = cost::parse_layout(c.layout);
+    const cost::training t{.global_batch = batch, .prec = c.p};
+    const auto e = cost::evaluate_dml(*c.m, l, t, cost::cluster{}, l.devices());
+    REQUIRE(e.why.empty());
+    auto g = cost::gpt_config_of(*c.m);
+    g.dropout = c.dropout;  // masks follow the seed: dropout keeps no byte
+    const auto got = c.p == cost::precision::fp32 ? held<precision::fp32>(g, l, batch) : held<precision::bf16>(g, l, batch);
+    CHECK(got.params == e.per_rank.params);
+    CHECK(got.grads == e.per_rank.grads);
+    CHECK(got.optimizer == e.per_rank.optimizer);
+    CHECK(got.master == e.per_rank.master);
+    CHECK(got.activations == e.per_rank.activations);
+    CHECK(got.buffers == e.per_rank.buffers);
+  }
+  // Selective recomputation is Megatron's, not dml's: refused with the reason.
+  const auto sel = cost::evaluate_dml(dense, cost::parse_layout("dp=2,recompute=selective"), {.global_batch = batch},
+                                      cost::cluster{}, 2);
+  CHECK_FALSE(sel.fits);
+  CHECK(sel.why.find("selective recompute is not one of dml's") != std::string::npos);
+}

@@ -59,6 +59,7 @@ struct model {
   std::int64_t layers = 0, d_model = 0, heads = 0, seq = 0, vocab = 0;
   bool bias = false, tie = false;
   std::int64_t experts = 0, top_k = 2, moe_every = 1;
+  float capacity_factor = 1.25f;  // tokens an expert takes: factor · tokens · top_k / experts (<= 0: all)
   double params_only = 0;  // > 0: a model known by its parameter count (model states only, no activations)
   bool is_gpt() const { return params_only <= 0; }
 };
@@ -239,6 +240,13 @@ inline std::string refusal(const model& m, const layout& l, const training& t, i
   return {};
 }
 
+// Whether the largest rank's bytes fit the cluster's memory, and if not, why.
+inline void check_fit(estimate& e, const cluster& c) {
+  e.fits = e.per_rank.total() <= c.memory_bytes;
+  e.why = e.fits ? "" : "needs " + std::to_string(static_cast<long long>(e.per_rank.total())) +
+                            " bytes per rank, over the memory of " + std::to_string(static_cast<long long>(c.memory_bytes));
+}
+
 inline estimate evaluate(const model& m, const layout& l, const training& t, const cluster& c, int devices = 0) {
   estimate e;
   e.lay = l;
@@ -338,11 +346,18 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
   const char* names[] = {"compute", "tensor-parallel communication", "pipeline sends", "data-parallel communication",
                          "pipeline bubble"};
   e.bottleneck = names[std::max_element(std::begin(parts), std::end(parts)) - std::begin(parts)];
-  e.fits = b.total() <= c.memory_bytes;
-  if (!e.fits)
-    e.why = "needs " + std::to_string(static_cast<long long>(b.total())) + " bytes per rank, over the memory of " +
-            std::to_string(static_cast<long long>(c.memory_bytes));
+  check_fit(e, c);
   return e;
+}
+
+// Those that fit first, fastest first; then those that can run but need more memory; then the refused.
+inline void rank_estimates(std::vector<estimate>& out) {
+  std::stable_sort(out.begin(), out.end(), [](const estimate& a, const estimate& b) {
+    const bool ra = a.why.empty() || a.fits, rb = b.why.empty() || b.fits;
+    if (a.fits != b.fits) return a.fits;
+    if (ra != rb) return ra;
+    return a.step_seconds < b.step_seconds;
+  });
 }
 
 // Every layout of `devices` ranks (tp, pp powers of two, zero 0 to 3, recompute none/selective/full,
@@ -366,12 +381,7 @@ inline std::vector<estimate> search(const model& m, const training& t, const clu
         }
       }
     }
-  std::stable_sort(out.begin(), out.end(), [](const estimate& a, const estimate& b) {
-    const bool ra = a.why.empty() || a.fits, rb = b.why.empty() || b.fits;
-    if (a.fits != b.fits) return a.fits;
-    if (ra != rb) return ra;
-    return a.step_seconds < b.step_seconds;
-  });
+  rank_estimates(out);
   return out;
 }
 

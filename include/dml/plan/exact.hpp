@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "dml/nn/gpt.hpp"
 #include "dml/nn/network.hpp"
 #include "dml/nn/param_layout.hpp"
 #include "dml/nn/sequential.hpp"
@@ -22,6 +23,7 @@
 #include "dml/parallel/program.hpp"
 #include "dml/parallel/schedule.hpp"
 #include "dml/parallel/sharding.hpp"
+#include "dml/plan/cost.hpp"
 
 namespace dml::cost {
 
@@ -29,6 +31,7 @@ namespace dml::cost {
 struct state_bytes {
   std::int64_t numel = 0, padded = 0, params = 0, grads = 0, optimizer = 0;  // optimizer: state + master weights
   std::int64_t buffers = 0;  // ZeRO's staging, gather and aside-reduction buffers, and ZeRO-3's resident chunks
+  std::int64_t master = 0;   // of optimizer: the float master weights of mixed precision
   friend bool operator==(const state_bytes&, const state_bytes&) = default;
 };
 
@@ -59,7 +62,8 @@ state_bytes model_states(const nn::sequential<L...>& model, const rank_sharding&
   state_bytes s{.numel = lay.numel, .padded = lay.total};
   if (r.zero == 0) {  // parallel::replicate: whole copies, the float master weights of mixed precision beside them
     s.params = s.grads = lay.total * w;
-    s.optimizer = lay.total * (r.slots * f + (mixed ? f : 0));
+    s.master = mixed ? lay.total * f : 0;
+    s.optimizer = lay.total * r.slots * f + s.master;
     return s;
   }
   const auto plan = parallel::make_buckets(lay, model.depth(),
@@ -68,7 +72,8 @@ state_bytes model_states(const nn::sequential<L...>& model, const rank_sharding&
   const bool streams = r.zero >= 2 && !r.per_step;
   s.params = (r.zero == 3 ? plan.shard : lay.total) * w;
   s.grads = (streams ? plan.shard : lay.total) * w;
-  s.optimizer = plan.shard * (r.slots * f + (mixed ? f : 0));
+  s.master = mixed ? plan.shard * f : 0;
+  s.optimizer = plan.shard * r.slots * f + s.master;
   std::int64_t widest = 0;
   for (const auto& b : plan.buckets) widest = std::max(widest, b.hi - b.lo);
   std::int64_t floats = 0;
@@ -142,6 +147,7 @@ std::int64_t pipeline_activation_peak(const nn::sequential<L...>& model, const s
   dml::shape y = x;
   model.for_each_layer([&](std::size_t, const auto& l) { shapes.push_back(y = l.output_shape(y)); });
   std::map<std::pair<int, int>, std::int64_t> live_sets;
+  std::map<std::pair<std::int64_t, int>, std::int64_t> set_bytes;  // by (rows, chunk)
   std::int64_t live = 0, peak = 0;
   const std::int64_t rows = x[0], m = t.micro_batches;
   for (const auto& a : t.ranks.at(static_cast<std::size_t>(rank))) {
@@ -149,7 +155,9 @@ std::int64_t pipeline_activation_peak(const nn::sequential<L...>& model, const s
       const auto range = chunks[static_cast<std::size_t>(a.chunk)];
       dml::shape in = range.first == 0 ? x : shapes[range.first - 1];
       in[0] = rows * (a.micro + 1) / m - rows * a.micro / m;
-      const std::int64_t b = activation_set_bytes(model, in, working_bytes, range, recompute);
+      auto [at, fresh] = set_bytes.try_emplace({in[0], a.chunk}, 0);
+      if (fresh) at->second = activation_set_bytes(model, in, working_bytes, range, recompute);
+      const std::int64_t b = at->second;
       live_sets[{a.micro, a.chunk}] = b;
       peak = std::max(peak, live += b);
     } else if (a.kind == schedule::op::backward || a.kind == schedule::op::backward_weight) {
@@ -157,6 +165,75 @@ std::int64_t pipeline_activation_peak(const nn::sequential<L...>& model, const s
     }
   }
   return peak;
+}
+
+// nn::gpt's configuration for a GPT that dml::cost describes (dropout and the router's loss weights change no byte).
+inline nn::gpt_config gpt_config_of(const model& m) {
+  return {.vocab = m.vocab, .seq = m.seq, .layers = m.layers, .d_model = m.d_model, .heads = m.heads, .bias = m.bias,
+          .tie_weights = m.tie, .experts = m.experts, .top_k = static_cast<int>(m.top_k), .capacity_factor = m.capacity_factor,
+          .moe_every = m.moe_every};
+}
+
+// dml's own bytes for its GPT under layout l: of the ranks the trainer places (every pipeline stage; the ranks of
+// a tensor, expert or context group hold equal parts), the one holding the most, as its memory() and activation
+// peak will report them after a step: model states, ZeRO's buffers and the schedule's in-flight activations.
+// Throws dml::error where the trainer would refuse the layout.
+inline bytes gpt_rank_bytes(const model& m, const layout& l, const training& t) {
+  const auto g = gpt_config_of(m);
+  const std::int64_t w = value_bytes(t.prec);
+  const int shard = l.dp / l.replicas;
+  auto part = nn::gpt(g);
+  if (l.tp > 1) nn::set_tensor_split(part, {.ranks = l.tp, .rank = 0, .sequence = l.sp});
+  if (l.ep > 1) nn::set_expert_split(part, l.ep, 0);
+  if (l.cp > 1) nn::set_context_split(part, {.ranks = l.cp, .rank = 0, .zigzag = true});
+  const auto table = schedule::make(l.pp > 1 ? l.schedule : "single", l.pp, static_cast<int>(l.micro_batches));
+  const dml::shape rows{t.global_batch / (l.dp / l.cp), g.seq};
+  bytes most;
+  for (int s = 0; s < l.pp; ++s) {
+    const auto chunks = stage_chunks(part, l.pp, table.virtual_stages, s);
+    const auto st = model_states(part, {.zero = l.zero, .shards = {shard, shard / l.ep}, .working_bytes = w,
+                                        .slots = state_slots(t.optimizer),
+                                        .per_step = l.zero < 2 || l.pp > 1 || schedule::splits_backward(table),
+                                        .micro_batches = l.micro_batches, .chunks = chunks, .table = &table, .pp_rank = s});
+    const bytes b{.params = static_cast<double>(st.params), .grads = static_cast<double>(st.grads),
+                  .optimizer = static_cast<double>(st.optimizer - st.master), .master = static_cast<double>(st.master),
+                  .activations = static_cast<double>(pipeline_activation_peak(part, table, s, chunks, rows, w,
+                                                                              l.recomp == recompute::full)),
+                  .buffers = static_cast<double>(st.buffers)};
+    if (b.total() > most.total()) most = b;
+  }
+  return most;
+}
+
+// evaluate() with dml's own bytes (gpt_rank_bytes) in place of the papers' formulas, for a GPT: what the trainer
+// will hold, to the byte. Selective recomputation is Megatron's; dml recomputes a whole stage or nothing, so a
+// layout that asks for it is refused, as one the trainer refuses is. A model known by its parameter count keeps
+// evaluate()'s model states.
+inline estimate evaluate_dml(const model& m, const layout& l, const training& t, const cluster& c, int devices = 0) {
+  estimate e = evaluate(m, l, t, c, devices);
+  if (!m.is_gpt() || !refusal(m, l, t, devices).empty()) return e;
+  e.fits = false;
+  if (l.recomp == recompute::selective) {
+    e.why = "selective recompute is not one of dml's: it recomputes a whole stage (recompute=full) or nothing";
+    return e;
+  }
+  try {
+    e.per_rank = gpt_rank_bytes(m, l, t);
+  } catch (const dml::error& x) {
+    e.why = x.what();
+    return e;
+  }
+  check_fit(e, c);
+  return e;
+}
+
+// search() with evaluate_dml's bytes: the layouts dml runs, ranked by what they will hold.
+inline std::vector<estimate> search_dml(const model& m, const training& t, const cluster& c, int devices,
+                                        std::int64_t micro_batch) {
+  auto out = search(m, t, c, devices, micro_batch);
+  for (auto& e : out) e = evaluate_dml(m, e.lay, t, c, devices);
+  rank_estimates(out);
+  return out;
 }
 
 }  // namespace dml::cost
