@@ -302,7 +302,7 @@ cost::bytes held(const nn::gpt_config& g, const cost::layout& l, std::int64_t ba
   o.tensor_parallel = l.tp;
   o.sequence_parallel = l.sp;
   o.pipeline_stages = l.pp;
-  o.schedule = l.pp > 1 ? l.schedule : "";
+  o.schedule = l.schedule;
   o.micro_batches = l.micro_batches;
   o.recompute = l.recomp == cost::recompute::full;
   o.expert_parallel = l.ep;
@@ -348,6 +348,7 @@ TEST_CASE("cost::evaluate_dml: a GPT layout's largest rank holds what the cost m
   };
   for (const lay& c : {lay{&dense, "dp=4", cost::precision::fp32, 0.1f},
                        lay{&dense, "dp=2,zero=2", cost::precision::bf16, 0.f},
+                       lay{&dense, "dp=2,schedule=gpipe,mb=4", cost::precision::fp32, 0.f},  // 4 sets on one stage
                        lay{&dense, "dp=2,tp=2,sp=1,zero=3", cost::precision::fp32, 0.f},
                        lay{&dense, "dp=2,pp=2,zero=1,mb=4", cost::precision::fp32, 0.1f},
                        lay{&dense, "pp=2,schedule=gpipe,mb=4,recompute=full", cost::precision::bf16, 0.f},

@@ -186,7 +186,7 @@ inline bytes gpt_rank_bytes(const model& m, const layout& l, const training& t) 
   if (l.tp > 1) nn::set_tensor_split(part, {.ranks = l.tp, .rank = 0, .sequence = l.sp});
   if (l.ep > 1) nn::set_expert_split(part, l.ep, 0);
   if (l.cp > 1) nn::set_context_split(part, {.ranks = l.cp, .rank = 0, .zigzag = true});
-  const auto table = schedule::make(l.pp > 1 ? l.schedule : "single", l.pp, static_cast<int>(l.micro_batches));
+  const auto table = schedule::make(l.schedule, l.pp, static_cast<int>(l.micro_batches));
   const dml::shape rows{t.global_batch / (l.dp / l.cp), g.seq};
   bytes most;
   for (int s = 0; s < l.pp; ++s) {
