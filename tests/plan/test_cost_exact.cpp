@@ -182,6 +182,8 @@ void check_pipeline(const std::string& sched, int pp, int dp, bool recompute, bo
     check_states(got[static_cast<std::size_t>(r)].memory, want);
     CHECK(got[static_cast<std::size_t>(r)].activations ==
           cost::pipeline_activation_peak(model, table, stage, chunks, {rows, 24}, w, recompute));
+    CHECK(got[static_cast<std::size_t>(r)].memory.activations_held ==
+          cost::pipeline_activation_storage(model, table, stage, chunks, {rows, 24}, w, recompute));
   }
 }
 

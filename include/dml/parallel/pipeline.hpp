@@ -87,7 +87,7 @@ class pipeline {
   pipeline(Comm* pp, Net& net, int stages, int rank, std::vector<nn::layer_range> chunks, bool recompute, event_log& log,
            nn::rank_group* tp = nullptr)
       : pp_(pp), net_(net), stages_(stages), rank_(rank), chunks_(std::move(chunks)), recompute_(recompute), log_(log),
-        tp_(tp) {}
+        spare_(chunks_.size()), tp_(tp) {}
 
   std::span<const nn::layer_range> chunks() const { return chunks_; }
   int stages() const { return stages_; }
@@ -95,6 +95,16 @@ class pipeline {
   // Of the last step: the most activation bytes and (micro-batch, chunk) sets this rank held at once.
   std::int64_t peak_bytes() const { return peak_bytes_; }
   std::int64_t peak_sets() const { return peak_sets_; }
+  // Bytes of activation storage kept for the next step: the sets in flight at once (a set's storage goes back
+  // to its chunk's spares when the backward that ends it is done, and the next set of that chunk takes it).
+  std::int64_t held_bytes() const {
+    std::int64_t b = 0;
+    for (const auto& [key, m] : micro_)
+      if (m.holds) b += m.acts.bytes();
+    for (const auto& chunk : spare_)
+      for (const auto& a : chunk) b += a.bytes();
+    return b;
+  }
 
   // The groups and settings every layer call of this rank sees besides tensor parallelism: expert, context
   // and data groups (nn::context's fields of those names), and the routing log that MoE layers fill.
@@ -119,6 +129,7 @@ class pipeline {
   float forward(const schedule::action& a, nn::layer_hooks* hooks) {
     const int v = virtual_stage(a);
     auto& m = micro(a.micro, a.chunk);
+    start_set(m, a.chunk);
     const auto [lo, hi] = rows_of(a.micro);
     if (v == 0) {
       const std::int64_t per_row = run_.x.numel() / std::max<std::int64_t>(run_.rows, 1);
@@ -171,6 +182,7 @@ class pipeline {
     if (part != nn::backward_part::input) {
       track(m, false);
       if (recompute_) m.acts.release_outputs();
+      end_set(m, a.chunk);
     }
   }
 
@@ -193,7 +205,7 @@ class pipeline {
     const auto [lo, hi] = rows_of(a.micro);
     const auto shapes = net_.shapes(batch_shape(hi - lo));
     if (gradient) receive_into(m.gradient_in, shapes[range.end - 1], tag(true, v, a.micro), stage_of(from));
-    else receive_into(m.acts.input, shapes[range.first - 1], tag(false, v, a.micro), stage_of(from));
+    else receive_into(start_set(m, a.chunk).input, shapes[range.first - 1], tag(false, v, a.micro), stage_of(from));
   }
 
   // Inference through every stage in order; the last virtual stage counts rows whose largest logit is
@@ -231,8 +243,28 @@ class pipeline {
     tensor<T, Space> activation_out, gradient_out;  // kept until their sends complete
     comm::request activation_send, gradient_send;
     std::int64_t counted = -1;                      // activation bytes while live, else −1
+    bool holds = false;                             // acts is this set's storage (from start_set to end_set)
   };
   micro_state& micro(std::int64_t m, int chunk) { return micro_[{m, chunk}]; }
+  // A set takes its storage when it starts (its input is received, or its forward runs) from its chunk's spares,
+  // and gives it back when the backward that ends it is done: a rank keeps the storage of the sets in flight at
+  // once for the next step, not one per micro-batch (1F1B's memory, not GPipe's). Storage reused across sets is
+  // written before it is read, as storage reused across steps is.
+  nn::activations<T, Space>& start_set(micro_state& m, int chunk) {
+    auto& spare = spare_[static_cast<std::size_t>(chunk)];
+    if (!m.holds && !spare.empty()) {
+      m.acts = std::move(spare.back());
+      spare.pop_back();
+    }
+    m.holds = true;
+    return m.acts;
+  }
+  void end_set(micro_state& m, int chunk) {
+    m.acts.dy.clear();  // a split backward's kept output gradients: released by its weight pass, each empty now
+    spare_[static_cast<std::size_t>(chunk)].push_back(std::move(m.acts));
+    m.acts = {};
+    m.holds = false;
+  }
   void track(micro_state& m, bool live) {
     if (m.counted >= 0) {
       live_bytes_ -= m.counted;
@@ -305,6 +337,7 @@ class pipeline {
   event_log& log_;
   batch run_;
   std::map<std::pair<std::int64_t, int>, micro_state> micro_;
+  std::vector<std::vector<nn::activations<T, Space>>> spare_;  // per chunk: storage of ended sets
   tensor<T, Space> handoff_;
   nn::rank_group* tp_;
   nn::context groups_{};

@@ -46,6 +46,9 @@ struct memory_report {
   // Bytes of activations at the last step's peak: layer outputs and what layers keep for backward, of every
   // micro-batch in flight (filled by the trainer; not part of total(), which is the model state).
   std::int64_t activations = 0;
+  // Bytes of activation storage this rank keeps between steps (filled by the trainer): the sets' tensors stay
+  // allocated for the next step, as many as the schedule has in flight at once.
+  std::int64_t activations_held = 0;
   std::int64_t total() const { return params + grads + optimizer + buffers; }
 };
 

@@ -167,6 +167,30 @@ std::int64_t pipeline_activation_peak(const nn::sequential<L...>& model, const s
   return peak;
 }
 
+// The activation storage pipeline rank `rank` keeps between steps (memory().activations_held): a set's storage is
+// reused by the next set of its chunk, so each chunk keeps as many sets as it has in flight at once.
+template <class... L>
+std::int64_t pipeline_activation_storage(const nn::sequential<L...>& model, const schedule::table& t, int rank,
+                                         std::span<const nn::layer_range> chunks, dml::shape x,
+                                         std::int64_t working_bytes, bool recompute = false) {
+  std::vector<std::int64_t> live(chunks.size(), 0), most(chunks.size(), 0);
+  for (const auto& a : t.ranks.at(static_cast<std::size_t>(rank))) {
+    const auto c = static_cast<std::size_t>(a.chunk);
+    if (a.kind == schedule::op::forward) most[c] = std::max(most[c], ++live[c]);
+    if (a.kind == schedule::op::backward || a.kind == schedule::op::backward_weight) --live[c];
+  }
+  std::vector<dml::shape> shapes;  // per layer: its output at x's rows
+  dml::shape y = x;
+  model.for_each_layer([&](std::size_t, const auto& l) { shapes.push_back(y = l.output_shape(y)); });
+  std::int64_t bytes = 0;
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    dml::shape in = chunks[c].first == 0 ? x : shapes[chunks[c].first - 1];
+    in[0] = x[0] / t.micro_batches;  // micro-batches of equal rows
+    bytes += most[c] * activation_set_bytes(model, in, working_bytes, chunks[c], recompute);
+  }
+  return bytes;
+}
+
 // nn::gpt's configuration for a GPT that dml::cost describes (dropout and the router's loss weights change no byte).
 inline nn::gpt_config gpt_config_of(const model& m) {
   return {.vocab = m.vocab, .seq = m.seq, .layers = m.layers, .d_model = m.d_model, .heads = m.heads, .bias = m.bias,

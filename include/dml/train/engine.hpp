@@ -193,6 +193,7 @@ class engine final : public engine_base<Space> {
   memory_report memory() const override {
     auto m = sync_.memory();
     m.activations = pipe_.peak_bytes();
+    m.activations_held = pipe_.held_bytes();
     return m;
   }
   // The whole model's layout, whatever stage this rank runs: what full_parameters fills.
