@@ -136,39 +136,58 @@ std::vector<nn::layer_range> stage_chunks(const nn::sequential<L...>& model, int
       model, {.stages = stages, .virtual_stages = virtual_stages, .cuts = std::move(cuts), .cost_rows = cost_rows}, rank);
 }
 
-// The most activation bytes pipeline rank `rank` holds at once in a step of schedule `t` over `rows` rows of
-// shape `x` (rows of x[0]): a (micro-batch, chunk) set counts from its forward to the backward that ends it
-// (backward, or backward_weight of a split one), as parallel::pipeline keeps them.
+namespace detail {
+// Bytes of the (micro-batch, chunk) sets of a pipeline rank over rows of shape x cut into t's micro-batches as
+// parallel::pipeline cuts them; each (rows, chunk) size computed once.
+template <class... L>
+class set_sizes {
+ public:
+  set_sizes(const nn::sequential<L...>& model, const schedule::table& t, std::span<const nn::layer_range> chunks,
+            dml::shape x, std::int64_t working_bytes, bool recompute)
+      : model_(model), chunks_(chunks), x_(x), micro_batches_(t.micro_batches), w_(working_bytes), recompute_(recompute) {
+    dml::shape y = x;
+    model.for_each_layer([&](std::size_t, const auto& l) { shapes_.push_back(y = l.output_shape(y)); });
+  }
+  std::int64_t operator()(int micro, int chunk) {
+    const auto range = chunks_[static_cast<std::size_t>(chunk)];
+    dml::shape in = range.first == 0 ? x_ : shapes_[range.first - 1];
+    in[0] = x_[0] * (micro + 1) / micro_batches_ - x_[0] * micro / micro_batches_;
+    auto [at, fresh] = cache_.try_emplace({in[0], chunk}, 0);
+    if (fresh) at->second = activation_set_bytes(model_, in, w_, range, recompute_);
+    return at->second;
+  }
+
+ private:
+  const nn::sequential<L...>& model_;
+  std::span<const nn::layer_range> chunks_;
+  dml::shape x_;
+  std::int64_t micro_batches_, w_;
+  bool recompute_;
+  std::vector<dml::shape> shapes_;  // per layer: its output at x's rows
+  std::map<std::pair<std::int64_t, int>, std::int64_t> cache_;
+};
+inline bool ends_set(schedule::op o) { return o == schedule::op::backward || o == schedule::op::backward_weight; }
+}  // namespace detail
+
+// The most activation bytes pipeline rank `rank` holds at once in a step of schedule `t` over rows of shape `x`
+// (x[0] rows): a (micro-batch, chunk) set counts from its forward to the backward that ends it (backward, or
+// backward_weight of a split one), as parallel::pipeline keeps them.
 template <class... L>
 std::int64_t pipeline_activation_peak(const nn::sequential<L...>& model, const schedule::table& t, int rank,
                                       std::span<const nn::layer_range> chunks, dml::shape x, std::int64_t working_bytes,
                                       bool recompute = false) {
-  std::vector<dml::shape> shapes;  // per layer: its output at x's rows
-  dml::shape y = x;
-  model.for_each_layer([&](std::size_t, const auto& l) { shapes.push_back(y = l.output_shape(y)); });
-  std::map<std::pair<int, int>, std::int64_t> live_sets;
-  std::map<std::pair<std::int64_t, int>, std::int64_t> set_bytes;  // by (rows, chunk)
+  detail::set_sizes size(model, t, chunks, x, working_bytes, recompute);
   std::int64_t live = 0, peak = 0;
-  const std::int64_t rows = x[0], m = t.micro_batches;
   for (const auto& a : t.ranks.at(static_cast<std::size_t>(rank))) {
-    if (a.kind == schedule::op::forward) {
-      const auto range = chunks[static_cast<std::size_t>(a.chunk)];
-      dml::shape in = range.first == 0 ? x : shapes[range.first - 1];
-      in[0] = rows * (a.micro + 1) / m - rows * a.micro / m;
-      auto [at, fresh] = set_bytes.try_emplace({in[0], a.chunk}, 0);
-      if (fresh) at->second = activation_set_bytes(model, in, working_bytes, range, recompute);
-      const std::int64_t b = at->second;
-      live_sets[{a.micro, a.chunk}] = b;
-      peak = std::max(peak, live += b);
-    } else if (a.kind == schedule::op::backward || a.kind == schedule::op::backward_weight) {
-      live -= live_sets.at({a.micro, a.chunk});
-    }
+    if (a.kind == schedule::op::forward) peak = std::max(peak, live += size(a.micro, a.chunk));
+    if (detail::ends_set(a.kind)) live -= size(a.micro, a.chunk);
   }
   return peak;
 }
 
 // The activation storage pipeline rank `rank` keeps between steps (memory().activations_held): a set's storage is
-// reused by the next set of its chunk, so each chunk keeps as many sets as it has in flight at once.
+// reused by the next set of its chunk, so each chunk keeps as many sets as it has in flight at once (micro-batches
+// of equal rows).
 template <class... L>
 std::int64_t pipeline_activation_storage(const nn::sequential<L...>& model, const schedule::table& t, int rank,
                                          std::span<const nn::layer_range> chunks, dml::shape x,
@@ -177,17 +196,11 @@ std::int64_t pipeline_activation_storage(const nn::sequential<L...>& model, cons
   for (const auto& a : t.ranks.at(static_cast<std::size_t>(rank))) {
     const auto c = static_cast<std::size_t>(a.chunk);
     if (a.kind == schedule::op::forward) most[c] = std::max(most[c], ++live[c]);
-    if (a.kind == schedule::op::backward || a.kind == schedule::op::backward_weight) --live[c];
+    if (detail::ends_set(a.kind)) --live[c];
   }
-  std::vector<dml::shape> shapes;  // per layer: its output at x's rows
-  dml::shape y = x;
-  model.for_each_layer([&](std::size_t, const auto& l) { shapes.push_back(y = l.output_shape(y)); });
+  detail::set_sizes size(model, t, chunks, x, working_bytes, recompute);
   std::int64_t bytes = 0;
-  for (std::size_t c = 0; c < chunks.size(); ++c) {
-    dml::shape in = chunks[c].first == 0 ? x : shapes[chunks[c].first - 1];
-    in[0] = x[0] / t.micro_batches;  // micro-batches of equal rows
-    bytes += most[c] * activation_set_bytes(model, in, working_bytes, chunks[c], recompute);
-  }
+  for (std::size_t c = 0; c < chunks.size(); ++c) bytes += most[c] * size(0, static_cast<int>(c));
   return bytes;
 }
 
