@@ -3,7 +3,9 @@
 // Sits on core/space.hpp; tensors, flat parameter storage and workspaces are buffers.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <new>
 #include <span>
@@ -12,8 +14,6 @@
 #include "dml/core/error.hpp"
 #include "dml/core/space.hpp"
 #if DML_HAS_CUDA
-#  include <cstdint>
-
 #  include "dml/core/stream.hpp"
 #endif
 
@@ -79,6 +79,53 @@ struct allocator<cuda> {
 #endif
 }  // namespace detail
 
+// The bytes a set of buffers holds: now and at the most (the high-water mark). A buffer is charged to the calling
+// thread's account when it allocates (the innermost memory_account::charging scope; none: to no account) and
+// credits that same account when it frees, on whatever thread. A trainer charges what it allocates, constructing
+// and stepping, to its own account: its memory() reports what it actually holds.
+class memory_account {
+ public:
+  memory_account() = default;
+  memory_account(const memory_account&) = delete;
+  memory_account& operator=(const memory_account&) = delete;
+
+  std::int64_t live() const noexcept { return live_.load(std::memory_order_relaxed); }
+  std::int64_t peak() const noexcept { return peak_.load(std::memory_order_relaxed); }
+  void reset_peak() noexcept { peak_.store(live(), std::memory_order_relaxed); }
+  void charge(std::int64_t bytes) noexcept {
+    const std::int64_t now = live_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    std::int64_t high = peak_.load(std::memory_order_relaxed);
+    while (now > high && !peak_.compare_exchange_weak(high, now, std::memory_order_relaxed)) {}
+  }
+  void credit(std::int64_t bytes) noexcept { live_.fetch_sub(bytes, std::memory_order_relaxed); }
+
+  // The calling thread's account, or null.
+  static memory_account* current() noexcept { return current_slot(); }
+  // Makes `a` the calling thread's account until the scope ends (or end() is called), then restores the one before.
+  class charging {
+   public:
+    explicit charging(memory_account* a) noexcept : prev_(std::exchange(current_slot(), a)) {}
+    charging(const charging&) = delete;
+    charging& operator=(const charging&) = delete;
+    ~charging() { end(); }
+    void end() noexcept {
+      if (active_) current_slot() = prev_;
+      active_ = false;
+    }
+
+   private:
+    memory_account* prev_;
+    bool active_ = true;
+  };
+
+ private:
+  static memory_account*& current_slot() noexcept {
+    thread_local memory_account* a = nullptr;
+    return a;
+  }
+  std::atomic<std::int64_t> live_{0}, peak_{0};
+};
+
 template <class T, execution_space Space = host>
 class buffer {
  public:
@@ -88,10 +135,13 @@ class buffer {
   buffer() = default;
   explicit buffer(std::size_t n) { resize(n); }
   buffer(const buffer& o) : buffer(o.size_) { detail::allocator<Space>::copy(data_, o.data_, bytes()); }
-  buffer(buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  buffer(buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)),
+        account_(std::exchange(o.account_, nullptr)) {}
   buffer& operator=(buffer o) noexcept {
     std::swap(data_, o.data_);
     std::swap(size_, o.size_);
+    std::swap(account_, o.account_);
     return *this;
   }
   ~buffer() { release(); }
@@ -100,7 +150,11 @@ class buffer {
   void resize(std::size_t n) {
     if (n == size_) return;
     release();
-    if (n) data_ = static_cast<T*>(detail::allocator<Space>::allocate(n * sizeof(T)));
+    if (n) {
+      data_ = static_cast<T*>(detail::allocator<Space>::allocate(n * sizeof(T)));
+      account_ = memory_account::current();
+      if (account_) account_->charge(static_cast<std::int64_t>(n * sizeof(T)));
+    }
     size_ = n;
   }
 
@@ -127,11 +181,14 @@ class buffer {
  private:
   void release() noexcept {
     if (data_) detail::allocator<Space>::deallocate(data_);
+    if (account_) account_->credit(static_cast<std::int64_t>(bytes()));
     data_ = nullptr;
     size_ = 0;
+    account_ = nullptr;
   }
   T* data_ = nullptr;
   std::size_t size_ = 0;
+  memory_account* account_ = nullptr;  // charged for this storage (null: none)
 };
 
 // Copies between spaces (host<->host, host<->cuda, cuda<->cuda); sizes in elements. A host compiler's

@@ -116,6 +116,7 @@ class tensor {
   }
   const dml::shape& shape() const { return shape_; }
   std::int64_t numel() const { return shape_.numel(); }
+  std::int64_t bytes() const { return static_cast<std::int64_t>(buf_.bytes()); }  // storage held (none unsized)
   T* data() { return buf_.data(); }
   const T* data() const { return buf_.data(); }
   tensor_view<T, Space> view() { return {buf_.data(), shape_}; }

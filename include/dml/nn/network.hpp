@@ -57,12 +57,11 @@ struct activations {
   tensor<T, Space> input;                           // the range's input in the working type
   tensor_view<const float, Space> input_float{};    // the caller's input, for a range that starts at layer 0
   dml::shape input_shape{};
-  std::int64_t bytes() const {
-    std::int64_t b = input.numel();
-    for (const auto& t : out) b += t.numel();
-    for (const auto& t : dy) b += t.numel();
-    b *= static_cast<std::int64_t>(sizeof(T));
-    for (const auto& t : saved) b += static_cast<std::int64_t>(t.size() * sizeof(float));
+  std::int64_t bytes() const {  // storage held: tensors left unsized hold none
+    std::int64_t b = input.bytes();
+    for (const auto& t : out) b += t.bytes();
+    for (const auto& t : dy) b += t.bytes();
+    for (const auto& t : saved) b += static_cast<std::int64_t>(t.bytes());
     return b;
   }
   // Drops the layer outputs and kept gradients, keeping the input (activation recomputation).

@@ -3,6 +3,7 @@
 // Sits on nn/network.hpp and parallel/buckets.hpp; replicate keeps them whole under mixed precision, ZeRO as a shard.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "dml/core/algorithm.hpp"
@@ -22,16 +23,20 @@ void init_master(const Net& net, std::uint64_t seed, float* out) {
 }
 
 // A rank's part of run rn's initial float values (r: its index in the run's group), written where the
-// part lives in a shard.
+// part lives in a shard: each parameter's elements in the part straight from init_range, padding zero, so
+// no rank ever holds more than its part.
 template <class Net>
 void init_master_part(const Net& net, std::uint64_t seed, const run& rn, int r, float* shard) {
   using Space = typename Net::space;
   const auto& L = net.layout();
-  buffer<float, Space> tmp(static_cast<std::size_t>(rn.hi - rn.lo));
-  fill_n<Space>(tmp.data(), rn.hi - rn.lo, 0.f);
-  for (std::size_t s = rn.first_slot; s < rn.end_slot; ++s)
-    net.init_range(seed, s, 0, L.slots[s].shape.numel(), tmp.data() + (L.slots[s].offset - rn.lo));
-  dml::copy_n(tmp.data() + r * rn.part, static_cast<std::size_t>(rn.part), shard + rn.shard_offset);
+  const std::int64_t lo = rn.lo + r * rn.part, hi = lo + rn.part;  // the part's flat range
+  float* out = shard + rn.shard_offset;
+  fill_n<Space>(out, rn.part, 0.f);
+  for (std::size_t s = rn.first_slot; s < rn.end_slot; ++s) {
+    const std::int64_t first = L.slots[s].offset, end = first + L.slots[s].shape.numel();
+    const std::int64_t a = std::max(lo, first), b = std::min(hi, end);
+    if (a < b) net.init_range(seed, s, a - first, b - first, out + (a - lo));
+  }
 }
 
 }  // namespace dml::parallel

@@ -49,6 +49,10 @@ struct memory_report {
   // Bytes of activation storage this rank keeps between steps (filled by the trainer): the sets' tensors stay
   // allocated for the next step, as many as the schedule has in flight at once.
   std::int64_t activations_held = 0;
+  // Bytes of dml buffers the trainer holds, counted as they are allocated and freed (core/buffer.hpp's
+  // memory_account; filled by the trainer): now, and at the most since it was constructed (the high-water mark).
+  // Model state, activation storage and the network's workspaces; not the communicator's or a GEMM library's own.
+  std::int64_t allocated = 0, allocated_peak = 0;
   std::int64_t total() const { return params + grads + optimizer + buffers; }
 };
 

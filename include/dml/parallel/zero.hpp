@@ -298,7 +298,8 @@ class zero_sync final : public data_parallel<Space, Comm, Optimizer, Precision, 
     const std::int64_t w = sizeof(T), f = sizeof(float);
     memory_report m{.numel = L.numel, .padded = L.total};
     m.params = (Stage == 3 ? shard_ : L.total) * w;  // the working copy (fp32: the only copy)
-    m.grads = (streams() ? shard_ : L.total) * w;
+    // Streaming, the reduced shard alone; else whole gradients and the shard they reduce into.
+    m.grads = (streams() ? shard_ : L.total + shard_) * w;
     // Optimizer state, and under mixed precision the float master weights that go with it.
     m.optimizer = state_.bytes() + (mixed ? static_cast<std::int64_t>(shard_params_.size()) * f : 0);
     m.offloaded = state_.disk_bytes();

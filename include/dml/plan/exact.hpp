@@ -32,6 +32,10 @@ struct state_bytes {
   std::int64_t numel = 0, padded = 0, params = 0, grads = 0, optimizer = 0;  // optimizer: state + master weights
   std::int64_t buffers = 0;  // ZeRO's staging, gather and aside-reduction buffers, and ZeRO-3's resident chunks
   std::int64_t master = 0;   // of optimizer: the float master weights of mixed precision
+  // Of buffers, what construction does not allocate: the aside shard later micro-batches reduce into (allocated
+  // by the first step, then kept), and ZeRO-3's resident chunks (allocated at unshard, freed at reshard).
+  std::int64_t aside = 0, resident = 0;
+  std::int64_t total() const { return params + grads + optimizer + buffers; }
   friend bool operator==(const state_bytes&, const state_bytes&) = default;
 };
 
@@ -71,15 +75,16 @@ state_bytes model_states(const nn::sequential<L...>& model, const rank_sharding&
                                            r.shards, r.chunks, parallel::tied_slots(lay, parallel::detail::tie_targets(model)));
   const bool streams = r.zero >= 2 && !r.per_step;
   s.params = (r.zero == 3 ? plan.shard : lay.total) * w;
-  s.grads = (streams ? plan.shard : lay.total) * w;
+  s.grads = (streams ? plan.shard : lay.total + plan.shard) * w;  // else whole, and the shard they reduce into
   s.master = mixed ? plan.shard * f : 0;
   s.optimizer = plan.shard * r.slots * f + s.master;
   std::int64_t widest = 0;
   for (const auto& b : plan.buckets) widest = std::max(widest, b.hi - b.lo);
   std::int64_t floats = 0;
-  if (streams) floats += 2 * widest + (r.micro_batches > 1 ? plan.shard : 0);  // staging; later passes reduce aside
+  if (streams) floats += 2 * widest;                                              // staging
+  if (streams && r.micro_batches > 1) s.aside = plan.shard * w;                    // later passes reduce aside
   if (r.zero == 3 && !r.per_step) floats += 2 * widest;                         // gathered buckets
-  s.buffers = floats * w;
+  s.buffers = floats * w + s.aside;
   if (r.zero == 3 && r.per_step) {  // the chunks resident at once, unshard to reshard
     std::vector<nn::layer_range> whole{{0, model.depth()}};
     const std::span<const nn::layer_range> chunks = r.chunks.empty() ? std::span<const nn::layer_range>(whole) : r.chunks;
@@ -96,17 +101,17 @@ state_bytes model_states(const nn::sequential<L...>& model, const rank_sharding&
         if (in.what == parallel::instruction::kind::reshard) live -= chunk_floats(in.chunk);
       }
     }
-    s.buffers += peak * w;
+    s.resident = peak * w;
+    s.buffers += s.resident;
   }
   return s;
 }
 
-// Bytes of one activation set of layers [first, end) (network::activations::bytes()): the layer outputs (a relu
-// fused into its linear has none), what each layer keeps for backward rounded up to floats, and the input in
-// the working type where the network casts it. x: the range's input shape. As activations::bytes() counts them,
-// a tensor left unsized (the float input read in place, the outputs of layers outside the range) is one element:
-// tensor's empty shape has rank 0, and a product of no dimensions is 1. recompute: what a pipeline keeps of a
-// set between its forward and its backward under activation recomputation, the input alone.
+// Bytes of one activation set of layers [first, end) (network::activations::bytes(), the storage it holds): the
+// layer outputs (a relu fused into its linear has none), what each layer keeps for backward rounded up to floats,
+// and the input in the working type where the network casts it (not the float input read in place).
+// x: the range's input shape. recompute: what a pipeline keeps of a set between its forward and its backward
+// under activation recomputation, the input alone.
 template <class... L>
 std::int64_t activation_set_bytes(const nn::sequential<L...>& model, dml::shape x, std::int64_t working_bytes,
                                   nn::layer_range range = {}, bool recompute = false) {
@@ -115,14 +120,13 @@ std::int64_t activation_set_bytes(const nn::sequential<L...>& model, dml::shape 
   if (range.end == 0) range.end = model.depth();
   std::int64_t values = 0, kept = 0;
   constexpr bool first_takes_float = requires { requires std::tuple_element_t<0, std::tuple<L...>>::float_input; };
-  values += range.first > 0 || (working_bytes != 4 && !first_takes_float) ? x.numel() : 1;
-  values += static_cast<std::int64_t>(model.depth() - (range.end - range.first));
+  if (range.first > 0 || (working_bytes != 4 && !first_takes_float)) values += x.numel();
   model.for_each_layer([&](std::size_t i, const auto& l) {
     if (!range.contains(i)) return;
     const std::int64_t saved = nn::saved_bytes(l, x, static_cast<std::size_t>(working_bytes));
     kept += (saved + 3) / 4 * 4;
     x = l.output_shape(x);
-    values += recompute ? 1 : absorbed[i] ? 0 : x.numel();  // released: unsized, one each
+    if (!recompute && !absorbed[i]) values += x.numel();
   });
   return values * working_bytes + (recompute ? 0 : kept);
 }
@@ -202,6 +206,82 @@ std::int64_t pipeline_activation_storage(const nn::sequential<L...>& model, cons
   std::int64_t bytes = 0;
   for (std::size_t c = 0; c < chunks.size(); ++c) bytes += most[c] * size(0, static_cast<int>(c));
   return bytes;
+}
+
+// The bytes pipeline rank `rank` allocates in a step of schedule `t` over rows of shape `x` besides model state and
+// activation sets, all kept for the next step (memory().allocated after a step is the model states, without
+// ZeRO-3's resident chunks, plus activations_held plus these):
+// - its network's workspaces, sized for the largest of its chunks' passes: two gradient buffers of the widest tensor
+//   a pass reads or writes, a row of ones per row of a layer's input, and the layers' shared scratch in floats, one
+//   more than the largest a layer asks for;
+// - per (micro-batch, chunk), the gradient of the chunk's output (the loss's, or received), and the copies kept for
+//   the sends: its output where a later virtual stage follows, its input's gradient where an earlier one precedes;
+// - on the last virtual stage, the loss's per-row scratch for the last micro-batch (4 floats a row under tensor
+//   parallelism, tp > 1, else 1).
+// A single stage is pp 1 with a table of one rank (schedule::make("gpipe", 1, m)); `model` is this rank's part.
+template <class... L>
+std::int64_t step_buffers(const nn::sequential<L...>& model, const schedule::table& t, int rank,
+                          std::span<const nn::layer_range> chunks, dml::shape x, std::int64_t working_bytes, int tp = 1) {
+  const int stages = static_cast<int>(t.ranks.size());
+  const std::int64_t m_count = t.micro_batches, w = working_bytes;
+  const int last = static_cast<int>(chunks.size()) * stages - 1;
+  std::int64_t widest = 0, rows = 0, work = 0, per_micro = 0, loss_rows = 0;
+  for (std::int64_t m = 0; m < m_count; ++m) {
+    dml::shape in = x;
+    in[0] = x[0] * (m + 1) / m_count - x[0] * m / m_count;
+    std::vector<dml::shape> shapes;  // per layer: its input at this micro-batch's rows
+    model.for_each_layer([&](std::size_t, const auto& l) {
+      shapes.push_back(in);
+      in = l.output_shape(in);
+    });
+    shapes.push_back(in);
+    for (std::size_t c = 0; c < chunks.size(); ++c) {
+      const auto range = chunks[c];
+      const int v = static_cast<int>(c) * stages + rank;
+      widest = std::max(widest, shapes[range.first].numel());
+      model.for_each_layer([&](std::size_t i, const auto& l) {
+        if (!range.contains(i)) return;
+        widest = std::max(widest, shapes[i + 1].numel());
+        rows = std::max(rows, shapes[i].rows());
+        work = std::max(work, nn::workspace_size(l, shapes[i]));
+      });
+      const std::int64_t out = shapes[range.end].numel();
+      per_micro += out + (v < last ? out : 0) + (v > 0 ? shapes[range.first].numel() : 0);
+      if (v == last && m == m_count - 1) loss_rows = shapes[range.end].rows();
+    }
+  }
+  return (2 * widest + rows + per_micro) * w + (work + 1 + (tp > 1 ? 4 : 1) * loss_rows) * 4;
+}
+
+// The most bytes pipeline rank `rank` holds for a while in a step beyond what it keeps between steps
+// (memory().allocated_peak is the kept bytes plus these, ZeRO-3's resident chunks counted at their peak): a split
+// backward's output gradients, kept from a set's input pass to its weight pass, and under recomputation the set
+// rebuilt for its backward (its outputs and what its layers keep, from the backward, or the input pass, to the end
+// of the set).
+template <class... L>
+std::int64_t pipeline_transient_peak(const nn::sequential<L...>& model, const schedule::table& t, int rank,
+                                     std::span<const nn::layer_range> chunks, dml::shape x, std::int64_t working_bytes,
+                                     bool recompute) {
+  detail::set_sizes full(model, t, chunks, x, working_bytes, false), kept(model, t, chunks, x, working_bytes, true);
+  auto transient = [&](const schedule::action& a) {
+    std::int64_t b = recompute ? full(a.micro, a.chunk) - kept(a.micro, a.chunk) : 0;
+    if (a.kind != schedule::op::backward_input) return b;
+    const auto range = chunks[static_cast<std::size_t>(a.chunk)];
+    dml::shape y = x;
+    y[0] = x[0] * (a.micro + 1) / t.micro_batches - x[0] * a.micro / t.micro_batches;
+    model.for_each_layer([&](std::size_t i, const auto& l) {
+      y = l.output_shape(y);
+      if (range.contains(i) && nn::splits_backward_v<std::remove_cvref_t<decltype(l)>>) b += y.numel() * working_bytes;
+    });
+    return b;
+  };
+  std::int64_t live = 0, peak = 0;
+  for (const auto& a : t.ranks.at(static_cast<std::size_t>(rank))) {
+    if (a.kind == schedule::op::backward) peak = std::max(peak, live + transient(a));
+    if (a.kind == schedule::op::backward_input) peak = std::max(peak, live += transient(a));
+    if (a.kind == schedule::op::backward_weight) live -= transient({.kind = schedule::op::backward_input, .micro = a.micro, .chunk = a.chunk});
+  }
+  return peak;
 }
 
 // nn::gpt's configuration for a GPT that dml::cost describes (dropout and the router's loss weights change no byte).

@@ -62,7 +62,7 @@ class engine final : public engine_base<Space> {
 
  public:
   engine(Comm& world, const nn::sequential<Layers...>& model, trainer_options opt, Optimizer optimizer)
-      : world_(world), opt_(std::move(opt)), optimizer_(optimizer),
+      : constructing_(&account_), world_(world), opt_(std::move(opt)), optimizer_(optimizer),
         place_(world,
                parallel::trainer_mesh(world, opt_.tensor_parallel, opt_.pipeline_stages, opt_.expert_parallel,
                                       opt_.context_parallel, opt_.replicas),
@@ -91,6 +91,7 @@ class engine final : public engine_base<Space> {
                              "optimizer, found lamb or lars (their trust ratios read the state in memory)");
     pipe_.set_layer_context(place_.layer_groups());
     program(opt_.micro_batches);  // a bad schedule fails here, before any work
+    constructing_.end();
   }
 
   // Where the sharding keeps optimizer state: files named by process, trainer and rank, so that trainers
@@ -111,6 +112,7 @@ class engine final : public engine_base<Space> {
     if (x.shape.rank < 1 || global_batch <= 0)
       fail<invalid_argument>("dml::trainer::step: expected a batch of rows and global_batch > 0, found shape ",
                              x.shape, " and global_batch ", global_batch);
+    const memory_account::charging charge(&account_);
     const auto counters = std::pair{step_, optimizer_step_};
     const auto scaler = scaler_;
     auto undo = [&] {
@@ -170,6 +172,7 @@ class engine final : public engine_base<Space> {
   }
 
   std::int64_t correct(tensor_view<const float, Space> x, const std::int32_t* y) override {
+    const memory_account::charging charge(&account_);
     const int chunks = static_cast<int>(place_.chunks().size());
     sync_.begin_pass();
     for (int c = 0; c < chunks; ++c) sync_.unshard(c);
@@ -178,12 +181,14 @@ class engine final : public engine_base<Space> {
     return n;
   }
   std::vector<float> full_parameters() override {
+    const memory_account::charging charge(&account_);
     auto* m = place_.mesh();
     if (!m) return sync_.parameters();
     return parallel::whole_model<Space>(net_.layout(), full_layout_, sync_.parameters(), m->tp_rank(), m->ep_rank(),
                                         m->tp(), m->pp(), m->ep());
   }
   void load_full_parameters(std::span<const float> full) override {
+    const memory_account::charging charge(&account_);
     if (static_cast<std::int64_t>(full.size()) != full_layout_.total)
       fail<shape_error>("dml::trainer: expected ", full_layout_.total, " parameters (padding included), found ", full.size());
     if (!place_.mesh()) return sync_.load_parameters(full);
@@ -194,6 +199,8 @@ class engine final : public engine_base<Space> {
     auto m = sync_.memory();
     m.activations = pipe_.peak_bytes();
     m.activations_held = pipe_.held_bytes();
+    m.allocated = account_.live();
+    m.allocated_peak = account_.peak();
     return m;
   }
   // The whole model's layout, whatever stage this rank runs: what full_parameters fills.
@@ -206,12 +213,14 @@ class engine final : public engine_base<Space> {
   std::pair<std::int64_t, std::int64_t> activation_peaks() const override { return {pipe_.peak_bytes(), pipe_.peak_sets()}; }
 
   void save_checkpoint(const std::filesystem::path& dir, const std::map<std::string, std::string>& user) override {
+    const memory_account::charging charge(&account_);
     auto info = description();
     info.user = user;
     put_trainer_meta(info, optimizer_step_, Precision::loss_scaling ? &scaler_ : nullptr);
     save_sharded<Space, Optimizer::state_slots>(world_, sync_, dir, std::move(info), net_.layout(), place_.tp_rank());
   }
   std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) override {
+    const memory_account::charging charge(&account_);
     auto info = load_sharded<Optimizer::state_slots>(world_, sync_, net_.layout(), dir, description());
     step_ = info.step;
     opt_.seed = info.seed;  // dropout masks follow (seed, step)
@@ -363,6 +372,10 @@ class engine final : public engine_base<Space> {
     else return 1.f;
   }
 
+  // What this trainer allocates, constructing, stepping, evaluating and loading (memory().allocated); declared
+  // first, so it outlives every buffer charged to it. The constructor charges it until its body ends.
+  memory_account account_;
+  memory_account::charging constructing_;
   Comm& world_;
   trainer_options opt_;
   Optimizer optimizer_;
