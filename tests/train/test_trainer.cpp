@@ -87,7 +87,7 @@ TEST_CASE("memory per rank follows the ZeRO formulas") {
     CHECK(ddp.grads == 4 * psi);
     CHECK(ddp.optimizer == 8 * psi);
     CHECK(z1.params == 4 * psi);
-    CHECK(z1.grads == 4 * psi);
+    CHECK(z1.grads == 4 * psi + 4 * psi / n);  // whole gradients, and the shard they reduce into
     CHECK(z1.optimizer == 8 * psi / n);
     CHECK(z2.params == 4 * psi);
     CHECK(z2.grads == 4 * psi / n);
@@ -202,7 +202,8 @@ TEST_CASE_TEMPLATE("mixed precision: every sharding x group size tracks one rank
   }
 }
 
-TEST_CASE("mixed-precision memory follows (2 + 2 + K)Ψ, 4Ψ + KΨ/N, 2Ψ + 14Ψ/N, 16Ψ/N with K = 12 for AdamW") {
+// ZeRO-1 holds the paper's 4Ψ + KΨ/N and the shard its whole gradients reduce into, 2Ψ/N: 4Ψ + (K + 2)Ψ/N.
+TEST_CASE("mixed-precision memory follows (2 + 2 + K)Ψ, 4Ψ + (K + 2)Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N with K = 12 for AdamW") {
   for (int n : {1, 2, 4}) {
     CAPTURE(n);
     const auto ddp = train_local<parallel::replicate, precision::bf16>(n, options()).memory;
@@ -211,7 +212,7 @@ TEST_CASE("mixed-precision memory follows (2 + 2 + K)Ψ, 4Ψ + KΨ/N, 2Ψ + 14Ψ
     const auto z3 = train_local<parallel::zero<3>, precision::bf16>(n, options()).memory;
     const std::int64_t psi = ddp.padded;
     CHECK(ddp.params + ddp.grads + ddp.optimizer == (2 + 2 + 12) * psi);
-    CHECK(z1.params + z1.grads + z1.optimizer == 4 * psi + 12 * psi / n);
+    CHECK(z1.params + z1.grads + z1.optimizer == 4 * psi + 14 * psi / n);
     CHECK(z2.params + z2.grads + z2.optimizer == 2 * psi + 14 * psi / n);
     CHECK(z3.params + z3.grads + z3.optimizer == 16 * psi / n);
   }
