@@ -30,7 +30,7 @@ nlohmann::json to_json(const cost::estimate& e) {
           {"params", e.params},
           {"bytes",
            {{"params", b.params}, {"grads", b.grads}, {"optimizer", b.optimizer}, {"master", b.master},
-            {"activations", b.activations}, {"buffers", b.buffers}, {"total", b.total()}}},
+            {"activations", b.activations}, {"buffers", b.buffers}, {"workspace", b.workspace}, {"total", b.total()}}},
           {"flops_per_step", e.flops_per_step},
           {"hardware_flops_per_step", e.hardware_flops_per_step},
           {"step_seconds", e.step_seconds},
@@ -43,10 +43,10 @@ nlohmann::json to_json(const cost::estimate& e) {
 
 void print(const cost::estimate& e, int rank) {
   const auto& b = e.per_rank;
-  std::printf("%3d  %-80s\n     GiB/rank: params %s grads %s optimizer %s master %s activations %s buffers %s total %s\n"
+  std::printf("%3d  %-80s\n     GiB/rank: params %s grads %s optimizer %s master %s activations %s buffers %s workspace %s total %s\n"
               "     step %.4g s  MFU %.1f%%  bubble %.1f%%  bottleneck: %s\n",
               rank, cost::to_string(e.lay).c_str(), gib(b.params).c_str(), gib(b.grads).c_str(), gib(b.optimizer).c_str(),
-              gib(b.master).c_str(), gib(b.activations).c_str(), gib(b.buffers).c_str(), gib(b.total()).c_str(),
+              gib(b.master).c_str(), gib(b.activations).c_str(), gib(b.buffers).c_str(), gib(b.workspace).c_str(), gib(b.total()).c_str(),
               e.step_seconds, 100 * e.mfu, 100 * e.bubble, e.bottleneck.c_str());
 }
 

@@ -347,7 +347,8 @@ cost::bytes held(const nn::gpt_config& g, const cost::layout& l, std::int64_t ba
     const double master = mixed ? static_cast<double>(r.memory.optimizer) / 3 : 0;  // AdamW: 2 slots + master
     const cost::bytes b{.params = static_cast<double>(r.memory.params), .grads = static_cast<double>(r.memory.grads),
                         .optimizer = static_cast<double>(r.memory.optimizer) - master, .master = master,
-                        .activations = static_cast<double>(r.activations), .buffers = static_cast<double>(r.memory.buffers)};
+                        .activations = static_cast<double>(r.activations), .buffers = static_cast<double>(r.memory.buffers),
+                        .workspace = static_cast<double>(r.memory.allocated_peak - r.memory.total() - r.activations)};
     if (b.total() > most.total()) most = b;
   }
   return most;
@@ -402,6 +403,7 @@ TEST_CASE("cost::evaluate_dml: a GPT layout's largest rank holds what the cost m
     CHECK(got.master == e.per_rank.master);
     CHECK(got.activations == e.per_rank.activations);
     CHECK(got.buffers == e.per_rank.buffers);
+    CHECK(got.workspace == e.per_rank.workspace);
   }
   // Selective recomputation is Megatron's, not dml's: refused with the reason.
   const auto sel = cost::evaluate_dml(dense, cost::parse_layout("dp=2,recompute=selective"), {.global_batch = batch},

@@ -158,7 +158,10 @@ struct training {
 
 struct bytes {
   double params = 0, grads = 0, optimizer = 0, master = 0, activations = 0, buffers = 0;
-  double total() const { return params + grads + optimizer + master + activations + buffers; }
+  // dml's bytes only (cost::evaluate_dml): what a rank holds at its high-water mark beyond the model states and the
+  // activation peak (memory().allocated_peak less those): workspaces, per-micro-batch copies, transients.
+  double workspace = 0;
+  double total() const { return params + grads + optimizer + master + activations + buffers + workspace; }
 };
 
 struct estimate {

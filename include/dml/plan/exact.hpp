@@ -312,11 +312,15 @@ inline bytes gpt_rank_bytes(const model& m, const layout& l, const training& t) 
                                         .slots = state_slots(t.optimizer),
                                         .per_step = l.zero < 2 || l.pp > 1 || schedule::splits_backward(table),
                                         .micro_batches = l.micro_batches, .chunks = chunks, .table = &table, .pp_rank = s});
+    const bool full = l.recomp == recompute::full;
+    const std::int64_t peak = pipeline_activation_peak(part, table, s, chunks, rows, w, full);
+    const std::int64_t high_water = st.total() + pipeline_activation_storage(part, table, s, chunks, rows, w, full) +
+                                    step_buffers(part, table, s, chunks, rows, w, l.tp) +
+                                    pipeline_transient_peak(part, table, s, chunks, rows, w, full);
     const bytes b{.params = static_cast<double>(st.params), .grads = static_cast<double>(st.grads),
                   .optimizer = static_cast<double>(st.optimizer - st.master), .master = static_cast<double>(st.master),
-                  .activations = static_cast<double>(pipeline_activation_peak(part, table, s, chunks, rows, w,
-                                                                              l.recomp == recompute::full)),
-                  .buffers = static_cast<double>(st.buffers)};
+                  .activations = static_cast<double>(peak), .buffers = static_cast<double>(st.buffers),
+                  .workspace = static_cast<double>(high_water - st.total() - peak)};
     if (b.total() > most.total()) most = b;
   }
   return most;
