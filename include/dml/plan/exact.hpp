@@ -35,6 +35,9 @@ struct state_bytes {
   // Of buffers, what construction does not allocate: the aside shard later micro-batches reduce into (allocated
   // by the first step, then kept), and ZeRO-3's resident chunks (allocated at unshard, freed at reshard).
   std::int64_t aside = 0, resident = 0;
+  // Not held between steps: the float sum of the largest tied parameter's gradient piece this rank holds
+  // (parallel::sum_ties, after the reductions), a transient at the high-water mark.
+  std::int64_t tie_sum = 0;
   std::int64_t total() const { return params + grads + optimizer + buffers; }
   friend bool operator==(const state_bytes&, const state_bytes&) = default;
 };
@@ -64,15 +67,28 @@ state_bytes model_states(const nn::sequential<L...>& model, const rank_sharding&
   const bool mixed = w != 4;
   const auto lay = nn::make_layout(model, nn::param_layout::alignment * r.shards.dense, r.chunks);
   state_bytes s{.numel = lay.numel, .padded = lay.total};
+  // This rank's slots of each tie (the tied copy and its target), as parallel::find_ties finds them.
+  std::vector<std::size_t> tied;
+  const auto whole = nn::make_layout(model, nn::param_layout::alignment * r.shards.dense);
+  for (const auto& ws : whole.slots) {
+    if (ws.spec.tied_to.empty()) continue;
+    for (std::size_t i = 0; i < lay.slots.size(); ++i)
+      if (lay.slots[i].id == ws.id || lay.slots[i].id == ws.init_id) tied.push_back(i);
+  }
   if (r.zero == 0) {  // parallel::replicate: whole copies, the float master weights of mixed precision beside them
     s.params = s.grads = lay.total * w;
     s.master = mixed ? lay.total * f : 0;
     s.optimizer = lay.total * r.slots * f + s.master;
+    for (auto i : tied) s.tie_sum = std::max(s.tie_sum, lay.slots[i].shape.numel() * f);
     return s;
   }
   const auto plan = parallel::make_buckets(lay, model.depth(),
                                            static_cast<std::int64_t>(r.bucket_mb * 1024.0 * 1024.0 / sizeof(float)),
                                            r.shards, r.chunks, parallel::tied_slots(lay, parallel::detail::tie_targets(model)));
+  for (auto i : tied)  // a tied slot and its target are each a run alone: the piece is this rank's part of it
+    for (const auto& b : plan.buckets)
+      for (const auto& rn : b.runs)
+        if (rn.first_slot == i) s.tie_sum = std::max(s.tie_sum, rn.part * f);
   const bool streams = r.zero >= 2 && !r.per_step;
   s.params = (r.zero == 3 ? plan.shard : lay.total) * w;
   s.grads = (streams ? plan.shard : lay.total + plan.shard) * w;  // else whole, and the shard they reduce into
@@ -316,7 +332,7 @@ inline bytes gpt_rank_bytes(const model& m, const layout& l, const training& t) 
     const std::int64_t peak = pipeline_activation_peak(part, table, s, chunks, rows, w, full);
     const std::int64_t high_water = st.total() + pipeline_activation_storage(part, table, s, chunks, rows, w, full) +
                                     step_buffers(part, table, s, chunks, rows, w, l.tp) +
-                                    pipeline_transient_peak(part, table, s, chunks, rows, w, full);
+                                    std::max(pipeline_transient_peak(part, table, s, chunks, rows, w, full), st.tie_sum);
     const bytes b{.params = static_cast<double>(st.params), .grads = static_cast<double>(st.grads),
                   .optimizer = static_cast<double>(st.optimizer - st.master), .master = static_cast<double>(st.master),
                   .activations = static_cast<double>(peak), .buffers = static_cast<double>(st.buffers),
