@@ -292,10 +292,11 @@ std::int64_t pipeline_transient_peak(const nn::sequential<L...>& model, const sc
     return b;
   };
   std::int64_t live = 0, peak = 0;
+  std::map<std::pair<int, int>, std::int64_t> until_weight;  // per set: what its input pass holds until its weight pass
   for (const auto& a : t.ranks.at(static_cast<std::size_t>(rank))) {
     if (a.kind == schedule::op::backward) peak = std::max(peak, live + transient(a));
-    if (a.kind == schedule::op::backward_input) peak = std::max(peak, live += transient(a));
-    if (a.kind == schedule::op::backward_weight) live -= transient({.kind = schedule::op::backward_input, .micro = a.micro, .chunk = a.chunk});
+    if (a.kind == schedule::op::backward_input) peak = std::max(peak, live += until_weight[{a.micro, a.chunk}] = transient(a));
+    if (a.kind == schedule::op::backward_weight) live -= until_weight[{a.micro, a.chunk}];
   }
   return peak;
 }
