@@ -5,6 +5,10 @@
 // the trained parameters must agree within the bounds below; every rank must hold the same losses and parameters.
 // Then optimizer state offloaded to disk (zero<2>, fp32) and, with it, bf16's master weights (zero<1>, bf16): the
 // cuda path stages the state through host memory and must train as the host does without offload.
+// Without offload, the bytes the cuda trainer counts (memory().allocated after the steps, and its high-water mark)
+// must equal, to the byte, those of the host trainer of the same layout (same sharding, precision and ranks, over
+// comm::mpi): dml's buffers are the same in every space, which is what lets the cost model (plan/exact.hpp) price
+// a GPU rank from the host's count.
 // Run under mpirun (-np 1 and -np 2, label gpu); without one GPU per rank: `SKIPPED: <reason>`, exit 77.
 //
 // Bounds, and why:
@@ -69,6 +73,7 @@ struct run {
   std::vector<float> losses;
   std::vector<double> grad_norms;
   std::vector<float> params;  // after the last step, the whole model
+  std::int64_t allocated = 0, allocated_peak = 0;  // memory() after the last step
 };
 
 // This rank's rows of every step, trained in Space over comm.
@@ -86,6 +91,8 @@ run train(Comm& comm, const data& d, const std::string& offload = "") {
     out.losses.push_back(r.loss);
     out.grad_norms.push_back(r.grad_norm);
   }
+  out.allocated = t.memory().allocated;
+  out.allocated_peak = t.memory().allocated_peak;
   out.params = t.full_parameters();
   return out;
 }
@@ -122,14 +129,29 @@ int check(dml::comm::nccl& gpu, dml::comm::mpi& world, dml::comm::mpi& alone, co
     param_diff = std::isnan(p) ? INFINITY : std::max(param_diff, p);
   }
   const bool agree = same_on_every_rank(world, got.losses) && same_on_every_rank(world, got.params);
-  const bool ok = loss_diff <= loss_bound && norm_diff <= loss_bound && param_diff <= param_bound && agree;
+  // The same layout in host memory counts the same bytes (offload stages through host buffers on cuda alone).
+  bool same_bytes = true;
+  char bytes_note[160] = "";
+  if (offload.empty()) {
+    const auto host = train<dml::host, Sharding, Precision>(world, d);
+    same_bytes = host.allocated == got.allocated && host.allocated_peak == got.allocated_peak;
+    std::snprintf(bytes_note, sizeof bytes_note, "; allocated %lld peak %lld (host, same layout: %lld peak %lld)%s",
+                  static_cast<long long>(got.allocated), static_cast<long long>(got.allocated_peak),
+                  static_cast<long long>(host.allocated), static_cast<long long>(host.allocated_peak),
+                  same_bytes ? "" : " DIFFER");
+    int differs = !same_bytes;
+    world.all_reduce(std::span<int>(&differs, 1), dml::comm::reduce_op::max);
+    same_bytes = differs == 0;
+  }
+  const bool ok =
+      loss_diff <= loss_bound && norm_diff <= loss_bound && param_diff <= param_bound && agree && same_bytes;
   if (gpu.rank() == 0)
     std::printf("%-4s trainer<cuda, %s, %s> on %d GPU(s) vs host on 1 rank: max_rel_loss_diff=%.3g "
                 "max_rel_grad_norm_diff=%.3g (bound %.0e), max_abs_param_diff=%.3g (bound %.0e), ranks agree: %s; "
-                "loss %.5f -> %.5f%s%s\n",
+                "loss %.5f -> %.5f%s%s%s\n",
                 ok ? "ok" : "FAIL", sharding, Precision::name, gpu.size(), loss_diff, norm_diff, loss_bound,
                 param_diff, param_bound, agree ? "yes" : "NO", ref.losses.front(), ref.losses.back(),
-                offload.empty() ? "" : "; offload ", offload.c_str());
+                offload.empty() ? "" : "; offload ", offload.c_str(), bytes_note);
   std::fflush(stdout);
   return ok ? 0 : 1;
 }

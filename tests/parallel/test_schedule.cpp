@@ -355,6 +355,41 @@ TEST_CASE("peak_in_flight: GPipe holds M on rank 0, 1F1B at most K-r on rank r")
   CHECK_THROWS_AS(peak_in_flight(gpipe::make(2, 2), 2), dml::invalid_argument);
 }
 
+TEST_CASE("known_received: a send is known received at the first message its receiver sends back after it") {
+  // 1F1B, 2 stages, 4 micro-batches. Rank 0: F0 SA0 F1 SA1 RG0 B0 F2 SA2 RG1 B1 F3 SA3 RG2 B2 RG3 B3; rank 1 sends
+  // SG0 and SG1 before rank 0 sends SA2 and SA3; SG2 and SG3 have no message after them.
+  const table t = one_f_one_b::make(2, 4);
+  using pairs = std::vector<std::pair<action, action>>;
+  CHECK(known_received(t, 1, op::send_gradient) == pairs{{RA(2), SG(0)}, {RA(3), SG(1)}});
+  CHECK(known_received(t, 0, op::send_activation) == pairs{{RG(0), SA(0)}, {RG(1), SA(1)}, {RG(2), SA(2)}, {RG(3), SA(3)}});
+  CHECK(known_received(t, 0, op::send_gradient).empty());  // the first stage sends no gradient
+  // Every built-in schedule: the release point is a recv on the sender after the send, of a message its receiver
+  // sends after the matching recv.
+  auto index = [](const table& s, int r, const action& a) {
+    const auto& list = s.ranks[static_cast<std::size_t>(r)];
+    return std::find(list.begin(), list.end(), a) - list.begin();
+  };
+  std::size_t pairs_seen = 0;
+  for (int k : stage_counts)
+    for (int m : micro_counts)
+      for (const auto& built : builtins(k, m))
+        for (int r = 0; r < k; ++r)
+          for (op kind : {op::send_gradient, op::send_activation})
+            for (const auto& [at, sent] : known_received(built.t, r, kind)) {
+              CAPTURE(built.name);
+              CAPTURE(to_string(sent, built.t.virtual_stages));
+              const auto to = counterpart(built.t, r, sent), back = counterpart(built.t, r, at);
+              REQUIRE(to.has_value());
+              REQUIRE(back.has_value());
+              CHECK(is_recv(at.kind));
+              CHECK(back->rank == to->rank);
+              CHECK(index(built.t, r, at) > index(built.t, r, sent));
+              CHECK(index(built.t, to->rank, back->act) > index(built.t, to->rank, to->act));
+              ++pairs_seen;
+            }
+  CHECK(pairs_seen > 1000);
+}
+
 TEST_CASE("CSV round-trips every built-in schedule") {
   for (int k : stage_counts)
     for (int m : micro_counts)

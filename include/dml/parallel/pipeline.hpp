@@ -80,6 +80,7 @@ class pipeline {
     std::int64_t global_batch = 0, rows = 0, micro_batches = 1, first_row = 0;
     std::uint64_t seed = 0, step = 0;
     float loss_scale = 1.f;
+    const schedule::table* table = nullptr;  // the step's schedule: when a sent input gradient is known received
   };
 
   // pp: the pipeline group (rank r holds stage r); null for one stage.
@@ -87,7 +88,7 @@ class pipeline {
   pipeline(Comm* pp, Net& net, int stages, int rank, std::vector<nn::layer_range> chunks, bool recompute, event_log& log,
            nn::rank_group* tp = nullptr)
       : pp_(pp), net_(net), stages_(stages), rank_(rank), chunks_(std::move(chunks)), recompute_(recompute), log_(log),
-        spare_(chunks_.size()), tp_(tp) {}
+        spare_(chunks_.size()), spare_gradients_(chunks_.size()), tp_(tp) {}
 
   std::span<const nn::layer_range> chunks() const { return chunks_; }
   int stages() const { return stages_; }
@@ -100,9 +101,9 @@ class pipeline {
   std::int64_t held_bytes() const {
     std::int64_t b = 0;
     for (const auto& [key, m] : micro_)
-      if (m.holds) b += m.acts.bytes();
+      if (m.holds) b += m.set.acts.bytes();
     for (const auto& chunk : spare_)
-      for (const auto& a : chunk) b += a.bytes();
+      for (const auto& s : chunk) b += s.acts.bytes();
     return b;
   }
 
@@ -113,15 +114,21 @@ class pipeline {
 
   void begin_step(const batch& b) {
     run_ = b;
+    if (b.table && b.table != released_for_) {
+      released_for_ = b.table;
+      released_.clear();
+      for (const auto& [at, sent] : schedule::known_received(*b.table, rank_, schedule::op::send_gradient))
+        released_[key_of(at)].push_back(sent);
+    }
     routing_.records.clear();
     live_bytes_ = peak_bytes_ = live_sets_ = peak_sets_ = 0;
   }
-  // Waits for every send and forgets the step's activations (their storage stays for the next step).
+  // Waits for every send and forgets the step's activations (their storage, and the copies, stay for the next step).
   void end_step() {
     for (auto& [key, m] : micro_) {
       m.activation_send.wait();
-      m.gradient_send.wait();
       track(m, false);
+      release_gradient(m, key.second);
     }
   }
 
@@ -133,27 +140,27 @@ class pipeline {
     const auto [lo, hi] = rows_of(a.micro);
     if (v == 0) {
       const std::int64_t per_row = run_.x.numel() / std::max<std::int64_t>(run_.rows, 1);
-      net_.set_input(m.acts, tensor_view<const float, Space>(run_.x.data + lo * per_row, batch_shape(hi - lo)));
+      net_.set_input(m.set.acts, tensor_view<const float, Space>(run_.x.data + lo * per_row, batch_shape(hi - lo)));
     } else if (stage_of(v - 1) == rank_) {  // one stage holding several chunks: handed over in memory
-      copy_into(m.acts.input, micro(a.micro, a.chunk - 1).activation_out.cview());
+      copy_into(m.set.acts.input, micro(a.micro, a.chunk - 1).set.activation_out.cview());
     }
-    auto out = net_.forward_range(chunks_[static_cast<std::size_t>(a.chunk)], m.acts, context(a.micro, false, false), hooks);
+    auto out = net_.forward_range(chunks_[static_cast<std::size_t>(a.chunk)], m.set.acts, context(a.micro, false, false), hooks);
     float loss = 0.f;
     if (v == last_virtual_stage()) {
       // A row of x may hold several labelled positions (a sequence's tokens): the loss is their mean.
       // Under context parallelism a rank holds a chunk of each row's positions: its labels are gathered to
       // match, and the mean is over every rank's positions (cp of them per row).
       const std::int64_t per = hi > lo ? out.rows() / (hi - lo) : 1;
-      m.gradient_in.resize(out.shape);
+      m.set.gradient_in.resize(out.shape);
       row_loss_.resize(static_cast<std::size_t>(nn::cross_entropy_scratch(out.rows(), tp_)));
-      loss = loss_fn_.template forward_backward<Space>(out, labels(lo, hi, per), m.gradient_in.view(), row_loss_.data(),
+      loss = loss_fn_.template forward_backward<Space>(out, labels(lo, hi, per), m.set.gradient_in.view(), row_loss_.data(),
                                                         run_.global_batch * per * cp_ranks(), run_.loss_scale, tp_);
       if (tp_ && tp_->rank() > 0) loss = 0.f;  // every rank of the group holds it: counted once
     } else {
       m.activation_send.wait();
-      copy_into(m.activation_out, out);
+      copy_into(m.set.activation_out, out);
     }
-    if (recompute_) m.acts.release_outputs();
+    if (recompute_) m.set.acts.release_outputs();
     track(m, true);
     return loss;
   }
@@ -166,22 +173,29 @@ class pipeline {
     const auto part = a.kind == schedule::op::backward         ? nn::backward_part::full
                       : a.kind == schedule::op::backward_input ? nn::backward_part::input
                                                                : nn::backward_part::weight;
-    if (part != nn::backward_part::weight && v < last_virtual_stage() && stage_of(v + 1) == rank_)
-      copy_into(m.gradient_in, micro(a.micro, a.chunk + 1).gradient_out.cview());
+    if (part != nn::backward_part::weight && v < last_virtual_stage() && stage_of(v + 1) == rank_) {
+      auto& next = micro(a.micro, a.chunk + 1);
+      copy_into(m.set.gradient_in, next.gradient_out.cview());
+      release_gradient(next, a.chunk + 1);
+    }
     if (recompute_ && part != nn::backward_part::weight)
-      net_.forward_range(range, m.acts, context(a.micro, false, false), hooks);
+      net_.forward_range(range, m.set.acts, context(a.micro, false, false), hooks);
     log_(event_kind::backward_begin);
     // hooks are given to the backward that completes the chunk's gradients (see train/trainer.hpp).
-    auto dx = net_.backward_range(range, m.acts, m.gradient_in.cview(), context(a.micro, accumulate, hooks != nullptr),
-                                  part, v > 0, hooks);
+    auto dx = net_.backward_range(range, m.set.acts, m.set.gradient_in.cview(),
+                                  context(a.micro, accumulate, hooks != nullptr), part, v > 0, hooks);
     log_(event_kind::backward_end);
     if (v > 0 && part != nn::backward_part::weight) {
-      m.gradient_send.wait();
+      auto& spare = spare_gradients_[static_cast<std::size_t>(a.chunk)];
+      if (m.gradient_out.bytes() == 0 && !spare.empty()) {
+        m.gradient_out = std::move(spare.back());
+        spare.pop_back();
+      }
       copy_into(m.gradient_out, dx);
     }
     if (part != nn::backward_part::input) {
       track(m, false);
-      if (recompute_) m.acts.release_outputs();
+      if (recompute_) m.set.acts.release_outputs();
       end_set(m, a.chunk);
     }
   }
@@ -191,7 +205,7 @@ class pipeline {
     const int to = virtual_stage(a) + (gradient ? -1 : 1);
     if (stage_of(to) == rank_) return;  // handed over in memory
     auto& m = micro(a.micro, a.chunk);
-    const auto& t = gradient ? m.gradient_out : m.activation_out;
+    const auto& t = gradient ? m.gradient_out : m.set.activation_out;
     (gradient ? m.gradient_send : m.activation_send) =
         pp_->isend(span_in<const T, Space>(t.data(), static_cast<std::size_t>(t.numel())), stage_of(to),
                    tag(gradient, to, a.micro));
@@ -204,8 +218,11 @@ class pipeline {
     const auto range = chunks_[static_cast<std::size_t>(a.chunk)];
     const auto [lo, hi] = rows_of(a.micro);
     const auto shapes = net_.shapes(batch_shape(hi - lo));
-    if (gradient) receive_into(m.gradient_in, shapes[range.end - 1], tag(true, v, a.micro), stage_of(from));
+    if (gradient) receive_into(m.set.gradient_in, shapes[range.end - 1], tag(true, v, a.micro), stage_of(from));
     else receive_into(start_set(m, a.chunk).input, shapes[range.first - 1], tag(false, v, a.micro), stage_of(from));
+    // The sender has received the input gradients it sent before this message: their copies go back to the spares.
+    if (const auto at = released_.find(key_of(a)); at != released_.end())
+      for (const auto& sent : at->second) release_gradient(micro(sent.micro, sent.chunk), sent.chunk);
   }
 
   // Inference through every stage in order; the last virtual stage counts rows whose largest logit is
@@ -236,34 +253,52 @@ class pipeline {
   }
 
  private:
+  // A (micro-batch, chunk)'s activations and the tensors that live as long as they do.
+  struct set_storage {
+    nn::activations<T, Space> acts;
+    tensor<T, Space> gradient_in;     // ∂loss/∂output: the loss gradient, or received
+    tensor<T, Space> activation_out;  // the output's copy for the send to the next virtual stage
+  };
   // What a (micro-batch, chunk) keeps between its actions.
   struct micro_state {
-    nn::activations<T, Space> acts;
-    tensor<T, Space> gradient_in;                   // ∂loss/∂output: the loss gradient, or received
-    tensor<T, Space> activation_out, gradient_out;  // kept until their sends complete
+    set_storage set;
+    tensor<T, Space> gradient_out;  // the input gradient's copy for the send to the previous virtual stage
     comm::request activation_send, gradient_send;
-    std::int64_t counted = -1;                      // activation bytes while live, else −1
-    bool holds = false;                             // acts is this set's storage (from start_set to end_set)
+    std::int64_t counted = -1;  // activation bytes while live, else −1
+    bool holds = false;         // set is this set's storage (from start_set to end_set)
   };
   micro_state& micro(std::int64_t m, int chunk) { return micro_[{m, chunk}]; }
-  // A set takes its storage when it starts (its input is received, or its forward runs) from its chunk's spares,
-  // and gives it back when the backward that ends it is done: a rank keeps the storage of the sets in flight at
-  // once for the next step, not one per micro-batch (1F1B's memory, not GPipe's). Storage reused across sets is
-  // written before it is read, as storage reused across steps is.
+  static std::tuple<schedule::op, int, int> key_of(const schedule::action& a) { return {a.kind, a.micro, a.chunk}; }
+  // A set takes its storage (activations, output gradient, output's copy) when it starts (its input is received,
+  // or its forward runs) from its chunk's spares, and gives it back when the backward that ends it is done: a rank
+  // keeps the storage of the sets in flight at once for the next step, not one per micro-batch (1F1B's memory, not
+  // GPipe's). The output's send is complete by then: the next virtual stage received it before it sent the
+  // gradient that this backward used. Storage reused across sets is written before it is read, as storage reused
+  // across steps is.
   nn::activations<T, Space>& start_set(micro_state& m, int chunk) {
     auto& spare = spare_[static_cast<std::size_t>(chunk)];
     if (!m.holds && !spare.empty()) {
-      m.acts = std::move(spare.back());
+      m.set = std::move(spare.back());
       spare.pop_back();
     }
     m.holds = true;
-    return m.acts;
+    return m.set.acts;
   }
   void end_set(micro_state& m, int chunk) {
-    m.acts.dy.clear();  // a split backward's kept output gradients: released by its weight pass, each empty now
-    spare_[static_cast<std::size_t>(chunk)].push_back(std::move(m.acts));
-    m.acts = {};
+    m.set.acts.dy.clear();  // a split backward's kept output gradients: released by its weight pass, each empty now
+    m.activation_send.wait();
+    spare_[static_cast<std::size_t>(chunk)].push_back(std::move(m.set));
+    m.set = {};
     m.holds = false;
+  }
+  // An input gradient's copy goes back to its chunk's spares once its send is known received (schedule::
+  // known_received), its same-rank reader has copied it, or the step ends: a rank keeps as many as it has
+  // unreceived at once, not one per micro-batch.
+  void release_gradient(micro_state& m, int chunk) {
+    m.gradient_send.wait();
+    if (m.gradient_out.bytes() == 0) return;
+    spare_gradients_[static_cast<std::size_t>(chunk)].push_back(std::move(m.gradient_out));
+    m.gradient_out = {};
   }
   void track(micro_state& m, bool live) {
     if (m.counted >= 0) {
@@ -272,7 +307,7 @@ class pipeline {
       m.counted = -1;
     }
     if (live) {
-      m.counted = m.acts.bytes();
+      m.counted = m.set.acts.bytes();
       live_bytes_ += m.counted;
       peak_bytes_ = std::max(peak_bytes_, live_bytes_);
       peak_sets_ = std::max(peak_sets_, ++live_sets_);
@@ -337,7 +372,10 @@ class pipeline {
   event_log& log_;
   batch run_;
   std::map<std::pair<std::int64_t, int>, micro_state> micro_;
-  std::vector<std::vector<nn::activations<T, Space>>> spare_;  // per chunk: storage of ended sets
+  std::vector<std::vector<set_storage>> spare_;                   // per chunk: storage of ended sets
+  std::vector<std::vector<tensor<T, Space>>> spare_gradients_;   // per chunk: input gradients' copies, received
+  const schedule::table* released_for_ = nullptr;                // the table released_ was made from
+  std::map<std::tuple<schedule::op, int, int>, std::vector<schedule::action>> released_;  // recv → sends known received
   tensor<T, Space> handoff_;
   nn::rank_group* tp_;
   nn::context groups_{};

@@ -4,10 +4,12 @@
 // Sits on core/; parallel/schedule_check.hpp checks and simulates tables, schedule.hpp builds them.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "dml/core/error.hpp"
@@ -166,6 +168,36 @@ inline std::optional<endpoint> counterpart(const table& t, int rank, const actio
   if (to < 0 || to >= n) return std::nullopt;
   const auto p = place(k, to);
   return endpoint{p.rank, action{kind, a.micro, p.chunk}};
+}
+
+// When rank `rank` knows that a send of its own has been received: once it has received a message that the
+// receiving rank sends it after its matching recv (a recv completes only after its send was posted, and one rank
+// runs its actions in order). Per send of `kind` on `rank` with such a message: {the recv on `rank` after which it
+// is known received, the send}. A send with none (the step's last messages) is known received at the step's end.
+inline std::vector<std::pair<action, action>> known_received(const table& t, int rank, op kind) {
+  auto index = [&](int r, const action& a) -> std::ptrdiff_t {
+    const auto& list = t.ranks.at(static_cast<std::size_t>(r));
+    for (std::size_t i = 0; i < list.size(); ++i)
+      if (list[i] == a) return static_cast<std::ptrdiff_t>(i);
+    return -1;
+  };
+  std::vector<std::pair<action, action>> out;
+  const auto& mine = t.ranks.at(static_cast<std::size_t>(rank));
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    if (mine[i].kind != kind) continue;
+    const auto to = counterpart(t, rank, mine[i]);
+    const std::ptrdiff_t at = to ? index(to->rank, to->act) : -1;
+    if (at < 0) continue;
+    const auto& theirs = t.ranks[static_cast<std::size_t>(to->rank)];
+    for (auto j = static_cast<std::size_t>(at) + 1; j < theirs.size(); ++j) {
+      if (!is_send(theirs[j].kind)) continue;
+      const auto back = counterpart(t, to->rank, theirs[j]);
+      if (!back || back->rank != rank) continue;
+      if (index(rank, back->act) > static_cast<std::ptrdiff_t>(i)) out.emplace_back(back->act, mine[i]);
+      break;
+    }
+  }
+  return out;
 }
 
 }  // namespace schedule

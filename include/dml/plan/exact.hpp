@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <span>
 #include <tuple>
 #include <utility>
@@ -187,6 +188,44 @@ class set_sizes {
   std::map<std::pair<std::int64_t, int>, std::int64_t> cache_;
 };
 inline bool ends_set(schedule::op o) { return o == schedule::op::backward || o == schedule::op::backward_weight; }
+
+// Per chunk of pipeline rank `rank`: the most (micro-batch, chunk) sets it holds at once, each from its start (its
+// input received, or its forward) to the action that ends it, as parallel::pipeline keeps their storage.
+inline std::vector<std::int64_t> sets_in_flight(const schedule::table& t, int rank, std::size_t chunks) {
+  std::vector<std::int64_t> live(chunks, 0), most(chunks, 0);
+  std::set<std::pair<int, int>> started;
+  for (const auto& a : t.ranks.at(static_cast<std::size_t>(rank))) {
+    const auto c = static_cast<std::size_t>(a.chunk);
+    if ((a.kind == schedule::op::forward || a.kind == schedule::op::recv_activation) &&
+        started.insert({a.micro, a.chunk}).second)
+      most[c] = std::max(most[c], ++live[c]);
+    if (ends_set(a.kind)) --live[c];
+  }
+  return most;
+}
+
+// Per chunk of pipeline rank `rank`: the most copies of input gradients it holds at once, as parallel::pipeline
+// keeps them: one from each backward of a chunk past the first virtual stage, back to the chunk's spares once its
+// send is known received (schedule::known_received), or its same-rank reader has copied it.
+inline std::vector<std::int64_t> gradient_copies(const schedule::table& t, int rank, std::size_t chunks) {
+  std::map<std::tuple<schedule::op, int, int>, std::vector<int>> released;  // recv → chunks of the sends it releases
+  for (const auto& [at, sent] : schedule::known_received(t, rank, schedule::op::send_gradient))
+    released[{at.kind, at.micro, at.chunk}].push_back(sent.chunk);
+  const int last = static_cast<int>(chunks) * t.stages - 1;
+  std::vector<std::int64_t> held(chunks, 0), spare(chunks, 0);
+  for (const auto& a : t.ranks.at(static_cast<std::size_t>(rank))) {
+    const auto c = static_cast<std::size_t>(a.chunk);
+    const int v = a.chunk * t.stages + rank;
+    if (a.kind == schedule::op::backward || a.kind == schedule::op::backward_input) {
+      if (v < last && (v + 1) % t.stages == rank) ++spare[c + 1];  // one stage: the next chunk's, copied
+      if (v > 0 && spare[c] > 0) --spare[c];
+      else if (v > 0) ++held[c];
+    }
+    if (const auto at = released.find({a.kind, a.micro, a.chunk}); at != released.end())
+      for (const int sent : at->second) ++spare[static_cast<std::size_t>(sent)];
+  }
+  return held;
+}
 }  // namespace detail
 
 // The most activation bytes pipeline rank `rank` holds at once in a step of schedule `t` over rows of shape `x`
@@ -212,12 +251,7 @@ template <class... L>
 std::int64_t pipeline_activation_storage(const nn::sequential<L...>& model, const schedule::table& t, int rank,
                                          std::span<const nn::layer_range> chunks, dml::shape x,
                                          std::int64_t working_bytes, bool recompute = false) {
-  std::vector<std::int64_t> live(chunks.size(), 0), most(chunks.size(), 0);
-  for (const auto& a : t.ranks.at(static_cast<std::size_t>(rank))) {
-    const auto c = static_cast<std::size_t>(a.chunk);
-    if (a.kind == schedule::op::forward) most[c] = std::max(most[c], ++live[c]);
-    if (detail::ends_set(a.kind)) --live[c];
-  }
+  const auto most = detail::sets_in_flight(t, rank, chunks.size());
   detail::set_sizes size(model, t, chunks, x, working_bytes, recompute);
   std::int64_t bytes = 0;
   for (std::size_t c = 0; c < chunks.size(); ++c) bytes += most[c] * size(0, static_cast<int>(c));
@@ -230,8 +264,10 @@ std::int64_t pipeline_activation_storage(const nn::sequential<L...>& model, cons
 // - its network's workspaces, sized for the largest of its chunks' passes: two gradient buffers of the widest tensor
 //   a pass reads or writes, a row of ones per row of a layer's input, and the layers' shared scratch in floats, one
 //   more than the largest a layer asks for;
-// - per (micro-batch, chunk), the gradient of the chunk's output (the loss's, or received), and the copies kept for
-//   the sends: its output where a later virtual stage follows, its input's gradient where an earlier one precedes;
+// - per set of a chunk in flight at once (as for its activations), the gradient of the chunk's output (the loss's,
+//   or received) and its output's copy for the send where a later virtual stage follows; per copy of an input
+//   gradient held at once (detail::gradient_copies), one of the chunk's input where an earlier stage precedes
+//   (micro-batches of equal rows);
 // - on the last virtual stage, the loss's per-row scratch for the last micro-batch (4 floats a row under tensor
 //   parallelism, tp > 1, else 1).
 // A single stage is pp 1 with a table of one rank (schedule::make("gpipe", 1, m)); `model` is this rank's part.
@@ -241,7 +277,8 @@ std::int64_t step_buffers(const nn::sequential<L...>& model, const schedule::tab
   const int stages = static_cast<int>(t.ranks.size());
   const std::int64_t m_count = t.micro_batches, w = working_bytes;
   const int last = static_cast<int>(chunks.size()) * stages - 1;
-  std::int64_t widest = 0, rows = 0, work = 0, per_micro = 0, loss_rows = 0;
+  const auto sets = detail::sets_in_flight(t, rank, chunks.size()), copies = detail::gradient_copies(t, rank, chunks.size());
+  std::int64_t widest = 0, rows = 0, work = 0, kept = 0, loss_rows = 0;
   for (std::int64_t m = 0; m < m_count; ++m) {
     dml::shape in = x;
     in[0] = x[0] * (m + 1) / m_count - x[0] * m / m_count;
@@ -262,11 +299,11 @@ std::int64_t step_buffers(const nn::sequential<L...>& model, const schedule::tab
         work = std::max(work, nn::workspace_size(l, shapes[i]));
       });
       const std::int64_t out = shapes[range.end].numel();
-      per_micro += out + (v < last ? out : 0) + (v > 0 ? shapes[range.first].numel() : 0);
+      if (m == 0) kept += sets[c] * (out + (v < last ? out : 0)) + copies[c] * (v > 0 ? shapes[range.first].numel() : 0);
       if (v == last && m == m_count - 1) loss_rows = shapes[range.end].rows();
     }
   }
-  return (2 * widest + rows + per_micro) * w + (work + 1 + (tp > 1 ? 4 : 1) * loss_rows) * 4;
+  return (2 * widest + rows + kept) * w + (work + 1 + (tp > 1 ? 4 : 1) * loss_rows) * 4;
 }
 
 // The most bytes pipeline rank `rank` holds for a while in a step beyond what it keeps between steps

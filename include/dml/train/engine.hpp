@@ -135,7 +135,8 @@ class engine final : public engine_base<Space> {
     const std::int64_t rows = x.shape[0], m = std::min(opt_.micro_batches, std::max<std::int64_t>(rows, 1));
     pipe_.begin_step({.x = x, .y = y, .global_batch = global_batch, .rows = rows, .micro_batches = m,
                       .first_row = first_row(rows),
-                      .seed = opt_.seed, .step = static_cast<std::uint64_t>(step_), .loss_scale = loss_scale()});
+                      .seed = opt_.seed, .step = static_cast<std::uint64_t>(step_), .loss_scale = loss_scale(),
+                      .table = &place_.table(m)});
     float local_loss = 0.f;
     step_result out;
     using k = parallel::instruction::kind;
