@@ -75,7 +75,9 @@ int main(int argc, char** argv) {
   cli.add("--capacity-factor", m.capacity_factor, "C", "tokens an expert takes: C·tokens·k/E (<= 0: all)");
   cli.add("--params", params, "N", "parameter count (model states only, no activations); implies --model params").min(0);
   cli.add("--batch", batch, "B", "global batch, sequences per step").min(1);
-  cli.add("--micro-batch", micro_batch, "b", "sequences per micro-batch in the search").min(1);
+  cli.add("--micro-batch", micro_batch, "b",
+          "sequences per micro-batch in the search (0: every micro-batch count that divides a rank's sequences)")
+      .min(0);
   cli.add("--precision", precision, "P", "working precision").choices({"fp32", "bf16", "fp16"});
   cli.add("--optimizer", optimizer, "O", "optimizer").choices({"adamw", "adam", "sgd", "adagrad"});
   cli.add("--devices", devices, "N", "devices (ranks)").min(1);
@@ -95,12 +97,14 @@ int main(int argc, char** argv) {
       .choices({"dml", "papers"});
   cli.add("--top", show, "N", "layouts to print").min(0);
   cli.add_switch("--json", json, "one JSON object per layout");
-  cli.add("--calibrate", calibrate_file, "FILE", "measure this host's GEMM and copy rates and write them as a cluster file");
+  cli.add("--calibrate", calibrate_file, "FILE",
+          "measure this host's GEMM rates (and their share at 32 to 2,048 rows) and copy rate, and write them as a "
+          "cluster file");
   if (const auto status = cli.parse_for_main(argc, argv)) return *status;
 
   try {
     if (!calibrate_file.empty()) {
-      const auto c = cost::calibrate();
+      const auto c = cost::calibrate(512, 1024, 1024, std::size_t{64} << 20, {32, 64, 128, 256, 512, 1024, 2048});
       std::ofstream(calibrate_file) << to_json(c).dump(2) << "\n";
       std::printf("%s\n", to_json(c).dump(2).c_str());
       return 0;

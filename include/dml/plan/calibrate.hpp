@@ -4,6 +4,7 @@
 // Sits on core/gemm.hpp and plan/cost.hpp; used by tools/dml-plan (--calibrate) and benchmarks/plan_accuracy.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <vector>
@@ -34,12 +35,17 @@ double gemm_rate(std::int64_t m, std::int64_t n, std::int64_t k) {
 }
 }  // namespace detail
 
-// GEMMs of m × n × k in fp32 and bf16, memcpy of copy_bytes; one node holding every rank.
+// GEMMs of m × n × k in fp32 and bf16, memcpy of copy_bytes; one node holding every rank. With rows, fp32 GEMMs
+// of r × n × k for each r of rows too: their rates over the m-row one are cluster::gemm_rows (the rate a
+// micro-batch of r tokens reaches; bf16 is taken to lose the same share).
 inline cluster calibrate(std::int64_t m = 512, std::int64_t n = 1024, std::int64_t k = 1024,
-                         std::size_t copy_bytes = std::size_t{64} << 20) {
+                         std::size_t copy_bytes = std::size_t{64} << 20, std::vector<std::int64_t> rows = {}) {
   cluster c;
   c.flops_fp32 = detail::gemm_rate<float>(m, n, k);
   c.flops_bf16 = detail::gemm_rate<dml::bf16>(m, n, k);
+  std::sort(rows.begin(), rows.end());
+  for (const std::int64_t r : rows)
+    c.gemm_rows.emplace_back(static_cast<double>(r), r == m ? 1.0 : detail::gemm_rate<float>(r, n, k) / c.flops_fp32);
   std::vector<char> src(copy_bytes, 1), dst(copy_bytes);
   const double copy = detail::seconds_per_call([&] { std::memcpy(dst.data(), src.data(), src.size()); }, 5);
   c.intra_bandwidth = c.inter_bandwidth = static_cast<double>(copy_bytes) / copy;

@@ -35,10 +35,12 @@ inline double parse_bytes(std::string_view text) {
 }
 
 inline nlohmann::json to_json(const cluster& c) {
-  return {{"devices_per_node", c.devices_per_node}, {"memory_bytes", c.memory_bytes},
-          {"flops_fp32", c.flops_fp32},             {"flops_bf16", c.flops_bf16},
-          {"intra_bandwidth", c.intra_bandwidth},   {"intra_latency", c.intra_latency},
-          {"inter_bandwidth", c.inter_bandwidth},   {"inter_latency", c.inter_latency}};
+  nlohmann::json j = {{"devices_per_node", c.devices_per_node}, {"memory_bytes", c.memory_bytes},
+                      {"flops_fp32", c.flops_fp32},             {"flops_bf16", c.flops_bf16},
+                      {"intra_bandwidth", c.intra_bandwidth},   {"intra_latency", c.intra_latency},
+                      {"inter_bandwidth", c.inter_bandwidth},   {"inter_latency", c.inter_latency}};
+  if (!c.gemm_rows.empty()) j["gemm_rows"] = c.gemm_rows;  // [[rows, share], ...]
+  return j;
 }
 
 // Fields left out keep cluster{}'s defaults; an unknown field, or one that is not a positive number, is refused
@@ -47,6 +49,20 @@ inline cluster cluster_from_json(const nlohmann::json& j, std::string_view where
   if (!j.is_object()) fail<format_error>(where, ": expected a JSON object, found ", j.type_name());
   cluster c;
   for (const auto& [key, value] : j.items()) {
+    if (key == "gemm_rows") {  // [[rows, share], ...], rows increasing
+      auto bad = [&] {
+        fail<format_error>(where, ": field 'gemm_rows' must be a list of [rows, share] pairs of positive numbers "
+                           "in increasing rows, found ", value.dump());
+      };
+      if (!value.is_array()) bad();
+      for (const auto& p : value) {
+        if (!p.is_array() || p.size() != 2 || !p[0].is_number() || !p[1].is_number() || !(p[0].get<double>() > 0) ||
+            !(p[1].get<double>() > 0) || (!c.gemm_rows.empty() && !(p[0].get<double>() > c.gemm_rows.back().first)))
+          bad();
+        c.gemm_rows.emplace_back(p[0].get<double>(), p[1].get<double>());
+      }
+      continue;
+    }
     double* target = key == "memory_bytes" ? &c.memory_bytes : key == "flops_fp32" ? &c.flops_fp32
                    : key == "flops_bf16" ? &c.flops_bf16 : key == "intra_bandwidth" ? &c.intra_bandwidth
                    : key == "intra_latency" ? &c.intra_latency : key == "inter_bandwidth" ? &c.inter_bandwidth
@@ -59,7 +75,7 @@ inline cluster cluster_from_json(const nlohmann::json& j, std::string_view where
     } else if (target) *target = value.get<double>();
     else
       fail<format_error>(where, ": unknown field '", key, "'; expected devices_per_node, memory_bytes, flops_fp32, flops_bf16, ",
-                         "intra_bandwidth, intra_latency, inter_bandwidth or inter_latency");
+                         "intra_bandwidth, intra_latency, inter_bandwidth, inter_latency or gemm_rows");
   }
   return c;
 }

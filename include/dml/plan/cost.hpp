@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "dml/core/error.hpp"
@@ -147,7 +148,22 @@ struct cluster {
   double flops_fp32 = 60e12, flops_bf16 = 990e12;  // dense GEMM rate per device
   double intra_bandwidth = 450e9, intra_latency = 5e-6;   // within a node (per direction)
   double inter_bandwidth = 50e9, inter_latency = 10e-6;   // between nodes
+  // The share of the GEMM rate that products of a given number of rows (a micro-batch's tokens) reach:
+  // {rows, share} in increasing rows, interpolated in log(rows) between points and held beyond the ends
+  // (dml-plan --calibrate measures it). Empty: every product at the full rate.
+  std::vector<std::pair<double, double>> gemm_rows;
   double flops(precision p) const { return p == precision::fp32 ? flops_fp32 : flops_bf16; }
+  double gemm_share(double rows) const {
+    if (gemm_rows.empty()) return 1.0;
+    if (rows <= gemm_rows.front().first) return gemm_rows.front().second;
+    for (std::size_t i = 1; i < gemm_rows.size(); ++i)
+      if (rows <= gemm_rows[i].first) {
+        const auto [r0, s0] = gemm_rows[i - 1];
+        const auto [r1, s1] = gemm_rows[i];
+        return s0 + (s1 - s0) * std::log(rows / r0) / std::log(r1 / r0);
+      }
+    return gemm_rows.back().second;
+  }
 };
 
 struct training {
@@ -159,7 +175,7 @@ struct training {
 struct bytes {
   double params = 0, grads = 0, optimizer = 0, master = 0, activations = 0, buffers = 0;
   // dml's bytes only (cost::evaluate_dml): what a rank holds at its high-water mark beyond the model states and the
-  // activation peak (memory().allocated_peak less those): workspaces, per-micro-batch copies, transients.
+  // activation peak (memory().allocated_peak less those): workspaces, the pipeline's transfer copies, transients.
   double workspace = 0;
   double total() const { return params + grads + optimizer + master + activations + buffers + workspace; }
 };
@@ -311,7 +327,9 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
     e.flops_per_step = e.hardware_flops_per_step = 6 * tokens * e.params;
   }
   const double rate = c.flops(t.prec);
-  const double compute = e.hardware_flops_per_step / l.devices() / rate;  // one rank's share, no bubble
+  // One rank's share, no bubble, its products at the rate of a micro-batch's rows (tokens).
+  const double gemm_rows = mb_rows * static_cast<double>(std::max<std::int64_t>(m.seq, 1)) / l.cp;
+  const double compute = e.hardware_flops_per_step / l.devices() / (rate * c.gemm_share(gemm_rows));
   auto link = [&](int group_span) {  // a group of ranks spanning group_span consecutive devices
     return group_span <= c.devices_per_node ? std::pair{c.intra_bandwidth, c.intra_latency}
                                             : std::pair{c.inter_bandwidth, c.inter_latency};
@@ -364,7 +382,8 @@ inline void rank_estimates(std::vector<estimate>& out) {
 }
 
 // Every layout of `devices` ranks (tp, pp powers of two, zero 0 to 3, recompute none/selective/full,
-// micro-batches of `micro_batch` sequences), evaluated; the ones that fit first, fastest first.
+// micro-batches of `micro_batch` sequences, or with micro_batch 0 every micro-batch count that divides a rank's
+// sequences), evaluated; the ones that fit first, fastest first.
 inline std::vector<estimate> search(const model& m, const training& t, const cluster& c, int devices,
                                     std::int64_t micro_batch) {
   std::vector<estimate> out;
@@ -379,8 +398,16 @@ inline std::vector<estimate> search(const model& m, const training& t, const clu
           layout l{.dp = dp, .tp = tp, .pp = pp, .zero = zero, .sp = tp > 1, .schedule = pp > 1 ? "1f1b" : "single",
                    .recomp = r};
           const std::int64_t rows = t.global_batch / dp;
-          l.micro_batches = micro_batch > 0 && rows % micro_batch == 0 ? std::max<std::int64_t>(1, rows / micro_batch) : 1;
-          out.push_back(evaluate(m, l, t, c, devices));
+          if (micro_batch > 0) {
+            l.micro_batches = rows % micro_batch == 0 ? std::max<std::int64_t>(1, rows / micro_batch) : 1;
+            out.push_back(evaluate(m, l, t, c, devices));
+          } else {
+            for (std::int64_t count = 1; count <= std::max<std::int64_t>(rows, 1); ++count)
+              if (rows <= 0 || rows % count == 0) {
+                l.micro_batches = count;
+                out.push_back(evaluate(m, l, t, c, devices));
+              }
+          }
         }
       }
     }
