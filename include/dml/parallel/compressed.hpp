@@ -90,9 +90,11 @@ struct wire_bytes {
 //   reduce_scatter: acc += grad; each part of acc is compressed (what is not sent stays in acc) and sent to its
 //     owner with one all-to-all; the owner decodes the N messages and sums them.
 //   all_reduce: the reduce-scatter, then the owner adds its sum to its server residual, compresses that again
-//     (the rest stays) and an all-gather hands every rank every owner's message, decoded into grad. Under 1-bit
-//     Adam, after warm-up, every rank's part messages are all-gathered instead and every rank sums as the owners
-//     do (gathered_all_reduce): the same steps as ZeRO's.
+//     (the rest stays) and an all-gather hands every rank every owner's message, decoded into grad. On 2 ranks
+//     (or 1), and under 1-bit Adam after warm-up, every rank's part messages are all-gathered instead and every
+//     rank sums as the owners do (gathered_all_reduce): the same steps as ZeRO's. On 2 ranks that sends what the
+//     owners' second compression sends (two messages a rank) and loses nothing to it; on N ranks it sends N/2
+//     times as much, so from 3 ranks on the owners compress again.
 // Every part's message has the same length (a filter's length depends only on the part's size), so the
 // exchanges are plain all-to-all and all-gather of bytes. Host memory, fp32 gradients.
 // 1-bit Adam (adam_warmup > 0): each rank keeps the momentum of its own gradients, m_i = β1·m_i + (1 − β1)·g_i;
@@ -138,6 +140,7 @@ class compressed_reducer {
   template <class Comm>
   void all_reduce(Comm& c, std::span<float> grad, std::size_t acc_offset, std::size_t own_offset) {
     bytes_.dense += 2 * dense_share(c.size(), grad.size());
+    if (warmup_ == 0 && c.size() <= 2) return gathered_all_reduce(c, grad, grad, acc_offset);
     if (warmup_ == 0) return compressed_all_reduce(c, grad, grad, acc_offset, own_offset);
     auto& r = momentum_run(acc_offset, grad.size(), grad.size());
     const std::span<float> lm = local_momentum(grad, acc_offset);
