@@ -58,20 +58,22 @@ int main(int argc, char** argv) {
   const nn::gpt_config g{.vocab = 256, .seq = 128, .layers = 2, .d_model = 256, .heads = 4};
   const cost::model m{.layers = g.layers, .d_model = g.d_model, .heads = g.heads, .seq = g.seq, .vocab = g.vocab};
   const cost::training t{.global_batch = batch, .prec = cost::precision::fp32, .optimizer = "adamw"};
-  const auto host = cost::calibrate();
-  std::printf("calibrated: fp32 GEMM %.1f GFLOP/s, bf16 GEMM %.1f GFLOP/s, memcpy %.1f GB/s\n", host.flops_fp32 / 1e9,
-              host.flops_bf16 / 1e9, host.intra_bandwidth / 1e9);
+
   const auto start = dml_bench::load_meter::now();
   std::vector<cost::layout> layouts = {cost::parse_layout("dp=1,schedule=single"), cost::parse_layout("dp=2,schedule=single"),
-                                       cost::parse_layout("tp=2,sp=1,schedule=single"), cost::parse_layout("pp=2,mb=2,schedule=1f1b")};
+                                       cost::parse_layout("dp=1,mb=4,schedule=single"),
+                                       cost::parse_layout("tp=2,sp=1,schedule=single"), cost::parse_layout("pp=2,mb=2,schedule=1f1b"),
+                                       cost::parse_layout("pp=2,mb=4,schedule=1f1b"), cost::parse_layout("pp=2,mb=8,schedule=1f1b")};
   if (quick) layouts.resize(2);
   std::printf("%-72s %12s %12s %8s\n", "layout", "predicted_s", "measured_s", "ratio");
   for (const auto& l : layouts) {
-    // Ranks are threads sharing this host: each gets 1/ranks of its GEMM rate and copy bandwidth.
-    cost::cluster c = host;
-    c.flops_fp32 /= l.devices();
-    c.flops_bf16 /= l.devices();
-    c.intra_bandwidth /= l.devices();
+    // Ranks are threads sharing this host, each with its share of the cores (comm::local's thread budget):
+    // calibrated as one of them.
+    const cost::cluster c = cost::calibrate_rank_of(l.devices());
+    std::printf("# one of %d rank(s): fp32 GEMM %.1f GFLOP/s, memcpy %.1f GB/s; share of the fp32 rate at", l.devices(),
+                c.flops_fp32 / 1e9, c.intra_bandwidth / 1e9);
+    for (const auto& [rows, share] : c.gemm_rows) std::printf(" %g rows %.2f,", rows, share);
+    std::printf("\n");
     const auto e = cost::evaluate(m, l, t, c, l.devices());
     if (!e.why.empty() && !e.fits) {
       std::printf("%-72s refused: %s\n", cost::to_string(l).c_str(), e.why.c_str());

@@ -18,6 +18,7 @@
 
 #include "dml/dml.hpp"
 #include "dml/nn/gpt.hpp"
+#include "dml/plan/calibrate.hpp"
 #include "dml/plan/cluster.hpp"
 #include "dml/plan/exact.hpp"
 #include "dml/train/flags.hpp"
@@ -222,8 +223,10 @@ inline void check_across(options& o) {
 }
 
 // --plan auto: of the layouts of `world` ranks dml::cost ranks (DESIGN.md §7), the fastest whose largest rank fits
-// in --memory, by the bytes the trainer will hold (cost::search_dml; 1F1B on a pipeline; micro-batches of one
-// sequence), replaces the layout flags; it is printed before training.
+// in --memory, by the bytes the trainer will hold (cost::search_dml; 1F1B on a pipeline; every micro-batch count
+// that divides a rank's sequences), replaces the layout flags; it is printed before training. Times are this
+// host's: its GEMM rates (and their share at a micro-batch's rows) and copy rate, measured first for one of
+// `world` ranks sharing this machine (cost::calibrate_rank_of).
 inline void apply_plan(options& o, int world) {
   if (o.plan != "auto") return;
   const dml::cost::model m{.layers = o.layers, .d_model = o.d_model, .heads = o.heads, .seq = o.seq, .vocab = o.vocab,
@@ -231,9 +234,9 @@ inline void apply_plan(options& o, int world) {
                            .capacity_factor = o.capacity_factor};
   const dml::cost::training t{.global_batch = o.batch,
                               .prec = o.precision == "bf16" ? dml::cost::precision::bf16 : dml::cost::precision::fp32};
-  dml::cost::cluster c;
+  dml::cost::cluster c = dml::cost::calibrate_rank_of(world);
   c.memory_bytes = dml::cost::parse_bytes(o.memory);
-  for (const auto& e : dml::cost::search_dml(m, t, c, world, 1)) {
+  for (const auto& e : dml::cost::search_dml(m, t, c, world, 0)) {
     if (!e.fits) continue;
     const auto& l = e.lay;
     o.tp = l.tp, o.pp = l.pp, o.dp = l.dp, o.sp = l.sp, o.ep = o.cp = o.replicas = 1;

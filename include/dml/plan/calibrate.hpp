@@ -7,8 +7,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <thread>
+#include <utility>
 #include <vector>
 
+#include "dml/core/algorithm.hpp"
 #include "dml/core/dtype.hpp"
 #include "dml/core/gemm.hpp"
 #include "dml/core/space.hpp"
@@ -37,9 +40,17 @@ double gemm_rate(std::int64_t m, std::int64_t n, std::int64_t k) {
 
 // GEMMs of m × n × k in fp32 and bf16, memcpy of copy_bytes; one node holding every rank. With rows, fp32 GEMMs
 // of r × n × k for each r of rows too: their rates over the m-row one are cluster::gemm_rows (the rate a
-// micro-batch of r tokens reaches; bf16 is taken to lose the same share).
+// micro-batch of r tokens reaches; bf16 is taken to lose the same share). threads > 0: the GEMMs run on that many
+// threads (a rank's set_thread_budget), else on the calling thread's budget.
 inline cluster calibrate(std::int64_t m = 512, std::int64_t n = 1024, std::int64_t k = 1024,
-                         std::size_t copy_bytes = std::size_t{64} << 20, std::vector<std::int64_t> rows = {}) {
+                         std::size_t copy_bytes = std::size_t{64} << 20, std::vector<std::int64_t> rows = {},
+                         int threads = 0) {
+  const int budget = dml::thread_budget();
+  if (threads > 0) dml::set_thread_budget(threads);
+  struct restore {
+    int b;
+    ~restore() { dml::set_thread_budget(b); }
+  } const keep{budget};
   cluster c;
   c.flops_fp32 = detail::gemm_rate<float>(m, n, k);
   c.flops_bf16 = detail::gemm_rate<dml::bf16>(m, n, k);
@@ -52,6 +63,20 @@ inline cluster calibrate(std::int64_t m = 512, std::int64_t n = 1024, std::int64
   c.intra_latency = c.inter_latency = 2e-6;
   c.devices_per_node = 1 << 20;
   c.memory_bytes = 16.0 * (1ull << 30);
+  return c;
+}
+
+// The rates of one of `ranks` ranks that share this host as comm::local's threads do (each with
+// hardware_concurrency / ranks threads, at least 1; ranks over the cores share them): calibrate() at a rank's
+// threads, the GEMM rates scaled down where the ranks' threads outnumber the cores, the copy rate split.
+inline cluster calibrate_rank_of(int ranks, std::vector<std::int64_t> rows = {32, 64, 128, 256, 512, 1024, 2048}) {
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int threads = std::max(1, cores / std::max(ranks, 1));
+  cluster c = calibrate(512, 1024, 1024, std::size_t{64} << 20, std::move(rows), threads);
+  const double share = std::min(1.0, static_cast<double>(cores) / (static_cast<double>(ranks) * threads));
+  c.flops_fp32 *= share;
+  c.flops_bf16 *= share;
+  c.intra_bandwidth = c.inter_bandwidth = c.intra_bandwidth / std::max(ranks, 1);
   return c;
 }
 
