@@ -17,6 +17,7 @@ struct compress_run {
   run_result r;
   std::int64_t bytes = 0, dense = 0, total = 0;  // per step (the same every step), padded parameters
   std::vector<std::int64_t> parts;                // every run's part
+  std::vector<float> weights;                     // the parameters without the layout's padding
 };
 
 // Message bytes of a part of n entries (comm/filter.hpp's 9-byte header, comm/compression.hpp's payloads).
@@ -53,6 +54,9 @@ compress_run train_compressed(int ranks, train::trainer_options opt, O optimizer
     }
     out.r.params = t.full_parameters();
     out.total = t.layout().total;
+    for (const auto& slot : t.layout().slots)
+      out.weights.insert(out.weights.end(), out.r.params.begin() + slot.offset,
+                         out.r.params.begin() + slot.offset + slot.shape.numel());
     for (const auto& bk : t.buckets())
       for (const auto& rn : bk.runs) out.parts.push_back(rn.part);
     return out;
@@ -96,6 +100,21 @@ TEST_CASE_TEMPLATE("compress onebit and topk: 2 ranks train close to dense, byte
     std::int64_t want = 0;  // each run: (N-1) messages of its part per pass
     for (const auto part : got.parts) want += passes * message_bytes(spec, part);
     CHECK(got.bytes == want);
+  }
+}
+
+TEST_CASE("compress on 2 ranks: DDP takes ZeRO-2's steps (every rank sums every rank's part messages)") {
+  for (const std::string spec : {"onebit", "topk:0.05"}) {
+    CAPTURE(spec);
+    auto o = options();
+    o.compress = spec;
+    const auto ddp = train_compressed<parallel::replicate>(2, o, optim::adamw{}, 30);
+    const auto zero2 = train_compressed<parallel::zero<2>>(2, o, optim::adamw{}, 30);
+    CHECK(ddp.r.losses == zero2.r.losses);
+    // The weights; not the padding, where a 1-bit message leaves values that DDP zeroes and ZeRO keeps.
+    CHECK(ddp.weights == zero2.weights);
+    CHECK(ddp.weights.size() < ddp.r.params.size());
+    CHECK(ddp.bytes == 2 * zero2.bytes);  // the same part messages, sent twice: owners' and gathered
   }
 }
 
