@@ -170,3 +170,27 @@ TEST_CASE("onebit-adam reducer: entries without a gradient in warm-up stay 0 aft
     }
   });
 }
+
+TEST_CASE("onebit-adam reducer: an entry whose warm-up gradient was tiny does not set its block's step") {
+  // 2 ranks, 64 entries in one 1-bit block; warm-up of 2 steps where entry 5 has gradients 1e6 times smaller than
+  // the others', then a step where it has the others' size. Unfloored, its m / √v̂ (~1e5 against ~0.1 for the
+  // others) would set the block's positive and negative means, and every entry's momentum would come back about
+  // 1e5 times too large. With the floor (a tenth of the run's mean √v̂), every entry's momentum stays of the
+  // size of the dense one's.
+  constexpr std::size_t n = 64, tiny = 5;
+  comm::local::run(2, [&](comm::local& c) {
+    parallel::compressed_reducer r(parallel::gradient_compression::parse("onebit-adam:2"), n, n / 2);
+    for (int step = 0; step < 3; ++step) {
+      auto g = dml_test::random_vector(n, 100u * static_cast<unsigned>(step) + static_cast<unsigned>(c.rank()));
+      if (step < 2) g[tiny] *= 1e-6f;
+      r.all_reduce(c, std::span<float>(g), 0, 0);
+      if (step < 2) continue;
+      // What comes back is the gradient that makes the optimizer's momentum the decoded one: its entries are of
+      // the size of (1 - β1)⁻¹ times a momentum of inputs in [-1, 1], a few units; unfloored they reach ~1e5.
+      float worst = 0;
+      for (const float v : g) worst = std::max(worst, std::abs(v));
+      MESSAGE("largest returned entry " << worst);
+      CHECK(worst < 100.f);
+    }
+  });
+}

@@ -162,7 +162,7 @@ class compressed_reducer {
   struct momentum_state {
     std::int64_t steps = 0;  // reductions so far
     std::vector<float> m;    // the summed momentum as last handed out (the optimizer's, for grad_scale 1)
-    std::vector<float> v, d;         // the whole run: the second moment in warm-up, then √v̂ + eps
+    std::vector<float> v, d, s;      // the whole run: the second moment in warm-up, then √v̂ + eps, and its floored form
     std::vector<std::uint8_t> live;  // the whole run, after warm-up: 0 where v was 0 (sent as 0, kept at 0)
   };
   momentum_state& momentum_run(std::size_t key, std::size_t n, std::size_t whole) {
@@ -175,22 +175,32 @@ class compressed_reducer {
   void second_moment(momentum_state& r, std::span<const float> g) const {
     for (std::size_t i = 0; i < r.v.size(); ++i) r.v[i] = r.v[i] * beta2_ + (1.f - beta2_) * g[i] * g[i];
   }
-  // lm / d, with d (the frozen denominator, as optim::adam's after step W) made on the first call. Entries with
-  // no gradient in warm-up (v = 0: MNIST's blank border pixels; padding) are left out, sent as 0 and kept at 0:
-  // over d = eps a later gradient would swamp their block's mean, and the optimizer's step would be m / eps.
+  // lm / s, with d (the frozen denominator, as optim::adam's after step W) made on the first call and s = max(d,
+  // floor_share · the mean of d over the run's live entries). Entries with no gradient in warm-up (v = 0: MNIST's
+  // blank border pixels; padding) are left out, sent as 0 and kept at 0: over d = eps a later gradient would swamp
+  // their block's mean, and the optimizer's step would be m / eps. The floor does the same for entries whose v was
+  // tiny but not 0: their lm / d would set their block's mean, and every entry of the block would take that step.
+  // as_gradient multiplies the sum by d, so the optimizer's step is M / s: Adam's with the floor under √v̂.
+  static constexpr float floor_share = 0.1f;
   std::span<const float> scaled(momentum_state& r, std::span<const float> lm) {
     if (r.d.empty()) {
       const auto bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(beta2_),
                                                                         static_cast<double>(warmup_))));
       r.d.resize(r.v.size());
+      r.s.resize(r.v.size());
       r.live.resize(r.v.size());
+      double sum = 0;
+      std::size_t live = 0;
       for (std::size_t i = 0; i < r.v.size(); ++i) {
         r.d[i] = std::sqrt(r.v[i]) / bc2_sqrt + eps_;
         r.live[i] = r.v[i] != 0.f;
+        if (r.live[i]) sum += r.d[i], ++live;
       }
+      const float floor = live ? floor_share * static_cast<float>(sum / static_cast<double>(live)) : 0.f;
+      for (std::size_t i = 0; i < r.v.size(); ++i) r.s[i] = std::max(r.d[i], floor);
     }
     scaled_.resize(lm.size());
-    for (std::size_t i = 0; i < lm.size(); ++i) scaled_[i] = r.live[i] ? lm[i] / r.d[i] : 0.f;
+    for (std::size_t i = 0; i < lm.size(); ++i) scaled_[i] = r.live[i] ? lm[i] / r.s[i] : 0.f;
     return scaled_;
   }
   // m = β1·m + (1 − β1)·g, as optim::adam computes it (so warm-up keeps M_prev equal to the optimizer's).
