@@ -186,6 +186,7 @@ class pipeline {
                                   context(a.micro, accumulate, hooks != nullptr), part, v > 0, hooks);
     log_(event_kind::backward_end);
     if (v > 0 && part != nn::backward_part::weight) {
+      m.gradient_send.wait();  // a copy not given back (a step that threw) may still be in flight
       auto& spare = spare_gradients_[static_cast<std::size_t>(a.chunk)];
       if (m.gradient_out.bytes() == 0 && !spare.empty()) {
         m.gradient_out = std::move(spare.back());
