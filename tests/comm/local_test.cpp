@@ -3,8 +3,11 @@
 // Labelled unit and tsan: runs under ASan/UBSan and ThreadSanitizer too.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -178,4 +181,101 @@ TEST_CASE("comm::local: isendrecv around a ring, and the host-staged forms are t
       dml::comm::all_to_all_host(c, std::span<const std::int64_t>(to), std::span<std::int64_t>(from));
       for (int p = 0; p < n; ++p) CHECK(from[std::size_t(p)] == 10 * p + r);
     });
+}
+
+TEST_CASE("comm::local: issend is received where it lies, and completes only once received") {
+  local::run(2, [](local& c) {
+    std::vector<std::byte> out(1 << 20), small(3, std::byte{7});
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = std::byte(i * 31 % 251);
+    if (c.rank() == 0) {
+      auto a = c.issend(std::span<const std::byte>(out), 1, 5);
+      auto b = c.issend(std::span<const std::byte>(small), 1, 5);
+      auto d = c.issend(std::span<const std::byte>(out).first(1000), 1, 6);  // to a plain receive
+      c.barrier();                      // rank 1 has received nothing yet
+      CHECK_FALSE(a.test());
+      CHECK_FALSE(b.test());
+      CHECK_FALSE(d.test());
+      std::int64_t where = std::int64_t(reinterpret_cast<std::uintptr_t>(out.data()));
+      c.send(std::span<const std::int64_t>(&where, 1), 1, 9);
+      a.wait();
+      b.wait();
+      d.wait();
+      // A receive posted first is filled at the issend, which is then complete.
+      std::vector<float> early(4, 2.5f);
+      c.barrier();
+      CHECK(c.issend(std::span<const float>(early), 1, 7).test());
+      c.barrier();
+    } else {
+      c.barrier();
+      std::int64_t where = 0;
+      c.recv(std::span<std::int64_t>(&where, 1), 0, 9);
+      {
+        const auto held = c.recv_borrowed(0, 5);  // in order: the large one first, at the sender's address
+        REQUIRE(held.bytes().size() == out.size());
+        CHECK(std::int64_t(reinterpret_cast<std::uintptr_t>(held.bytes().data())) == where);
+        CHECK(std::equal(held.bytes().begin(), held.bytes().end(), out.begin()));
+      }
+      {
+        const auto second = c.recv_borrowed(0, 5);  // held until dropped: rank 0's wait waits for that
+        CHECK(second.bytes().size() == 3);
+        CHECK(second.bytes()[2] == std::byte{7});
+      }
+      std::vector<std::byte> in(1000);
+      c.recv(std::span<std::byte>(in), 0, 6);
+      CHECK(std::equal(in.begin(), in.end(), out.begin()));
+      std::vector<float> early(4);
+      auto r = c.irecv(std::span<float>(early), 0, 7);
+      c.barrier();
+      c.barrier();
+      r.wait();
+      CHECK(early[3] == 2.5f);
+    }
+  });
+}
+
+TEST_CASE("comm::local: a plain send is borrowed too, a borrowed receive checks the element type, a "
+          "cancelled issend is withdrawn") {
+  local::run(2, [](local& c) {
+    if (c.rank() == 0) {
+      std::vector<std::byte> b(100, std::byte{1});
+      c.send(std::span<const std::byte>(b), 1, 1);
+      std::vector<float> f(4, 1.f);
+      c.send(std::span<const float>(f), 1, 2);
+      auto gone = c.issend(std::span<const std::byte>(b), 1, 3);
+      gone.cancel();  // never received: withdrawn, so b may go
+      CHECK(gone.done());
+      c.barrier();
+    } else {
+      CHECK(c.recv_borrowed(0, 1).bytes().size() == 100);
+      CHECK_THROWS_WITH_AS(c.recv_borrowed(0, 2), doctest::Contains("expected a message of bytes from rank 0"),
+                           dml::invalid_argument);
+      c.barrier();
+      std::vector<std::byte> none(100);
+      auto r = c.irecv(std::span<std::byte>(none), 0, 3);
+      CHECK_FALSE(r.test());
+      r.cancel();
+    }
+  });
+}
+
+TEST_CASE("comm::local: an issend waiting for a peer that throws fails, and a borrowed receive times out") {
+  CHECK_THROWS_AS(local::run(2, [](local& c) {
+                    std::vector<std::byte> b(64, std::byte{2});
+                    if (c.rank() == 1) throw std::logic_error("rank 1 gives up");
+                    auto s = c.issend(std::span<const std::byte>(b), 1, 0);
+                    CHECK_THROWS_AS(s.wait(), dml::comm_error);
+                  }),
+                  std::logic_error);
+  std::string message;
+  CHECK_THROWS_AS(local::run(2, [&](local& c) {
+                    if (c.rank() == 1) return;
+                    try {
+                      (void)c.recv_borrowed(1, 0);
+                    } catch (const dml::comm_error& e) {
+                      message = e.what();
+                      throw;
+                    }
+                  }, {.timeout = std::chrono::milliseconds(200)}),
+                  dml::comm_error);
+  CHECK(message.find("recv") != std::string::npos);
 }

@@ -44,23 +44,28 @@ struct no_filter {
   // sender that keeps no residual (the parameter server's workers) copies once instead of three times.
   static void encode_copy(std::span<const float> values, std::vector<std::byte>& out) {
     const std::uint32_t n = detail::message_length(values.size(), "dml::comm::no_filter::encode");
-    std::byte* p = detail::append_message(out, kind, n, n, 4 * std::size_t{n});
-    if (n == 0) return;
-    std::memcpy(p, values.data(), 4 * std::size_t{n});
+    detail::append_message(out, kind, n, n, 0);
+    const auto* p = reinterpret_cast<const std::byte*>(values.data());
+    out.insert(out.end(), p, p + 4 * std::size_t{n});  // into kept capacity, without zero-filling it first
+  }
+
+  // The n values of a message where they lie (4 bytes each, at any address), checked as decode checks them.
+  static std::span<const std::byte> values(std::span<const std::byte> in, std::size_t n) {
+    constexpr const char* where = "dml::comm::no_filter::decode";
+    const detail::message_header h = detail::read_header(in, kind, n, where);
+    if (h.count != h.n)
+      fail<invalid_argument>(where, ": expected a count equal to the length ", h.n, ", found ", h.count);
+    detail::check_fits(in, message_header_bytes + 4 * std::uint64_t{h.n}, "header + 4 per entry", where);
+    return in.subspan(message_header_bytes, 4 * std::size_t{h.n});
   }
 
   static std::size_t decode(std::span<const std::byte> in, std::span<float> dst) {
-    constexpr const char* where = "dml::comm::no_filter::decode";
-    const detail::message_header h = detail::read_header(in, kind, dst.size(), where);
-    if (h.count != h.n)
-      fail<invalid_argument>(where, ": expected a count equal to the length ", h.n, ", found ", h.count);
-    const std::uint64_t need = message_header_bytes + 4 * std::uint64_t{h.n};
-    detail::check_fits(in, need, "header + 4 per entry", where);
-    const std::byte* p = in.data() + message_header_bytes;
+    const auto v = values(in, dst.size());
+    const std::byte* p = v.data();
     float* d = dst.data();
     DML_SIMD
-    for (std::size_t i = 0; i < h.n; ++i) d[i] += detail::wire_get<float>(p + 4 * i);
-    return static_cast<std::size_t>(need);
+    for (std::size_t i = 0; i < dst.size(); ++i) d[i] += detail::wire_get<float>(p + 4 * i);
+    return message_header_bytes + v.size();
   }
 };
 

@@ -212,6 +212,20 @@ class local {
     send_impl<T>(data, peer, tag);
     return request{};
   }
+  // A synchronous send (MPI_Issend): nothing is copied until the receive, which reads the caller's memory,
+  // so data must stay unchanged until the request completes, once the peer has received the message.
+  // Waiting on it before the peer posts its receive waits for the peer: send, not issend, where that matters.
+  template <transferable T>
+  request issend(std::span<const T> data, int peer, int tag) {
+    return issend_impl<T>(data, peer, tag);
+  }
+
+  // A blocking receive of bytes that copies nothing: the message stays where it lies (the sender's memory
+  // after an issend) until the returned view is dropped, which completes the sender's issend. Waits, as recv
+  // does, until the message arrives, the group is aborted or the timeout passes.
+  using borrowed = detail::local_impl::borrowed_message;
+  borrowed recv_borrowed(int peer, int tag);
+
   template <transferable T>
   void recv(std::span<T> data, int peer, int tag) {
     irecv(data, peer, tag).wait();
@@ -240,12 +254,9 @@ class local {
       }
     }
     if (queued) {  // p is this thread's alone: copy without the lock
-      deliver(*p, queued->type, queued->data.get(), queued->size);
+      deliver(*p, queued->type, queued->bytes(), queued->size);
       p->done = true;
-      if (queued->capacity >= detail::local_impl::group::keep_from) {
-        std::lock_guard lk(g_->m);
-        if (g_->spare.size() < detail::local_impl::group::kept_at_most) g_->spare.push_back(std::move(*queued));
-      }
+      g_->release(*queued);
     }
     return request(std::make_unique<detail::local_impl::recv_request>(g_, rank_, std::move(p)));
   }
@@ -389,6 +400,8 @@ class local {
   void fill(detail::local_impl::posted_recv* p, const void* bytes, std::size_t n);
   template <class T>
   void send_impl(std::span<const T> data, int peer, int tag);
+  template <class T>
+  request issend_impl(std::span<const T> data, int peer, int tag);
 
   template <class... Args>
   static std::string cat(const Args&... args) {

@@ -75,10 +75,10 @@ class server {
   bool stopped() const { return stopped_; }  // the fault hook fired
 
  private:
-  struct entry {  // one range of a push or forward, decoded
+  struct entry {  // one range of a push or forward, checked
     std::uint32_t range;
     std::uint8_t kind;  // 0 gradient, 1 initial values
-    std::span<const std::byte> bytes;
+    detail::wire_floats values;
   };
   struct waiting_pull {
     int peer;
@@ -151,11 +151,13 @@ class server {
     }
   }
 
-  // Decodes and validates every entry before applying any, so a bad request changes nothing.
-  // The entries' values land in decoded_ (kept between messages, so steady traffic allocates nothing);
-  // entry i's are decoded_[first[i], first[i] + its range's length).
-  std::vector<entry> parse_entries(int peer, std::span<const std::byte> payload, std::vector<std::size_t>& first) {
+  // Validates every entry before applying any, so a bad request changes nothing. Dense entries (initial values,
+  // unfiltered gradients) are applied from the payload where they lie; filtered ones are decoded into decoded_
+  // (kept between messages, so steady traffic allocates nothing).
+  std::vector<entry> parse_entries(int peer, std::span<const std::byte> payload) {
     std::vector<entry> es;
+    std::vector<std::size_t> first;  // per entry: where its decoded values start, or npos
+    constexpr auto direct = std::size_t(-1);
     std::size_t total = 0;
     decoded_.clear();
     detail::reader rd{payload};
@@ -165,7 +167,7 @@ class server {
       e.range = rd.get<std::uint32_t>("a range id");
       e.kind = rd.get<std::uint8_t>("an entry kind");
       const auto n = rd.get<std::uint32_t>("an entry length");
-      e.bytes = rd.take(n, "an entry");
+      const auto bytes = rd.take(n, "an entry");
       if (e.range >= ranges_.size())
         fail<invalid_argument>("dml::ps: expected a key range below ", ranges_.size(),
                                " (keys outside every range), found range ", e.range);
@@ -177,27 +179,38 @@ class server {
       if (from_worker) {
         const int prim = place_.primary(e.range, dead_servers_);
         if (prim != me_)
-          fail<invalid_argument>("dml::ps: range ", e.range, "'s primary is server ", prim,
-                                 " (chain ", list(ch), "), not server ", me_);
+          fail<invalid_argument>("dml::ps: range ", e.range, "'s primary is server ", prim, " (chain ", list(ch),
+                                 "), not server ", me_);
       }
       const auto len = std::size_t(place_.table.range(e.range).length);
-      decoded_.resize(total + len, 0.f);  // zeros: filters add what they carry
-      const auto g = std::span<float>(decoded_).subspan(total, len);
-      first.push_back(total);
-      total += len;
-      if (e.kind == 0) {
-        const auto used = push_filter_.decode(e.bytes, std::span<float>(g));
-        if (used != e.bytes.size())
-          fail<invalid_argument>("dml::ps: expected range ", e.range, "'s entry to be ", e.bytes.size(),
-                                 " bytes, the filter read ", used);
+      if (e.kind == 1) {
+        if (bytes.size() != len * sizeof(float))
+          fail<invalid_argument>("dml::ps: expected ", len, " initial values for range ", e.range, ", found ",
+                                 bytes.size() / sizeof(float));
+        e.values = detail::wire_floats(bytes);
+        first.push_back(direct);
+      } else if (push_filter_.kind() == comm::filter_kind::none) {
+        const auto v = comm::no_filter::values(bytes, len);
+        if (comm::message_header_bytes + v.size() != bytes.size())
+          fail<invalid_argument>("dml::ps: expected range ", e.range, "'s entry to be ", bytes.size(),
+                                 " bytes, the filter read ", comm::message_header_bytes + v.size());
+        e.values = detail::wire_floats(v);
+        first.push_back(direct);
       } else {
-        if (e.bytes.size() != len * sizeof(float))
-          fail<invalid_argument>("dml::ps: expected ", len, " initial values for range ", e.range,
-                                 ", found ", e.bytes.size() / sizeof(float));
-        std::memcpy(g.data(), e.bytes.data(), e.bytes.size());
+        decoded_.resize(total + len, 0.f);  // zeros: filters add what they carry
+        const auto used = push_filter_.decode(bytes, std::span<float>(decoded_).subspan(total, len));
+        if (used != bytes.size())
+          fail<invalid_argument>("dml::ps: expected range ", e.range, "'s entry to be ", bytes.size(),
+                                 " bytes, the filter read ", used);
+        first.push_back(total);
+        total += len;
       }
       es.push_back(e);
     }
+    for (std::size_t i = 0; i < es.size(); ++i)  // decoded_ no longer moves
+      if (first[i] != direct)
+        es[i].values = detail::wire_floats(std::span<const float>(decoded_).subspan(
+            first[i], std::size_t(place_.table.range(es[i].range).length)));
     return es;
   }
 
@@ -214,12 +227,7 @@ class server {
     const int w = from_worker ? worker_index(peer) : int(h.worker);
     if (w < 0 || w >= workers_)
       fail<invalid_argument>("dml::ps: expected a worker index in [0, ", workers_, "), found ", w);
-    std::vector<std::size_t> first;
-    const auto es = parse_entries(peer, payload, first);
-    for (std::size_t i = 0; i < es.size(); ++i) {
-      const auto g = std::span<const float>(decoded_).subspan(first[i], std::size_t(place_.table.range(es[i].range).length));
-      ranges_.apply(es[i].range, es[i].kind, w, std::uint64_t(h.seq), g);
-    }
+    for (const auto& e : parse_entries(peer, payload)) ranges_.apply(e.range, e.kind, w, std::uint64_t(h.seq), e.values);
     forwarding f{peer, h.id, from_worker ? detail::msg::push_ack : detail::msg::forward_ack, w, h.seq, {}};
     dispatch(f, payload);
     if (f.parts.empty()) acknowledge(f);

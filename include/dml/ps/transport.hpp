@@ -168,9 +168,10 @@ class endpoint {
   endpoint(const endpoint&) = delete;
   endpoint& operator=(const endpoint&) = delete;
   ~endpoint() {
-    // After finish() nothing is posted; while an exception unwinds, withdraw what is.
+    // After finish() nothing is posted and nothing is in flight; while an exception unwinds, withdraw what is.
     for (auto& in : in_)
       if (in.posted) in.r.cancel();
+    for (auto& m : out_) m->pr.cancel();
   }
 
   int rank() const { return rank_; }
@@ -183,7 +184,12 @@ class endpoint {
     m->h = h;
     m->payload = std::move(payload);
     m->hr = comm_.isend(std::span<const header>(&m->h, 1), peer, header_tag);
-    if (h.bytes > 0) m->pr = comm_.isend(std::span<const std::byte>(*m->payload), peer, payload_tag);
+    if (h.bytes > 0) {
+      // Where the communicator can, the peer reads the payload where it lies: it stays alive in out_ until then.
+      const auto bytes = std::span<const std::byte>(*m->payload);
+      if constexpr (requires { comm_.issend(bytes, peer, payload_tag); }) m->pr = comm_.issend(bytes, peer, payload_tag);
+      else m->pr = comm_.isend(bytes, peer, payload_tag);
+    }
     sent_[peer] = clock::now();
     out_.push_back(std::move(m));
   }
@@ -201,12 +207,22 @@ class endpoint {
       any = true;
       heard_[p] = clock::now();
       const header h = in.h;
-      if (payload_.size() < std::size_t(h.bytes)) payload_.resize(std::size_t(h.bytes));
-      const auto payload = std::span<std::byte>(payload_).first(std::size_t(h.bytes));
-      if (h.bytes > 0) comm_.recv(payload, p, payload_tag);
       if (h.type == std::int64_t(msg::bye)) ++byes_;  // nothing more comes from p
       else post(p);
-      on(p, h, std::span<const std::byte>(payload));
+      if (h.bytes == 0) {
+        on(p, h, std::span<const std::byte>{});
+      } else if constexpr (requires { comm_.recv_borrowed(p, payload_tag); }) {
+        const auto held = comm_.recv_borrowed(p, payload_tag);  // read where it lies, no copy
+        if (held.bytes().size() != std::size_t(h.bytes))
+          fail<invalid_argument>("dml::ps: expected a payload of ", h.bytes, " bytes from rank ", p, ", found ",
+                                 held.bytes().size());
+        on(p, h, held.bytes());
+      } else {
+        if (payload_.size() < std::size_t(h.bytes)) payload_.resize(std::size_t(h.bytes));
+        const auto payload = std::span<std::byte>(payload_).first(std::size_t(h.bytes));
+        comm_.recv(payload, p, payload_tag);
+        on(p, h, std::span<const std::byte>(payload));
+      }
     }
     return any;
   }
@@ -269,7 +285,7 @@ class endpoint {
   std::vector<inbound> in_;
   std::deque<std::unique_ptr<out_msg>> out_;
   std::vector<clock::time_point> heard_, sent_;
-  std::vector<std::byte> payload_;  // the last payload received, handed out as a span
+  std::vector<std::byte> payload_;  // the last payload received, handed out as a span (where it is copied)
   int byes_ = 0;
 };
 

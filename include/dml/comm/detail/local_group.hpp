@@ -70,13 +70,21 @@ struct posted_recv {
   bool done = false;
   std::string error;
 };
-// A message sent before its receive was posted: a copy, made without the group's lock.
+// Whether a synchronous send (issend) has been received; guarded by the group's lock.
+struct ssend_state {
+  bool done = false;
+};
+// A message sent before its receive was posted: a copy, made without the group's lock, or, from issend, the
+// sender's own memory (`ref`), valid until the receiver sets `sent->done`.
 struct message {
   int src;
   int tag;
   const void* type;
   std::unique_ptr<std::byte[]> data;
   std::size_t size = 0, capacity = 0;
+  const std::byte* ref = nullptr;
+  std::shared_ptr<ssend_state> sent;
+  const std::byte* bytes() const { return ref ? ref : data.get(); }
 };
 
 template <class T>
@@ -96,6 +104,18 @@ struct group : std::enable_shared_from_this<group> {
   static constexpr std::size_t keep_from = std::size_t(64) << 10;
   static constexpr std::size_t kept_at_most = 4;
   std::vector<message> spare;
+
+  // A message taken off an inbox is done with: an issend completes, a large copy's buffer is kept.
+  void release(message& msg) {
+    if (!msg.sent && msg.capacity < keep_from) return;
+    std::lock_guard lk(m);
+    if (msg.sent) {
+      msg.sent->done = true;
+      cv.notify_all();
+    } else if (spare.size() < kept_at_most) {
+      spare.push_back(std::move(msg));
+    }
+  }
 
   group(int size, std::shared_ptr<world> wd)
       : n(size), w(std::move(wd)), slots(size), inbox(size), posted(size) {}

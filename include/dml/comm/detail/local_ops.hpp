@@ -301,4 +301,42 @@ void local::send_impl(std::span<const T> data, int peer, int tag) {
   g_->cv.notify_all();
 }
 
+template <class T>
+request local::issend_impl(std::span<const T> data, int peer, int tag) {
+  check_peer(peer, "issend");
+  const std::size_t n = data.size_bytes();
+  std::unique_lock lk(g_->m);
+  if (g_->w->aborted.load()) g_->fail_aborted(lk, "issend", rank_);
+  if (auto* p = claim(peer, tag)) {
+    lk.unlock();
+    fill<T>(p, data.data(), n);
+    return request{};
+  }
+  auto sent = std::make_shared<detail::local_impl::ssend_state>();
+  detail::local_impl::message msg{rank_, tag, &detail::local_impl::type_tag<T>, nullptr, n, 0};
+  msg.ref = reinterpret_cast<const std::byte*>(data.data());
+  msg.sent = sent;
+  g_->inbox[peer].push_back(std::move(msg));
+  g_->cv.notify_all();
+  return request(std::make_unique<detail::local_impl::ssend_request>(g_, rank_, peer, std::move(sent)));
+}
+
+inline local::borrowed local::recv_borrowed(int peer, int tag) {
+  check_peer(peer, "recv");
+  std::unique_lock lk(g_->m);
+  if (g_->w->aborted.load()) g_->fail_aborted(lk, "recv", rank_);
+  auto& box = g_->inbox[rank_];
+  auto match = [&] { return std::find_if(box.begin(), box.end(), [&](const auto& m) { return m.src == peer && m.tag == tag; }); };
+  g_->wait(lk, [&] { return match() != box.end(); }, "recv", rank_);
+  const auto it = match();
+  const bool bytes = it->type == &detail::local_impl::type_tag<std::byte>;
+  borrowed b(g_, std::move(*it));
+  box.erase(it);
+  lk.unlock();
+  if (!bytes)
+    fail<invalid_argument>("dml::comm::local::recv_borrowed: expected a message of bytes from rank ", peer, " with tag ",
+                           tag, ", found one of another element type");
+  return b;
+}
+
 }  // namespace dml::comm

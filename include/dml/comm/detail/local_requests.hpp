@@ -4,12 +4,14 @@
 // Sits on comm/detail/local_group.hpp and core/algorithm.hpp; used by comm/local.hpp.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <utility>
 
@@ -93,6 +95,63 @@ struct recv_request final : request_state {
     }
     finish();
   }
+};
+
+// An issend whose message waits in the peer's inbox: done once the peer has received it (copied it out, or
+// dropped the borrowed view of it).
+struct ssend_request final : request_state {
+  std::shared_ptr<group> g;
+  int rank, peer;
+  std::shared_ptr<ssend_state> s;
+  ssend_request(std::shared_ptr<group> gr, int r, int to, std::shared_ptr<ssend_state> st)
+      : g(std::move(gr)), rank(r), peer(to), s(std::move(st)) {}
+  // Takes the message back if no receiver has it yet; under the lock.
+  bool withdraw() {
+    auto& box = g->inbox[peer];
+    auto it = std::find_if(box.begin(), box.end(), [&](const message& m) { return m.sent == s; });
+    if (it == box.end()) return false;
+    box.erase(it);
+    return true;
+  }
+  bool cancel() override {
+    std::lock_guard lk(g->m);
+    return !s->done && withdraw();
+  }
+  bool test() override {
+    std::unique_lock lk(g->m);
+    if (!s->done && g->w->aborted.load()) {
+      if (!withdraw()) g->cv.wait(lk, [&] { return s->done; });  // a receiver holds it: until it lets go
+      g->fail_aborted(lk, "issend", rank);
+    }
+    return s->done;
+  }
+  void wait() override {
+    std::unique_lock lk(g->m);
+    try {
+      g->wait(lk, [&] { return s->done; }, "issend", rank);
+    } catch (...) {
+      if (!lk.owns_lock()) lk.lock();
+      if (!withdraw()) g->cv.wait(lk, [&] { return s->done; });
+      throw;
+    }
+  }
+};
+
+// A message received where it lies (comm::local::recv_borrowed): the sender's memory after an issend, or the
+// queue's copy. Dropping it completes the sender's issend or keeps the copy's buffer for the next message.
+class borrowed_message {
+ public:
+  borrowed_message(std::shared_ptr<group> g, message m) : g_(std::move(g)), m_(std::move(m)) {}
+  borrowed_message(borrowed_message&&) noexcept = default;
+  borrowed_message& operator=(borrowed_message&&) = delete;
+  ~borrowed_message() {
+    if (g_) g_->release(m_);
+  }
+  std::span<const std::byte> bytes() const { return {m_.bytes(), m_.size}; }
+
+ private:
+  std::shared_ptr<group> g_;
+  message m_;
 };
 
 }  // namespace detail::local_impl

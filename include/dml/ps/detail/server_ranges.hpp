@@ -7,16 +7,33 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <span>
 #include <vector>
 
+#include "dml/comm/detail/filter_wire.hpp"
 #include "dml/core/algorithm.hpp"
 #include "dml/optim/adagrad.hpp"
 #include "dml/ps/transport.hpp"
 
 namespace dml::ps::detail {
+
+// An entry's values as they lie in a message, 4 bytes each at any address (or a decoded float span's bytes):
+// the servers apply dense pushes from the payload itself, with no copy first.
+struct wire_floats {
+  const std::byte* p = nullptr;
+  std::size_t n = 0;
+  wire_floats() = default;
+  explicit wire_floats(std::span<const std::byte> b) : p(b.data()), n(b.size() / sizeof(float)) {}
+  explicit wire_floats(std::span<const float> v) : wire_floats(std::as_bytes(v)) {}
+  std::size_t size() const { return n; }
+  float operator[](std::size_t i) const { return comm::detail::wire_get<float>(p + sizeof(float) * i); }
+  void copy_to(float* d, std::size_t from, std::size_t count) const {
+    std::memcpy(d, p + sizeof(float) * from, sizeof(float) * count);
+  }
+};
 
 // One key range, held here as primary or replica (or not held).
 struct range_state {
@@ -68,10 +85,10 @@ class server_ranges {
   // One decoded entry of worker w's push `seq` to range r: initial values (kind 1; the first to arrive wins) or a
   // gradient (kind 0), applied at once, or under bsp once every live worker's push of that step is in. A retry of
   // a push already applied changes nothing.
-  void apply(std::uint32_t r, std::uint8_t kind, int w, std::uint64_t seq, std::span<const float> g) {
+  void apply(std::uint32_t r, std::uint8_t kind, int w, std::uint64_t seq, wire_floats g) {
     auto& s = state_[r];
     if (kind == 1) {
-      if (!s.initialised) s.value.assign(g.begin(), g.end());
+      if (!s.initialised) assign(s.value, g);
       s.initialised = true;
       return;
     }
@@ -80,7 +97,7 @@ class server_ranges {
     if (pos != seen.end() && *pos == seq) return;  // a retry of what this server already has
     seen.insert(pos, seq);
     if (staleness_ == 0) {
-      s.pending[std::int64_t(seq)][w].assign(g.begin(), g.end());
+      assign(s.pending[std::int64_t(seq)][w], g);
       complete_steps(s);
     } else {
       step(s, g);
@@ -129,15 +146,28 @@ class server_ranges {
     return m;
   }
 
-  void step(range_state& s, std::span<const float> g) {
-    const auto n = std::int64_t(g.size());
+  static void assign(std::vector<float>& v, wire_floats g) {
+    v.resize(g.size());
+    g.copy_to(v.data(), 0, g.size());
+  }
+
+  void step(range_state& s, wire_floats g) {
+    const auto n = g.size();
+    float* v = s.value.data();
     if (optimizer_.kind == server_optimizer::sgd) {
       const float lr = optimizer_.lr;
-      float* v = s.value.data();
-      for (std::int64_t i = 0; i < n; ++i) v[i] -= lr * g[std::size_t(i)];
+      DML_SIMD
+      for (std::size_t i = 0; i < n; ++i) v[i] -= lr * g[i];
     } else {
-      for_each_index<host>(n, optim::kernels::adagrad_update<float>{s.value.data(), g.data(), s.accum.data(),
-                                                                     optimizer_.lr, optimizer_.eps, 0.f, 1.f});
+      // Through a block that stays in cache, for the kernel's aligned gradient pointer.
+      constexpr std::size_t block = std::size_t(1) << 16;
+      block_.resize(std::min(block, n));
+      for (std::size_t at = 0; at < n; at += block) {
+        const auto m = std::min(block, n - at);
+        g.copy_to(block_.data(), at, m);
+        for_each_index<host>(std::int64_t(m), optim::kernels::adagrad_update<float>{
+            v + at, block_.data(), s.accum.data() + at, optimizer_.lr, optimizer_.eps, 0.f, 1.f});
+      }
     }
   }
 
@@ -154,7 +184,7 @@ class server_ranges {
         for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += g[i];
         ++s.clock[std::size_t(w)];
       }
-      step(s, sum);
+      step(s, wire_floats(std::span<const float>(sum)));
       s.pending.erase(it);
       note_clock(s);
     }
@@ -173,6 +203,7 @@ class server_ranges {
   server_optimizer optimizer_;
   std::vector<range_state> state_;
   std::vector<bool> dead_, left_;  // per worker
+  std::vector<float> block_;       // step's gradient block (adagrad)
   std::int64_t max_clock_ = 0;
 };
 
