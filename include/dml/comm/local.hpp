@@ -49,7 +49,7 @@ class local {
     auto g = detail::local_impl::group::make(n, w);
     std::mutex em;
     std::exception_ptr first;
-    const int budget = std::max(1, int(std::thread::hardware_concurrency()) / n);
+    const int budget = thread_budget(n);
     std::vector<std::thread> threads;
     threads.reserve(n);
     for (int r = 0; r < n; ++r) {
@@ -77,6 +77,9 @@ class local {
     for (auto& t : threads) t.join();
     if (first) std::rethrow_exception(first);
   }
+
+  // The threads each of n ranks gets for its own work (set_thread_budget): the host's share, at least one.
+  static int thread_budget(int n) { return std::max(1, int(std::thread::hardware_concurrency()) / std::max(n, 1)); }
 
   local(local&&) noexcept = default;
   local& operator=(local&&) noexcept = default;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/plan/calibrate.hpp — this host as a cost::cluster: a short GEMM probe per precision and a memcpy bandwidth
 // probe (what comm::local's collectives do between threads).
-// Sits on core/gemm.hpp and plan/cost.hpp; used by tools/dml-plan (--calibrate) and benchmarks/plan_accuracy.
+// Sits on core/gemm.hpp, comm/local.hpp (its thread budget) and plan/cost.hpp; used by tools/dml-plan (--calibrate) and benchmarks/plan_accuracy.
 #pragma once
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "dml/comm/local.hpp"
 #include "dml/core/algorithm.hpp"
 #include "dml/core/dtype.hpp"
 #include "dml/core/gemm.hpp"
@@ -71,7 +72,7 @@ inline cluster calibrate(std::int64_t m = 512, std::int64_t n = 1024, std::int64
 // threads, the GEMM rates scaled down where the ranks' threads outnumber the cores, the copy rate split.
 inline cluster calibrate_rank_of(int ranks, std::vector<std::int64_t> rows = {32, 64, 128, 256, 512, 1024, 2048}) {
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  const int threads = std::max(1, cores / std::max(ranks, 1));
+  const int threads = comm::local::thread_budget(ranks);
   cluster c = calibrate(512, 1024, 1024, std::size_t{64} << 20, std::move(rows), threads);
   const double share = std::min(1.0, static_cast<double>(cores) / (static_cast<double>(ranks) * threads));
   c.flops_fp32 *= share;
