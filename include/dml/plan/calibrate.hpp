@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/plan/calibrate.hpp — this host as a cost::cluster: a short GEMM probe per precision and a memcpy bandwidth
 // probe (what comm::local's collectives do between threads).
-// Sits on core/gemm.hpp, comm/local.hpp (its thread budget) and plan/cost.hpp; used by tools/dml-plan (--calibrate) and benchmarks/plan_accuracy.
+// Sits on core/gemm.hpp, comm/local.hpp (its thread budget) and plan/cost.hpp; used by tools/dml-plan
+// (--calibrate) and benchmarks/plan_accuracy.
 #pragma once
 
 #include <algorithm>

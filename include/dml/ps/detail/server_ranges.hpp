@@ -31,7 +31,7 @@ struct wire_floats {
   std::size_t size() const { return n; }
   float operator[](std::size_t i) const { return comm::detail::wire_get<float>(p + sizeof(float) * i); }
   void copy_to(float* d, std::size_t from, std::size_t count) const {
-    std::memcpy(d, p + sizeof(float) * from, sizeof(float) * count);
+    if (count) std::memcpy(d, p + sizeof(float) * from, sizeof(float) * count);
   }
 };
 
