@@ -29,6 +29,7 @@ struct options {
   std::int64_t layers = 6, d_model = 384, heads = 6, seq = 256, vocab = 256;
   std::int64_t batch = 8;  // global batch: sequences per step over all data-parallel ranks
   std::int64_t steps = 5, warmup = 2, microbatches = 4;
+  std::string schedule = "1f1b";  // of the pp layout
   int threads = 1;  // per rank, dml and PyTorch alike
   int repeats = 1;  // runs per layout (and per PyTorch thread count); the fastest is kept
   float lr = 3e-4f;
@@ -144,6 +145,7 @@ void run_rank(dml::comm::local& comm, const options& o, const layout& l, result&
   to.sequence_parallel = l.sp;
   to.pipeline_stages = l.pp;
   to.micro_batches = l.pp > 1 ? o.microbatches : 1;
+  if (l.pp > 1) to.schedule = o.schedule;
   const auto model = dml::nn::gpt(model_config(o));
   dml::trainer<dml::parallel::replicate, dml::optim::adamw, Precision> t(comm, model, to, dml::optim::adamw({.lr = o.lr}));
   // World rank = tp rank + TP·(dp rank + DP·pp rank): every tp and pp rank of a data-parallel rank passes its rows.
@@ -270,6 +272,7 @@ dml::flags command_line(options& o) {
   f.add("--steps", o.steps, "N", "timed steps").min(1);
   f.add("--warmup", o.warmup, "N", "untimed steps first").min(0);
   f.add("--microbatches", o.microbatches, "M", "microbatches of the pp layout").min(1);
+  f.add("--schedule", o.schedule, "S", "schedule of the pp layout (gpipe, 1f1b, interleaved:V, zb or a CSV file)");
   f.add("--threads", o.threads, "N", "threads per rank, dml and PyTorch alike").min(1);
   f.add("--repeats", o.repeats, "N", "runs per layout; the fastest is kept").min(1);
   f.add("--lr", o.lr, "X", "learning rate").min(0.f);

@@ -223,7 +223,7 @@ inline void check_across(options& o) {
 }
 
 // --plan auto: of the layouts of `world` ranks dml::cost ranks (DESIGN.md §7), the fastest whose largest rank fits
-// in --memory, by the bytes the trainer will hold (cost::search_dml; 1F1B on a pipeline; every micro-batch count
+// in --memory, by the bytes the trainer will hold (cost::search_dml; 1F1B or zb on a pipeline; every micro-batch count
 // that divides a rank's sequences), replaces the layout flags; it is printed before training. Times are this
 // host's: its GEMM rates (and their share at a micro-batch's rows) and copy rate, measured first for one of
 // `world` ranks sharing this machine (cost::calibrate_rank_of).
@@ -243,7 +243,7 @@ inline void apply_plan(options& o, int world) {
     o.parallel = l.zero == 0 ? "replicate" : "zero" + std::to_string(l.zero);
     o.microbatches = l.micro_batches;
     o.recompute = l.recomp == dml::cost::recompute::full;
-    o.schedule = l.pp > 1 ? "1f1b" : "";
+    o.schedule = l.pp > 1 ? l.schedule : "";
     std::printf("plan: %s (predicted %.3g s per step, %.3g MiB per rank)\n", dml::cost::to_string(l).c_str(),
                 e.step_seconds, e.per_rank.total() / (1 << 20));
     std::fflush(stdout);

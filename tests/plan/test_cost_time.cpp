@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // tests/plan/test_cost_time.cpp — dml::cost's step time where products are small: the GEMM rate's share at a
-// micro-batch's rows (cluster::gemm_rows, what dml-plan --calibrate measures), its JSON form, and a search that
-// picks the micro-batch count, trading a pipeline's bubble against slower small products.
+// micro-batch's rows (cluster::gemm_rows, what dml-plan --calibrate measures), its JSON form, a search that
+// picks the micro-batch count, trading a pipeline's bubble against slower small products, and each schedule's bubble.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -21,7 +21,9 @@ const cost::training fp32_batch8{.global_batch = 8, .prec = cost::precision::fp3
 std::int64_t fastest_pp2_count(const cost::cluster& c) {
   const auto all = cost::search(small_gpt, fp32_batch8, c, 2, 0);
   for (const auto& e : all)  // fastest first
-    if (e.lay.pp == 2 && e.lay.zero == 0 && e.lay.recomp == cost::recompute::none && e.why.empty()) return e.lay.micro_batches;
+    if (e.lay.pp == 2 && e.lay.zero == 0 && e.lay.recomp == cost::recompute::none && e.lay.schedule == "1f1b" &&
+        e.why.empty())
+      return e.lay.micro_batches;
   return -1;
 }
 }  // namespace
@@ -62,7 +64,8 @@ TEST_CASE("search with micro-batch 0 tries every count and picks the one that tr
   CHECK(fastest_pp2_count(c) == 2);
   std::vector<std::int64_t> counts;
   for (const auto& e : cost::search(small_gpt, fp32_batch8, c, 2, 0))
-    if (e.lay.pp == 2 && e.lay.zero == 0 && e.lay.recomp == cost::recompute::none) counts.push_back(e.lay.micro_batches);
+    if (e.lay.pp == 2 && e.lay.zero == 0 && e.lay.recomp == cost::recompute::none && e.lay.schedule == "1f1b")
+      counts.push_back(e.lay.micro_batches);
   std::sort(counts.begin(), counts.end());
   CHECK(counts == std::vector<std::int64_t>{1, 2, 4, 8});  // every count that divides the 8 sequences (1 refused)
 }
@@ -79,4 +82,60 @@ TEST_CASE("gemm_rows in the cluster file: written, read back, and refused by nam
                          doctest::Contains("c.json: field 'gemm_rows' must be a list of [rows, share] pairs"),
                          dml::format_error);
   }
+}
+
+TEST_CASE("each schedule's bubble: (p - 1)/(units + p - 1) with M, V·M or 3M units of a stage's compute") {
+  // Two stages, M = 4, no data parallelism: the step is the stage's busy time stretched by the bubble alone.
+  cost::model four_layers = small_gpt;
+  four_layers.layers = 4;  // interleaved:2 on 2 stages needs 4
+  cost::cluster c;
+  c.flops_fp32 = 1e11;
+  const auto eval = [&](const std::string& schedule) {
+    const auto e = cost::evaluate(four_layers, cost::parse_layout("pp=2,mb=4,schedule=" + schedule), fp32_batch8, c, 2);
+    REQUIRE(e.why.empty());
+    return e;
+  };
+  const auto one = eval("1f1b");
+  CHECK(one.bubble == doctest::Approx(1.0 / 5).epsilon(1e-12));
+  const double busy = one.step_seconds * (1 - one.bubble);
+  for (const auto& [schedule, bubble] : {std::pair{"gpipe", 1.0 / 5}, {"zb", 1.0 / 13}, {"interleaved:2", 1.0 / 9}}) {
+    CAPTURE(schedule);
+    const auto e = eval(schedule);
+    CHECK(e.bubble == doctest::Approx(bubble).epsilon(1e-12));
+    // The same busy time, but interleaving's twice as many sends.
+    if (std::string(schedule) != "interleaved:2") CHECK(e.step_seconds * (1 - e.bubble) == doctest::Approx(busy).epsilon(1e-12));
+    else CHECK(e.step_seconds * (1 - e.bubble) > busy);
+  }
+  // zb holds 1F1B's micro-batches in flight; interleaving (1 + (p - 1)/(p·V)) times as many on the first stage.
+  CHECK(eval("zb").per_rank.activations == one.per_rank.activations);
+  CHECK(eval("interleaved:2").per_rank.activations == doctest::Approx(one.per_rank.activations * 1.25).epsilon(1e-12));
+}
+
+TEST_CASE("the search weighs zb against 1F1B and picks the smaller bubble") {
+  cost::cluster c;
+  c.flops_fp32 = 1e11;
+  const auto all = cost::search(small_gpt, fp32_batch8, c, 2, 0);
+  const auto first_pp2 = std::find_if(all.begin(), all.end(), [](const cost::estimate& e) { return e.lay.pp == 2; });
+  REQUIRE(first_pp2 != all.end());
+  CHECK(first_pp2->lay.schedule == "zb");
+  CHECK(first_pp2->lay.micro_batches == 8);
+  std::vector<std::string> seen;
+  for (const auto& e : all)
+    if (std::find(seen.begin(), seen.end(), e.lay.schedule) == seen.end()) seen.push_back(e.lay.schedule);
+  std::sort(seen.begin(), seen.end());
+  CHECK(seen == std::vector<std::string>{"1f1b", "single", "zb"});
+}
+
+TEST_CASE("schedules in a layout: zb and interleaved:V read; others refused by name; interleaving needs its layers") {
+  CHECK(cost::parse_layout("pp=2,schedule=zb").schedule == "zb");
+  CHECK(cost::parse_layout("pp=2,schedule=interleaved:3").schedule == "interleaved:3");
+  for (const char* bad : {"schedule=interleaved:1", "schedule=interleaved:x", "schedule=interleaved:", "schedule=zigzag"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(cost::parse_layout(bad), doctest::Contains("expected schedule single, gpipe, 1f1b, zb or interleaved:V"),
+                         dml::invalid_argument);
+  }
+  // small_gpt has 2 layers: interleaved:2 on 2 stages needs 4.
+  CHECK(cost::refusal(small_gpt, cost::parse_layout("pp=2,mb=2,schedule=interleaved:2"), fp32_batch8, 2) ==
+        "interleaved:2 on pp 2 needs 4 stages of layers, more than the 2 layers");
+  CHECK(cost::refusal(small_gpt, cost::parse_layout("pp=2,mb=2,schedule=zb"), fp32_batch8, 2).empty());
 }

@@ -6,10 +6,12 @@
 #pragma once
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -77,11 +79,32 @@ inline int state_slots(std::string_view optimizer) {
 struct layout {
   int dp = 1, tp = 1, pp = 1, ep = 1, cp = 1, zero = 0, replicas = 1;
   bool sp = false;                    // sequence parallelism (with tp > 1)
-  std::string schedule = "1f1b";      // single, gpipe, 1f1b
+  std::string schedule = "1f1b";      // single, gpipe, 1f1b, interleaved:V or zb
   std::int64_t micro_batches = 1;
   recompute recomp = recompute::none;
   int devices() const { return dp * tp * pp; }
 };
+
+// V of "interleaved:V" (the model chunks a rank holds), 0 for any other name or a V that is not an integer.
+inline int interleaved_chunks(std::string_view schedule) {
+  constexpr std::string_view prefix = "interleaved:";
+  if (!schedule.starts_with(prefix)) return 0;
+  const std::string_view v = schedule.substr(prefix.size());
+  int chunks = 0;
+  const auto [end, err] = std::from_chars(v.data(), v.data() + v.size(), chunks);
+  return err == std::errc{} && end == v.data() + v.size() ? chunks : 0;
+}
+
+// A step's compute on one stage in units of its slots: M forward-backward pairs under GPipe and 1F1B, V·M under
+// interleaved:V (each chunk a V-th of the stage), 3M under zb (forward, input and weight passes of equal cost).
+// A pipeline of p stages then lasts (units + p − 1) slots: the bubble is (p − 1)/(units + p − 1) of the step
+// (Narayanan et al. 2021; Qi et al. 2023 for zb's ZB-H1).
+inline double schedule_units(const layout& l) {
+  const auto m = static_cast<double>(l.micro_batches);
+  if (l.schedule == "zb") return 3 * m;
+  if (const int v = interleaved_chunks(l.schedule)) return v * m;
+  return m;
+}
 
 inline std::string to_string(recompute r) {
   return r == recompute::none ? "none" : r == recompute::selective ? "selective" : "full";
@@ -126,8 +149,9 @@ inline layout parse_layout(std::string_view text) {
     else if (key == "sp") l.sp = number() != 0;
     else if (key == "mb") l.micro_batches = number();
     else if (key == "schedule") {
-      if (value != "single" && value != "gpipe" && value != "1f1b")
-        fail<invalid_argument>("dml::cost::parse_layout: expected schedule single, gpipe or 1f1b, found '", value, "'");
+      if (value != "single" && value != "gpipe" && value != "1f1b" && value != "zb" && interleaved_chunks(value) < 2)
+        fail<invalid_argument>("dml::cost::parse_layout: expected schedule single, gpipe, 1f1b, zb or interleaved:V "
+                               "(V >= 2), found '", value, "'");
       l.schedule = value;
     } else if (key == "recompute") {
       if (value == "none") l.recomp = recompute::none;
@@ -251,6 +275,9 @@ inline std::string refusal(const model& m, const layout& l, const training& t, i
   if (m.vocab % l.tp != 0) return "tp " + str(l.tp) + " does not divide the vocabulary " + str(m.vocab);
   if (m.d_model % m.heads != 0) return "heads " + str(m.heads) + " do not divide d_model " + str(m.d_model);
   if (l.pp > m.layers) return "pp " + str(l.pp) + " is more than the " + str(m.layers) + " layers";
+  if (const int v = interleaved_chunks(l.schedule); v > 0 && l.pp * v > m.layers)
+    return "interleaved:" + str(v) + " on pp " + str(l.pp) + " needs " + str(l.pp * v) + " stages of layers, more than the " +
+           str(m.layers) + " layers";
   if (l.ep > 1 && (m.experts == 0 || m.experts % l.ep != 0))
     return "ep " + str(l.ep) + " does not divide the " + str(m.experts) + " experts";
   if (m.seq % (2 * l.cp) != 0 && l.cp > 1) return "cp " + str(l.cp) + " needs seq divisible by " + str(2 * l.cp);
@@ -310,7 +337,10 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
     const double full_layer = l.recomp == recompute::full
         ? korthikanti_layer_bytes(s, mb_rows, static_cast<double>(m.d_model), static_cast<double>(m.heads), l.tp, l.sp, recompute::none) * (w / 2)
         : 0;
-    b.activations = in_flight * layers * per_layer + full_layer;
+    // Interleaving holds (1 + (p − 1)/(p·V)) times 1F1B's micro-batches on the first stage (Narayanan et al. 2021).
+    const int chunks = interleaved_chunks(l.schedule);
+    const double interleave = chunks > 0 ? 1 + static_cast<double>(l.pp - 1) / (l.pp * chunks) : 1;
+    b.activations = in_flight * interleave * layers * per_layer + full_layer;
     // Logits of a micro-batch on the last stage (vocabulary-parallel): s·b·V/t values, kept once.
     b.buffers = s * mb_rows * static_cast<double>(m.vocab) / l.tp * w;
   }
@@ -350,15 +380,17 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
     dp_time = 2.0 * (l.dp - 1) / l.dp * psi_rank * w / bw + 2.0 * (l.dp - 1) * lat;
     if (l.zero == 3) dp_time *= 1.5;  // parameters gathered in forward and backward, gradients reduce-scattered
   }
-  // Pipeline: the bubble of GPipe and 1F1B, (p − 1)/(m + p − 1) of the step; sends of s·b·h each way.
+  // Pipeline: the schedule's bubble, (p − 1)/(units + p − 1) of the step (schedule_units); sends of s·b·h each
+  // way, per micro-batch and chunk.
   double pp_time = 0;
   if (l.pp > 1 && m.is_gpt()) {
     const auto [bw, lat] = link(l.tp * l.pp);
     const double msg = static_cast<double>(m.seq) / l.cp * mb_rows * static_cast<double>(m.d_model) * w / (l.sp ? l.tp : 1);
-    pp_time = 2 * static_cast<double>(l.micro_batches) * (msg / bw + lat);
+    pp_time = 2 * static_cast<double>(l.micro_batches) * std::max(1, interleaved_chunks(l.schedule)) * (msg / bw + lat);
   }
   const double busy = compute + tp_time + pp_time;
-  const double slots_in_step = static_cast<double>(l.micro_batches + l.pp - 1) / static_cast<double>(l.micro_batches);
+  const double units = schedule_units(l);
+  const double slots_in_step = (units + l.pp - 1) / units;
   const double pipeline = busy * slots_in_step;
   e.step_seconds = pipeline + dp_time;
   e.bubble = e.step_seconds > 0 ? (pipeline - busy) / e.step_seconds : 0;
@@ -381,9 +413,10 @@ inline void rank_estimates(std::vector<estimate>& out) {
   });
 }
 
-// Every layout of `devices` ranks (tp, pp powers of two, zero 0 to 3, recompute none/selective/full,
-// micro-batches of `micro_batch` sequences, or with micro_batch 0 every micro-batch count that divides a rank's
-// sequences), evaluated; the ones that fit first, fastest first.
+// Every layout of `devices` ranks (tp, pp powers of two, zero 0 to 3, recompute none/selective/full, a pipeline
+// under 1F1B or zb, micro-batches of `micro_batch` sequences, or with micro_batch 0 every micro-batch count that
+// divides a rank's sequences), evaluated; the ones that fit first, fastest first. Interleaved and GPipe are left
+// out: at equal micro-batches zb's bubble is the smaller and GPipe's activations the larger.
 inline std::vector<estimate> search(const model& m, const training& t, const cluster& c, int devices,
                                     std::int64_t micro_batch) {
   std::vector<estimate> out;
@@ -391,22 +424,25 @@ inline std::vector<estimate> search(const model& m, const training& t, const clu
     for (int pp = 1; tp * pp <= devices; pp *= 2) {
       if (devices % (tp * pp) != 0) continue;
       const int dp = devices / (tp * pp);
+      const std::vector<std::string> schedules = pp > 1 ? std::vector<std::string>{"1f1b", "zb"}
+                                                        : std::vector<std::string>{"single"};
       for (int zero = 0; zero <= 3; ++zero) {
         if (dp == 1 && zero > 0) continue;
         for (recompute r : {recompute::none, recompute::selective, recompute::full}) {
           if (!m.is_gpt() && r != recompute::none) continue;
-          layout l{.dp = dp, .tp = tp, .pp = pp, .zero = zero, .sp = tp > 1, .schedule = pp > 1 ? "1f1b" : "single",
-                   .recomp = r};
-          const std::int64_t rows = t.global_batch / dp;
-          if (micro_batch > 0) {
-            l.micro_batches = rows % micro_batch == 0 ? std::max<std::int64_t>(1, rows / micro_batch) : 1;
-            out.push_back(evaluate(m, l, t, c, devices));
-          } else {
-            for (std::int64_t count = 1; count <= std::max<std::int64_t>(rows, 1); ++count)
-              if (rows <= 0 || rows % count == 0) {
-                l.micro_batches = count;
-                out.push_back(evaluate(m, l, t, c, devices));
-              }
+          for (const auto& sched : schedules) {
+            layout l{.dp = dp, .tp = tp, .pp = pp, .zero = zero, .sp = tp > 1, .schedule = sched, .recomp = r};
+            const std::int64_t rows = t.global_batch / dp;
+            if (micro_batch > 0) {
+              l.micro_batches = rows % micro_batch == 0 ? std::max<std::int64_t>(1, rows / micro_batch) : 1;
+              out.push_back(evaluate(m, l, t, c, devices));
+            } else {
+              for (std::int64_t count = 1; count <= std::max<std::int64_t>(rows, 1); ++count)
+                if (rows <= 0 || rows % count == 0) {
+                  l.micro_batches = count;
+                  out.push_back(evaluate(m, l, t, c, devices));
+                }
+            }
           }
         }
       }
