@@ -4,6 +4,7 @@
 // model (gpt_throughput_torch.py) and this machine's one-core GEMM roofline, all measured in the same run.
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <cstdio>
 #include <mutex>
 #include <string>
@@ -15,6 +16,10 @@
 
 #include "dml/dml.hpp"
 #include "dml/nn/gpt.hpp"
+#include "dml/parallel/events.hpp"
+#include "dml/parallel/schedule_check.hpp"
+#include "dml/plan/calibrate.hpp"
+#include "dml/plan/exact.hpp"
 #include "dml/train/flags.hpp"
 
 #include "bench_common.hpp"
@@ -28,8 +33,10 @@ namespace {
 struct options {
   std::int64_t layers = 6, d_model = 384, heads = 6, seq = 256, vocab = 256;
   std::int64_t batch = 8;  // global batch: sequences per step over all data-parallel ranks
-  std::int64_t steps = 5, warmup = 2, microbatches = 4;
-  std::string schedule = "1f1b";  // of the pp layout
+  std::int64_t steps = 5, warmup = 2;
+  std::int64_t microbatches = 0;  // of the pp layout; 0: the planner's pick
+  std::string schedule;           // of the pp layout; empty: the planner's pick
+  std::string pp_plan;            // how the pp layout's schedule and micro-batches were chosen, for the output
   int threads = 1;  // per rank, dml and PyTorch alike
   int repeats = 1;  // runs per layout (and per PyTorch thread count); the fastest is kept
   float lr = 3e-4f;
@@ -98,6 +105,9 @@ struct result {
   std::int64_t peak_bytes = 0, state_bytes = 0;  // largest over ranks
   step_profile profile;
   float loss = 0;
+  std::vector<double> idle;  // pipelines: each rank's idle share of its timed steps (parallel::bubble)
+  double idle_theory = -1;   // pipelines: the schedule's bubble at forward 1, backward 2 (schedule::simulate)
+  std::vector<std::string> action_ms;  // pipelines: per rank, the mean ms of each kind of compute action
 };
 
 // Token ids of global sequences [first, first + rows) and their next-token labels, from Philox.
@@ -146,6 +156,7 @@ void run_rank(dml::comm::local& comm, const options& o, const layout& l, result&
   to.pipeline_stages = l.pp;
   to.micro_batches = l.pp > 1 ? o.microbatches : 1;
   if (l.pp > 1) to.schedule = o.schedule;
+  to.record_events = l.pp > 1;  // compute_begin/compute_end around each action: the measured bubble
   const auto model = dml::nn::gpt(model_config(o));
   dml::trainer<dml::parallel::replicate, dml::optim::adamw, Precision> t(comm, model, to, dml::optim::adamw({.lr = o.lr}));
   // World rank = tp rank + TP·(dp rank + DP·pp rank): every tp and pp rank of a data-parallel rank passes its rows.
@@ -171,6 +182,39 @@ void run_rank(dml::comm::local& comm, const options& o, const layout& l, result&
   res.on_cpu += cpu / (secs * l.ranks());
   res.peak_bytes = std::max(res.peak_bytes, t.peak_activation_bytes());
   res.state_bytes = std::max(res.state_bytes, t.memory().total());
+  if (l.pp > 1) {
+    res.idle.resize(static_cast<std::size_t>(l.ranks()));
+    res.idle[static_cast<std::size_t>(comm.rank())] = dml::parallel::bubble(t.events(), o.warmup + 1);  // + the traced step
+    const auto& table = t.schedule_table(to.micro_batches);
+    res.idle_theory = dml::schedule::simulate(table).bubble;
+    // Mean time of each kind of compute action on this rank over the timed steps: the k-th compute_begin of a step
+    // is the k-th compute action of the rank's list.
+    std::vector<dml::schedule::op> computes;
+    for (const auto& a : table.ranks[static_cast<std::size_t>(comm.rank())])
+      if (dml::schedule::is_compute(a.kind)) computes.push_back(a.kind);
+    std::map<std::string, std::pair<double, int>> kinds;
+    double begun = -1;
+    std::size_t next = 0;
+    std::int64_t ended = 0;
+    for (const auto& e : t.events()) {
+      if (e.kind == dml::parallel::event_kind::step_end) ++ended, next = 0;
+      if (e.kind == dml::parallel::event_kind::compute_begin) begun = e.t;
+      if (e.kind != dml::parallel::event_kind::compute_end || begun < 0 || next >= computes.size()) continue;
+      const auto kind = computes[next++];
+      if (ended <= o.warmup + 1) continue;  // the warm-up and traced steps
+      auto& [sum, n] = kinds[dml::schedule::to_string(kind)];
+      sum += e.t - begun;
+      ++n;
+    }
+    std::string text;
+    for (const auto& [name, sn] : kinds) {
+      char item[48];
+      std::snprintf(item, sizeof item, "%s%s %.1f", text.empty() ? "" : ", ", name.c_str(), 1e3 * sn.first / sn.second);
+      text += item;
+    }
+    res.action_ms.resize(static_cast<std::size_t>(l.ranks()));
+    res.action_ms[static_cast<std::size_t>(comm.rank())] = text;
+  }
   if (comm.rank() == 0) {
     res.tokens_per_s = double(o.batch * o.seq * o.steps) / secs;
     res.step_ms = 1e3 * secs / double(o.steps);
@@ -271,8 +315,9 @@ dml::flags command_line(options& o) {
   f.add("--batch", o.batch, "B", "global sequences per step").min(1);
   f.add("--steps", o.steps, "N", "timed steps").min(1);
   f.add("--warmup", o.warmup, "N", "untimed steps first").min(0);
-  f.add("--microbatches", o.microbatches, "M", "microbatches of the pp layout").min(1);
-  f.add("--schedule", o.schedule, "S", "schedule of the pp layout (gpipe, 1f1b, interleaved:V, zb or a CSV file)");
+  f.add("--microbatches", o.microbatches, "M", "microbatches of the pp layout (0: the planner's pick)").min(0);
+  f.add("--schedule", o.schedule, "S", "schedule of the pp layout: gpipe, 1f1b, interleaved:V, zb or a CSV file")
+      .default_text("the planner's pick");
   f.add("--threads", o.threads, "N", "threads per rank, dml and PyTorch alike").min(1);
   f.add("--repeats", o.repeats, "N", "runs per layout; the fastest is kept").min(1);
   f.add("--lr", o.lr, "X", "learning rate").min(0.f);
@@ -289,6 +334,51 @@ void check_across(options& o) {
   if (std::find(o.layouts.begin(), o.layouts.end(), "all") != o.layouts.end()) o.layouts.clear();
 }
 
+// The pp layout's micro-batch count and schedule where the command line leaves them to the planner: of the
+// layouts of two pipeline stages (no other parallelism, no recompute) that dml::cost ranks on this host's rates
+// for one of two ranks at the model's widths (cost::calibrate_rank_of, about a second), the fastest, as `gpt --plan auto` picks.
+void plan_pipeline(options& o) {
+  const bool choose_m = o.microbatches == 0, choose_s = o.schedule.empty();
+  if (!choose_m && !choose_s) {
+    o.pp_plan = "given";
+    return;
+  }
+  const dml::cost::model m{.layers = o.layers, .d_model = o.d_model, .heads = o.heads, .seq = o.seq, .vocab = o.vocab};
+  const dml::cost::training t{.global_batch = o.batch, .prec = dml::cost::precision::fp32};
+  const dml::cost::cluster c = dml::cost::calibrate_rank_of(2, 4 * o.d_model, o.d_model);
+  std::vector<dml::cost::estimate> ranked;
+  if (choose_s || o.schedule == "1f1b" || o.schedule == "zb") {
+    ranked = dml::cost::search_dml(m, t, c, 2, 0);
+  } else {  // a schedule the search does not try: every micro-batch count under it
+    dml::cost::layout l;
+    try {
+      l = dml::cost::parse_layout("pp=2,schedule=" + o.schedule);
+    } catch (const dml::invalid_argument&) {
+      dml::fail<dml::invalid_argument>("--microbatches 0 leaves the count to the planner, which does not price --schedule ",
+                                       o.schedule, "; give --microbatches");
+    }
+    for (std::int64_t count = 1; count <= o.batch; ++count)
+      if (o.batch % count == 0) {
+        l.micro_batches = count;
+        ranked.push_back(dml::cost::evaluate_dml(m, l, t, c, 2));
+      }
+    dml::cost::rank_estimates(ranked);
+  }
+  for (const auto& e : ranked) {
+    const auto& l = e.lay;
+    if (l.pp != 2 || l.zero != 0 || l.recomp != dml::cost::recompute::none || !e.why.empty()) continue;
+    if ((!choose_m && l.micro_batches != o.microbatches) || (!choose_s && l.schedule != o.schedule)) continue;
+    o.microbatches = l.micro_batches;
+    o.schedule = l.schedule;
+    char text[160];
+    std::snprintf(text, sizeof text, "the planner's pick (predicted %.3g s per step, bubble %.3f)", e.step_seconds, e.bubble);
+    o.pp_plan = text;
+    return;
+  }
+  dml::fail<dml::invalid_argument>("the planner found no pipeline of 2 stages for this model and batch",
+                                   choose_s ? "" : " under --schedule " + o.schedule);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -301,6 +391,7 @@ int main(int argc, char** argv) try {
     const bool named = std::find(o.layouts.begin(), o.layouts.end(), l.name) != o.layouts.end();
     if (o.layouts.empty() ? l.ranks() * o.threads <= cores : named) layouts.push_back(l);
   }
+  if (std::any_of(layouts.begin(), layouts.end(), [](const layout& l) { return l.pp > 1; })) plan_pipeline(o);
   const std::int64_t C = o.d_model, L = o.layers, T = o.seq, V = o.vocab, tokens = o.batch * o.seq;
   // FLOPs per token: 6 per weight that multiplies (forward 2, backward 4) over every parameter but the two
   // embedding tables (the blocks' 12C² + 2C each, ln_f and the untied lm_head), plus attention's
@@ -319,6 +410,9 @@ int main(int argc, char** argv) try {
               o.repeats, o.threads);
   std::printf("# FLOPs per token = 6 N + 12 L T C = 6 x %.3fM + %.3fM = %.2f MFLOP (N: parameters but wte and wpe)\n",
               n_params / 1e6, 12.0 * double(L * T * C) / 1e6, flop_per_token / 1e6);
+  if (!o.pp_plan.empty())
+    std::printf("# pp2: schedule %s, %lld micro-batches: %s\n", o.schedule.c_str(),
+                static_cast<long long>(o.microbatches), o.pp_plan.c_str());
   std::fflush(stdout);
 
   // PyTorch, once per thread count an fp32 layout uses (ranks × threads per rank), before dml's layouts.
@@ -428,7 +522,7 @@ int main(int argc, char** argv) try {
       std::fprintf(json,
                    "{\"layout\":\"%s\",\"cpu\":\"%s\",\"ranks\":%d,\"tp\":%d,\"dp\":%d,\"pp\":%d,\"sequence_parallel\":%s,"
                    "\"precision\":\"%s\",\"threads_per_rank\":%d,\"layers\":%lld,\"d_model\":%lld,\"heads\":%lld,"
-                   "\"seq\":%lld,\"batch\":%lld,\"microbatches\":%lld,\"steps\":%lld,\"tokens_per_s\":%.1f,"
+                   "\"seq\":%lld,\"batch\":%lld,\"schedule\":\"%s\",\"microbatches\":%lld,\"steps\":%lld,\"tokens_per_s\":%.1f,"
                    "\"step_ms\":%.2f,\"flop_per_token\":%.0f,\"roofline_gflops_per_core\":%.1f,"
                    "\"mfu_vs_gemm_roofline\":%.4f,\"peak_bytes\":%lld,\"state_bytes\":%lld,"
                    "\"linear_gemm_share\":%.4f,\"attention_gemm_share\":%.4f,\"other_share\":%.4f,"
@@ -436,7 +530,8 @@ int main(int argc, char** argv) try {
                    r.l.name.c_str(), cpu.c_str(), r.l.ranks(), r.l.tp, r.l.dp, r.l.pp, r.l.sp ? "true" : "false",
                    r.l.bf16 ? "bf16" : "fp32", o.threads, static_cast<long long>(L), static_cast<long long>(C),
                    static_cast<long long>(o.heads), static_cast<long long>(T), static_cast<long long>(o.batch),
-                   static_cast<long long>(r.l.pp > 1 ? o.microbatches : 1), static_cast<long long>(o.steps),
+                   r.l.pp > 1 ? o.schedule.c_str() : "single", static_cast<long long>(r.l.pp > 1 ? o.microbatches : 1),
+                   static_cast<long long>(o.steps),
                    r.tokens_per_s, r.step_ms, flop_per_token, roof / used, mfu, static_cast<long long>(r.peak_bytes),
                    static_cast<long long>(r.state_bytes), p.linear / p.step, p.attention / p.step, p.other() / p.step,
                    r.on_cpu, r.others);
@@ -489,6 +584,17 @@ int main(int argc, char** argv) try {
       if (const result* t = find(name))
         std::printf("# goal, %s on 2 ranks >= 1.4x one rank: %.2fx: %s\n", name, t->tokens_per_s / one->tokens_per_s,
                     t->tokens_per_s >= 1.4 * one->tokens_per_s ? "met" : "not met");
+    if (const result* p = find("pp2"); p && !p->idle.empty()) {
+      std::printf("# pp2: idle share of each rank's steps (outside its forward and backward actions)");
+      for (const double v : p->idle) std::printf(" %.3f", v);
+      std::printf("; the schedule's bubble at forward 1, backward 2: %.3f; mean ms per action:", p->idle_theory);
+      for (std::size_t r = 0; r < p->action_ms.size(); ++r) std::printf(" rank %zu: %s;", r, p->action_ms[r].c_str());
+      std::printf("\n");
+    }
+    if (const result* p = find("pp2"))
+      std::printf("# goal, pp2 on 2 ranks >= 1.6x one rank (%s, M = %lld, %s): %.2fx: %s\n", o.schedule.c_str(),
+                  static_cast<long long>(o.microbatches), o.pp_plan == "given" ? "given" : "the planner's pick",
+                  p->tokens_per_s / one->tokens_per_s, p->tokens_per_s >= 1.6 * one->tokens_per_s ? "met" : "not met");
   }
   std::printf("# load average %s at the end\n", load_average().c_str());
   return 0;

@@ -24,6 +24,7 @@ double measure(const nn::gpt_config& g, const cost::layout& l, std::int64_t batc
     o.sequence_parallel = l.sp;
     o.pipeline_stages = l.pp;
     o.micro_batches = l.micro_batches;
+    if (l.pp > 1) o.schedule = l.schedule;
     trainer<parallel::replicate, optim::adamw> t(c, model, o);
     const std::int64_t rows = batch / l.dp;
     std::vector<float> x(static_cast<std::size_t>(rows * g.seq));
@@ -63,13 +64,14 @@ int main(int argc, char** argv) {
   std::vector<cost::layout> layouts = {cost::parse_layout("dp=1,schedule=single"), cost::parse_layout("dp=2,schedule=single"),
                                        cost::parse_layout("dp=1,mb=4,schedule=single"),
                                        cost::parse_layout("tp=2,sp=1,schedule=single"), cost::parse_layout("pp=2,mb=2,schedule=1f1b"),
-                                       cost::parse_layout("pp=2,mb=4,schedule=1f1b"), cost::parse_layout("pp=2,mb=8,schedule=1f1b")};
+                                       cost::parse_layout("pp=2,mb=4,schedule=1f1b"), cost::parse_layout("pp=2,mb=8,schedule=1f1b"),
+                                       cost::parse_layout("pp=2,mb=4,schedule=zb"), cost::parse_layout("pp=2,mb=8,schedule=zb")};
   if (quick) layouts.resize(2);
   std::printf("%-72s %12s %12s %8s\n", "layout", "predicted_s", "measured_s", "ratio");
   for (const auto& l : layouts) {
     // Ranks are threads sharing this host, each with its share of the cores (comm::local's thread budget):
-    // calibrated as one of them.
-    const cost::cluster c = cost::calibrate_rank_of(l.devices());
+    // calibrated as one of them, at the model's widths.
+    const cost::cluster c = cost::calibrate_rank_of(l.devices(), 4 * g.d_model, g.d_model);
     std::printf("# one of %d rank(s): fp32 GEMM %.1f GFLOP/s, memcpy %.1f GB/s; share of the fp32 rate at", l.devices(),
                 c.flops_fp32 / 1e9, c.intra_bandwidth / 1e9);
     for (const auto& [rows, share] : c.gemm_rows) std::printf(" %g rows %.2f,", rows, share);

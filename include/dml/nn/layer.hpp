@@ -91,6 +91,9 @@ struct context {
   // false: a layer that declares `splits_backward` computes only its input gradient (split backward;
   // the weight pass calls it again with dx.data null and this true).
   bool weight_grads = true;
+  // Split backward of a layer that declares stash_bytes: its own bytes, kept from the input pass (which fills
+  // them; weight_grads false) to the weight pass (which reads them; weight_grads true, dx.data null). Else null.
+  std::byte* stash = nullptr;
   const void* ones = nullptr;    // at least rows() ones of the working type in the layer's space (bias gradients)
   float* workspace = nullptr;    // scratch of the size the layer's workspace_size(x) asked for
   // What forward leaves for backward beyond x and y, kept per activation set: saved_bytes(x) bytes,

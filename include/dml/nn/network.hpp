@@ -47,6 +47,26 @@ enum class backward_part : std::uint8_t { full, input, weight };
 template <class L>
 inline constexpr bool splits_backward_v = requires { requires L::splits_backward; };
 
+// A splitting layer with more to keep between its passes than its output gradient (a block whose weight
+// gradients need its inner layers' output gradients) declares stash_bytes(x, value_bytes); the network keeps that
+// many bytes for it, passes them as context::stash to both passes, and keeps no copy of its output gradient.
+template <class L>
+concept stashes_backward = requires(const L& l, dml::shape x, std::size_t value_bytes) {
+  { l.stash_bytes(x, value_bytes) } -> std::convertible_to<std::int64_t>;
+};
+
+// Elements of the working type (value_bytes each) a splitting layer keeps from its input pass to its weight pass,
+// on input x and output y: its stash, or a copy of its output gradient.
+template <class L>
+std::int64_t split_kept_elements(const L& l, const dml::shape& x, const dml::shape& y, std::size_t value_bytes) {
+  if constexpr (stashes_backward<L>) {
+    const auto v = static_cast<std::int64_t>(value_bytes);
+    return (l.stash_bytes(x, value_bytes) + v - 1) / v;
+  } else {
+    return y.numel();
+  }
+}
+
 // The activations of one forward pass over a layer range: what its backward reads. A pipeline stage
 // keeps one set per micro-batch in flight, so the count of live sets is its activation memory.
 template <class T, execution_space Space>
@@ -370,10 +390,13 @@ class basic_network {
     if (part_ == backward_part::weight) {  // only splitting layers have work left
       if constexpr (splits_backward_v<L>) {
         c.weight_grads = true;
+        if constexpr (stashes_backward<L>) c.stash = reinterpret_cast<std::byte*>(a.dy[index].data());
         l.template backward<Space>(c, params_of(index), x, y, a.dy[index].cview(), tensor_view<T, Space>{nullptr, x.shape});
         a.dy[index] = {};
-        reduce_partial(index, c);
       }
+      // The pass that completes a step's gradients is a weight pass here, for every layer: a layer that does not
+      // split finished its gradients in the input pass, but its partial sums over the tensor group wait for now.
+      reduce_partial(index, c);
       if (hooks_) hooks_->after_backward(index);
       return;
     }
@@ -387,8 +410,13 @@ class basic_network {
       if (part_ == backward_part::input) {
         c.weight_grads = false;
         weights_later = true;
-        a.dy[index].resize(current_dy_.shape);
-        dml::copy_n(current_dy_.data, static_cast<std::size_t>(current_dy_.numel()), a.dy[index].data());
+        if constexpr (stashes_backward<L>) {
+          a.dy[index].resize(dml::shape{split_kept_elements(l, x.shape, y.shape, sizeof(T))});
+          c.stash = reinterpret_cast<std::byte*>(a.dy[index].data());
+        } else {
+          a.dy[index].resize(current_dy_.shape);
+          dml::copy_n(current_dy_.data, static_cast<std::size_t>(current_dy_.numel()), a.dy[index].data());
+        }
       }
     }
     l.template backward<Space>(c, params_of(index), x, y, current_dy_, dx);

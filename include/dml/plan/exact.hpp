@@ -308,9 +308,9 @@ std::int64_t step_buffers(const nn::sequential<L...>& model, const schedule::tab
 
 // The most bytes pipeline rank `rank` holds for a while in a step beyond what it keeps between steps
 // (memory().allocated_peak is the kept bytes plus these, ZeRO-3's resident chunks counted at their peak): a split
-// backward's output gradients, kept from a set's input pass to its weight pass, and under recomputation the set
-// rebuilt for its backward (its outputs and what its layers keep, from the backward, or the input pass, to the end
-// of the set).
+// backward's output gradients (or a block's stash: nn::split_kept_elements), kept from a set's input pass to its
+// weight pass, and under recomputation the set rebuilt for its backward (its outputs and what its layers keep, from
+// the backward, or the input pass, to the end of the set).
 template <class... L>
 std::int64_t pipeline_transient_peak(const nn::sequential<L...>& model, const schedule::table& t, int rank,
                                      std::span<const nn::layer_range> chunks, dml::shape x, std::int64_t working_bytes,
@@ -323,8 +323,10 @@ std::int64_t pipeline_transient_peak(const nn::sequential<L...>& model, const sc
     dml::shape y = x;
     y[0] = x[0] * (a.micro + 1) / t.micro_batches - x[0] * a.micro / t.micro_batches;
     model.for_each_layer([&](std::size_t i, const auto& l) {
+      const dml::shape in = y;
       y = l.output_shape(y);
-      if (range.contains(i) && nn::splits_backward_v<std::remove_cvref_t<decltype(l)>>) b += y.numel() * working_bytes;
+      if (range.contains(i) && nn::splits_backward_v<std::remove_cvref_t<decltype(l)>>)
+        b += nn::split_kept_elements(l, in, y, static_cast<std::size_t>(working_bytes)) * working_bytes;
     });
     return b;
   };

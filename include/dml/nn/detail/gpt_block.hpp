@@ -40,6 +40,9 @@ struct gpt_block : detail::split_part {
   static constexpr std::int64_t static_out = dynamic;
   static constexpr bool preserves_width = true;
   static constexpr bool uses_row_index = true;
+  // Split backward (zb): the input pass leaves the four weight products (and only them) to the weight pass, keeping
+  // their output gradients, and under sequence parallelism their gathered inputs, in its stash (stash_bytes).
+  static constexpr bool splits_backward = true;
   static constexpr const char* kind = "gpt_block";
   std::int64_t dim = 0, heads = 0, layers = 1;
   float dropout = 0.f, eps = 1e-5f;
@@ -116,6 +119,12 @@ struct gpt_block : detail::split_part {
     saved_parts(k, dims(x), value_bytes);
     return k.used;
   }
+  std::int64_t stash_bytes(dml::shape x, std::size_t value_bytes) const {
+    detail::carver k;
+    if (value_bytes == 2) stash_parts<bf16>(k, dims(x));
+    else stash_parts<float>(k, dims(x));
+    return k.used;
+  }
   std::int64_t workspace_size(dml::shape x) const {
     detail::carver k;
     work_parts(k, dims(x), 4);  // floats: enough for any working type
@@ -169,43 +178,70 @@ struct gpt_block : detail::split_part {
     const auto w = weights(p.w);
     const auto g = weights(p.g);
     const bool acc = c.accumulate;
+    const bool sp = sequence();
+    if (c.stash && c.weight_grads) {  // the weight pass: the products the input pass left, from its stash
+      const auto st = stash_parts<T>(c.stash, d);
+      if (!experts) {
+        detail::linear_weight_grad<S>(d.n, fp, C, static_cast<const T*>(sv.g), static_cast<const T*>(st.dm), g.fc2_w, acc);
+        detail::linear_weight_grad<S>(d.n, C, fp, static_cast<const T*>(sp ? st.h2 : sv.h2), static_cast<const T*>(st.big),
+                                      g.fc_w, acc);
+      }
+      detail::linear_weight_grad<S>(d.n, cp_, C, static_cast<const T*>(sv.att), static_cast<const T*>(st.dp), g.proj_w, acc);
+      detail::linear_weight_grad<S>(d.n, C, 3 * cp_, static_cast<const T*>(sp ? st.h1 : sv.h1), static_cast<const T*>(st.dqkv),
+                                    g.qkv_w, acc);
+      return;
+    }
+    // The input pass of a split backward writes what the weight pass reads straight into the stash.
+    const std::optional<stash_set<T>> st = c.stash ? std::optional(stash_parts<T>(c.stash, d)) : std::nullopt;
     // MLP half: y = x2 + dropout(c_proj(gelu(c_fc(ln_2(x2)))) + b), or x2 + dropout(moe(ln_2(x2)))
-    for_each_index<S>(nl * C, kernels::dropout_grad<T>{dy.data, ws.part_a, drop(c, d, 2)});
+    T* const da = st && !sp && !experts ? st->dm : ws.part_a;
+    for_each_index<S>(nl * C, kernels::dropout_grad<T>{dy.data, da, drop(c, d, 2)});
     const T* dh2 = ws.part_b;
     if (experts) {
       moe_of(d).template backward_rows<S>(c, p.w + w.mlp, p.g + w.mlp, static_cast<const T*>(sv.h2),
                                           static_cast<const T*>(ws.part_a), ws.part_b, nl, sv.moe, ws.moe, d.t * cp.ranks);
     } else {
-      if (g.fc2_b) for_each_index<S>(C, kernels::column_sum<T>{ws.part_a, g.fc2_b, nl, C, acc});
-      const T* dm = gather(c, static_cast<const T*>(ws.part_a), ws.full1, nl * C);
-      detail::linear_weight_grad<S>(d.n, fp, C, static_cast<const T*>(sv.g), dm, g.fc2_w, acc);
-      detail::linear_input_grad<S>(d.n, fp, C, dm, w.fc2_w, ws.big);
-      for_each_index<S>(d.n * fp, kernels::gelu_backward_inplace<T>{sv.f, ws.big});
-      if (g.fc_b) for_each_index<S>(fp, kernels::column_sum<T>{ws.big, g.fc_b, d.n, fp, acc});
-      const T* h2 = gather(c, static_cast<const T*>(sv.h2), ws.full2, nl * C);
-      detail::linear_weight_grad<S>(d.n, C, fp, h2, static_cast<const T*>(ws.big), g.fc_w, acc);
-      detail::linear_input_grad<S>(d.n, C, fp, static_cast<const T*>(ws.big), w.fc_w, ws.full3);
+      if (g.fc2_b) for_each_index<S>(C, kernels::column_sum<T>{da, g.fc2_b, nl, C, acc});
+      const T* dm = gather(c, static_cast<const T*>(da), st ? st->dm : ws.full1, nl * C);
+      if (!st) detail::linear_weight_grad<S>(d.n, fp, C, static_cast<const T*>(sv.g), dm, g.fc2_w, acc);
+      T* const big = st ? st->big : ws.big;
+      detail::linear_input_grad<S>(d.n, fp, C, dm, w.fc2_w, big);
+      for_each_index<S>(d.n * fp, kernels::gelu_backward_inplace<T>{sv.f, big});
+      if (g.fc_b) for_each_index<S>(fp, kernels::column_sum<T>{big, g.fc_b, d.n, fp, acc});
+      if (!st) {
+        const T* h2 = gather(c, static_cast<const T*>(sv.h2), ws.full2, nl * C);
+        detail::linear_weight_grad<S>(d.n, C, fp, h2, static_cast<const T*>(big), g.fc_w, acc);
+      } else if (sp) {
+        gather(c, static_cast<const T*>(sv.h2), st->h2, nl * C);
+      }
+      detail::linear_input_grad<S>(d.n, C, fp, static_cast<const T*>(big), w.fc_w, ws.full3);
       dh2 = reduce(c, ws.full3, ws.part_b, nl * C);
     }
     for_each_index<S>(C, kernels::layernorm_backward_params<T>{sv.x2, dh2, sv.stats2, g.ln2_w, g.ln2_b, nl, C, acc});
     for_each_index<S>(nl, kernels::layernorm_backward_input<T>{sv.x2, w.ln2_w, dh2, dy.data, sv.stats2, ws.dx2, C});
     // attention half: x2 = x + dropout(c_proj(attn(c_attn(ln_1(x)))) + b)
-    for_each_index<S>(nl * C, kernels::dropout_grad<T>{ws.dx2, ws.part_a, drop(c, d, 1)});
-    if (g.proj_b) for_each_index<S>(C, kernels::column_sum<T>{ws.part_a, g.proj_b, nl, C, acc});
-    const T* dp = gather(c, static_cast<const T*>(ws.part_a), ws.full1, nl * C);
-    detail::linear_weight_grad<S>(d.n, cp_, C, static_cast<const T*>(sv.att), dp, g.proj_w, acc);
+    T* const dr = st && !sp ? st->dp : ws.part_a;
+    for_each_index<S>(nl * C, kernels::dropout_grad<T>{ws.dx2, dr, drop(c, d, 1)});
+    if (g.proj_b) for_each_index<S>(C, kernels::column_sum<T>{dr, g.proj_b, nl, C, acc});
+    const T* dp = gather(c, static_cast<const T*>(dr), st ? st->dp : ws.full1, nl * C);
+    if (!st) detail::linear_weight_grad<S>(d.n, cp_, C, static_cast<const T*>(sv.att), dp, g.proj_w, acc);
     detail::linear_input_grad<S>(d.n, cp_, C, dp, w.proj_w, ws.datt);
+    T* const dqkv = st ? st->dqkv : ws.dqkv;
     if (ring())
       ring_attention_backward<S>(ring_shape(d), ring_layout(), c.cp, static_cast<const T*>(sv.qkv),
                                  static_cast<const T*>(sv.att), static_cast<const float*>(sv.lse),
-                                 static_cast<const T*>(ws.datt), ws.dqkv, ws.scratch);
+                                 static_cast<const T*>(ws.datt), dqkv, ws.scratch);
     else
       causal_attention_backward<S>(attention(d), static_cast<const T*>(sv.qkv), static_cast<const T*>(sv.probs),
-                                   static_cast<const T*>(ws.datt), ws.dqkv, ws.scratch);
-    if (g.qkv_b) for_each_index<S>(3 * cp_, kernels::column_sum<T>{ws.dqkv, g.qkv_b, d.n, 3 * cp_, acc});
-    const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full2, nl * C);
-    detail::linear_weight_grad<S>(d.n, C, 3 * cp_, h1, static_cast<const T*>(ws.dqkv), g.qkv_w, acc);
-    detail::linear_input_grad<S>(d.n, C, 3 * cp_, static_cast<const T*>(ws.dqkv), w.qkv_w, ws.full3);
+                                   static_cast<const T*>(ws.datt), dqkv, ws.scratch);
+    if (g.qkv_b) for_each_index<S>(3 * cp_, kernels::column_sum<T>{dqkv, g.qkv_b, d.n, 3 * cp_, acc});
+    if (!st) {
+      const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full2, nl * C);
+      detail::linear_weight_grad<S>(d.n, C, 3 * cp_, h1, static_cast<const T*>(dqkv), g.qkv_w, acc);
+    } else if (sp) {
+      gather(c, static_cast<const T*>(sv.h1), st->h1, nl * C);
+    }
+    detail::linear_input_grad<S>(d.n, C, 3 * cp_, static_cast<const T*>(dqkv), w.qkv_w, ws.full3);
     const T* dh1 = reduce(c, ws.full3, ws.part_b, nl * C);
     for_each_index<S>(C, kernels::layernorm_backward_params<T>{x.data, dh1, sv.stats1, g.ln1_w, g.ln1_b, nl, C, acc});
     if (dx.data)
@@ -322,6 +358,32 @@ struct gpt_block : detail::split_part {
     return w;
   }
   void work_parts(detail::carver& k, const gpt_dims& d, std::size_t) const { work_parts<float>(k, d); }
+  // What a split backward's input pass keeps for its weight pass: the output gradients of c_fc, the MLP's c_proj,
+  // c_attn and the attention's c_proj (gathered over the tensor group), and under sequence parallelism the gathered
+  // LayerNorm outputs that c_fc and c_attn multiply (the weight pass then needs no collective).
+  template <class T>
+  struct stash_set {
+    T *dm, *big, *h2, *dp, *dqkv, *h1;
+  };
+  template <class T>
+  stash_set<T> stash_parts(std::byte* base, const gpt_dims& d) const {
+    detail::carver k{base};
+    return stash_parts<T>(k, d);
+  }
+  template <class T>
+  stash_set<T> stash_parts(detail::carver& k, const gpt_dims& d) const {
+    const std::int64_t C = dim, cw = dim / ranks(), fp = 4 * dim / ranks();
+    stash_set<T> s{};
+    if (!experts) {
+      s.dm = k.take<T>(d.n * C);
+      s.big = k.take<T>(d.n * fp);
+      if (sequence()) s.h2 = k.take<T>(d.n * C);
+    }
+    s.dp = k.take<T>(d.n * C);
+    s.dqkv = k.take<T>(d.n * 3 * cw);
+    if (sequence()) s.h1 = k.take<T>(d.n * C);
+    return s;
+  }
   // The experts sized for any rank of the expert group: data-parallel ranks hold at most one sequence more
   // than another (the sampler's split), so buffers allow for that many rows from each.
   nn::moe moe_of(const gpt_dims& d) const {
