@@ -184,7 +184,8 @@ void run_rank(dml::comm::local& comm, const options& o, const layout& l, result&
   res.state_bytes = std::max(res.state_bytes, t.memory().total());
   if (l.pp > 1) {
     res.idle.resize(static_cast<std::size_t>(l.ranks()));
-    res.idle[static_cast<std::size_t>(comm.rank())] = dml::parallel::bubble(t.events(), o.warmup + 1);  // + the traced step
+    // The steps after the warm-up and the traced one.
+    res.idle[static_cast<std::size_t>(comm.rank())] = dml::parallel::bubble(t.events(), o.warmup + 1);
     const auto& table = t.schedule_table(to.micro_batches);
     res.idle_theory = dml::schedule::simulate(table).bubble;
     // Mean time of each kind of compute action on this rank over the timed steps: the k-th compute_begin of a step
@@ -336,7 +337,8 @@ void check_across(options& o) {
 
 // The pp layout's micro-batch count and schedule where the command line leaves them to the planner: of the
 // layouts of two pipeline stages (no other parallelism, no recompute) that dml::cost ranks on this host's rates
-// for one of two ranks at the model's widths (cost::calibrate_rank_of, about a second), the fastest, as `gpt --plan auto` picks.
+// for one of two ranks at the model's widths (cost::calibrate_rank_of, about a second), the fastest, as
+// `gpt --plan auto` picks.
 void plan_pipeline(options& o) {
   const bool choose_m = o.microbatches == 0, choose_s = o.schedule.empty();
   if (!choose_m && !choose_s) {
@@ -354,8 +356,8 @@ void plan_pipeline(options& o) {
     try {
       l = dml::cost::parse_layout("pp=2,schedule=" + o.schedule);
     } catch (const dml::invalid_argument&) {
-      dml::fail<dml::invalid_argument>("--microbatches 0 leaves the count to the planner, which does not price --schedule ",
-                                       o.schedule, "; give --microbatches");
+      dml::fail<dml::invalid_argument>("--microbatches 0 leaves the count to the planner, which does not price "
+                                       "--schedule ", o.schedule, "; give --microbatches");
     }
     for (std::int64_t count = 1; count <= o.batch; ++count)
       if (o.batch % count == 0) {
@@ -371,7 +373,8 @@ void plan_pipeline(options& o) {
     o.microbatches = l.micro_batches;
     o.schedule = l.schedule;
     char text[160];
-    std::snprintf(text, sizeof text, "the planner's pick (predicted %.3g s per step, bubble %.3f)", e.step_seconds, e.bubble);
+    std::snprintf(text, sizeof text, "the planner's pick (predicted %.3g s per step, bubble %.3f)", e.step_seconds,
+                  e.bubble);
     o.pp_plan = text;
     return;
   }
