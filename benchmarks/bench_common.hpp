@@ -19,6 +19,15 @@
 
 namespace dml_bench {
 
+// The kinds of a rank's compute actions in its schedule list, in order. The k-th compute_begin of a step is the k-th
+// of them: an event's bucket is its index in the lowered program, which also holds unshard and reduction steps.
+inline std::vector<dml::schedule::op> compute_kinds(const std::vector<dml::schedule::action>& list) {
+  std::vector<dml::schedule::op> kinds;
+  for (const auto& a : list)
+    if (dml::schedule::is_compute(a.kind)) kinds.push_back(a.kind);
+  return kinds;
+}
+
 using clock_type = std::chrono::steady_clock;
 inline double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();

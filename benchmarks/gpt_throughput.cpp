@@ -190,9 +190,7 @@ void run_rank(dml::comm::local& comm, const options& o, const layout& l, result&
     res.idle_theory = dml::schedule::simulate(table).bubble;
     // Mean time of each kind of compute action on this rank over the timed steps: the k-th compute_begin of a step
     // is the k-th compute action of the rank's list.
-    std::vector<dml::schedule::op> computes;
-    for (const auto& a : table.ranks[static_cast<std::size_t>(comm.rank())])
-      if (dml::schedule::is_compute(a.kind)) computes.push_back(a.kind);
+    const auto computes = dml_bench::compute_kinds(table.ranks[static_cast<std::size_t>(comm.rank())]);
     std::map<std::string, std::pair<double, int>> kinds;
     double begun = -1;
     std::size_t next = 0;

@@ -106,15 +106,16 @@ struct result {
 };
 
 // Reads a rank's event log over steps warmup + 2 ... warmup + steps (the first timed step follows a
-// barrier and is left out). Each compute_begin's bucket is its action's index in this rank's list of
-// the schedule, which gives its kind.
+// barrier and is left out). The k-th compute action of a step has the kind of the k-th compute action of
+// this rank's list (dml_bench::compute_kinds).
 rank_figures read_events(const std::vector<dml::parallel::event>& log,
                          const std::vector<dml::schedule::action>& plan, std::int64_t warmup, std::int64_t steps) {
   using dml::parallel::event_kind;
   rank_figures f;
   std::int64_t ended = 0;
   double step_start = -1, begun = -1, compute = 0, last_end = 0;
-  int begun_index = -1;
+  const auto kinds = dml_bench::compute_kinds(plan);
+  std::size_t next = 0;  // the step's compute actions so far
   std::array<double, 4> sum{};
   std::array<std::int64_t, 4> count{};
   for (const auto& e : log) {
@@ -127,17 +128,18 @@ rank_figures read_events(const std::vector<dml::parallel::event>& log,
       }
       step_start = last_end = e.t;
       compute = 0;
+      next = 0;
       continue;
     }
+    if (e.kind == event_kind::compute_end && next < kinds.size()) ++next;
     if (ended < warmup + 1 || ended >= warmup + steps) continue;
     if (e.kind == event_kind::compute_begin) {
       begun = e.t;
-      begun_index = e.bucket;
     } else if (e.kind == event_kind::compute_end && begun >= 0) {
       compute += e.t - begun;
       last_end = e.t;
-      if (begun_index >= 0 && static_cast<std::size_t>(begun_index) < plan.size()) {
-        const auto k = static_cast<std::size_t>(plan[static_cast<std::size_t>(begun_index)].kind);
+      if (next >= 1) {
+        const auto k = static_cast<std::size_t>(kinds[next - 1]);
         if (k < sum.size()) {
           sum[k] += e.t - begun;
           ++count[k];
