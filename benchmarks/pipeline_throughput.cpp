@@ -2,20 +2,21 @@
 // benchmarks/pipeline_throughput.cpp — training samples/s of an MLP under pipeline parallelism (GPipe, 1F1B,
 // interleaved, zero-bubble) on comm::local ranks, the bubble measured from the trainer's event log beside the
 // schedule's own (simulated and closed-form) bubble, and one rank's samples/s on the same model and global
-// batch from the same run.
+// batch from the same run. The micro-batch count is the planner's unless given (dml::cost::rank_pipelines on this
+// host's calibrated rates), and each row prints the step the planner predicts beside the measured one.
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
-#include <map>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
-#include <tuple>
 #include <vector>
 
 #include "dml/dml.hpp"
+#include "dml/plan/calibrate.hpp"
+#include "dml/plan/exact.hpp"
 
 #include "bench_common.hpp"
 
@@ -27,7 +28,7 @@ struct options {
   std::int64_t steps = 30, warmup = 5;
   int repeats = 3;  // runs per configuration; the fastest is kept
   int pp = 2, dp = 1;
-  std::int64_t microbatches = 8;
+  std::int64_t microbatches = 0;  // 0: the planner's pick
   std::vector<std::string> schedules{"gpipe", "1f1b", "interleaved:2", "zb"};
   std::vector<std::size_t> cuts;
   bool recompute = false, json = false;
@@ -156,42 +157,13 @@ rank_figures read_events(const std::vector<dml::parallel::event>& log,
 // The schedule's bubble with each rank's own measured action times and no message latency: what the
 // list order and the stages' imbalance alone leave idle (schedule::simulate with per-rank costs).
 double simulate_measured(const dml::schedule::table& t, const std::vector<rank_figures>& stage_costs) {
-  namespace s = dml::schedule;
-  const auto k = static_cast<std::size_t>(t.stages);
-  // A message is (gradient?, receiving virtual stage, micro-batch); the value is when it was sent.
-  std::map<std::tuple<bool, int, int>, double> sent;
-  const auto message = [&](std::size_t r, const s::action& a) {
-    const int v = s::virtual_stage(t.stages, int(r), a.chunk);
-    const bool grad = a.kind == s::op::send_gradient || a.kind == s::op::recv_gradient;
-    const int to = a.kind == s::op::send_activation ? v + 1 : a.kind == s::op::send_gradient ? v - 1 : v;
-    return std::tuple{grad, to, a.micro};
-  };
-  std::vector<double> free(k, 0.0), busy(k, 0.0);
-  std::vector<std::size_t> pc(k, 0);
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (std::size_t r = 0; r < k; ++r) {
-      const auto& list = t.ranks[r];
-      for (auto& i = pc[r]; i < list.size(); ++i, progress = true) {
-        const auto& a = list[i];
-        if (s::is_recv(a.kind)) {
-          const auto it = sent.find(message(r, a));
-          if (it == sent.end()) break;
-          free[r] = std::max(free[r], it->second);
-        } else if (s::is_send(a.kind)) {
-          sent[message(r, a)] = free[r];
-        } else if (s::is_compute(a.kind)) {
-          const double d = stage_costs[r].mean_action[static_cast<std::size_t>(a.kind)];
-          free[r] += d;
-          busy[r] += d;
-        }
-      }
-    }
+  std::vector<dml::schedule::costs> c;  // simulate's costs are a rank's V chunks together: V times one action's
+  const double v = t.virtual_stages;
+  for (const auto& r : stage_costs) {
+    const auto& a = r.mean_action;  // indexed by op: forward, backward, backward_input, backward_weight
+    c.push_back({.forward = v * a[0], .backward = v * a[1], .backward_input = v * a[2], .backward_weight = v * a[3]});
   }
-  const double makespan = *std::max_element(free.begin(), free.end());
-  double bubble = 0;
-  for (std::size_t r = 0; r < k; ++r) bubble += makespan > 0 ? (makespan - busy[r]) / makespan : 0.0;
-  return bubble / double(k);
+  return dml::schedule::simulate(t, c).bubble;
 }
 
 // Closed forms with forward = 1, backward = 2 (zb: forward = backward_input = backward_weight = 1), for
@@ -278,7 +250,7 @@ dml::flags command_line(options& o) {
       .default_text("all");
   f.add("--pp", o.pp, "K", "pipeline stages").min(1);
   f.add("--dp", o.dp, "D", "data-parallel ranks per stage").min(1);
-  f.add("--microbatches", o.microbatches, "M", "microbatches per step").min(1);
+  f.add("--microbatches", o.microbatches, "M", "microbatches per step; 0: the planner's pick").min(0);
   f.add("--batch", o.batch, "N", "global rows per step").min(1);
   f.add("--steps", o.steps, "N", "timed steps").min(2);
   f.add("--warmup", o.warmup, "N", "untimed steps first").min(0);
@@ -292,11 +264,36 @@ dml::flags command_line(options& o) {
 
 void check_across(options& o) {
   if (o.schedules.size() == 1 && o.schedules[0] == "all") o.schedules = {"gpipe", "1f1b", "interleaved:2", "zb"};
-  if (o.batch < o.dp * o.microbatches)
+  if (o.batch < o.dp * std::max<std::int64_t>(o.microbatches, 1))
     dml::fail<dml::invalid_argument>("--batch: expected at least dp × M = ", o.dp * o.microbatches, " rows, found ",
                                      o.batch);
   if (o.schedules.empty()) dml::fail<dml::invalid_argument>("--schedule: expected at least one schedule");
 }
+
+// What the planner predicts for this run's pipelines: this host's rates for one of the run's ranks at the MLP's
+// widths (dml::cost::calibrate_rank_of), then each schedule's step through its own table with the stages as the
+// trainer cuts them (dml::cost::simulate_pipeline).
+struct planner {
+  dml::cost::cluster host;
+  dml::cost::pipeline_pick pick;  // the fastest 1F1B or zb pipeline over every micro-batch count (rank_pipelines)
+  template <class Model>
+  static planner calibrate(const options& o, const Model& model) {
+    planner p{dml::cost::calibrate_rank_of(o.pp * o.dp, o.hidden.front(), o.hidden.front()), {}};
+    if (o.cuts.empty()) p.pick = dml::cost::rank_pipelines(model, o.pp, o.batch / o.dp, p.host).front();
+    return p;
+  }
+  // The predicted step of a schedule at m micro-batches (0 where the planner cannot price it: a CSV file, or cuts
+  // given by hand).
+  template <class Model>
+  double step_seconds(const options& o, const Model& model, const std::string& schedule, std::int64_t m) const {
+    if (!o.cuts.empty() || (o.batch / o.dp) % m != 0) return 0;
+    try {
+      return dml::cost::simulate_pipeline(model, o.pp, schedule, m, o.batch / o.dp, host).makespan;
+    } catch (const dml::invalid_argument&) {
+      return 0;
+    }
+  }
+};
 
 std::string model_name(const options& o) {
   std::string s = "784-";
@@ -314,6 +311,18 @@ int main(int argc, char** argv) try {
   const int ranks = o.pp * o.dp;
   const std::string cpu = dml::host_cpu_model(), model = model_name(o);
   const int rank_width = std::max(14, 6 * ranks - 1);  // the measured/rank column: "0.123/" per rank
+  // The planner first (a second of GEMM probes): the micro-batch count where none is given, and every row's
+  // predicted step.
+  const bool planned = o.microbatches == 0;
+  if (planned && !o.cuts.empty())
+    dml::fail<dml::invalid_argument>("--microbatches 0 leaves the count to the planner, which prices the stages the "
+                                     "trainer balances, not --cuts; give --microbatches");
+  const auto mlp = [&](auto&& f) { return dml::nn::with_mlp(784, o.hidden, 10, f); };
+  const planner plan = mlp([&](auto m) { return planner::calibrate(o, m); });
+  if (planned) o.microbatches = plan.pick.micro_batches;
+  const double one_rank_predicted = mlp([&](auto m) {
+    return dml::cost::simulate_pipeline(m, 1, "1f1b", 1, o.batch, plan.host).makespan;
+  });
   // The baseline: one rank, one stage, the whole global batch in one micro-batch, no recomputation.
   // Beside it, one rank with the run's M micro-batches (gradient accumulation): what batch/M-row
   // products cost by themselves.
@@ -327,6 +336,13 @@ int main(int argc, char** argv) try {
                 cpu.c_str(), model.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.steps),
                 static_cast<long long>(o.warmup), o.repeats, o.recompute ? ", recompute" : "");
     std::printf("# ranks are comm::local threads with one BLAS thread each: %d rank(s) on %d core(s)\n", ranks, cores);
+    if (o.cuts.empty())
+      std::printf("# planner (dml::cost::rank_pipelines; GEMMs calibrated for one of %d ranks at %lld x %lld: %.1f GFLOP/s "
+                  "at 512 rows): fastest %s at M = %lld, step %.2f ms predicted against %.2f ms for one rank (%.2fx)%s\n",
+                  ranks, static_cast<long long>(o.hidden.front()), static_cast<long long>(o.hidden.front()),
+                  plan.host.flops_fp32 / 1e9, plan.pick.schedule.c_str(), static_cast<long long>(plan.pick.micro_batches),
+                  1e3 * plan.pick.step_seconds, 1e3 * one_rank_predicted, one_rank_predicted / plan.pick.step_seconds,
+                  planned ? "; this run's M" : "");
     if (ranks > cores)
       std::printf("# note: %d ranks share %d cores, so they time-share them: samples/s cannot scale past %d cores, "
                   "and the measured bubble includes time spent waiting for a core\n",
@@ -344,9 +360,9 @@ int main(int argc, char** argv) try {
                 "forward 1, backward 2 (zb: forward, backward_input, backward_weight 1); closed = (K-1)/(M+K-1), "
                 "interleaved (K-1)/(V*M+K-1), zb (K-1)/(3M+K-1); others = CPU share other processes took during "
                 "the run kept (the fastest of the repeats)\n");
-    std::printf("%14s %3s %3s %4s %11s %8s %9s %9s %9s %7s %7s %*s %9s %9s %8s %7s\n", "schedule", "pp", "dp", "M",
+    std::printf("%14s %3s %3s %4s %11s %8s %9s %9s %9s %7s %7s %*s %9s %9s %8s %8s %7s\n", "schedule", "pp", "dp", "M",
                 "samples/s", "speedup", "measured", "in-sched", "sim@meas", "theory", "closed", rank_width, "measured/rank",
-                "peak MiB", "in-flight", "step ms", "others");
+                "peak MiB", "in-flight", "step ms", "pred ms", "others");
   } else {
     std::printf("{\"cpu\":\"%s\",\"model\":\"%s\",\"schedule\":\"single\",\"pp\":1,\"dp\":1,\"microbatches\":1,"
                 "\"batch\":%lld,\"samples_per_s\":%.1f,\"outside_compute\":%.4f,\"other_processes_cpu_share\":%.3f}\n",
@@ -362,6 +378,7 @@ int main(int argc, char** argv) try {
   struct verdict {
     std::string schedule;
     double speedup, measured, in_schedule, theory;
+    bool picked;  // the planner's schedule at its micro-batch count
   };
   std::vector<verdict> verdicts;
   for (const auto& schedule : o.schedules) {
@@ -381,7 +398,9 @@ int main(int argc, char** argv) try {
     for (int s = 0; s < o.pp; ++s) stage_costs.push_back(r.ranks[static_cast<std::size_t>(s * o.dp)]);
     const double sim = simulate_measured(r.table, stage_costs);
     const double speedup = r.samples_per_s / base.samples_per_s;
-    verdicts.push_back({schedule, speedup, r.bubble_measured(), r.bubble_in_schedule(), theory});
+    const double predicted = mlp([&](auto m) { return plan.step_seconds(o, m, schedule, o.microbatches); });
+    const bool picked = planned && schedule == plan.pick.schedule;
+    verdicts.push_back({schedule, speedup, r.bubble_measured(), r.bubble_in_schedule(), theory, picked});
     if (o.json) {
       std::printf("{\"cpu\":\"%s\",\"model\":\"%s\",\"schedule\":\"%s\",\"pp\":%d,\"dp\":%d,\"microbatches\":%lld,"
                   "\"batch\":%lld,\"recompute\":%s,\"samples_per_s\":%.1f,\"baseline_samples_per_s\":%.1f,"
@@ -403,9 +422,9 @@ int main(int argc, char** argv) try {
         std::printf("%s{\"forward\":%.3f,\"backward\":%.3f,\"backward_input\":%.3f,\"backward_weight\":%.3f}",
                     i ? "," : "", 1e3 * a[0], 1e3 * a[1], 1e3 * a[2], 1e3 * a[3]);
       }
-      std::printf("],\"step_ms\":%.3f,\"peak_activation_bytes\":%lld,\"peak_in_flight\":%lld,"
-                  "\"ranks_over_cores\":%s,\"other_processes_cpu_share\":%.3f}\n",
-                  r.step_ms(), static_cast<long long>(r.peak_activation_bytes()),
+      std::printf("],\"step_ms\":%.3f,\"predicted_step_ms\":%.3f,\"planner_pick\":%s,\"peak_activation_bytes\":%lld,"
+                  "\"peak_in_flight\":%lld,\"ranks_over_cores\":%s,\"other_processes_cpu_share\":%.3f}\n",
+                  r.step_ms(), 1e3 * predicted, picked ? "true" : "false", static_cast<long long>(r.peak_activation_bytes()),
                   static_cast<long long>(r.peak_in_flight()), ranks > cores ? "true" : "false", r.others);
     } else {
       std::string per_rank;
@@ -416,11 +435,13 @@ int main(int argc, char** argv) try {
       }
       char closed_s[16] = "-";
       if (closed >= 0) std::snprintf(closed_s, sizeof closed_s, "%.3f", closed);
-      std::printf("%14s %3d %3d %4lld %11.1f %7.2fx %9.3f %9.3f %9.3f %7.3f %7s %*s %9.2f %9lld %8.2f %6.0f%%\n",
-                  schedule.c_str(), o.pp, o.dp, static_cast<long long>(o.microbatches), r.samples_per_s, speedup,
-                  r.bubble_measured(), r.bubble_in_schedule(), sim, theory, closed_s, rank_width, per_rank.c_str(),
-                  double(r.peak_activation_bytes()) / 1048576.0, static_cast<long long>(r.peak_in_flight()),
-                  r.step_ms(), 100.0 * r.others);
+      char predicted_s[16] = "-";
+      if (predicted > 0) std::snprintf(predicted_s, sizeof predicted_s, "%.2f", 1e3 * predicted);
+      std::printf("%14s %3d %3d %4lld %11.1f %7.2fx %9.3f %9.3f %9.3f %7.3f %7s %*s %9.2f %9lld %8.2f %8s %6.0f%%\n",
+                  (picked ? "*" + schedule : schedule).c_str(), o.pp, o.dp, static_cast<long long>(o.microbatches),
+                  r.samples_per_s, speedup, r.bubble_measured(), r.bubble_in_schedule(), sim, theory, closed_s,
+                  rank_width, per_rank.c_str(), double(r.peak_activation_bytes()) / 1048576.0,
+                  static_cast<long long>(r.peak_in_flight()), r.step_ms(), predicted_s, 100.0 * r.others);
     }
     std::fflush(stdout);
   }
@@ -439,10 +460,12 @@ int main(int argc, char** argv) try {
                     std::abs(rel(v.measured, v.theory)) <= 0.10 ? "met" : "not met", v.in_schedule,
                     100 * rel(v.in_schedule, v.theory), std::abs(rel(v.in_schedule, v.theory)) <= 0.10 ? "met" : "not met",
                     ranks > cores ? " (ranks over cores)" : "");
-      if (o.pp == 2 && o.dp == 1 && o.microbatches == 8 && o.hidden == std::vector<std::int64_t>{1024, 1024, 1024} &&
+      if (v.picked && o.pp == 2 && o.dp == 1 && o.hidden == std::vector<std::int64_t>{1024, 1024, 1024} &&
           o.batch == 256 && !o.recompute)
-        std::printf("# goal, 784-1024x3-10 at pp 2 on 2 ranks, M = 8, >= 1.5x one rank: %s %.2fx: %s\n",
-                    v.schedule.c_str(), v.speedup, v.speedup >= 1.5 ? "met" : "not met");
+        std::printf("# goal, 784-1024x3-10 at pp 2 on 2 ranks, the planner's pick (%s, M = %lld), >= 1.5x one rank: "
+                    "%.2fx: %s\n",
+                    v.schedule.c_str(), static_cast<long long>(o.microbatches), v.speedup,
+                    v.speedup >= 1.5 ? "met" : "not met");
     }
   }
   return 0;

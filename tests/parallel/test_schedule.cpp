@@ -13,6 +13,7 @@
 #include <string>
 #include <tuple>
 #include <vector>
+#include <vector>
 
 #include "dml/parallel/schedule.hpp"
 #include "support.hpp"
@@ -281,6 +282,31 @@ TEST_CASE("simulated bubble: GPipe and 1F1B give (K-1)/(M+K-1)") {
       }
   // A single stage has no bubble.
   CHECK(simulate(single::make(1, 4)).bubble == 0);
+}
+
+TEST_CASE("simulated stages of unequal work: GPipe is two flow shops, each paced by its slowest stage") {
+  // Identical jobs through stages of times p_r finish after Σp + (M-1)·max p: forwards over the ranks in order,
+  // then backwards back, starting when the last stage's last forward ends.
+  const std::vector<costs> two{{.forward = 2, .backward = 4}, {.forward = 1, .backward = 2}};
+  for (int m : {1, 2, 4, 7}) {
+    CAPTURE(m);
+    const auto tl = simulate(gpipe::make(2, m), two);
+    CHECK(std::abs(tl.makespan - (3 + (m - 1) * 2 + 6 + (m - 1) * 4)) < 1e-9);
+    CHECK(std::abs(tl.busy[0] - 6 * m) < 1e-9);
+    CHECK(std::abs(tl.busy[1] - 3 * m) < 1e-9);
+  }
+  const std::vector<costs> three{{.forward = 1, .backward = 1}, {.forward = 3, .backward = 2}, {.forward = 2, .backward = 5}};
+  const auto tl = simulate(gpipe::make(3, 5), three);
+  CHECK(std::abs(tl.makespan - (6 + 4 * 3 + 8 + 4 * 5)) < 1e-9);
+  // Equal costs per rank give what one set of costs gives, for every schedule.
+  for (const char* name : {"gpipe", "1f1b", "interleaved:2", "zb"}) {
+    CAPTURE(name);
+    const costs c{.forward = 1.5, .backward = 2.5, .backward_input = 1.25, .backward_weight = 1.25, .comm = 0.1};
+    const auto t = make(name, 4, 8);
+    CHECK(simulate(t, std::vector<costs>(4, c)).makespan == simulate(t, c).makespan);
+  }
+  CHECK_THROWS_WITH_AS(simulate(gpipe::make(3, 2), two),
+                       "dml::schedule::simulate: expected costs for each of the 3 ranks, found 2", dml::invalid_argument);
 }
 
 TEST_CASE("simulated bubble: interleaved gives (K-1)/(V*M+K-1) for M >= K") {

@@ -170,6 +170,11 @@ struct gpt_head : detail::split_part {
     if (x.rank != 3 || x[2] != dim) fail<shape_error>("dml::nn::gpt_head: expected [batch, T, ", dim, "], found shape ", x);
     return {x[0], sequence() ? x[1] * ranks() : x[1], vocab / ranks()};
   }
+  // lm_head's product over this rank's vocabulary columns for every token.
+  double forward_flops(dml::shape x) const {
+    const double tokens = static_cast<double>(x[0] * (sequence() ? x[1] * ranks() : x[1]));
+    return 2 * tokens * static_cast<double>(dim) * static_cast<double>(vocab / ranks());
+  }
   std::int64_t saved_bytes(dml::shape x, std::size_t value_bytes) const {
     const std::int64_t nl = x.rows(), n = sequence() ? nl * ranks() : 0;
     return (nl * static_cast<std::int64_t>(sizeof(kernels::row_stats)) + 63) / 64 * 64 +

@@ -210,6 +210,17 @@ std::int64_t saved_bytes(const L& l, const dml::shape& x, std::size_t value_byte
   else return 0;
 }
 
+template <class L>
+concept has_flops = requires(const L& l, dml::shape s) {
+  { l.forward_flops(s) } -> std::convertible_to<double>;
+};
+// Floating-point operations of this rank's forward pass for input shape x: 2 per multiply-add of the layer's
+// products (a layer with products says so, `double forward_flops(dml::shape) const`), else one per output element.
+template <class L>
+double forward_flops(const L& l, const dml::shape& x) {
+  if constexpr (has_flops<L>) return l.forward_flops(x);
+  else return static_cast<double>(l.output_shape(x).numel());
+}
 // A layer: a shape rule, named parameters, and forward/backward in any execution space.
 // backward writes dx (skipped when dx.data is null) and writes or accumulates parameter gradients.
 template <class L>

@@ -49,6 +49,7 @@ struct linear {
     detail::expect_cols(kind, in, x);
     return x.with_cols(out);
   }
+  double forward_flops(dml::shape x) const { return 2.0 * static_cast<double>(x.numel() / in) * static_cast<double>(in * out); }
 
   // ep fuses the activation that follows (network does so for linear → relu) into the GEMM's epilogue.
   template <execution_space S, class T>

@@ -134,6 +134,12 @@ struct moe {
     detail::expect_cols(kind, cfg.dim, x);
     return x;
   }
+  // The router (2·C·E per token) and top_k experts' c_fc and c_proj (4·C·H per token and choice): the work of a
+  // rank's tokens, wherever the all-to-all sends them to be done.
+  double forward_flops(dml::shape x) const {
+    const double n = static_cast<double>(x.numel() / cfg.dim), c = static_cast<double>(cfg.dim);
+    return n * c * (2 * static_cast<double>(cfg.experts) + 4 * static_cast<double>(cfg.top_k * hidden));
+  }
 
   // Assignments an expert keeps out of a micro-batch of `tokens` global tokens (dropless: no limit).
   std::int64_t capacity(std::int64_t tokens) const {

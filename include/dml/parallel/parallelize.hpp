@@ -28,7 +28,7 @@ namespace dml::parallel {
 struct placement_options {
   std::int64_t micro_batches = 1;          // of a step: the schedule at this count fixes the chunks per rank
   std::vector<std::size_t> stage_cuts{};   // first layer of each (virtual) stage after the first; empty: balanced
-  std::int64_t cost_rows = 64;             // rows whose activations count in the balancing cost
+  std::int64_t cost_rows = 64;             // input rows the stage balancing prices each layer's FLOPs at
   std::string schedule{};                  // a schedule by name or CSV file; empty: the plan's schedule policy
   // For plans that leave them to run time (any_plan); a plan that names tensor<> or context<> decides.
   bool sequence_parallel = false;

@@ -25,13 +25,45 @@ struct pipeline_options {
   int stages = 1;                       // K
   int virtual_stages = 1;               // V: chunks per rank (interleaved)
   std::vector<std::size_t> cuts;        // first layer of each (virtual) stage after the first; empty: balanced
-  std::int64_t cost_rows = 64;          // rows whose activation bytes count in the balancing cost
+  std::int64_t cost_rows = 64;          // rows of the input the balancing prices each layer's FLOPs at
   bool recompute = false;               // keep only each stage's inputs; recompute forward inside backward
 };
 
+// Each layer's FLOPs for `rows` input rows: its forward (nn::forward_flops), its input gradient (as much; none for
+// the first layer, which a network never asks for) and its weight gradient (as much again, for a layer with
+// parameters): 3x the forward for a linear layer, 2x for a relu. Their sum per layer is what a pipeline's stages
+// are balanced by (layer_training_flops).
+struct layer_flops {
+  double forward = 0, input_gradient = 0, weight_gradient = 0;
+  double total() const { return forward + input_gradient + weight_gradient; }
+};
+template <class Model>
+std::vector<layer_flops> each_layer_flops(const Model& model, std::int64_t rows) {
+  std::vector<layer_flops> out(model.depth());
+  const auto& head = std::get<0>(model.layers);
+  std::int64_t width = 1;
+  if constexpr (requires { head.input_width(); }) width = head.input_width();
+  else if constexpr (requires { head.in; }) width = head.in;
+  dml::shape x{rows, width};
+  model.for_each_layer([&](std::size_t l, const auto& layer) {
+    const double f = nn::forward_flops(layer, x);
+    out[l] = {f, l > 0 ? f : 0.0, layer.parameters().empty() ? 0.0 : f};
+    x = layer.output_shape(x);
+  });
+  return out;
+}
+template <class Model>
+std::vector<double> layer_training_flops(const Model& model, std::int64_t rows) {
+  std::vector<double> cost;
+  for (const auto& f : each_layer_flops(model, rows)) cost.push_back(f.total());
+  return cost;
+}
+
 // The layer ranges of virtual stages c·K + rank (c = 0..V−1) of a sequential cut into K·V stages: at
-// `cuts`, or balanced by GPipe's cost, parameters plus the activations each layer writes. A relu fused
-// into the linear before it never starts a stage.
+// `cuts`, or balanced by predicted time: each layer's FLOPs for a forward and backward of `cost_rows` input rows
+// (layer_training_flops), as dml::cost prices a step. Parameter counts
+// would misprice embeddings (a lookup, however large the table), attention (T² work without parameters) and
+// experts (each token runs top_k of them). A relu fused into the linear before it never starts a stage.
 template <class Net>
 std::vector<nn::layer_range> stage_chunks(const typename Net::model_type& model, const pipeline_options& o, int rank) {
   const std::size_t depth = model.depth();
@@ -46,18 +78,7 @@ std::vector<nn::layer_range> stage_chunks(const typename Net::model_type& model,
                              " (virtual) stages, found ", o.cuts.size());
     first = check_cuts(o.cuts, depth, cuttable, "separates a relu from the linear it is fused into; cut one layer later");
   } else {
-    std::vector<double> cost(depth, 0.0);
-    for (const auto& [layer, spec] : model.parameters()) cost[layer] += static_cast<double>(spec.shape.numel());
-    const auto& head = std::get<0>(model.layers);
-    std::int64_t width = 1;
-    if constexpr (requires { head.input_width(); }) width = head.input_width();
-    else if constexpr (requires { head.in; }) width = head.in;
-    dml::shape x{o.cost_rows, width};
-    model.for_each_layer([&](std::size_t l, const auto& layer) {
-      x = layer.output_shape(x);
-      cost[l] += static_cast<double>(x.numel());
-    });
-    first = balance_stages(cost, static_cast<int>(n), cuttable);
+    first = balance_stages(layer_training_flops(model, o.cost_rows), static_cast<int>(n), cuttable);
   }
   std::vector<nn::layer_range> out;
   for (std::size_t v = static_cast<std::size_t>(rank); v < n; v += static_cast<std::size_t>(o.stages))

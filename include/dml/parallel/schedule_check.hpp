@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -307,15 +308,18 @@ inline double duration(op o, const costs& c, int virtual_stages) {
   }
 }
 
-// Each action starts when its rank is free; compute takes its cost; sends, reduce_gradients and
-// update take no time; a recv ends when its message arrives (the send's time + comm) or at once
-// if it already has. Checks the table first.
-inline timeline simulate(const table& t, const costs& c = {}) {
-  for (double x : {c.forward, c.backward, c.backward_input, c.backward_weight, c.comm})
-    if (!(x >= 0) || !std::isfinite(x))
-      fail<invalid_argument>("dml::schedule::simulate: costs must be finite and >= 0, found ", x);
+// Each action starts when its rank is free; compute takes its cost, rank r's from per_rank[r] (stages of
+// unequal work); sends, reduce_gradients and update take no time; a recv ends when its message arrives
+// (the send's time + the receiver's comm) or at once if it already has. Checks the table first.
+inline timeline simulate(const table& t, std::span<const costs> per_rank) {
   check(t);
   const auto k = std::size_t(t.stages);
+  if (per_rank.size() != k)
+    fail<invalid_argument>("dml::schedule::simulate: expected costs for each of the ", k, " ranks, found ", per_rank.size());
+  for (const auto& c : per_rank)
+    for (double x : {c.forward, c.backward, c.backward_input, c.backward_weight, c.comm})
+      if (!(x >= 0) || !std::isfinite(x))
+        fail<invalid_argument>("dml::schedule::simulate: costs must be finite and >= 0, found ", x);
   timeline tl;
   tl.start.resize(k);
   tl.end.resize(k);
@@ -337,11 +341,11 @@ inline timeline simulate(const table& t, const costs& c = {}) {
         if (is_recv(a.kind)) {
           const double s = sent[detail::message_key(t, int(r), a)];
           if (s < 0) break;
-          finish = std::max(free[r], s + c.comm);
+          finish = std::max(free[r], s + per_rank[r].comm);
         } else if (is_send(a.kind)) {
           sent[detail::message_key(t, int(r), a)] = free[r];
         } else {
-          const double d = duration(a.kind, c, t.virtual_stages);
+          const double d = duration(a.kind, per_rank[r], t.virtual_stages);
           finish += d;
           tl.busy[r] += d;
         }
@@ -357,6 +361,10 @@ inline timeline simulate(const table& t, const costs& c = {}) {
     tl.bubble /= double(k);
   }
   return tl;
+}
+// Every rank at the same costs.
+inline timeline simulate(const table& t, const costs& c = {}) {
+  return simulate(t, std::vector<costs>(std::size_t(std::max(t.stages, 0)), c));
 }
 
 // The most (micro-batch, chunk) forwards of `rank` whose activations are held at once: counted

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dml/core/error.hpp"
+#include "dml/parallel/partition.hpp"
 
 namespace dml::cost {
 
@@ -248,6 +249,35 @@ inline double gpt_forward_flops_per_token(const model& m, bool blocks_only = fal
   return blocks + (blocks_only ? 0 : 2 * h * v);
 }
 
+// The share of a step's FLOPs that the busiest pipeline rank computes when the GPT's layers (embedding, blocks, head)
+// are cut where their training FLOPs balance, as the trainer cuts them (parallel::stage_chunks over
+// parallel::layer_training_flops: the embedding's lookup and the blocks' and head's products, three times the forward's with
+// their gradients); 1/pp for a model known by its parameter count. The pipeline runs at this rank's pace.
+inline double busiest_stage_share(const model& m, const layout& l) {
+  if (l.pp <= 1) return 1;
+  if (!m.is_gpt()) return 1.0 / l.pp;
+  const double h = static_cast<double>(m.d_model), s = static_cast<double>(m.seq) / l.cp;
+  const double attn = 8 * h * h + 4 * static_cast<double>(m.seq) * h, mlp = 16 * h * h;
+  std::vector<double> cost{2 * h * s};  // per sequence: the embedding's lookup and its weight gradient
+  for (std::int64_t i = 0; i < m.layers; ++i) {
+    const bool moe = m.experts > 0 && (i + 1) % m.moe_every == 0;
+    const double experts = static_cast<double>(m.top_k) * mlp + 2 * h * static_cast<double>(m.experts);  // and the router
+    cost.push_back(3 * s * (moe ? attn / l.tp + experts : (attn + mlp) / l.tp));  // experts stay whole per tensor rank
+  }
+  cost.push_back(3 * s * 2 * h * static_cast<double>(m.vocab) / l.tp);
+  const int chunks = std::max(1, interleaved_chunks(l.schedule));
+  const auto first = parallel::balance_stages(cost, l.pp * chunks);
+  const auto stages = parallel::stage_costs(cost, first);
+  double total = 0, busiest = 0;
+  for (double c : cost) total += c;
+  for (int r = 0; r < l.pp; ++r) {
+    double mine = 0;
+    for (std::size_t v = static_cast<std::size_t>(r); v < stages.size(); v += static_cast<std::size_t>(l.pp)) mine += stages[v];
+    busiest = std::max(busiest, mine);
+  }
+  return total > 0 ? busiest / total : 1.0 / l.pp;
+}
+
 // ---- checks and the estimate -------------------------------------------------------------------------
 
 // Why a layout cannot run this model at this batch (empty: it can). The trainer refuses the same.
@@ -357,9 +387,10 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
     e.flops_per_step = e.hardware_flops_per_step = 6 * tokens * e.params;
   }
   const double rate = c.flops(t.prec);
-  // One rank's share, no bubble, its products at the rate of a micro-batch's rows (tokens).
+  // The busiest rank's share, no bubble, its products at the rate of a micro-batch's rows (tokens).
   const double gemm_rows = mb_rows * static_cast<double>(std::max<std::int64_t>(m.seq, 1)) / l.cp;
-  const double compute = e.hardware_flops_per_step / l.devices() / (rate * c.gemm_share(gemm_rows));
+  const double compute = e.hardware_flops_per_step / (l.dp * l.tp) * busiest_stage_share(m, l) /
+                         (rate * c.gemm_share(gemm_rows));
   auto link = [&](int group_span) {  // a group of ranks spanning group_span consecutive devices
     return group_span <= c.devices_per_node ? std::pair{c.intra_bandwidth, c.intra_latency}
                                             : std::pair{c.inter_bandwidth, c.inter_latency};

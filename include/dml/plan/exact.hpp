@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 #include <span>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -148,7 +149,7 @@ std::int64_t activation_set_bytes(const nn::sequential<L...>& model, dml::shape 
   return values * working_bytes + (recompute ? 0 : kept);
 }
 
-// The chunks (layer ranges) of pipeline rank `rank` as the trainer cuts `model`: at `cuts`, or balanced by cost
+// The chunks (layer ranges) of pipeline rank `rank` as the trainer cuts `model`: at `cuts`, or balanced by predicted time
 // over `cost_rows` rows (trainer_options' stage_cuts and cost_rows); virtual_stages > 1 for interleaving.
 template <class... L>
 std::vector<nn::layer_range> stage_chunks(const nn::sequential<L...>& model, int stages, int virtual_stages, int rank,
@@ -410,6 +411,67 @@ inline std::vector<estimate> search_dml(const model& m, const training& t, const
   auto out = search(m, t, c, devices, micro_batch);
   for (auto& e : out) e = evaluate_dml(m, e.lay, t, c, devices);
   rank_estimates(out);
+  return out;
+}
+
+// ---- any sequential as a pipeline, priced through its schedule -------------------------------------------------
+
+// Each pipeline rank's seconds per micro-batch of `rows` rows, in schedule::simulate's terms: the FLOPs of its chunks'
+// layers (parallel::each_layer_flops: forward, input gradient, weight gradient) at the cluster's fp32 rate for
+// products of `rows` rows (cluster::gemm_share). Element-wise work runs at the same rate and messages are free.
+template <class... L>
+std::vector<schedule::costs> pipeline_rank_costs(const nn::sequential<L...>& model, int stages, int virtual_stages,
+                                                 std::int64_t rows, const cluster& c) {
+  const auto flops = parallel::each_layer_flops(model, rows);
+  const double rate = c.flops(precision::fp32) * c.gemm_share(static_cast<double>(rows));
+  std::vector<schedule::costs> out;
+  for (int r = 0; r < stages; ++r) {
+    parallel::layer_flops sum;
+    for (const auto& chunk : stage_chunks(model, stages, virtual_stages, r))
+      for (std::size_t l = chunk.first; l < chunk.end; ++l) {
+        sum.forward += flops[l].forward;
+        sum.input_gradient += flops[l].input_gradient;
+        sum.weight_gradient += flops[l].weight_gradient;
+      }
+    out.push_back({.forward = sum.forward / rate, .backward = (sum.input_gradient + sum.weight_gradient) / rate,
+                   .backward_input = sum.input_gradient / rate, .backward_weight = sum.weight_gradient / rate});
+  }
+  return out;
+}
+
+// A pipeline's step under its own schedule: the schedule's table for `micro_batches` micro-batches of a global batch
+// of batch_rows rows, simulated at each rank's costs (makespan: the predicted step; bubble: the ranks' mean idle share,
+// the stages' imbalance included).
+template <class... L>
+schedule::timeline simulate_pipeline(const nn::sequential<L...>& model, int stages, const std::string& schedule_name,
+                                     std::int64_t micro_batches, std::int64_t batch_rows, const cluster& c) {
+  if (micro_batches < 1 || batch_rows % micro_batches != 0)
+    fail<invalid_argument>("dml::cost::simulate_pipeline: expected a micro-batch count that divides the ", batch_rows,
+                           " rows, found ", micro_batches);
+  const auto t = schedule::make(schedule_name, stages, static_cast<int>(micro_batches));
+  return schedule::simulate(t, pipeline_rank_costs(model, stages, t.virtual_stages, batch_rows / micro_batches, c));
+}
+
+// A pipeline the planner picked: its schedule, micro-batch count, and predicted step and bubble.
+struct pipeline_pick {
+  std::string schedule;
+  std::int64_t micro_batches = 1;
+  double step_seconds = 0, bubble = 0;
+};
+// Every 1F1B and zb pipeline of `stages` ranks at every micro-batch count that divides batch_rows (at most 64),
+// fastest first: what a step gains from more micro-batches (a smaller bubble) against what it loses to smaller
+// products (cluster::gemm_rows), each through the schedule itself, the stages as the trainer cuts them.
+template <class... L>
+std::vector<pipeline_pick> rank_pipelines(const nn::sequential<L...>& model, int stages, std::int64_t batch_rows,
+                                          const cluster& c) {
+  std::vector<pipeline_pick> out;
+  for (const char* name : {"1f1b", "zb"})
+    for (std::int64_t m = 1; m <= std::min<std::int64_t>(batch_rows, 64); ++m)
+      if (batch_rows % m == 0) {
+        const auto tl = simulate_pipeline(model, stages, name, m, batch_rows, c);
+        out.push_back({name, m, tl.makespan, tl.bubble});
+      }
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step_seconds < b.step_seconds; });
   return out;
 }
 

@@ -23,7 +23,8 @@ struct trainer_options {
   bool record_events = false;       // keep an event log of compute and communication (tests, tracing)
   float initial_loss_scale = 65536.f;  // fp16: where dynamic loss scaling starts (PyTorch's default)
   // Pipeline: the group's ranks form pipeline_stages stages of size()/pipeline_stages data-parallel
-  // ranks (Megatron's order, data-parallel rank fastest), cut at stage_cuts or balanced by cost.
+  // ranks (Megatron's order, data-parallel rank fastest), cut at stage_cuts or balanced by predicted time (each
+  // layer's training FLOPs at cost_rows input rows: parallel::stage_chunks).
   int pipeline_stages = 1;
   std::vector<std::size_t> stage_cuts{};  // first layer of each (virtual) stage after the first
   std::int64_t cost_rows = 64;

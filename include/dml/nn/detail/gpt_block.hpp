@@ -114,6 +114,16 @@ struct gpt_block : detail::split_part {
       fail<shape_error>("dml::nn::gpt_block: expected [batch, T, ", dim, "], found shape ", x);
     return x;
   }
+  // This rank's products: c_attn and c_proj (8C² per token), q·kᵀ and p·v over every key (4·T·C per token, the full
+  // T × T as computed), and the MLP's 16C², or the experts' (nn::moe::forward_flops); all over the tensor group.
+  double forward_flops(dml::shape x) const {
+    const gpt_dims d = dims(x);
+    const double n = static_cast<double>(d.n), c = static_cast<double>(dim), p = static_cast<double>(ranks());
+    const double keys = static_cast<double>(d.t * cp.ranks);
+    const double attention = n * (8 * c * c + 4 * keys * c) / p;
+    if (experts) return attention + experts->forward_flops({d.n, dim});
+    return attention + n * 16 * c * c / p;
+  }
   std::int64_t saved_bytes(dml::shape x, std::size_t value_bytes) const {
     detail::carver k;
     saved_parts(k, dims(x), value_bytes);

@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: Apache-2.0
+// tests/nn/test_flops.cpp — what a layer says its forward costs (nn::forward_flops) against the products its forward
+// runs (every host GEMM traced: 2·m·n·k each), and the pipeline's stage cuts by predicted time (parallel::stage_chunks)
+// against dml::cost's pricing of the same cut.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "dml/core/gemm.hpp"
+#include "dml/nn/gpt.hpp"
+#include "dml/nn/moe.hpp"
+#include "dml/nn/network.hpp"
+#include "dml/plan/cost.hpp"
+#include "dml/plan/exact.hpp"
+#include "support.hpp"
+
+using namespace dml;
+
+namespace {
+
+// 2·m·n·k summed over the host GEMMs that f runs.
+template <class F>
+double traced_flops(F&& f) {
+  std::vector<gemm_call> calls;
+  detail::host_gemm_trace = &calls;
+  f();
+  detail::host_gemm_trace = nullptr;
+  double sum = 0;
+  for (const auto& c : calls) sum += 2.0 * static_cast<double>(c.args.m * c.args.n * c.args.k);
+  return sum;
+}
+
+// The FLOPs of one forward of a one-layer network on input shape xs (token ids for the embedding, else values).
+template <class Layer>
+double forward_traced(const Layer& layer, const dml::shape& xs, std::vector<float> x) {
+  nn::network<host, Layer> net(nn::sequential{layer}, 1);
+  nn::context c{.training = true, .seed = 1, .step = 1};
+  return traced_flops([&] { net.forward(tensor_view<const float>(x.data(), xs), c); });
+}
+
+nn::gpt_config small_gpt() {
+  return {.vocab = 40, .seq = 12, .layers = 3, .d_model = 16, .heads = 2};
+}
+
+}  // namespace
+
+TEST_CASE("forward_flops: a linear layer's, a GPT block's and head's, and an MoE layer's are the products they run") {
+  const nn::linear lin{24, 40};
+  const dml::shape rows{7, 24};
+  CHECK(nn::forward_flops(lin, rows) == 2.0 * 7 * 24 * 40);
+  CHECK(forward_traced(lin, rows, dml_test::random_vector(7 * 24, 1)) == nn::forward_flops(lin, rows));
+
+  const auto g = small_gpt();
+  const dml::shape tokens{3, 12, 16};  // batch 3, T 12, C 16
+  const nn::gpt_block block(g, false);
+  // Per token: c_attn, c_proj and the MLP's 24·C², q·kᵀ and p·v over all T keys 4·T·C.
+  CHECK(nn::forward_flops(block, tokens) == 36.0 * (24 * 16 * 16 + 4 * 12 * 16));
+  CHECK(forward_traced(block, tokens, dml_test::random_vector(3 * 12 * 16, 2)) == nn::forward_flops(block, tokens));
+
+  const nn::gpt_head head(g);
+  CHECK(nn::forward_flops(head, tokens) == 2.0 * 36 * 16 * 40);
+  CHECK(forward_traced(head, tokens, dml_test::random_vector(3 * 12 * 16, 3)) == nn::forward_flops(head, tokens));
+
+  // Dropless (capacity factor 0): every token runs its top-k experts, so the traced products are exactly the count.
+  const nn::moe moe(nn::moe_config{.dim = 16, .hidden = 32, .experts = 4, .top_k = 2, .capacity_factor = 0.f});
+  const dml::shape moe_rows{20, 16};
+  CHECK(nn::forward_flops(moe, moe_rows) == 20.0 * 16 * (2 * 4 + 4 * 2 * 32));
+  CHECK(forward_traced(moe, moe_rows, dml_test::random_vector(20 * 16, 4)) == nn::forward_flops(moe, moe_rows));
+
+  // The GPT block with experts counts its attention and its experts.
+  auto ge = g;
+  ge.experts = 4;
+  ge.capacity_factor = 0.f;
+  const nn::gpt_block moe_block(ge, true);
+  CHECK(forward_traced(moe_block, tokens, dml_test::random_vector(3 * 12 * 16, 5)) ==
+        nn::forward_flops(moe_block, tokens));
+}
+
+TEST_CASE("forward_flops: a layer without products counts one per output element; each_layer_flops adds the backward") {
+  const nn::relu r;
+  CHECK(nn::forward_flops(r, dml::shape{5, 8}) == 40);
+  // linear 8→4, relu, linear 4→3 on 5 rows: the first layer has no input gradient, the relu no weight gradient.
+  const auto model = nn::sequential{nn::linear{8, 4}, nn::relu{}, nn::linear{4, 3}};
+  const auto f = parallel::each_layer_flops(model, 5);
+  REQUIRE(f.size() == 3);
+  CHECK(f[0].forward == 2.0 * 5 * 8 * 4);
+  CHECK(f[0].input_gradient == 0);
+  CHECK(f[0].weight_gradient == f[0].forward);
+  CHECK(f[1].forward == 20);
+  CHECK(f[1].input_gradient == 20);
+  CHECK(f[1].weight_gradient == 0);
+  CHECK(f[2].forward == 2.0 * 5 * 4 * 3);
+  CHECK(f[2].input_gradient == f[2].forward);
+  CHECK(f[2].weight_gradient == f[2].forward);
+  CHECK(parallel::layer_training_flops(model, 5) == std::vector<double>{f[0].total(), f[1].total(), f[2].total()});
+}
+
+TEST_CASE("stage cuts balance predicted time, not parameters: a large vocabulary's lookup is cheap, its head is not") {
+  // 6 blocks of ~320 kFLOP per token (training) and a head of 1.57 MFLOP per token: the head weighs about 5 blocks,
+  // and the embedding's 262,144-value table almost nothing. Balanced by time the first stage takes the embedding and 5
+  // blocks (1.6 M), the second a block and the head (1.89 M); by parameters (the embedding has 5x a block's) the first
+  // stage would have taken only 2 blocks.
+  const nn::gpt_config g{.vocab = 4096, .seq = 32, .layers = 6, .d_model = 64, .heads = 4};
+  const auto model = nn::gpt(g);
+  const auto rank0 = cost::stage_chunks(model, 2, 1, 0), rank1 = cost::stage_chunks(model, 2, 1, 1);
+  REQUIRE(rank0.size() == 1);
+  CHECK(rank0[0].first == 0);
+  CHECK(rank0[0].end == 6);  // embedding + blocks 0-4
+  CHECK(rank1[0].first == 6);
+  CHECK(rank1[0].end == 8);  // block 5 + head
+
+  // The 784-1024x3-10 MLP: the first linear layer computes no input gradient, so it weighs 2/3 of the next; the
+  // cut leaves the first two layers on stage 0 (60% of the FLOPs).
+  const auto mlp = nn::sequential{nn::linear{784, 1024}, nn::relu{}, nn::linear{1024, 1024}, nn::relu{},
+                                  nn::linear{1024, 1024}, nn::relu{}, nn::linear{1024, 10}};
+  CHECK(cost::stage_chunks(mlp, 2, 1, 1)[0].first == 4);
+}
+
+TEST_CASE("dml::cost prices a pipeline at its busiest rank, as the trainer cuts the GPT's layers") {
+  // For each model and layout: the busiest pipeline rank's share of the training FLOPs under the trainer's own cut
+  // (parallel::stage_chunks over parallel::layer_training_flops) equals cost::busiest_stage_share.
+  struct shape_case {
+    std::int64_t vocab, layers, d_model, heads, seq, experts;
+    int pp;
+    const char* schedule;
+  };
+  const shape_case cases[] = {
+      {4096, 6, 64, 4, 32, 0, 2, "1f1b"},    {256, 6, 64, 4, 32, 0, 2, "1f1b"},   {50304, 8, 64, 4, 64, 0, 4, "zb"},
+      {256, 8, 64, 4, 32, 0, 2, "interleaved:2"}, {1024, 4, 32, 2, 16, 4, 2, "1f1b"}, {512, 12, 32, 2, 64, 0, 3, "gpipe"},
+  };
+  for (const auto& s : cases) {
+    CAPTURE(s.vocab);
+    CAPTURE(s.layers);
+    CAPTURE(s.pp);
+    CAPTURE(s.schedule);
+    nn::gpt_config g{.vocab = s.vocab, .seq = s.seq, .layers = s.layers, .d_model = s.d_model, .heads = s.heads};
+    g.experts = s.experts;
+    const auto model = nn::gpt(g);
+    const cost::model m{.layers = s.layers, .d_model = s.d_model, .heads = s.heads, .seq = s.seq, .vocab = s.vocab,
+                        .experts = s.experts};
+    cost::layout l{.pp = s.pp, .schedule = s.schedule};
+    const int v = std::max(1, cost::interleaved_chunks(s.schedule));
+    const auto flops = parallel::layer_training_flops(model, 64);
+    double total = 0, busiest = 0;
+    for (double f : flops) total += f;
+    for (int r = 0; r < s.pp; ++r) {
+      double mine = 0;
+      for (const auto& c : cost::stage_chunks(model, s.pp, v, r))
+        for (std::size_t i = c.first; i < c.end; ++i) mine += flops[i];
+      busiest = std::max(busiest, mine);
+    }
+    CHECK(cost::busiest_stage_share(m, l) == doctest::Approx(busiest / total).epsilon(1e-6));
+    CHECK(busiest / total >= 1.0 / s.pp);
+  }
+}
+
+TEST_CASE("a sequential as a pipeline: each rank's costs from its layers' FLOPs, simulated through the schedule") {
+  const auto mlp = nn::sequential{nn::linear{784, 1024}, nn::relu{}, nn::linear{1024, 1024}, nn::relu{},
+                                  nn::linear{1024, 1024}, nn::relu{}, nn::linear{1024, 10}};
+  cost::cluster flat;
+  flat.flops_fp32 = 1e9;
+  // Stage 0 holds linear 784→1024, relu, linear 1024→1024, relu (the cut above); 32 rows.
+  const auto c = cost::pipeline_rank_costs(mlp, 2, 1, 32, flat);
+  REQUIRE(c.size() == 2);
+  const double l0 = 2.0 * 32 * 784 * 1024, l1 = 2.0 * 32 * 1024 * 1024, r = 32.0 * 1024, l3 = 2.0 * 32 * 1024 * 10;
+  CHECK(c[0].forward == doctest::Approx((l0 + r + l1 + r) / 1e9));
+  CHECK(c[0].backward_input == doctest::Approx((r + l1 + r) / 1e9));  // the first layer: no input gradient
+  CHECK(c[0].backward_weight == doctest::Approx((l0 + l1) / 1e9));
+  CHECK(c[0].backward == doctest::Approx(c[0].backward_input + c[0].backward_weight));
+  CHECK(c[1].forward == doctest::Approx((l1 + r + l3) / 1e9));
+  CHECK(c[1].backward_weight == doctest::Approx((l1 + l3) / 1e9));
+
+  // One micro-batch leaves nothing to overlap: the step is every FLOP at the rate.
+  const auto one = cost::simulate_pipeline(mlp, 2, "1f1b", 1, 32, flat);
+  CHECK(one.makespan == doctest::Approx(c[0].forward + c[0].backward + c[1].forward + c[1].backward));
+  CHECK_THROWS_WITH_AS(cost::simulate_pipeline(mlp, 2, "1f1b", 3, 32, flat),
+                       "dml::cost::simulate_pipeline: expected a micro-batch count that divides the 32 rows, found 3",
+                       invalid_argument);
+
+  // Products at full speed at every size: more micro-batches only shrink the bubble, and zb's is the smallest.
+  const auto flat_pick = cost::rank_pipelines(mlp, 2, 256, flat).front();
+  CHECK(flat_pick.schedule == "zb");
+  CHECK(flat_pick.micro_batches == 64);
+  // Products of 32 rows at a third of 256 rows' speed (and 128 at 90%): few large micro-batches win.
+  cost::cluster steep = flat;
+  steep.gemm_rows = {{32, 0.33}, {64, 0.6}, {128, 0.9}, {256, 1.0}};
+  const auto picks = cost::rank_pipelines(mlp, 2, 256, steep);
+  CHECK(picks.front().micro_batches <= 4);
+  CHECK(picks.front().micro_batches >= 2);
+  for (std::size_t i = 1; i < picks.size(); ++i) CHECK(picks[i - 1].step_seconds <= picks[i].step_seconds);
+  // The stages are unequal (60/40), so even the best pipeline idles: its bubble is above zb's equal-stage one.
+  CHECK(flat_pick.bubble > 1.0 / (3 * 64 + 1));
+}
