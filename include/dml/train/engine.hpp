@@ -320,6 +320,11 @@ class engine final : public engine_base<Space> {
 
   // ---- the step's tail: loss over every rank, clipping, loss scaling, the update
   step_result update(float local_loss) {
+    // Only clipping, loss scaling and a commit vote make the update wait on other ranks; without them a rank updates
+    // before the loss's all-reduce, so a pipeline stage that finishes its backward early updates while the others
+    // compute, rather than wait in the sum for the last stage and then contend with it for memory bandwidth.
+    const bool gated = opt_.clip_norm > 0.f || Precision::loss_scaling || static_cast<bool>(opt_.commit);
+    if (!gated) sync_.update(optimizer_, opt_.lr ? opt_.lr(step_) : optimizer_.default_lr(), ++optimizer_step_, 1.f);
     step_result out{.loss = sum(local_loss)};  // only last stages hold a loss
     float scale = 1.f;
     if (opt_.clip_norm > 0.f) {
@@ -339,8 +344,8 @@ class engine final : public engine_base<Space> {
       out.committed = false;
       return out;
     }
-    if (!out.skipped) sync_.update(optimizer_, opt_.lr ? opt_.lr(step_) : optimizer_.default_lr(), ++optimizer_step_,
-                                   scale / loss_scale());
+    if (gated && !out.skipped)
+      sync_.update(optimizer_, opt_.lr ? opt_.lr(step_) : optimizer_.default_lr(), ++optimizer_step_, scale / loss_scale());
     if constexpr (requires { sync_.gradient_bytes(); }) {
       const auto b = sync_.gradient_bytes();
       out.gradient_bytes = b.sent - bytes_.sent;
