@@ -282,11 +282,11 @@ struct planner {
     if (o.cuts.empty()) p.pick = dml::cost::rank_pipelines(model, o.pp, o.batch / o.dp, p.host).front();
     return p;
   }
-  // The predicted step of a schedule at m micro-batches (0 where the planner cannot price it: a CSV file, or cuts
-  // given by hand).
+  // The predicted step of a schedule at m micro-batches (0 where the planner cannot price it: a CSV file, a count
+  // that does not divide the rows, or cuts given by hand).
   template <class Model>
   double step_seconds(const options& o, const Model& model, const std::string& schedule, std::int64_t m) const {
-    if (!o.cuts.empty() || (o.batch / o.dp) % m != 0) return 0;
+    if (!o.cuts.empty()) return 0;
     try {
       return dml::cost::simulate_pipeline(model, o.pp, schedule, m, o.batch / o.dp, host).makespan;
     } catch (const dml::invalid_argument&) {
