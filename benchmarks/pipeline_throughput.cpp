@@ -338,9 +338,10 @@ int main(int argc, char** argv) try {
     std::printf("# ranks are comm::local threads with one BLAS thread each: %d rank(s) on %d core(s)\n", ranks, cores);
     if (o.cuts.empty())
       std::printf("# planner (dml::cost::rank_pipelines; GEMMs calibrated for one of %d ranks at %lld x %lld: %.1f GFLOP/s "
-                  "at 512 rows): fastest %s at M = %lld, step %.2f ms predicted against %.2f ms for one rank (%.2fx)%s\n",
+                  "at 512 rows, AdamW's update %.1f GB/s): fastest %s at M = %lld, step %.2f ms predicted against %.2f ms for one "
+                  "rank (%.2fx)%s\n",
                   ranks, static_cast<long long>(o.hidden.front()), static_cast<long long>(o.hidden.front()),
-                  plan.host.flops_fp32 / 1e9, plan.pick.schedule.c_str(), static_cast<long long>(plan.pick.micro_batches),
+                  plan.host.flops_fp32 / 1e9, plan.host.memory_bandwidth / 1e9, plan.pick.schedule.c_str(), static_cast<long long>(plan.pick.micro_batches),
                   1e3 * plan.pick.step_seconds, 1e3 * one_rank_predicted, one_rank_predicted / plan.pick.step_seconds,
                   planned ? "; this run's M" : "");
     if (ranks > cores)

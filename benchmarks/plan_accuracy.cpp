@@ -72,8 +72,8 @@ int main(int argc, char** argv) {
     // Ranks are threads sharing this host, each with its share of the cores (comm::local's thread budget):
     // calibrated as one of them, at the model's widths.
     const cost::cluster c = cost::calibrate_rank_of(l.devices(), 4 * g.d_model, g.d_model);
-    std::printf("# one of %d rank(s): fp32 GEMM %.1f GFLOP/s, memcpy %.1f GB/s; share of the fp32 rate at", l.devices(),
-                c.flops_fp32 / 1e9, c.intra_bandwidth / 1e9);
+    std::printf("# one of %d rank(s): fp32 GEMM %.1f GFLOP/s, memcpy %.1f GB/s, AdamW update %.1f GB/s; share of the fp32 rate at",
+                l.devices(), c.flops_fp32 / 1e9, c.intra_bandwidth / 1e9, c.memory_bandwidth / 1e9);
     for (const auto& [rows, share] : c.gemm_rows) std::printf(" %g rows %.2f,", rows, share);
     std::printf("\n");
     const auto e = cost::evaluate(m, l, t, c, l.devices());

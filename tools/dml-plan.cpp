@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // tools/dml-plan.cpp — dml-plan: ranks the layouts of a GPT (or a model known by its parameter count) on N devices
 // by dml::cost's predicted step time, with per-rank memory by category, MFU, bubble and bottleneck, and says why
-// the rejected ones were rejected; --layout evaluates one; --calibrate measures this host's GEMM and copy rates.
+// the rejected ones were rejected; --layout evaluates one; --calibrate measures this host's GEMM, copy and memory rates.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -98,8 +98,8 @@ int main(int argc, char** argv) {
   cli.add("--top", show, "N", "layouts to print").min(0);
   cli.add_switch("--json", json, "one JSON object per layout");
   cli.add("--calibrate", calibrate_file, "FILE",
-          "measure this host's GEMM rates (and their share at 32 to 2,048 rows) and copy rate, and write them as a "
-          "cluster file");
+          "measure this host's GEMM rates (and their share at 32 to 2,048 rows), copy rate and memory bandwidth (dml's "
+          "AdamW update), and write them as a cluster file");
   if (const auto status = cli.parse_for_main(argc, argv)) return *status;
 
   try {

@@ -171,9 +171,18 @@ TEST_CASE("a sequential as a pipeline: each rank's costs from its layers' FLOPs,
   CHECK(c[1].forward == doctest::Approx((l1 + r + l3) / 1e9));
   CHECK(c[1].backward_weight == doctest::Approx((l1 + l3) / 1e9));
 
-  // One micro-batch leaves nothing to overlap: the step is every FLOP at the rate.
+  // Each rank's update: its parameters (weights and biases), 28 bytes each under AdamW, at memory bandwidth.
+  const auto update = cost::pipeline_update_seconds(mlp, 2, 1, flat);
+  REQUIRE(update.size() == 2);
+  CHECK(update[0] == doctest::Approx((785.0 * 1024 + 1025.0 * 1024) * 28 / flat.memory_bandwidth));
+  CHECK(update[1] == doctest::Approx((1025.0 * 1024 + 1025.0 * 10) * 28 / flat.memory_bandwidth));
+  CHECK(cost::pipeline_update_seconds(mlp, 2, 1, flat, "sgd")[1] == doctest::Approx(update[1] * 20 / 28));
+
+  // One micro-batch leaves nothing to overlap: the step is every FLOP at the rate, then the first stage's update
+  // (the last stage's runs while the first computes its backward).
   const auto one = cost::simulate_pipeline(mlp, 2, "1f1b", 1, 32, flat);
-  CHECK(one.makespan == doctest::Approx(c[0].forward + c[0].backward + c[1].forward + c[1].backward));
+  CHECK(one.makespan == doctest::Approx(c[0].forward + c[0].backward + c[1].forward + c[1].backward + update[0]));
+  CHECK(one.busy[1] == doctest::Approx(c[1].forward + c[1].backward + update[1]));
   CHECK_THROWS_WITH_AS(cost::simulate_pipeline(mlp, 2, "1f1b", 3, 32, flat),
                        "dml::cost::simulate_pipeline: expected a micro-batch count that divides the 32 rows, found 3",
                        invalid_argument);

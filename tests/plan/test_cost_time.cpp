@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@ using namespace dml;
 namespace {
 const cost::model small_gpt{.layers = 2, .d_model = 256, .heads = 4, .seq = 128, .vocab = 256};
 const cost::training fp32_batch8{.global_batch = 8, .prec = cost::precision::fp32};
+constexpr double unbounded = std::numeric_limits<double>::infinity();  // a memory bandwidth that makes updates free
 
 // The micro-batch count of the fastest 1F1B layout of two stages and no other parallelism that search() finds.
 std::int64_t fastest_pp2_count(const cost::cluster& c) {
@@ -41,6 +43,7 @@ TEST_CASE("the GEMM share at a micro-batch's rows: interpolated in log(rows), he
 
 TEST_CASE("the step's compute runs at the rate of its micro-batches' rows") {
   cost::cluster full, shared;
+  full.memory_bandwidth = shared.memory_bandwidth = unbounded;  // the compute alone
   shared.gemm_rows = {{128, 0.9}, {1024, 1.0}};
   // One rank: 8 sequences of 128 tokens. One micro-batch has 1,024 rows (share 1); eight have 128 (share 0.9).
   for (std::int64_t count : {1, 8}) {
@@ -70,11 +73,15 @@ TEST_CASE("search with micro-batch 0 tries every count and picks the one that tr
   CHECK(counts == std::vector<std::int64_t>{1, 2, 4, 8});  // every count that divides the 8 sequences (1 refused)
 }
 
-TEST_CASE("gemm_rows in the cluster file: written, read back, and refused by name when malformed") {
+TEST_CASE("gemm_rows and memory_bandwidth in the cluster file: written, read back, and refused by name when malformed") {
   cost::cluster c;
   c.gemm_rows = {{32, 0.61}, {256, 0.95}, {2048, 1.02}};
   CHECK(cost::cluster_from_json(cost::to_json(c)).gemm_rows == c.gemm_rows);
   CHECK(cost::to_json(cost::cluster{}).count("gemm_rows") == 0);
+  c.memory_bandwidth = 17.5e9;
+  CHECK(cost::cluster_from_json(cost::to_json(c)).memory_bandwidth == 17.5e9);
+  CHECK_THROWS_WITH_AS(cost::cluster_from_json(nlohmann::json::parse(R"({"memory_bandwidth": 0})"), "c.json"),
+                       "c.json: field 'memory_bandwidth' must be a positive number, found 0", dml::format_error);
   for (const char* bad : {R"({"gemm_rows": [[64, 0.5], [32, 0.9]]})", R"({"gemm_rows": [[64, -0.5]]})",
                           R"({"gemm_rows": [64, 0.5]})", R"({"gemm_rows": "fast"})"}) {
     CAPTURE(bad);
@@ -84,12 +91,39 @@ TEST_CASE("gemm_rows in the cluster file: written, read back, and refused by nam
   }
 }
 
+TEST_CASE("the optimizer's update: the rank's parameters (its ZeRO shard) at memory bandwidth, after the pipeline") {
+  CHECK(cost::update_bytes_per_param("adamw", cost::precision::fp32) == 28);  // w r/w, g, m r/w, v r/w
+  CHECK(cost::update_bytes_per_param("adamw", cost::precision::bf16) == 28);  // master r/w, 16-bit g, m, v, 16-bit w
+  CHECK(cost::update_bytes_per_param("sgd", cost::precision::fp32) == 20);
+  // A model of 1.2e9 parameters on 8 ranks: tp 2 x dp 4. The update is the only term that depends on the bandwidth.
+  const cost::model m{.params_only = 1.2e9};
+  cost::cluster fast, slow;
+  fast.memory_bandwidth = unbounded;
+  slow.memory_bandwidth = 1e12;
+  for (const auto& [layout, optimizer, prec, updated] :
+       {std::tuple{"dp=4,tp=2,zero=0", "adamw", cost::precision::fp32, 0.6e9},  // every rank updates its tp half
+        {"dp=4,tp=2,zero=1", "adamw", cost::precision::bf16, 0.15e9},           // ZeRO-1: a quarter of that
+        {"dp=4,tp=2,zero=3", "sgd", cost::precision::fp32, 0.15e9}}) {
+    CAPTURE(layout);
+    const cost::training t{.global_batch = 8, .prec = prec, .optimizer = optimizer};
+    const auto a = cost::evaluate(m, cost::parse_layout(layout), t, fast, 8), b = cost::evaluate(m, cost::parse_layout(layout), t, slow, 8);
+    REQUIRE(a.why.empty());
+    CHECK(b.step_seconds - a.step_seconds == doctest::Approx(updated * cost::update_bytes_per_param(optimizer, prec) / 1e12).epsilon(1e-9));
+    CHECK(b.bubble == 0);
+  }
+  // Where the update outweighs everything else, it is the bottleneck.
+  cost::cluster crawl;
+  crawl.memory_bandwidth = 1e6;
+  CHECK(cost::evaluate(m, cost::parse_layout("dp=4,tp=2"), fp32_batch8, crawl, 8).bottleneck == "optimizer update");
+}
+
 TEST_CASE("each schedule's bubble: (p - 1)/(units + p - 1) with M, V·M or 3M units of a stage's compute") {
   // Two stages, M = 4, no data parallelism: the step is the stage's busy time stretched by the bubble alone.
   cost::model four_layers = small_gpt;
   four_layers.layers = 4;  // interleaved:2 on 2 stages needs 4
   cost::cluster c;
   c.flops_fp32 = 1e11;
+  c.memory_bandwidth = unbounded;  // no update after the pipeline
   const auto eval = [&](const std::string& schedule) {
     const auto e = cost::evaluate(four_layers, cost::parse_layout("pp=2,mb=4,schedule=" + schedule), fp32_batch8, c, 2);
     REQUIRE(e.why.empty());

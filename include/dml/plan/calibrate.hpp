@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// dml/plan/calibrate.hpp — this host as a cost::cluster: a short GEMM probe per precision and a memcpy bandwidth
-// probe (what comm::local's collectives do between threads).
-// Sits on core/gemm.hpp, comm/local.hpp (its thread budget) and plan/cost.hpp; used by tools/dml-plan
-// (--calibrate) and benchmarks/plan_accuracy.
+// dml/plan/calibrate.hpp — this host as a cost::cluster: a short GEMM probe per precision, a memcpy bandwidth
+// probe (what comm::local's collectives do between threads) and dml's AdamW update (the memory bandwidth a
+// streaming pass reaches).
+// Sits on core/gemm.hpp, comm/local.hpp (its thread budget), optim/adam.hpp and plan/cost.hpp; used by tools/dml-plan
+// (--calibrate), the examples' --plan auto and the benchmarks.
 #pragma once
 
 #include <algorithm>
+#include <barrier>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -17,6 +19,7 @@
 #include "dml/core/dtype.hpp"
 #include "dml/core/gemm.hpp"
 #include "dml/core/space.hpp"
+#include "dml/optim/adam.hpp"
 #include "dml/plan/cost.hpp"
 
 namespace dml::cost {
@@ -45,6 +48,31 @@ double gemm_rate(std::int64_t m, std::int64_t n, std::int64_t k) {
   }, 7);
   return 2.0 * static_cast<double>(m * n * k) / s;
 }
+// Bytes per second of dml's fp32 AdamW update over n parameters (update_bytes_per_param: 28 per parameter) on each
+// of `concurrent` threads at once, each on its own arrays with `threads` threads of its own (ranks share the
+// memory system as they share the cores): each thread's fastest of 5 calls, started together, at the slowest thread's.
+inline double update_bandwidth(std::int64_t n, int concurrent, int threads) {
+  const auto size = static_cast<std::size_t>(n);
+  std::vector<double> seconds(static_cast<std::size_t>(concurrent));
+  std::barrier sync(concurrent);
+  auto run = [&](int who) {
+    dml::set_thread_budget(threads);
+    std::vector<float> w(size, 0.5f), g(size, 0.25f), m(size), v(size);
+    float* state[] = {m.data(), v.data()};
+    const optim::adamw opt;
+    std::int64_t step = 0;
+    seconds[static_cast<std::size_t>(who)] = seconds_per_call([&] {
+      sync.arrive_and_wait();
+      opt.update<dml::host>({.n = n, .w = w.data(), .g = g.data(), .state = state, .step = ++step, .lr = 1e-3f});
+    }, 5);
+  };
+  std::vector<std::jthread> others;
+  for (int i = 1; i < concurrent; ++i) others.emplace_back(run, i);
+  run(0);
+  others.clear();
+  return update_bytes_per_param("adamw", precision::fp32) * static_cast<double>(n) /
+         *std::max_element(seconds.begin(), seconds.end());
+}
 }  // namespace detail
 
 // GEMMs of m × n × k in fp32 and bf16, memcpy of copy_bytes; one node holding every rank. With rows, fp32 GEMMs
@@ -53,7 +81,7 @@ double gemm_rate(std::int64_t m, std::int64_t n, std::int64_t k) {
 // threads (a rank's set_thread_budget), else on the calling thread's budget.
 inline cluster calibrate(std::int64_t m = 512, std::int64_t n = 1024, std::int64_t k = 1024,
                          std::size_t copy_bytes = std::size_t{64} << 20, std::vector<std::int64_t> rows = {},
-                         int threads = 0) {
+                         int threads = 0, int concurrent = 1) {
   const int budget = dml::thread_budget();
   if (threads > 0) dml::set_thread_budget(threads);
   struct restore {
@@ -70,6 +98,8 @@ inline cluster calibrate(std::int64_t m = 512, std::int64_t n = 1024, std::int64
   const double copy = detail::seconds_per_call([&] { std::memcpy(dst.data(), src.data(), src.size()); }, 5);
   c.intra_bandwidth = c.inter_bandwidth = static_cast<double>(copy_bytes) / copy;
   c.intra_latency = c.inter_latency = 2e-6;
+  // 4M parameters: 112 MB moved per update, beyond the caches of the hosts dml has run on.
+  c.memory_bandwidth = detail::update_bandwidth(std::int64_t{1} << 22, concurrent, threads > 0 ? threads : budget);
   c.devices_per_node = 1 << 20;
   c.memory_bytes = 16.0 * (1ull << 30);
   return c;
@@ -84,8 +114,10 @@ inline cluster calibrate_rank_of(int ranks, std::int64_t n = 1024, std::int64_t 
                                  std::vector<std::int64_t> rows = {32, 64, 128, 256, 512, 1024, 2048}) {
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const int threads = comm::local::thread_budget(ranks);
-  cluster c = calibrate(512, n, k, std::size_t{64} << 20, std::move(rows), threads);
+  const int at_once = std::clamp(ranks, 1, cores);  // the ranks whose updates run at the same time
+  cluster c = calibrate(512, n, k, std::size_t{64} << 20, std::move(rows), threads, at_once);
   const double share = std::min(1.0, static_cast<double>(cores) / (static_cast<double>(ranks) * threads));
+  c.memory_bandwidth *= static_cast<double>(at_once) / std::max(ranks, 1);
   c.flops_fp32 *= share;
   c.flops_bf16 *= share;
   c.intra_bandwidth = c.inter_bandwidth = c.intra_bandwidth / std::max(ranks, 1);

@@ -76,6 +76,12 @@ inline int state_slots(std::string_view optimizer) {
   if (optimizer == "sgd" || optimizer == "adagrad") return 1;
   fail<invalid_argument>("dml::cost: expected optimizer adamw, adam, sgd or adagrad, found '", optimizer, "'");
 }
+// Bytes the optimizer's update moves per parameter it updates: the (master) parameter read and written, the gradient
+// read, each state slot read and written, and under mixed precision the 16-bit working copy written: 28 for AdamW
+// in fp32 and in bf16, 20 for SGD with momentum. The update streams them once, so it runs at memory bandwidth.
+inline double update_bytes_per_param(std::string_view optimizer, precision p) {
+  return 8.0 + value_bytes(p) + 8.0 * state_slots(optimizer) + (p == precision::fp32 ? 0 : value_bytes(p));
+}
 
 struct layout {
   int dp = 1, tp = 1, pp = 1, ep = 1, cp = 1, zero = 0, replicas = 1;
@@ -177,6 +183,9 @@ struct cluster {
   // {rows, share} in increasing rows, interpolated in log(rows) between points and held beyond the ends
   // (dml-plan --calibrate measures it). Empty: every product at the full rate.
   std::vector<std::pair<double, double>> gemm_rows;
+  // Bytes per second a streaming pass reaches on one device: what the optimizer's update runs at
+  // (update_bytes_per_param); dml-plan --calibrate times dml's own AdamW update.
+  double memory_bandwidth = 2.5e12;
   double flops(precision p) const { return p == precision::fp32 ? flops_fp32 : flops_bf16; }
   double gemm_share(double rows) const {
     if (gemm_rows.empty()) return 1.0;
@@ -419,16 +428,20 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
     const double msg = static_cast<double>(m.seq) / l.cp * mb_rows * static_cast<double>(m.d_model) * w / (l.sp ? l.tp : 1);
     pp_time = 2 * static_cast<double>(l.micro_batches) * std::max(1, interleaved_chunks(l.schedule)) * (msg / bw + lat);
   }
+  // The optimizer's update, after the gradients: the rank's parameters (its shard under ZeRO), each moving
+  // update_bytes_per_param at memory bandwidth.
+  const double update_time = psi_rank / (l.zero >= 1 ? shard : 1) * update_bytes_per_param(t.optimizer, t.prec) /
+                             c.memory_bandwidth;
   const double busy = compute + tp_time + pp_time;
   const double units = schedule_units(l);
   const double slots_in_step = (units + l.pp - 1) / units;
   const double pipeline = busy * slots_in_step;
-  e.step_seconds = pipeline + dp_time;
+  e.step_seconds = pipeline + dp_time + update_time;
   e.bubble = e.step_seconds > 0 ? (pipeline - busy) / e.step_seconds : 0;
   e.mfu = e.flops_per_step / (e.step_seconds * rate * l.devices());
-  const double parts[] = {compute, tp_time, pp_time, dp_time, pipeline - busy};
+  const double parts[] = {compute, tp_time, pp_time, dp_time, pipeline - busy, update_time};
   const char* names[] = {"compute", "tensor-parallel communication", "pipeline sends", "data-parallel communication",
-                         "pipeline bubble"};
+                         "pipeline bubble", "optimizer update"};
   e.bottleneck = names[std::max_element(std::begin(parts), std::end(parts)) - std::begin(parts)];
   check_fit(e, c);
   return e;

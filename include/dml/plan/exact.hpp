@@ -12,6 +12,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -439,17 +440,48 @@ std::vector<schedule::costs> pipeline_rank_costs(const nn::sequential<L...>& mod
   return out;
 }
 
+// Each pipeline rank's optimizer update in seconds: the parameters of its chunks' layers, each moving
+// update_bytes_per_param(optimizer, fp32) at the cluster's memory bandwidth.
+template <class... L>
+std::vector<double> pipeline_update_seconds(const nn::sequential<L...>& model, int stages, int virtual_stages,
+                                            const cluster& c, std::string_view optimizer = "adamw") {
+  std::vector<double> params(model.depth());
+  model.for_each_layer([&](std::size_t l, const auto& layer) {
+    for (const auto& p : layer.parameters()) params[l] += static_cast<double>(p.shape.numel());
+  });
+  std::vector<double> out;
+  for (int r = 0; r < stages; ++r) {
+    double n = 0;
+    for (const auto& chunk : stage_chunks(model, stages, virtual_stages, r))
+      for (std::size_t l = chunk.first; l < chunk.end; ++l) n += params[l];
+    out.push_back(n * update_bytes_per_param(optimizer, precision::fp32) / c.memory_bandwidth);
+  }
+  return out;
+}
+
 // A pipeline's step under its own schedule: the schedule's table for `micro_batches` micro-batches of a global batch
-// of batch_rows rows, simulated at each rank's costs (makespan: the predicted step; bubble: the ranks' mean idle share,
-// the stages' imbalance included).
+// of batch_rows rows, simulated at each rank's costs, then each rank's optimizer update after its last action
+// (makespan: the predicted step, when the last rank's update ends; busy includes the update; bubble: the ranks' mean
+// idle share, the stages' imbalance included).
 template <class... L>
 schedule::timeline simulate_pipeline(const nn::sequential<L...>& model, int stages, const std::string& schedule_name,
-                                     std::int64_t micro_batches, std::int64_t batch_rows, const cluster& c) {
+                                     std::int64_t micro_batches, std::int64_t batch_rows, const cluster& c,
+                                     std::string_view optimizer = "adamw") {
   if (micro_batches < 1 || batch_rows % micro_batches != 0)
     fail<invalid_argument>("dml::cost::simulate_pipeline: expected a micro-batch count that divides the ", batch_rows,
                            " rows, found ", micro_batches);
   const auto t = schedule::make(schedule_name, stages, static_cast<int>(micro_batches));
-  return schedule::simulate(t, pipeline_rank_costs(model, stages, t.virtual_stages, batch_rows / micro_batches, c));
+  auto tl = schedule::simulate(t, pipeline_rank_costs(model, stages, t.virtual_stages, batch_rows / micro_batches, c));
+  const auto update = pipeline_update_seconds(model, stages, t.virtual_stages, c, optimizer);
+  tl.makespan = 0;
+  for (std::size_t r = 0; r < update.size(); ++r) {
+    const double last = tl.end[r].empty() ? 0 : *std::max_element(tl.end[r].begin(), tl.end[r].end());
+    tl.makespan = std::max(tl.makespan, last + update[r]);
+    tl.busy[r] += update[r];
+  }
+  tl.bubble = 0;
+  for (const double b : tl.busy) tl.bubble += tl.makespan > 0 ? (tl.makespan - b) / tl.makespan / static_cast<double>(tl.busy.size()) : 0;
+  return tl;
 }
 
 // A pipeline the planner picked: its schedule, micro-batch count, and predicted step and bubble.
