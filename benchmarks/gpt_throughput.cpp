@@ -335,7 +335,7 @@ void check_across(options& o) {
 
 // The pp layout's micro-batch count and schedule where the command line leaves them to the planner: of the
 // layouts of two pipeline stages (no other parallelism, no recompute) that dml::cost ranks on this host's rates
-// for one of two ranks at the model's widths (cost::calibrate_rank_of, about a second), the fastest, as
+// for one of two ranks at the model's widths (cost::calibrate_gpt_rank_of, about a second), the fastest, as
 // `gpt --plan auto` picks.
 void plan_pipeline(options& o) {
   const bool choose_m = o.microbatches == 0, choose_s = o.schedule.empty();
@@ -345,7 +345,7 @@ void plan_pipeline(options& o) {
   }
   const dml::cost::model m{.layers = o.layers, .d_model = o.d_model, .heads = o.heads, .seq = o.seq, .vocab = o.vocab};
   const dml::cost::training t{.global_batch = o.batch, .prec = dml::cost::precision::fp32};
-  const dml::cost::cluster c = dml::cost::calibrate_rank_of(2, 4 * o.d_model, o.d_model);
+  const dml::cost::cluster c = dml::cost::calibrate_gpt_rank_of(2, o.d_model, o.heads, o.seq);
   std::vector<dml::cost::estimate> ranked;
   if (choose_s || o.schedule == "1f1b" || o.schedule == "zb") {
     ranked = dml::cost::search_dml(m, t, c, 2, 0);

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // benchmarks/plan_accuracy.cpp — dml::cost's predicted step time against measured steps of nn::gpt on comm::local,
-// after calibrating this host (GEMM and memcpy probes) in the same run. Prints predicted, measured and their ratio
+// after calibrating this host (GEMM, memcpy, AdamW and GPT-block probes) in the same run. Prints predicted, measured and their ratio
 // per layout; asserts nothing (timing on a shared machine is noisy).
 #include <cstdio>
 #include <string>
@@ -71,9 +71,11 @@ int main(int argc, char** argv) {
   for (const auto& l : layouts) {
     // Ranks are threads sharing this host, each with its share of the cores (comm::local's thread budget):
     // calibrated as one of them, at the model's widths.
-    const cost::cluster c = cost::calibrate_rank_of(l.devices(), 4 * g.d_model, g.d_model);
-    std::printf("# one of %d rank(s): fp32 GEMM %.1f GFLOP/s, memcpy %.1f GB/s, AdamW update %.1f GB/s; share of the fp32 rate at",
-                l.devices(), c.flops_fp32 / 1e9, c.intra_bandwidth / 1e9, c.memory_bandwidth / 1e9);
+    const cost::cluster c = cost::calibrate_gpt_rank_of(l.devices(), g.d_model, g.heads, g.seq);
+    std::printf("# one of %d rank(s): fp32 GEMM %.1f GFLOP/s, memcpy %.1f GB/s, AdamW update %.1f GB/s, a block's "
+                "element-wise passes %.1f GB/s of its activations; share of the fp32 rate at",
+                l.devices(), c.flops_fp32 / 1e9, c.intra_bandwidth / 1e9, c.memory_bandwidth / 1e9,
+                c.elementwise_bandwidth / 1e9);
     for (const auto& [rows, share] : c.gemm_rows) std::printf(" %g rows %.2f,", rows, share);
     std::printf("\n");
     const auto e = cost::evaluate(m, l, t, c, l.devices());

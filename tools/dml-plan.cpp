@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // tools/dml-plan.cpp — dml-plan: ranks the layouts of a GPT (or a model known by its parameter count) on N devices
 // by dml::cost's predicted step time, with per-rank memory by category, MFU, bubble and bottleneck, and says why
-// the rejected ones were rejected; --layout evaluates one; --calibrate measures this host's GEMM, copy and memory rates.
+// the rejected ones were rejected; --layout evaluates one; --calibrate measures this host's GEMM, copy, memory and element-wise rates.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -98,13 +98,15 @@ int main(int argc, char** argv) {
   cli.add("--top", show, "N", "layouts to print").min(0);
   cli.add_switch("--json", json, "one JSON object per layout");
   cli.add("--calibrate", calibrate_file, "FILE",
-          "measure this host's GEMM rates (and their share at 32 to 2,048 rows), copy rate and memory bandwidth (dml's "
-          "AdamW update), and write them as a cluster file");
+          "measure this host's GEMM rates (and their share at 32 to 2,048 rows), copy rate, memory bandwidth (dml's "
+          "AdamW update) and element-wise rate (a GPT block of 1024 wide, 16 heads, 512 tokens), and write them as a "
+          "cluster file");
   if (const auto status = cli.parse_for_main(argc, argv)) return *status;
 
   try {
     if (!calibrate_file.empty()) {
-      const auto c = cost::calibrate(512, 1024, 1024, std::size_t{64} << 20, {32, 64, 128, 256, 512, 1024, 2048});
+      auto c = cost::calibrate(512, 1024, 1024, std::size_t{64} << 20, {32, 64, 128, 256, 512, 1024, 2048});
+      c.elementwise_bandwidth = cost::elementwise_bandwidth_of(1024, 16, 512);  // a GPT-2-medium block
       std::ofstream(calibrate_file) << to_json(c).dump(2) << "\n";
       std::printf("%s\n", to_json(c).dump(2).c_str());
       return 0;

@@ -225,8 +225,9 @@ inline void check_across(options& o) {
 // --plan auto: of the layouts of `world` ranks dml::cost ranks (DESIGN.md §7), the fastest whose largest rank fits
 // in --memory, by the bytes the trainer will hold (cost::search_dml; 1F1B or zb on a pipeline; every micro-batch count
 // that divides a rank's sequences), replaces the layout flags; it is printed before training. Times are this
-// host's: its GEMM rates (and their share at a micro-batch's rows) and copy rate, measured first for one of
-// `world` ranks sharing this machine, at the model's widths (cost::calibrate_rank_of).
+// host's: its GEMM rates (and their share at a micro-batch's rows), copy rate, memory bandwidth and a block's
+// element-wise rate, measured first for one of `world` ranks sharing this machine, at the model's widths
+// (cost::calibrate_gpt_rank_of).
 inline void apply_plan(options& o, int world) {
   if (o.plan != "auto") return;
   const dml::cost::model m{.layers = o.layers, .d_model = o.d_model, .heads = o.heads, .seq = o.seq, .vocab = o.vocab,
@@ -234,7 +235,7 @@ inline void apply_plan(options& o, int world) {
                            .capacity_factor = o.capacity_factor};
   const dml::cost::training t{.global_batch = o.batch,
                               .prec = o.precision == "bf16" ? dml::cost::precision::bf16 : dml::cost::precision::fp32};
-  dml::cost::cluster c = dml::cost::calibrate_rank_of(world, 4 * o.d_model, o.d_model);
+  dml::cost::cluster c = dml::cost::calibrate_gpt_rank_of(world, o.d_model, o.heads, o.seq);
   c.memory_bytes = dml::cost::parse_bytes(o.memory);
   for (const auto& e : dml::cost::search_dml(m, t, c, world, 0)) {
     if (!e.fits) continue;

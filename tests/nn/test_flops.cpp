@@ -4,6 +4,7 @@
 // against dml::cost's pricing of the same cut.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "dml/nn/gpt.hpp"
 #include "dml/nn/moe.hpp"
 #include "dml/nn/network.hpp"
+#include "dml/plan/calibrate.hpp"
 #include "dml/plan/cost.hpp"
 #include "dml/plan/exact.hpp"
 #include "support.hpp"
@@ -200,4 +202,11 @@ TEST_CASE("a sequential as a pipeline: each rank's costs from its layers' FLOPs,
   for (std::size_t i = 1; i < picks.size(); ++i) CHECK(picks[i - 1].step_seconds <= picks[i].step_seconds);
   // The stages are unequal (60/40), so even the best pipeline idles: its bubble is above zb's equal-stage one.
   CHECK(flat_pick.bubble > 1.0 / (3 * 64 + 1));
+}
+
+TEST_CASE("the element-wise probe times a GPT block's passes beside its products") {
+  // A small block's forward and backward less their traced GEMMs: some time, so a finite, positive rate.
+  const double rate = cost::elementwise_bandwidth_of(32, 2, 16);
+  CHECK(std::isfinite(rate));
+  CHECK(rate > 0);
 }

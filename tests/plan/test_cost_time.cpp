@@ -44,6 +44,7 @@ TEST_CASE("the GEMM share at a micro-batch's rows: interpolated in log(rows), he
 TEST_CASE("the step's compute runs at the rate of its micro-batches' rows") {
   cost::cluster full, shared;
   full.memory_bandwidth = shared.memory_bandwidth = unbounded;  // the compute alone
+  full.elementwise_bandwidth = shared.elementwise_bandwidth = unbounded;
   shared.gemm_rows = {{128, 0.9}, {1024, 1.0}};
   // One rank: 8 sequences of 128 tokens. One micro-batch has 1,024 rows (share 1); eight have 128 (share 0.9).
   for (std::int64_t count : {1, 8}) {
@@ -115,6 +116,35 @@ TEST_CASE("the optimizer's update: the rank's parameters (its ZeRO shard) at mem
   cost::cluster crawl;
   crawl.memory_bandwidth = 1e6;
   CHECK(cost::evaluate(m, cost::parse_layout("dp=4,tp=2"), fp32_batch8, crawl, 8).bottleneck == "optimizer update");
+}
+
+TEST_CASE("the blocks' element-wise passes: their saved activation bytes, every micro-batch, at the element-wise rate") {
+  cost::cluster fast, slow;
+  fast.elementwise_bandwidth = unbounded;
+  slow.elementwise_bandwidth = 1e9;
+  // small_gpt: 2 layers, C 256, 4 heads, seq 128; 8 sequences. Korthikanti's bytes per layer for b sequences of one
+  // rank's micro-batch, twice the 2-byte figure in fp32; without tp sbh(34 + 5as/h), with tp and sp a t-th of it,
+  // with tp alone sbh(10 + 24/t + 5as/(ht)).
+  const double sbh8 = 128.0 * 8 * 256, attention = 5.0 * 4 * 128 / 256;
+  for (const auto& [layout, bytes] :
+       {std::pair{"dp=1,schedule=single", 2 * 2 * sbh8 * (34 + attention)},                 // 2 layers
+        {"dp=1,mb=4,schedule=single", 2 * 2 * sbh8 * (34 + attention)},                      // 4 micro-batches of a quarter
+        {"dp=2,schedule=single", 2 * 2 * sbh8 / 2 * (34 + attention)},                       // half the sequences
+        {"tp=2,sp=1,schedule=single", 2 * 2 * sbh8 / 2 * (34 + attention)},
+        {"tp=2,schedule=single", 2 * 2 * sbh8 * (10 + 24.0 / 2 + attention / 2)}}) {
+    CAPTURE(layout);
+    const auto l = cost::parse_layout(layout);
+    const auto a = cost::evaluate(small_gpt, l, fp32_batch8, fast, l.devices()), b = cost::evaluate(small_gpt, l, fp32_batch8, slow, l.devices());
+    REQUIRE(a.why.empty());
+    CHECK(b.step_seconds - a.step_seconds == doctest::Approx(bytes / 1e9).epsilon(1e-9));
+  }
+  // On a pipeline the passes are part of each stage's busy time, so the bubble stretches them: 1F1B, 2 stages, M = 4.
+  const auto l = cost::parse_layout("pp=2,mb=4,schedule=1f1b");
+  const auto a = cost::evaluate(small_gpt, l, fp32_batch8, fast, 2), b = cost::evaluate(small_gpt, l, fp32_batch8, slow, 2);
+  CHECK(b.step_seconds - a.step_seconds == doctest::Approx(2 * sbh8 * (34 + attention) / 1e9 * 5 / 4).epsilon(1e-9));
+  cost::cluster c;
+  c.elementwise_bandwidth = 3.5e9;
+  CHECK(cost::cluster_from_json(cost::to_json(c)).elementwise_bandwidth == 3.5e9);
 }
 
 TEST_CASE("each schedule's bubble: (p - 1)/(units + p - 1) with M, V·M or 3M units of a stage's compute") {

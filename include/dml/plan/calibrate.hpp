@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <barrier>
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -19,6 +21,8 @@
 #include "dml/core/dtype.hpp"
 #include "dml/core/gemm.hpp"
 #include "dml/core/space.hpp"
+#include "dml/nn/gpt.hpp"
+#include "dml/nn/network.hpp"
 #include "dml/optim/adam.hpp"
 #include "dml/plan/cost.hpp"
 
@@ -48,30 +52,39 @@ double gemm_rate(std::int64_t m, std::int64_t n, std::int64_t k) {
   }, 7);
   return 2.0 * static_cast<double>(m * n * k) / s;
 }
-// Bytes per second of dml's fp32 AdamW update over n parameters (update_bytes_per_param: 28 per parameter) on each
-// of `concurrent` threads at once, each on its own arrays with `threads` threads of its own (ranks share the
-// memory system as they share the cores): each thread's fastest of 5 calls, started together, at the slowest thread's.
-inline double update_bandwidth(std::int64_t n, int concurrent, int threads) {
-  const auto size = static_cast<std::size_t>(n);
+// Runs probe() on `concurrent` threads at once, each with `threads` threads of its own (ranks share the memory system
+// as they share the cores), and returns the slowest thread's result: each probe times its own calls, the fastest of
+// several, with `sync` (a barrier of `concurrent`) before each, so that the calls overlap.
+template <class Probe>
+double slowest_at_once(int concurrent, int threads, Probe&& probe) {
   std::vector<double> seconds(static_cast<std::size_t>(concurrent));
   std::barrier sync(concurrent);
   auto run = [&](int who) {
     dml::set_thread_budget(threads);
-    std::vector<float> w(size, 0.5f), g(size, 0.25f), m(size), v(size);
-    float* state[] = {m.data(), v.data()};
-    const optim::adamw opt;
-    std::int64_t step = 0;
-    seconds[static_cast<std::size_t>(who)] = seconds_per_call([&] {
-      sync.arrive_and_wait();
-      opt.update<dml::host>({.n = n, .w = w.data(), .g = g.data(), .state = state, .step = ++step, .lr = 1e-3f});
-    }, 5);
+    seconds[static_cast<std::size_t>(who)] = probe(sync);
   };
   std::vector<std::jthread> others;
   for (int i = 1; i < concurrent; ++i) others.emplace_back(run, i);
   run(0);
   others.clear();
-  return update_bytes_per_param("adamw", precision::fp32) * static_cast<double>(n) /
-         *std::max_element(seconds.begin(), seconds.end());
+  return *std::max_element(seconds.begin(), seconds.end());
+}
+
+// Bytes per second of dml's fp32 AdamW update over n parameters (update_bytes_per_param: 28 per parameter), each of
+// `concurrent` threads on its own arrays.
+inline double update_bandwidth(std::int64_t n, int concurrent, int threads) {
+  const double seconds = slowest_at_once(concurrent, threads, [n](std::barrier<>& sync) {
+    const auto size = static_cast<std::size_t>(n);
+    std::vector<float> w(size, 0.5f), g(size, 0.25f), m(size), v(size);
+    float* state[] = {m.data(), v.data()};
+    const optim::adamw opt;
+    std::int64_t step = 0;
+    return seconds_per_call([&] {
+      sync.arrive_and_wait();
+      opt.update<dml::host>({.n = n, .w = w.data(), .g = g.data(), .state = state, .step = ++step, .lr = 1e-3f});
+    }, 5);
+  });
+  return update_bytes_per_param("adamw", precision::fp32) * static_cast<double>(n) / seconds;
 }
 }  // namespace detail
 
@@ -121,6 +134,52 @@ inline cluster calibrate_rank_of(int ranks, std::int64_t n = 1024, std::int64_t 
   c.flops_fp32 *= share;
   c.flops_bf16 *= share;
   c.intra_bandwidth = c.inter_bandwidth = c.intra_bandwidth / std::max(ranks, 1);
+  return c;
+}
+
+// The rate of a GPT block's element-wise passes (LayerNorms, softmax, GELU, dropout, residual adds: everything but
+// its products), forward and backward together, in bytes of the block's saved activations per second (Korthikanti et
+// al.'s sbh(34 + 5as/h), at 4-byte values): cluster::elementwise_bandwidth. Measured on one nn::gpt_block of d_model,
+// heads and seq over max(1, 512 / seq) sequences: a forward and a backward less their traced GEMMs, the fastest of 5,
+// on one of `ranks` ranks sharing this host (each with comm::local's thread budget, all at once, as
+// calibrate_rank_of).
+inline double elementwise_bandwidth_of(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks = 1) {
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int threads = comm::local::thread_budget(ranks), at_once = std::clamp(ranks, 1, cores);
+  const nn::gpt_config g{.seq = seq, .layers = 1, .d_model = d_model, .heads = heads};
+  const std::int64_t batch = std::max<std::int64_t>(1, 512 / seq);
+  const dml::shape shape{batch, seq, d_model};
+  const double seconds = detail::slowest_at_once(at_once, threads, [&](std::barrier<>& sync) {
+    nn::network<dml::host, nn::gpt_block> net(nn::sequential{nn::gpt_block(g)}, 1);
+    std::vector<float> x(static_cast<std::size_t>(shape.numel())), dy(x.size(), 1e-3f);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+    const nn::context c{.training = true, .seed = 1, .step = 1};
+    double best = std::numeric_limits<double>::infinity();
+    for (int i = 0; i < 6; ++i) {  // a warm one, then 5
+      std::vector<gemm_call> calls;
+      sync.arrive_and_wait();
+      dml::detail::host_gemm_trace = &calls;
+      const auto t0 = std::chrono::steady_clock::now();
+      net.forward(tensor_view<const float>(x.data(), shape), c);
+      net.backward(tensor_view<const float>(dy.data(), shape), c);
+      double rest = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      dml::detail::host_gemm_trace = nullptr;
+      for (const auto& call : calls) rest -= call.seconds;
+      if (i > 0) best = std::min(best, rest);
+    }
+    return best;
+  });
+  const double share = std::min(1.0, static_cast<double>(cores) / (static_cast<double>(ranks) * threads));
+  const double bytes = korthikanti_layer_bytes(static_cast<double>(seq), static_cast<double>(batch), static_cast<double>(d_model),
+                                               static_cast<double>(heads), 1, false, recompute::none) * 2;
+  return bytes / seconds * share;
+}
+
+// calibrate_rank_of at a GPT's widths (its c_fc: n = 4C, k = C) with its blocks' element-wise rate
+// (elementwise_bandwidth_of): what dml::cost needs to price that GPT's layouts on this host.
+inline cluster calibrate_gpt_rank_of(int ranks, std::int64_t d_model, std::int64_t heads, std::int64_t seq) {
+  cluster c = calibrate_rank_of(ranks, 4 * d_model, d_model);
+  c.elementwise_bandwidth = elementwise_bandwidth_of(d_model, heads, seq, ranks);
   return c;
 }
 

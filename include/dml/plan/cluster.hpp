@@ -39,7 +39,7 @@ inline nlohmann::json to_json(const cluster& c) {
                       {"flops_fp32", c.flops_fp32},             {"flops_bf16", c.flops_bf16},
                       {"intra_bandwidth", c.intra_bandwidth},   {"intra_latency", c.intra_latency},
                       {"inter_bandwidth", c.inter_bandwidth},   {"inter_latency", c.inter_latency},
-                      {"memory_bandwidth", c.memory_bandwidth}};
+                      {"memory_bandwidth", c.memory_bandwidth}, {"elementwise_bandwidth", c.elementwise_bandwidth}};
   if (!c.gemm_rows.empty()) j["gemm_rows"] = c.gemm_rows;  // [[rows, share], ...]
   return j;
 }
@@ -68,7 +68,8 @@ inline cluster cluster_from_json(const nlohmann::json& j, std::string_view where
                    : key == "flops_bf16" ? &c.flops_bf16 : key == "intra_bandwidth" ? &c.intra_bandwidth
                    : key == "intra_latency" ? &c.intra_latency : key == "inter_bandwidth" ? &c.inter_bandwidth
                    : key == "inter_latency" ? &c.inter_latency
-                   : key == "memory_bandwidth" ? &c.memory_bandwidth : nullptr;
+                   : key == "memory_bandwidth" ? &c.memory_bandwidth
+                   : key == "elementwise_bandwidth" ? &c.elementwise_bandwidth : nullptr;
     if (!value.is_number() || !(value.get<double>() > 0))
       fail<format_error>(where, ": field '", key, "' must be a positive number, found ", value.dump());
     if (key == "devices_per_node") {
@@ -77,7 +78,8 @@ inline cluster cluster_from_json(const nlohmann::json& j, std::string_view where
     } else if (target) *target = value.get<double>();
     else
       fail<format_error>(where, ": unknown field '", key, "'; expected devices_per_node, memory_bytes, flops_fp32, flops_bf16, ",
-                         "intra_bandwidth, intra_latency, inter_bandwidth, inter_latency, memory_bandwidth or gemm_rows");
+                         "intra_bandwidth, intra_latency, inter_bandwidth, inter_latency, memory_bandwidth, ",
+                         "elementwise_bandwidth or gemm_rows");
   }
   return c;
 }

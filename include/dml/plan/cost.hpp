@@ -186,6 +186,11 @@ struct cluster {
   // Bytes per second a streaming pass reaches on one device: what the optimizer's update runs at
   // (update_bytes_per_param); dml-plan --calibrate times dml's own AdamW update.
   double memory_bandwidth = 2.5e12;
+  // Bytes of a layer's saved activations (korthikanti_layer_bytes at the working type) per second that its
+  // element-wise passes (LayerNorms, softmax, GELU, dropout, residual adds), forward and backward together, get
+  // through. The default takes four passes over those bytes at memory bandwidth (written in forward; read, with their
+  // gradients written and read, in backward); cost::elementwise_bandwidth_of measures dml's own on a host.
+  double elementwise_bandwidth = 2.5e12 / 4;
   double flops(precision p) const { return p == precision::fp32 ? flops_fp32 : flops_bf16; }
   double gemm_share(double rows) const {
     if (gemm_rows.empty()) return 1.0;
@@ -428,20 +433,28 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
     const double msg = static_cast<double>(m.seq) / l.cp * mb_rows * static_cast<double>(m.d_model) * w / (l.sp ? l.tp : 1);
     pp_time = 2 * static_cast<double>(l.micro_batches) * std::max(1, interleaved_chunks(l.schedule)) * (msg / bw + lat);
   }
+  // The blocks' element-wise passes: their saved activation bytes (Korthikanti et al.'s, which shrink with tp only
+  // where the work splits) for every micro-batch, at the element-wise rate; recomputation's extra forward is not priced.
+  double elementwise = 0;
+  if (m.is_gpt())
+    elementwise = std::ceil(static_cast<double>(m.layers) / l.pp) * static_cast<double>(l.micro_batches) *
+                  korthikanti_layer_bytes(static_cast<double>(m.seq) / l.cp, mb_rows, static_cast<double>(m.d_model),
+                                          static_cast<double>(m.heads), l.tp, l.sp, recompute::none) * (w / 2) /
+                  c.elementwise_bandwidth;
   // The optimizer's update, after the gradients: the rank's parameters (its shard under ZeRO), each moving
   // update_bytes_per_param at memory bandwidth.
   const double update_time = psi_rank / (l.zero >= 1 ? shard : 1) * update_bytes_per_param(t.optimizer, t.prec) /
                              c.memory_bandwidth;
-  const double busy = compute + tp_time + pp_time;
+  const double busy = compute + elementwise + tp_time + pp_time;
   const double units = schedule_units(l);
   const double slots_in_step = (units + l.pp - 1) / units;
   const double pipeline = busy * slots_in_step;
   e.step_seconds = pipeline + dp_time + update_time;
   e.bubble = e.step_seconds > 0 ? (pipeline - busy) / e.step_seconds : 0;
   e.mfu = e.flops_per_step / (e.step_seconds * rate * l.devices());
-  const double parts[] = {compute, tp_time, pp_time, dp_time, pipeline - busy, update_time};
-  const char* names[] = {"compute", "tensor-parallel communication", "pipeline sends", "data-parallel communication",
-                         "pipeline bubble", "optimizer update"};
+  const double parts[] = {compute, elementwise, tp_time, pp_time, dp_time, pipeline - busy, update_time};
+  const char* names[] = {"compute", "element-wise passes", "tensor-parallel communication", "pipeline sends",
+                         "data-parallel communication", "pipeline bubble", "optimizer update"};
   e.bottleneck = names[std::max_element(std::begin(parts), std::end(parts)) - std::begin(parts)];
   check_fit(e, c);
   return e;
