@@ -276,12 +276,24 @@ void check_across(options& o) {
 struct planner {
   dml::cost::cluster host;
   dml::cost::pipeline_pick pick;  // the fastest 1F1B or zb pipeline over every micro-batch count (rank_pipelines)
+  std::vector<double> work;       // each stage's share of the step's work (its FLOPs at the rate, and its update)
   template <class Model>
   static planner calibrate(const options& o, const Model& model) {
-    planner p{dml::cost::calibrate_rank_of(o.pp * o.dp, o.hidden.front(), o.hidden.front()), {}};
-    if (o.cuts.empty()) p.pick = dml::cost::rank_pipelines(model, o.pp, o.batch / o.dp, p.host).front();
+    planner p{dml::cost::calibrate_rank_of(o.pp * o.dp, o.hidden.front(), o.hidden.front()), {}, {}};
+    if (!o.cuts.empty()) return p;
+    p.pick = dml::cost::rank_pipelines(model, o.pp, o.batch / o.dp, p.host).front();
+    const auto costs = dml::cost::pipeline_rank_costs(model, o.pp, 1, o.batch / o.dp, p.host);
+    const auto update = dml::cost::pipeline_update_seconds(model, o.pp, 1, p.host);
+    double total = 0;
+    for (std::size_t r = 0; r < costs.size(); ++r) {
+      p.work.push_back(costs[r].forward + costs[r].backward + update[r]);
+      total += p.work.back();
+    }
+    for (double& w : p.work) w /= total;
     return p;
   }
+  // No pipeline of these stages beats one rank by more than the whole work over the busiest stage's.
+  double ceiling() const { return work.empty() ? 0 : 1 / *std::max_element(work.begin(), work.end()); }
   // The predicted step of a schedule at m micro-batches (0 where the planner cannot price it: a CSV file, a count
   // that does not divide the rows, or cuts given by hand).
   template <class Model>
@@ -344,6 +356,12 @@ int main(int argc, char** argv) try {
                   plan.host.flops_fp32 / 1e9, plan.host.memory_bandwidth / 1e9, plan.pick.schedule.c_str(), static_cast<long long>(plan.pick.micro_batches),
                   1e3 * plan.pick.step_seconds, 1e3 * one_rank_predicted, one_rank_predicted / plan.pick.step_seconds,
                   planned ? "; this run's M" : "");
+    if (!plan.work.empty()) {
+      std::printf("# the stages as the trainer cuts them hold");
+      for (std::size_t r = 0; r < plan.work.size(); ++r) std::printf("%s %.0f%%", r ? " /" : "", 100 * plan.work[r]);
+      std::printf(" of the work (FLOPs and updates): with no bubble at all, pp %d reaches at most %.2fx one rank\n", o.pp,
+                  plan.ceiling());
+    }
     if (ranks > cores)
       std::printf("# note: %d ranks share %d cores, so they time-share them: samples/s cannot scale past %d cores, "
                   "and the measured bubble includes time spent waiting for a core\n",
@@ -423,7 +441,10 @@ int main(int argc, char** argv) try {
         std::printf("%s{\"forward\":%.3f,\"backward\":%.3f,\"backward_input\":%.3f,\"backward_weight\":%.3f}",
                     i ? "," : "", 1e3 * a[0], 1e3 * a[1], 1e3 * a[2], 1e3 * a[3]);
       }
-      std::printf("],\"step_ms\":%.3f,\"predicted_step_ms\":%.3f,\"planner_pick\":%s,\"peak_activation_bytes\":%lld,"
+      std::printf("],\"stage_work\":[");
+      for (std::size_t i = 0; i < plan.work.size(); ++i) std::printf("%s%.4f", i ? "," : "", plan.work[i]);
+      std::printf("],\"speedup_ceiling\":%.3f", plan.ceiling());
+      std::printf(",\"step_ms\":%.3f,\"predicted_step_ms\":%.3f,\"planner_pick\":%s,\"peak_activation_bytes\":%lld,"
                   "\"peak_in_flight\":%lld,\"ranks_over_cores\":%s,\"other_processes_cpu_share\":%.3f}\n",
                   r.step_ms(), 1e3 * predicted, picked ? "true" : "false", static_cast<long long>(r.peak_activation_bytes()),
                   static_cast<long long>(r.peak_in_flight()), ranks > cores ? "true" : "false", r.others);

@@ -148,10 +148,10 @@ result train_gpt(C& c, const layout& l, const nn::gpt_config& g, int n_steps = s
 
 // Losses to 1.5e-6 relative: README quotes 1.1e-7 to 1.8e-7 for the layouts of train_tensor, train_compose,
 // train_expert_parallel and train_context_parallel (seen here up to 1.8e-7), so a regression by 10x fails.
-// Gradient norms to 1e-5 (seen: 1.6e-6). Parameters to 1e-4 absolute (seen: 4.2e-5), lr being 3e-3: a layout
-// sums gradients in another order, and Adam's normalised step turns rounding-level differences in a near-zero
-// gradient into steps of up to lr.
-inline void check_same(const result& ref, const result& got, const std::string& what, double param_bound = 1e-4) {
+// Gradient norms to 1e-5 (seen: 4.2e-6). Parameters to 2e-4 absolute (seen: 4.2e-5 on an AMD EPYC, 1.09e-4 on an
+// Intel Xeon with AVX-512 once LayerNorm's row sums vectorised), lr being 3e-3: a layout sums gradients in another
+// order, and Adam's normalised step turns rounding-level differences in a near-zero gradient into steps of up to lr.
+inline void check_same(const result& ref, const result& got, const std::string& what, double param_bound = 2e-4) {
   // Empty records would make every comparison below vacuous.
   REQUIRE(!ref.losses.empty());
   REQUIRE(!ref.params.empty());

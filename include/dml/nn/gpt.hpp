@@ -187,7 +187,7 @@ struct gpt_head : detail::split_part {
     check_group(kind, c, ranks());
     const std::int64_t nl = x.rows(), n = y.rows();
     auto [stats, hs, hfull] = kept<T>(c.saved, nl);
-    for_each_index<S>(nl, kernels::layernorm_forward<T>{x.data, p.w[0], bias ? p.w[1] : nullptr, hs, stats, dim, eps});
+    for_each_row<S>(nl, kernels::layernorm_forward<T>{x.data, p.w[0], bias ? p.w[1] : nullptr, hs, stats, dim, eps});
     const T* h = gather(c, static_cast<const T*>(hs), hfull, nl * dim);
     detail::linear_forward<S>(n, dim, vocab / ranks(), h, p.w[bias ? 2 : 1], static_cast<const T*>(nullptr), y.data);
   }
@@ -203,10 +203,9 @@ struct gpt_head : detail::split_part {
     detail::linear_weight_grad<S>(n, dim, v, h, dy.data, p.g[wi], c.accumulate);
     detail::linear_input_grad<S>(n, dim, v, dy.data, p.w[wi], full);
     const T* dh = reduce(c, full, part, nl * dim);
-    for_each_index<S>(dim, kernels::layernorm_backward_params<T>{x.data, dh, stats, p.g[0], bias ? p.g[1] : nullptr, nl, dim,
-                                                             c.accumulate});
+    layernorm_params_grad<S>(x.data, dh, stats, p.g[0], bias ? p.g[1] : nullptr, nl, dim, c.accumulate);
     if (dx.data)
-      for_each_index<S>(nl, kernels::layernorm_backward_input<T>{x.data, p.w[0], dh, static_cast<const T*>(nullptr), stats,
+      for_each_row<S>(nl, kernels::layernorm_backward_input<T>{x.data, p.w[0], dh, static_cast<const T*>(nullptr), stats,
                                                                  dx.data, dim});
   }
 

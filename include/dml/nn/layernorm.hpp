@@ -28,9 +28,11 @@ DML_HOST_DEVICE float layernorm_dx(float dy, float w, float xhat, float rstd, fl
 template <class T>
 DML_HOST_DEVICE row_stats layernorm_stats(const T* x, std::int64_t n, float eps) {
   float sum = 0.f;
+  DML_SIMD_SUM(sum)
   for (std::int64_t j = 0; j < n; ++j) sum += static_cast<float>(x[j]);
   const float mean = sum / static_cast<float>(n);
   float var = 0.f;
+  DML_SIMD_SUM(var)
   for (std::int64_t j = 0; j < n; ++j) var += (static_cast<float>(x[j]) - mean) * (static_cast<float>(x[j]) - mean);
   return {mean, layernorm_rstd(var, n, eps)};
 }
@@ -49,6 +51,7 @@ struct layernorm_forward {
     T* yr = y + row * n;
     const row_stats s = layernorm_stats(xr, n, eps);
     if (stats) stats[row] = s;
+    DML_SIMD
     for (std::int64_t j = 0; j < n; ++j)
       yr[j] = T(layernorm_affine(static_cast<float>(xr[j]), s, static_cast<float>(w[j]), b ? static_cast<float>(b[j]) : 0.f));
   }
@@ -66,13 +69,14 @@ struct layernorm_backward_input {
     const T* xr = x + row * n;
     const T* dyr = dy + row * n;
     const row_stats s = stats[row];
-    float sum_g = 0.f, sum_gx = 0.f;
-    for (std::int64_t j = 0; j < n; ++j) {
-      const float g = static_cast<float>(dyr[j]) * static_cast<float>(w[j]);
-      sum_g += g;
-      sum_gx += g * layernorm_xhat(static_cast<float>(xr[j]), s);
-    }
+    float sum_g = 0.f, sum_gx = 0.f;  // two loops: a vectorised reduction takes one variable
+    DML_SIMD_SUM(sum_g)
+    for (std::int64_t j = 0; j < n; ++j) sum_g += static_cast<float>(dyr[j]) * static_cast<float>(w[j]);
+    DML_SIMD_SUM(sum_gx)
+    for (std::int64_t j = 0; j < n; ++j)
+      sum_gx += static_cast<float>(dyr[j]) * static_cast<float>(w[j]) * layernorm_xhat(static_cast<float>(xr[j]), s);
     const float inv_n = 1.f / static_cast<float>(n);
+    DML_SIMD
     for (std::int64_t j = 0; j < n; ++j) {
       const float d = layernorm_dx(static_cast<float>(dyr[j]), static_cast<float>(w[j]),
                                    layernorm_xhat(static_cast<float>(xr[j]), s), s.rstd, sum_g, sum_gx, inv_n);
@@ -110,6 +114,41 @@ struct layernorm_backward_params {
   }
 };
 }  // namespace kernels
+
+// The row functors above (forward, row statistics, backward input) run one row per call: on the host a thread takes a
+// row and its inner loops vectorise (for_each_row), on the device a thread runs a row. The parameter gradients sum
+// each column over the rows: one column per device thread; on the host, blocks of columns, each summed row by row so
+// that the inner loop is contiguous and vectorises (every column's sum still runs over the rows in order, as the
+// functor's does).
+template <execution_space S, class T>
+void layernorm_params_grad(const T* x, const T* dy, const kernels::row_stats* stats, T* dw, T* db, std::int64_t rows,
+                           std::int64_t n, bool accumulate) {
+  if constexpr (!std::same_as<S, host>) {
+    for_each_index<S>(n, kernels::layernorm_backward_params<T>{x, dy, stats, dw, db, rows, n, accumulate});
+  } else {
+    constexpr std::int64_t block = 256;
+    for_each_row<S>((n + block - 1) / block, [=](std::int64_t b) {
+      const std::int64_t j0 = b * block, width = n - j0 < block ? n - j0 : block;
+      float gw[block], gb[block];
+      for (std::int64_t j = 0; j < width; ++j) gw[j] = gb[j] = 0.f;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const T* xr = x + r * n + j0;
+        const T* dyr = dy + r * n + j0;
+        const kernels::row_stats st = stats[r];
+        DML_SIMD
+        for (std::int64_t j = 0; j < width; ++j) {
+          const float d = static_cast<float>(dyr[j]);
+          gw[j] += d * kernels::layernorm_xhat(static_cast<float>(xr[j]), st);
+          gb[j] += d;
+        }
+      }
+      for (std::int64_t j = 0; j < width; ++j) {
+        dw[j0 + j] = T(accumulate ? static_cast<float>(dw[j0 + j]) + gw[j] : gw[j]);
+        if (db) db[j0 + j] = T(accumulate ? static_cast<float>(db[j0 + j]) + gb[j] : gb[j]);
+      }
+    });
+  }
+}
 
 }  // namespace dml::nn
 
@@ -150,7 +189,7 @@ struct layernorm {
       return;
     }
 #endif
-    for_each_index<S>(x.rows(), kernels::layernorm_forward<T>{x.data, p.w[0], p.w[1], y.data, nullptr, features, eps});
+    for_each_row<S>(x.rows(), kernels::layernorm_forward<T>{x.data, p.w[0], p.w[1], y.data, nullptr, features, eps});
   }
   template <execution_space S, class T>
   void backward(const context& c, layer_params<T> p, tensor_view<const T, S> x, tensor_view<const T, S>,
@@ -163,11 +202,10 @@ struct layernorm {
       return;
     }
 #endif
-    for_each_index<S>(x.rows(), kernels::layernorm_row_stats<T>{x.data, stats, features, eps});
-    for_each_index<S>(features, kernels::layernorm_backward_params<T>{x.data, dy.data, stats, p.g[0], p.g[1],
-                                                                      x.rows(), features, c.accumulate});
+    for_each_row<S>(x.rows(), kernels::layernorm_row_stats<T>{x.data, stats, features, eps});
+    layernorm_params_grad<S>(x.data, dy.data, stats, p.g[0], p.g[1], x.rows(), features, c.accumulate);
     if (dx.data)
-      for_each_index<S>(x.rows(), kernels::layernorm_backward_input<T>{x.data, p.w[0], dy.data, nullptr, stats, dx.data,
+      for_each_row<S>(x.rows(), kernels::layernorm_backward_input<T>{x.data, p.w[0], dy.data, nullptr, stats, dx.data,
                                                                       features});
   }
 };

@@ -151,7 +151,7 @@ struct gpt_block : detail::split_part {
     const auto ws = work_parts<T>(c.workspace, d);
     const auto w = weights(p.w);
     // attention half
-    for_each_index<S>(nl, kernels::layernorm_forward<T>{x.data, w.ln1_w, w.ln1_b, sv.h1, sv.stats1, C, eps});
+    for_each_row<S>(nl, kernels::layernorm_forward<T>{x.data, w.ln1_w, w.ln1_b, sv.h1, sv.stats1, C, eps});
     const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full1, nl * C);
     detail::linear_forward<S>(d.n, C, 3 * cp_, h1, w.qkv_w, w.qkv_b, sv.qkv);
     if (ring())
@@ -162,7 +162,7 @@ struct gpt_block : detail::split_part {
     const T* r1 = reduce(c, ws.full2, ws.part, nl * C);
     for_each_index<S>(nl * C, kernels::residual_dropout<T>{x.data, r1, w.proj_b, sv.x2, drop(c, d, 1)});
     // MLP half
-    for_each_index<S>(nl, kernels::layernorm_forward<T>{sv.x2, w.ln2_w, w.ln2_b, sv.h2, sv.stats2, C, eps});
+    for_each_row<S>(nl, kernels::layernorm_forward<T>{sv.x2, w.ln2_w, w.ln2_b, sv.h2, sv.stats2, C, eps});
     if (experts) {  // on this rank's token rows: the experts are whole here, nothing to gather or reduce
       moe_of(d).template forward_rows<S>(c, p.w + w.mlp, static_cast<const T*>(sv.h2), ws.part, nl, sv.moe, ws.moe,
                                          d.t * cp.ranks);
@@ -227,8 +227,8 @@ struct gpt_block : detail::split_part {
       detail::linear_input_grad<S>(d.n, C, fp, static_cast<const T*>(big), w.fc_w, ws.full3);
       dh2 = reduce(c, ws.full3, ws.part_b, nl * C);
     }
-    for_each_index<S>(C, kernels::layernorm_backward_params<T>{sv.x2, dh2, sv.stats2, g.ln2_w, g.ln2_b, nl, C, acc});
-    for_each_index<S>(nl, kernels::layernorm_backward_input<T>{sv.x2, w.ln2_w, dh2, dy.data, sv.stats2, ws.dx2, C});
+    layernorm_params_grad<S>(sv.x2, dh2, sv.stats2, g.ln2_w, g.ln2_b, nl, C, acc);
+    for_each_row<S>(nl, kernels::layernorm_backward_input<T>{sv.x2, w.ln2_w, dh2, dy.data, sv.stats2, ws.dx2, C});
     // attention half: x2 = x + dropout(c_proj(attn(c_attn(ln_1(x)))) + b)
     T* const dr = st && !sp ? st->dp : ws.part_a;
     for_each_index<S>(nl * C, kernels::dropout_grad<T>{ws.dx2, dr, drop(c, d, 1)});
@@ -253,9 +253,9 @@ struct gpt_block : detail::split_part {
     }
     detail::linear_input_grad<S>(d.n, C, 3 * cp_, static_cast<const T*>(dqkv), w.qkv_w, ws.full3);
     const T* dh1 = reduce(c, ws.full3, ws.part_b, nl * C);
-    for_each_index<S>(C, kernels::layernorm_backward_params<T>{x.data, dh1, sv.stats1, g.ln1_w, g.ln1_b, nl, C, acc});
+    layernorm_params_grad<S>(x.data, dh1, sv.stats1, g.ln1_w, g.ln1_b, nl, C, acc);
     if (dx.data)
-      for_each_index<S>(nl, kernels::layernorm_backward_input<T>{x.data, w.ln1_w, dh1, ws.dx2, sv.stats1, dx.data, C});
+      for_each_row<S>(nl, kernels::layernorm_backward_input<T>{x.data, w.ln1_w, dh1, ws.dx2, sv.stats1, dx.data, C});
   }
 
  private:
