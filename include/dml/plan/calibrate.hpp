@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/plan/calibrate.hpp — this host as a cost::cluster: a short GEMM probe per precision, a memcpy bandwidth
-// probe (what comm::local's collectives do between threads) and dml's AdamW update (the memory bandwidth a
-// streaming pass reaches).
-// Sits on core/gemm.hpp, comm/local.hpp (its thread budget), optim/adam.hpp and plan/cost.hpp; used by tools/dml-plan
-// (--calibrate), the examples' --plan auto and the benchmarks.
+// probe (what comm::local's collectives do between threads), dml's AdamW update (the memory bandwidth a
+// streaming pass reaches) and one GPT block's element-wise passes (elementwise_bandwidth_of).
+// Sits on core/gemm.hpp, comm/local.hpp (its thread budget), optim/adam.hpp, nn/gpt.hpp, nn/network.hpp and
+// plan/cost.hpp; used by tools/dml-plan (--calibrate), the examples' --plan auto and the benchmarks.
 #pragma once
 
 #include <algorithm>
