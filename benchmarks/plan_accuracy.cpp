@@ -67,6 +67,8 @@ int main(int argc, char** argv) {
                                        cost::parse_layout("pp=2,mb=4,schedule=1f1b"), cost::parse_layout("pp=2,mb=8,schedule=1f1b"),
                                        cost::parse_layout("pp=2,mb=4,schedule=zb"), cost::parse_layout("pp=2,mb=8,schedule=zb")};
   if (quick) layouts.resize(2);
+  std::printf("# %s; GPT 2 layers, d_model 256, 4 heads, seq 128, vocabulary 256, global batch %lld, fp32 AdamW\n",
+              dml::host_cpu_model().c_str(), static_cast<long long>(batch));
   std::printf("%-72s %12s %12s %8s\n", "layout", "predicted_s", "measured_s", "ratio");
   for (const auto& l : layouts) {
     // Ranks are threads sharing this host, each with its share of the cores (comm::local's thread budget):
