@@ -96,13 +96,13 @@ struct gpt_embedding : detail::split_part {
     const auto drop = dropout_of(c, x.shape[1], y.shape);
     const auto at = place(x.shape[1]);
     if (ranks() == 1) {
-      for_each_index<S>(mine * dim, kernels::embed_tokens<T>{x.data, p.w[0], p.w[1], y.data, dim, 0, vocab, 0, at});
+      detail::embed_rows<S>(mine, kernels::embed_tokens<T>{x.data, p.w[0], p.w[1], y.data, dim, 0, vocab, 0, at});
       if (drop.keep < 1.f) for_each_index<S>(mine * dim, kernels::residual_dropout<T>{nullptr, y.data, nullptr, y.data, drop});
       return;
     }
     // Each rank looks up the ids it holds for every token; the group sums; positions and dropout follow.
     T* full = reinterpret_cast<T*>(c.workspace);
-    for_each_index<S>(tokens * dim, kernels::embed_tokens<T>{x.data, p.w[0], nullptr, full, dim, first_id, vocab / ranks(), 0, at});
+    detail::embed_rows<S>(tokens, kernels::embed_tokens<T>{x.data, p.w[0], nullptr, full, dim, first_id, vocab / ranks(), 0, at});
     const T* sum = reduce(c, full, y.data, mine * dim);
     const std::int64_t first_token = sequence() ? mine * split.rank : 0;
     for_each_index<S>(mine * dim, kernels::add_positions<T>{sum, p.w[1], y.data, dim, first_token, at, drop});
@@ -120,7 +120,7 @@ struct gpt_embedding : detail::split_part {
     for_each_index<S>(mine * dim, kernels::dropout_grad<T>{dy.data, mine_d, drop});
     for_each_index<S>(seq * dim, kernels::embed_wpe_grad<T>{mine_d, p.g[1], mine, dim, first_token, at, c.accumulate});
     const T* all = gather(c, static_cast<const T*>(mine_d), d, mine * dim);
-    for_each_index<S>(dim, kernels::embed_wte_grad<T>{x.data, all, p.g[0], tokens, dim, first_id, vocab / ranks(), c.accumulate, at});
+    detail::embed_wte_grad_rows<S>(kernels::embed_wte_grad<T>{x.data, all, p.g[0], tokens, dim, first_id, vocab / ranks(), c.accumulate, at});
   }
 
  private:

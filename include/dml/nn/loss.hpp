@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "dml/core/algorithm.hpp"
 #include "dml/core/tensor.hpp"
@@ -19,7 +20,8 @@ DML_HOST_DEVICE float softmax_xent_grad(float x, float mx, float inv_sum, bool i
   return (expf(x - mx) * inv_sum - (is_label ? 1.f : 0.f)) * scale;
 }
 // Per row: loss = logsumexp(x) − x[label]; dx = (softmax(x) − onehot(label)) · scale. Logits of the
-// working type T; arithmetic in float.
+// working type T; arithmetic in float. In f32 the exponentials are computed once, kept in dx between the sum
+// and the gradient (the same values softmax_xent_grad would compute again).
 template <class T>
 struct softmax_xent_row {
   const T* x;
@@ -31,14 +33,28 @@ struct softmax_xent_row {
   DML_HOST_DEVICE void operator()(std::int64_t r) const {
     const T* xr = x + r * n;
     float mx = static_cast<float>(xr[0]);
+    DML_SIMD_MAX(mx)
     for (std::int64_t j = 1; j < n; ++j) mx = static_cast<float>(xr[j]) > mx ? static_cast<float>(xr[j]) : mx;
     float sum = 0.f;
-    for (std::int64_t j = 0; j < n; ++j) sum += expf(static_cast<float>(xr[j]) - mx);
     const std::int64_t label = labels[r];
+    constexpr bool keep = std::is_same_v<T, float>;
+    T* dr = dx ? dx + r * n : nullptr;
+    if (keep && dr) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        const float e = expf(static_cast<float>(xr[j]) - mx);
+        dr[j] = T(e);
+        sum += e;
+      }
+    } else {
+      for (std::int64_t j = 0; j < n; ++j) sum += expf(static_cast<float>(xr[j]) - mx);
+    }
     row_loss[r] = softmax_xent_loss(sum, static_cast<float>(xr[label]), mx);
-    if (dx) {
-      const float inv = 1.f / sum;
-      T* dr = dx + r * n;
+    if (!dr) return;
+    const float inv = 1.f / sum;
+    if constexpr (keep) {
+      DML_SIMD
+      for (std::int64_t j = 0; j < n; ++j) dr[j] = (dr[j] * inv - (j == label ? 1.f : 0.f)) * scale;
+    } else {
       for (std::int64_t j = 0; j < n; ++j)
         dr[j] = T(softmax_xent_grad(static_cast<float>(xr[j]), mx, inv, j == label, scale));
     }
@@ -150,7 +166,7 @@ struct softmax_cross_entropy {
       detail::softmax_xent_cuda(logits.data, labels, dlogits.data, row_loss, rows, n, scale);
     else
 #endif
-      for_each_index<S>(rows, kernels::softmax_xent_row<T>{logits.data, labels, dlogits.data, row_loss, n, scale});
+      for_each_row<S>(rows, kernels::softmax_xent_row<T>{logits.data, labels, dlogits.data, row_loss, n, scale});
     const double total = transform_reduce_index<S>(rows, kernels::read_float{row_loss}, 0.0);
     return static_cast<float>(total / static_cast<double>(denom));
   }

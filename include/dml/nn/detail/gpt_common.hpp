@@ -4,8 +4,11 @@
 // Sits on nn/layer.hpp, nn/rank_group.hpp and core/rng.hpp; used by nn/gpt.hpp and nn/detail/gpt_block.hpp.
 #pragma once
 
+#include <algorithm>
+#include <concepts>
 #include <cstdint>
 
+#include "dml/core/algorithm.hpp"
 #include "dml/core/cast.hpp"
 #include "dml/core/rng.hpp"
 #include "dml/nn/layer.hpp"
@@ -78,6 +81,20 @@ struct embed_tokens {
     if (wpe) v += static_cast<float>(wpe[at.position(token) * n + j]);
     y[i] = T(v);
   }
+  // Local token row t whole, as (t·n .. t·n + n − 1) would: its id and position found once, the columns contiguous.
+  DML_HOST_DEVICE void row(std::int64_t t) const {
+    const std::int64_t token = first_token + t;
+    const std::int64_t id = static_cast<std::int64_t>(ids[at.id_index(token)]) - first_id;
+    const T* w = id >= 0 && id < ids_held ? wte + id * n : nullptr;
+    const T* p = wpe ? wpe + at.position(token) * n : nullptr;
+    T* out = y + t * n;
+    DML_SIMD
+    for (std::int64_t j = 0; j < n; ++j) {
+      float v = w ? static_cast<float>(w[j]) : 0.f;
+      if (p) v += static_cast<float>(p[j]);
+      out[j] = T(v);
+    }
+  }
 };
 // y = dropout(sum + wpe[position]) for local token rows (sum may be y).
 template <class T>
@@ -133,6 +150,37 @@ struct embed_wpe_grad {
 }  // namespace kernels
 
 namespace detail {
+// The embedding lookups of `rows` local token rows: on the device an element per thread, on the host a row per
+// call (one id and position per token, the columns vectorised).
+template <execution_space S, class T>
+void embed_rows(std::int64_t rows, const kernels::embed_tokens<T>& f) {
+  if constexpr (std::same_as<S, host>) for_each_row<S>(rows, [f](std::int64_t t) { f.row(t); });
+  else for_each_index<S>(rows * f.n, f);
+}
+// dwte: on the device a column per thread (embed_wte_grad); on the host blocks of columns, each adding the tokens'
+// rows in token order (every entry's sum runs over the tokens in the functor's order), the inner loop contiguous.
+template <execution_space S, class T>
+void embed_wte_grad_rows(const kernels::embed_wte_grad<T>& f) {
+  if constexpr (!std::same_as<S, host>) {
+    for_each_index<S>(f.n, f);
+  } else {
+    constexpr std::int64_t block = 256;
+    for_each_row<S>((f.n + block - 1) / block, [f](std::int64_t b) {
+      const std::int64_t j0 = b * block, width = f.n - j0 < block ? f.n - j0 : block;
+      if (!f.accumulate)
+        for (std::int64_t r = 0; r < f.ids_held; ++r) std::fill_n(f.dw + r * f.n + j0, width, T(0.f));
+      for (std::int64_t t = 0; t < f.tokens; ++t) {
+        const std::int64_t id = static_cast<std::int64_t>(f.ids[f.at.id_index(t)]) - f.first_id;
+        if (id < 0 || id >= f.ids_held) continue;
+        T* g = f.dw + id * f.n + j0;
+        const T* d = f.dy + t * f.n + j0;
+        DML_SIMD
+        for (std::int64_t j = 0; j < width; ++j) g[j] = T(static_cast<float>(g[j]) + static_cast<float>(d[j]));
+      }
+    });
+  }
+}
+
 // The tensor-parallel plumbing every GPT layer shares.
 struct split_part {
   tensor_split split{};
