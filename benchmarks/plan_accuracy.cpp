@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   for (const auto& l : layouts) {
     // Ranks are threads sharing this host, each with its share of the cores (comm::local's thread budget):
     // calibrated as one of them, at the model's widths.
-    const cost::cluster c = cost::calibrate_gpt_rank_of(l.devices(), g.d_model, g.heads, g.seq);
+    const cost::cluster c = cost::calibrate_gpt_rank_of(l.devices(), g.d_model, g.heads, g.seq, g.vocab);
     std::printf("# one of %d rank(s): fp32 GEMM %.1f GFLOP/s, memcpy %.1f GB/s, AdamW update %.1f GB/s, a block's "
                 "element-wise passes %.1f GB/s of its activations; share of the fp32 rate at",
                 l.devices(), c.flops_fp32 / 1e9, c.intra_bandwidth / 1e9, c.memory_bandwidth / 1e9,

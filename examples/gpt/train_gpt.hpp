@@ -235,7 +235,7 @@ inline void apply_plan(options& o, int world) {
                            .capacity_factor = o.capacity_factor};
   const dml::cost::training t{.global_batch = o.batch,
                               .prec = o.precision == "bf16" ? dml::cost::precision::bf16 : dml::cost::precision::fp32};
-  dml::cost::cluster c = dml::cost::calibrate_gpt_rank_of(world, o.d_model, o.heads, o.seq);
+  dml::cost::cluster c = dml::cost::calibrate_gpt_rank_of(world, o.d_model, o.heads, o.seq, o.vocab);
   c.memory_bytes = dml::cost::parse_bytes(o.memory);
   for (const auto& e : dml::cost::search_dml(m, t, c, world, 0)) {
     if (!e.fits) continue;

@@ -204,9 +204,9 @@ TEST_CASE("a sequential as a pipeline: each rank's costs from its layers' FLOPs,
   CHECK(flat_pick.bubble > 1.0 / (3 * 64 + 1));
 }
 
-TEST_CASE("the element-wise probe times a GPT block's passes beside its products") {
-  // A small block's forward and backward less their traced GEMMs: some time, so a finite, positive rate.
-  const double rate = cost::elementwise_bandwidth_of(32, 2, 16);
+TEST_CASE("the element-wise probe times a one-layer GPT's passes and loss beside their products") {
+  // A small GPT's forward, loss and backward less their traced GEMMs: some time, so a finite, positive rate.
+  const double rate = cost::elementwise_bandwidth_of(32, 2, 16, 1, 64);
   CHECK(std::isfinite(rate));
   CHECK(rate > 0);
 }

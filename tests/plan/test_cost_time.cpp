@@ -118,30 +118,33 @@ TEST_CASE("the optimizer's update: the rank's parameters (its ZeRO shard) at mem
   CHECK(cost::evaluate(m, cost::parse_layout("dp=4,tp=2"), fp32_batch8, crawl, 8).bottleneck == "optimizer update");
 }
 
-TEST_CASE("the blocks' element-wise passes: their saved activation bytes, every micro-batch, at the element-wise rate") {
+TEST_CASE("the element-wise passes: the blocks' saved activation bytes and the ends' values, at the element-wise rate") {
   cost::cluster fast, slow;
   fast.elementwise_bandwidth = unbounded;
   slow.elementwise_bandwidth = 1e9;
-  // small_gpt: 2 layers, C 256, 4 heads, seq 128; 8 sequences. Korthikanti's bytes per layer for b sequences of one
-  // rank's micro-batch, twice the 2-byte figure in fp32; without tp sbh(34 + 5as/h), with tp and sp a t-th of it,
-  // with tp alone sbh(10 + 24/t + 5as/(ht)).
-  const double sbh8 = 128.0 * 8 * 256, attention = 5.0 * 4 * 128 / 256;
+  // small_gpt: 2 layers, C 256, 4 heads, seq 128, vocabulary 256; 8 sequences. Korthikanti's bytes per layer for b
+  // sequences of one rank's micro-batch, twice the 2-byte figure in fp32; without tp sbh(34 + 5as/h), with tp and sp
+  // a t-th of it, with tp alone sbh(10 + 24/t + 5as/(ht)). Outside the blocks, 4-byte values per token of the rank:
+  // the embedding's 9C (every token's, under tp too), the final LayerNorm's 10C (a t-th under sp) and the loss's 5V/t.
+  const double sbh8 = 128.0 * 8 * 256, attention = 5.0 * 4 * 128 / 256, h = 256, v = 256;
   for (const auto& [layout, bytes] :
-       {std::pair{"dp=1,schedule=single", 2 * 2 * sbh8 * (34 + attention)},                 // 2 layers
-        {"dp=1,mb=4,schedule=single", 2 * 2 * sbh8 * (34 + attention)},                      // 4 micro-batches of a quarter
-        {"dp=2,schedule=single", 2 * 2 * sbh8 / 2 * (34 + attention)},                       // half the sequences
-        {"tp=2,sp=1,schedule=single", 2 * 2 * sbh8 / 2 * (34 + attention)},
-        {"tp=2,schedule=single", 2 * 2 * sbh8 * (10 + 24.0 / 2 + attention / 2)}}) {
+       {std::pair{"dp=1,schedule=single", 2 * 2 * sbh8 * (34 + attention) + 1024 * 4 * (9 * h + 10 * h + 5 * v)},  // 2 layers
+        {"dp=1,mb=4,schedule=single", 2 * 2 * sbh8 * (34 + attention) + 1024 * 4 * (9 * h + 10 * h + 5 * v)},  // 4 of a quarter
+        {"dp=2,schedule=single", 2 * 2 * sbh8 / 2 * (34 + attention) + 512 * 4 * (9 * h + 10 * h + 5 * v)},  // half the sequences
+        {"tp=2,sp=1,schedule=single", 2 * 2 * sbh8 / 2 * (34 + attention) + 1024 * 4 * (9 * h + 10 * h / 2 + 5 * v / 2)},
+        {"tp=2,schedule=single", 2 * 2 * sbh8 * (10 + 24.0 / 2 + attention / 2) + 1024 * 4 * (9 * h + 10 * h + 5 * v / 2)}}) {
     CAPTURE(layout);
     const auto l = cost::parse_layout(layout);
     const auto a = cost::evaluate(small_gpt, l, fp32_batch8, fast, l.devices()), b = cost::evaluate(small_gpt, l, fp32_batch8, slow, l.devices());
     REQUIRE(a.why.empty());
     CHECK(b.step_seconds - a.step_seconds == doctest::Approx(bytes / 1e9).epsilon(1e-9));
   }
-  // On a pipeline the passes are part of each stage's busy time, so the bubble stretches them: 1F1B, 2 stages, M = 4.
+  // On a pipeline the passes are part of each stage's busy time, so the bubble stretches them: 1F1B, 2 stages, M = 4;
+  // a stage holds one layer and one end, the larger (the last stage's LayerNorm and loss, 10C + 5V).
   const auto l = cost::parse_layout("pp=2,mb=4,schedule=1f1b");
   const auto a = cost::evaluate(small_gpt, l, fp32_batch8, fast, 2), b = cost::evaluate(small_gpt, l, fp32_batch8, slow, 2);
-  CHECK(b.step_seconds - a.step_seconds == doctest::Approx(2 * sbh8 * (34 + attention) / 1e9 * 5 / 4).epsilon(1e-9));
+  CHECK(b.step_seconds - a.step_seconds ==
+        doctest::Approx((2 * sbh8 * (34 + attention) + 1024 * 4 * (10 * h + 5 * v)) / 1e9 * 5 / 4).epsilon(1e-9));
   cost::cluster c;
   c.elementwise_bandwidth = 3.5e9;
   CHECK(cost::cluster_from_json(cost::to_json(c)).elementwise_bandwidth == 3.5e9);

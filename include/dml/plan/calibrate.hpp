@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/plan/calibrate.hpp — this host as a cost::cluster: a short GEMM probe per precision, a memcpy bandwidth
 // probe (what comm::local's collectives do between threads), dml's AdamW update (the memory bandwidth a
-// streaming pass reaches) and one GPT block's element-wise passes (elementwise_bandwidth_of).
+// streaming pass reaches) and a one-layer GPT's element-wise passes (elementwise_bandwidth_of).
 // Sits on core/gemm.hpp, comm/local.hpp (its thread budget), optim/adam.hpp, nn/gpt.hpp, nn/network.hpp and
 // plan/cost.hpp; used by tools/dml-plan (--calibrate), the examples' --plan auto and the benchmarks.
 #pragma once
@@ -22,6 +22,7 @@
 #include "dml/core/gemm.hpp"
 #include "dml/core/space.hpp"
 #include "dml/nn/gpt.hpp"
+#include "dml/nn/loss.hpp"
 #include "dml/nn/network.hpp"
 #include "dml/optim/adam.hpp"
 #include "dml/plan/cost.hpp"
@@ -43,14 +44,37 @@ double seconds_per_call(F&& f, int repeats) {
   }
   return best;
 }
+// FLOP/s of T GEMMs of r × n × k for each r of rows, the fastest of `rounds` calls each. The calls go round the
+// row counts, one of each per round, so that a slow spell of the host slows one call of every count, not every call
+// of one count (the shares of gemm_rows are ratios of these rates: one count timed in a slow spell moved them by 30%).
+template <class T>
+std::vector<double> gemm_rates(const std::vector<std::int64_t>& rows, std::int64_t n, std::int64_t k, int rounds = 7) {
+  struct problem {
+    std::int64_t m;
+    std::vector<T> a, c;
+    double best = std::numeric_limits<double>::infinity();
+  };
+  const std::vector<T> b(static_cast<std::size_t>(k * n), T(0.25f));
+  std::vector<problem> ps;
+  for (const std::int64_t m : rows)
+    ps.push_back({m, std::vector<T>(static_cast<std::size_t>(m * k), T(0.5f)), std::vector<T>(static_cast<std::size_t>(m * n))});
+  auto call = [&](problem& p) {
+    dml::gemm<dml::host>({.m = p.m, .n = n, .k = k, .a = p.a.data(), .lda = k, .b = b.data(), .ldb = n, .c = p.c.data(), .ldc = n});
+  };
+  for (auto& p : ps) call(p);  // warm
+  for (int i = 0; i < rounds; ++i)
+    for (auto& p : ps) {
+      const auto t0 = std::chrono::steady_clock::now();
+      call(p);
+      p.best = std::min(p.best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  std::vector<double> rates;
+  for (const auto& p : ps) rates.push_back(2.0 * static_cast<double>(p.m * n * k) / p.best);
+  return rates;
+}
 template <class T>
 double gemm_rate(std::int64_t m, std::int64_t n, std::int64_t k) {
-  std::vector<T> a(static_cast<std::size_t>(m * k), T(0.5f)), b(static_cast<std::size_t>(k * n), T(0.25f)),
-      c(static_cast<std::size_t>(m * n));
-  const double s = seconds_per_call([&] {
-    dml::gemm<dml::host>({.m = m, .n = n, .k = k, .a = a.data(), .lda = k, .b = b.data(), .ldb = n, .c = c.data(), .ldc = n});
-  }, 7);
-  return 2.0 * static_cast<double>(m * n * k) / s;
+  return gemm_rates<T>({m}, n, k).front();
 }
 // Runs probe() on `concurrent` threads at once, each with `threads` threads of its own (ranks share the memory system
 // as they share the cores), and returns the slowest thread's result: each probe times its own calls, the fastest of
@@ -102,11 +126,17 @@ inline cluster calibrate(std::int64_t m = 512, std::int64_t n = 1024, std::int64
     ~restore() { dml::set_thread_budget(b); }
   } const keep{budget};
   cluster c;
-  c.flops_fp32 = detail::gemm_rate<float>(m, n, k);
-  c.flops_bf16 = detail::gemm_rate<dml::bf16>(m, n, k);
   std::sort(rows.begin(), rows.end());
-  for (const std::int64_t r : rows)
-    c.gemm_rows.emplace_back(static_cast<double>(r), r == m ? 1.0 : detail::gemm_rate<float>(r, n, k) / c.flops_fp32);
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  std::vector<std::int64_t> probed = rows;
+  const auto at_m = std::find(probed.begin(), probed.end(), m);
+  const std::size_t mi = static_cast<std::size_t>(at_m - probed.begin());
+  if (at_m == probed.end()) probed.push_back(m);
+  const auto rates = detail::gemm_rates<float>(probed, n, k);
+  c.flops_fp32 = rates[mi];
+  c.flops_bf16 = detail::gemm_rate<dml::bf16>(m, n, k);
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    c.gemm_rows.emplace_back(static_cast<double>(rows[i]), i == mi ? 1.0 : rates[i] / c.flops_fp32);
   std::vector<char> src(copy_bytes, 1), dst(copy_bytes);
   const double copy = detail::seconds_per_call([&] { std::memcpy(dst.data(), src.data(), src.size()); }, 5);
   c.intra_bandwidth = c.inter_bandwidth = static_cast<double>(copy_bytes) / copy;
@@ -137,22 +167,28 @@ inline cluster calibrate_rank_of(int ranks, std::int64_t n = 1024, std::int64_t 
   return c;
 }
 
-// The rate of a GPT block's element-wise passes (LayerNorms, softmax, GELU, dropout, residual adds: everything but
-// its products), forward and backward together, in bytes of the block's saved activations per second (Korthikanti et
-// al.'s sbh(34 + 5as/h), at 4-byte values): cluster::elementwise_bandwidth. Measured on one nn::gpt_block of d_model,
-// heads and seq over max(1, 512 / seq) sequences: a forward and a backward less their traced GEMMs, the fastest of 5,
-// on one of `ranks` ranks sharing this host (each with comm::local's thread budget, all at once, as
-// calibrate_rank_of).
-inline double elementwise_bandwidth_of(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks = 1) {
+// The rate of a GPT's element-wise passes (LayerNorms, softmax, GELU, dropout, residual adds, the embedding's
+// lookups and the loss: everything but its products), forward and backward together, in bytes per second of its
+// blocks' saved activations (Korthikanti et al.'s sbh(34 + 5as/h), at 4-byte values) and of the passes outside them
+// (gpt_end_values_per_token, 4 bytes each): cluster::elementwise_bandwidth. Measured on a one-layer nn::gpt of
+// d_model, heads, seq and vocab over max(1, 512 / seq) sequences with its cross-entropy: a forward, the loss and a
+// backward less their traced GEMMs, the fastest of 5, on one of `ranks` ranks sharing this host (each with
+// comm::local's thread budget, all at once, as calibrate_rank_of).
+inline double elementwise_bandwidth_of(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks = 1,
+                                       std::int64_t vocab = 1024) {
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const int threads = comm::local::thread_budget(ranks), at_once = std::clamp(ranks, 1, cores);
-  const nn::gpt_config g{.seq = seq, .layers = 1, .d_model = d_model, .heads = heads};
-  const std::int64_t batch = std::max<std::int64_t>(1, 512 / seq);
-  const dml::shape shape{batch, seq, d_model};
+  const nn::gpt_config g{.vocab = vocab, .seq = seq, .layers = 1, .d_model = d_model, .heads = heads};
+  const std::int64_t batch = std::max<std::int64_t>(1, 512 / seq), tokens = batch * seq;
   const double seconds = detail::slowest_at_once(at_once, threads, [&](std::barrier<>& sync) {
-    nn::network<dml::host, nn::gpt_block> net(nn::sequential{nn::gpt_block(g)}, 1);
-    std::vector<float> x(static_cast<std::size_t>(shape.numel())), dy(x.size(), 1e-3f);
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+    nn::network<dml::host, nn::gpt_embedding, nn::stack<nn::gpt_block>, nn::gpt_head> net(nn::gpt(g), 1);
+    std::vector<float> ids(static_cast<std::size_t>(tokens)), dlogits(static_cast<std::size_t>(tokens * vocab)),
+        row_loss(static_cast<std::size_t>(tokens));
+    std::vector<std::int32_t> labels(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = static_cast<float>((i * 7) % static_cast<std::size_t>(vocab));
+      labels[i] = static_cast<std::int32_t>((i * 5) % static_cast<std::size_t>(vocab));
+    }
     const nn::context c{.training = true, .seed = 1, .step = 1};
     double best = std::numeric_limits<double>::infinity();
     for (int i = 0; i < 6; ++i) {  // a warm one, then 5
@@ -160,8 +196,10 @@ inline double elementwise_bandwidth_of(std::int64_t d_model, std::int64_t heads,
       sync.arrive_and_wait();
       dml::detail::host_gemm_trace = &calls;
       const auto t0 = std::chrono::steady_clock::now();
-      net.forward(tensor_view<const float>(x.data(), shape), c);
-      net.backward(tensor_view<const float>(dy.data(), shape), c);
+      const auto logits = net.forward(tensor_view<const float>(ids.data(), {batch, seq}), c);
+      const tensor_view<float> dl(dlogits.data(), logits.shape);
+      nn::softmax_cross_entropy{}.forward_backward<dml::host>(logits, labels.data(), dl, row_loss.data());
+      net.backward(tensor_view<const float>(dl), c);
       double rest = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       dml::detail::host_gemm_trace = nullptr;
       for (const auto& call : calls) rest -= call.seconds;
@@ -170,16 +208,19 @@ inline double elementwise_bandwidth_of(std::int64_t d_model, std::int64_t heads,
     return best;
   });
   const double share = std::min(1.0, static_cast<double>(cores) / (static_cast<double>(ranks) * threads));
+  const auto ends = gpt_end_values_per_token(static_cast<double>(d_model), static_cast<double>(vocab), 1, false);
   const double bytes = korthikanti_layer_bytes(static_cast<double>(seq), static_cast<double>(batch), static_cast<double>(d_model),
-                                               static_cast<double>(heads), 1, false, recompute::none) * 2;
+                                               static_cast<double>(heads), 1, false, recompute::none) * 2 +
+                       static_cast<double>(tokens) * (ends.embedding + ends.head) * 4;
   return bytes / seconds * share;
 }
 
-// calibrate_rank_of at a GPT's widths (its c_fc: n = 4C, k = C) with its blocks' element-wise rate
-// (elementwise_bandwidth_of): what dml::cost needs to price that GPT's layouts on this host.
-inline cluster calibrate_gpt_rank_of(int ranks, std::int64_t d_model, std::int64_t heads, std::int64_t seq) {
+// calibrate_rank_of at a GPT's widths (its c_fc: n = 4C, k = C) with its element-wise rate at its widths and
+// vocabulary (elementwise_bandwidth_of): what dml::cost needs to price that GPT's layouts on this host.
+inline cluster calibrate_gpt_rank_of(int ranks, std::int64_t d_model, std::int64_t heads, std::int64_t seq,
+                                     std::int64_t vocab) {
   cluster c = calibrate_rank_of(ranks, 4 * d_model, d_model);
-  c.elementwise_bandwidth = elementwise_bandwidth_of(d_model, heads, seq, ranks);
+  c.elementwise_bandwidth = elementwise_bandwidth_of(d_model, heads, seq, ranks, vocab);
   return c;
 }
 

@@ -47,6 +47,19 @@ inline double korthikanti_layer_bytes(double s, double b, double h, double a, do
   return sbh * (10 + 24 / t + attention / t);
 }
 
+// The element-wise passes of a GPT outside its blocks, in values per token of a rank: the embedding's on the first
+// stage (forward the token and position rows read and their sum written; backward the dropout's gradient, the
+// position rows' and the token rows' gradients: 9 values of width h, every token's under tensor parallelism, the
+// lookup being vocabulary-parallel), and on the last stage the final LayerNorm's (2 forward, 8 backward, a t-th under
+// sequence parallelism) and the loss's over the logits (the row maxima, the exponentials and their sum, the
+// gradient: 5 values of width V / t, vocabulary-parallel).
+struct gpt_end_values {
+  double embedding = 0, head = 0;
+};
+inline gpt_end_values gpt_end_values_per_token(double h, double V, double t, bool sequence_parallel) {
+  return {9 * h, 10 * h / (sequence_parallel ? t : 1) + 5 * V / t};
+}
+
 // Narayanan et al. 2021, eq. (3): FLOPs per iteration of a GPT with full recomputation (one extra forward),
 // batch B, sequence s, l layers, hidden h, vocabulary V.
 inline double megatron_flops(double B, double s, double l, double h, double V) {
@@ -188,7 +201,8 @@ struct cluster {
   double memory_bandwidth = 2.5e12;
   // Bytes of a layer's saved activations (korthikanti_layer_bytes at the working type) per second that its
   // element-wise passes (LayerNorms, softmax, GELU, dropout, residual adds), forward and backward together, get
-  // through. The default takes four passes over those bytes at memory bandwidth (written in forward; read, with their
+  // through; the passes outside the blocks (gpt_end_values_per_token, at the working type's bytes) at the same rate.
+  // The default takes four passes over those bytes at memory bandwidth (written in forward; read, with their
   // gradients written and read, in backward); cost::elementwise_bandwidth_of measures dml's own on a host.
   double elementwise_bandwidth = 2.5e12 / 4;
   double flops(precision p) const { return p == precision::fp32 ? flops_fp32 : flops_bf16; }
@@ -435,12 +449,19 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
   }
   // The blocks' element-wise passes: their saved activation bytes (Korthikanti et al.'s, which shrink with tp only
   // where the work splits) for every micro-batch, at the element-wise rate; recomputation's extra forward is not priced.
+  // The passes outside the blocks are the first stage's (embedding) and the last's (final LayerNorm, loss): both on
+  // one stage, else the larger.
   double elementwise = 0;
-  if (m.is_gpt())
-    elementwise = std::ceil(static_cast<double>(m.layers) / l.pp) * static_cast<double>(l.micro_batches) *
-                  korthikanti_layer_bytes(static_cast<double>(m.seq) / l.cp, mb_rows, static_cast<double>(m.d_model),
-                                          static_cast<double>(m.heads), l.tp, l.sp, recompute::none) * (w / 2) /
+  if (m.is_gpt()) {
+    const double rank_tokens = static_cast<double>(m.seq) / l.cp * mb_rows * static_cast<double>(l.micro_batches);
+    const auto ends = gpt_end_values_per_token(static_cast<double>(m.d_model), static_cast<double>(m.vocab), l.tp, l.sp);
+    const double end_values = l.pp == 1 ? ends.embedding + ends.head : std::max(ends.embedding, ends.head);
+    elementwise = (std::ceil(static_cast<double>(m.layers) / l.pp) * static_cast<double>(l.micro_batches) *
+                       korthikanti_layer_bytes(static_cast<double>(m.seq) / l.cp, mb_rows, static_cast<double>(m.d_model),
+                                               static_cast<double>(m.heads), l.tp, l.sp, recompute::none) * (w / 2) +
+                   rank_tokens * end_values * w) /
                   c.elementwise_bandwidth;
+  }
   // The optimizer's update, after the gradients: the rank's parameters (its shard under ZeRO), each moving
   // update_bytes_per_param at memory bandwidth.
   const double update_time = psi_rank / (l.zero >= 1 ? shard : 1) * update_bytes_per_param(t.optimizer, t.prec) /
