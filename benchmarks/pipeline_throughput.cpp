@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -230,17 +231,33 @@ result run_config(const options& o, const std::string& schedule, int pp, int dp,
   return res;
 }
 
-// The fastest of o.repeats runs: other processes on a shared machine only ever slow a run down.
-// Each run notes how much of the machine other processes took meanwhile.
-result best_of(const options& o, const std::string& schedule, int pp, int dp, std::int64_t m, bool recompute) {
-  result best;
-  for (int i = 0; i < o.repeats; ++i) {
-    const load_meter start = load_meter::now();
-    result r = run_config(o, schedule, pp, dp, m, recompute);
-    r.others = load_meter::others_since(start);
-    if (i == 0 || r.samples_per_s > best.samples_per_s) best = std::move(r);
-  }
-  return best;
+// One configuration of the run, and the fastest of its runs (empty until one ran; skipped: why it cannot run).
+struct config {
+  std::string schedule;
+  int pp = 1, dp = 1;
+  std::int64_t m = 1;
+  bool recompute = false;
+  std::optional<result> best;
+  std::string skipped;
+};
+
+// The fastest of o.repeats runs of every configuration: other processes on a shared machine only ever slow a run
+// down. The runs go round the configurations, one of each per round, so that a slow spell of the host costs one run
+// of each, not every run of one (a baseline timed in a quiet minute against pipelines timed in a busy one moved the
+// speed-ups by 20%). Each run notes how much of the machine other processes took meanwhile.
+void best_of_in_turn(const options& o, std::vector<config>& configs) {
+  for (int i = 0; i < o.repeats; ++i)
+    for (auto& c : configs) {
+      if (!c.skipped.empty()) continue;
+      try {
+        const load_meter start = load_meter::now();
+        result r = run_config(o, c.schedule, c.pp, c.dp, c.m, c.recompute);
+        r.others = load_meter::others_since(start);
+        if (!c.best || r.samples_per_s > c.best->samples_per_s) c.best = std::move(r);
+      } catch (const dml::invalid_argument& e) {  // a layout this model or run cannot take; the others still run
+        c.skipped = e.what();
+      }
+    }
 }
 
 // The command line (dml/train/flags.hpp).
@@ -339,12 +356,18 @@ int main(int argc, char** argv) try {
   // Beside it, one rank with the run's M micro-batches (gradient accumulation): what batch/M-row
   // products cost by themselves.
   const load_meter start = load_meter::now();
-  const result base = best_of(o, "single", 1, 1, 1, false);
-  const result base_m = best_of(o, "single", 1, 1, o.microbatches, false);
+  std::vector<config> configs{{.schedule = "single"}, {.schedule = "single", .m = o.microbatches}};
+  for (const auto& schedule : o.schedules)
+    configs.push_back({.schedule = schedule, .pp = o.pp, .dp = o.dp, .m = o.microbatches, .recompute = o.recompute});
+  best_of_in_turn(o, configs);
+  for (int i = 0; i < 2; ++i)
+    if (!configs[static_cast<std::size_t>(i)].best) dml::fail("the one-rank baseline did not run: ", configs[static_cast<std::size_t>(i)].skipped);
+  const result& base = *configs[0].best;
+  const result& base_m = *configs[1].best;
   const double base_outside = base.bubble_measured(), micro_cost = base_m.samples_per_s / base.samples_per_s;
   if (!o.json) {
     std::printf("# %s; MLP %s (relu), AdamW, fp32, global batch %lld, %lld steps after %lld warm-up, best of %d "
-                "runs%s\n",
+                "runs, taken in turn with the baselines'%s\n",
                 cpu.c_str(), model.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.steps),
                 static_cast<long long>(o.warmup), o.repeats, o.recompute ? ", recompute" : "");
     std::printf("# ranks are comm::local threads with one BLAS thread each: %d rank(s) on %d core(s)\n", ranks, cores);
@@ -400,16 +423,15 @@ int main(int argc, char** argv) try {
     bool picked;  // the planner's schedule at its micro-batch count
   };
   std::vector<verdict> verdicts;
-  for (const auto& schedule : o.schedules) {
-    result r;
-    try {
-      r = best_of(o, schedule, o.pp, o.dp, o.microbatches, o.recompute);
-    } catch (const dml::invalid_argument& e) {  // a layout this model or run cannot take; the others still run
+  for (std::size_t k = 2; k < configs.size(); ++k) {
+    const std::string& schedule = configs[k].schedule;
+    if (!configs[k].best) {
       if (o.json) std::printf("{\"schedule\":\"%s\",\"skipped\":true}\n", schedule.c_str());
-      else std::printf("# %s skipped: %s\n", schedule.c_str(), e.what());
+      else std::printf("# %s skipped: %s\n", schedule.c_str(), configs[k].skipped.c_str());
       std::fflush(stdout);
       continue;
     }
+    const result& r = *configs[k].best;
     const double theory = dml::schedule::simulate(r.table).bubble;
     const double closed = bubble_formula(schedule, o.pp, r.table.micro_batches);
     // Stage ranks of data-parallel rank 0 (world ranks 0, D, 2D, ...) give the per-stage action times.
