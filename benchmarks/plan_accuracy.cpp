@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // benchmarks/plan_accuracy.cpp — dml::cost's predicted step time against measured steps of nn::gpt on comm::local,
 // after calibrating this host (GEMM, memcpy, AdamW and GPT-block probes) in the same run. Prints predicted, measured and their ratio
-// per layout; asserts nothing (timing on a shared machine is noisy).
+// per layout (the median of the timed steps); asserts nothing (timing on a shared machine is noisy).
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -36,10 +37,18 @@ double measure(const nn::gpt_config& g, const cost::layout& l, std::int64_t batc
     auto step = [&] { t.step(tensor_view<const float>(x.data(), {rows, g.seq}), y.data(), batch); };
     step();  // warm
     c.barrier();
-    const auto t0 = dml_bench::clock_type::now();
-    for (int s = 0; s < steps; ++s) step();
+    // Each step timed on rank 0; the median, since a slow spell of a shared host lengthens a few steps, not all.
+    std::vector<double> each;
+    for (int s = 0; s < steps; ++s) {
+      const auto t0 = dml_bench::clock_type::now();
+      step();
+      each.push_back(dml_bench::seconds_since(t0));
+    }
     c.barrier();
-    if (c.rank() == 0) seconds = dml_bench::seconds_since(t0) / steps;
+    if (c.rank() == 0) {
+      std::sort(each.begin(), each.end());
+      seconds = each.size() % 2 ? each[each.size() / 2] : (each[each.size() / 2 - 1] + each[each.size() / 2]) / 2;
+    }
   });
   return seconds;
 }
