@@ -98,15 +98,14 @@ int main(int argc, char** argv) {
   cli.add("--top", show, "N", "layouts to print").min(0);
   cli.add_switch("--json", json, "one JSON object per layout");
   cli.add("--calibrate", calibrate_file, "FILE",
-          "measure this host's GEMM rates (and their share at 32 to 2,048 rows), copy rate, memory bandwidth (dml's "
-          "AdamW update) and element-wise rate (a one-layer GPT of 1024 wide, 16 heads, 512 tokens, 4,096 ids), and write them as a "
-          "cluster file");
+          "measure this host's GEMM rates and element-wise rate on a one-layer GPT (1024 wide, 16 heads, 512 tokens, "
+          "4,096 ids), the GEMM rate's share at 32 to 2,048 rows, the copy rate and the memory bandwidth (dml's AdamW "
+          "update), and write them as a cluster file");
   if (const auto status = cli.parse_for_main(argc, argv)) return *status;
 
   try {
     if (!calibrate_file.empty()) {
-      auto c = cost::calibrate(512, 1024, 1024, std::size_t{64} << 20, {32, 64, 128, 256, 512, 1024, 2048});
-      c.elementwise_bandwidth = cost::elementwise_bandwidth_of(1024, 16, 512, 1, 4096);  // GPT-2-medium widths
+      const auto c = cost::calibrate_gpt_rank_of(1, 1024, 16, 512, 4096);  // GPT-2-medium widths
       std::ofstream(calibrate_file) << to_json(c).dump(2) << "\n";
       std::printf("%s\n", to_json(c).dump(2).c_str());
       return 0;

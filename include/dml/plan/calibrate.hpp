@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cmath>
@@ -167,20 +168,31 @@ inline cluster calibrate_rank_of(int ranks, std::int64_t n = 1024, std::int64_t 
   return c;
 }
 
-// The rate of a GPT's element-wise passes (LayerNorms, softmax, GELU, dropout, residual adds, the embedding's
-// lookups and the loss: everything but its products), forward and backward together, in bytes per second of its
-// blocks' saved activations (Korthikanti et al.'s sbh(34 + 5as/h), at 4-byte values) and of the passes outside them
-// (gpt_end_values_per_token, 4 bytes each): cluster::elementwise_bandwidth. Measured on a one-layer nn::gpt of
-// d_model, heads, seq and vocab over max(1, 512 / seq) sequences with its cross-entropy: a forward, the loss and a
-// backward less their traced GEMMs, the fastest of 5, on one of `ranks` ranks sharing this host (each with
-// comm::local's thread budget, all at once, as calibrate_rank_of).
-inline double elementwise_bandwidth_of(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks = 1,
-                                       std::int64_t vocab = 1024) {
+// What a one-layer nn::gpt of d_model, heads, seq and vocab does on this host over max(1, 512 / seq) sequences with
+// its cross-entropy (a forward, the loss and a backward, the fastest of 5), on one of `ranks` ranks sharing this host
+// (each with comm::local's thread budget, all at once, as calibrate_rank_of):
+// - elementwise_bandwidth: its element-wise passes (LayerNorms, softmax, GELU, dropout, residual adds, the
+//   embedding's lookups and the loss: everything but its products), forward and backward together, in bytes per
+//   second of its blocks' saved activations (Korthikanti et al.'s sbh(34 + 5as/h), at 4-byte values) and of the passes
+//   outside them (gpt_end_values_per_token, 4 bytes each): the step less its traced GEMMs;
+// - gemm_flops: its own products' FLOPs over their traced seconds, each product at the model's shapes (the
+//   projections, the MLP, attention's per-head products, the head), where a single probe GEMM runs one shape.
+struct gpt_probe {
+  double elementwise_bandwidth = 0, gemm_flops = 0;
+};
+inline gpt_probe probe_gpt(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks = 1,
+                           std::int64_t vocab = 1024) {
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const int threads = comm::local::thread_budget(ranks), at_once = std::clamp(ranks, 1, cores);
   const nn::gpt_config g{.vocab = vocab, .seq = seq, .layers = 1, .d_model = d_model, .heads = heads};
   const std::int64_t batch = std::max<std::int64_t>(1, 512 / seq), tokens = batch * seq;
-  const double seconds = detail::slowest_at_once(at_once, threads, [&](std::barrier<>& sync) {
+  struct timing {
+    double rest = std::numeric_limits<double>::infinity(), gemm = std::numeric_limits<double>::infinity(), flops = 0;
+  };
+  std::vector<timing> each(static_cast<std::size_t>(at_once));
+  std::atomic<int> next{0};
+  detail::slowest_at_once(at_once, threads, [&](std::barrier<>& sync) {
+    timing& t = each[static_cast<std::size_t>(next++)];
     nn::network<dml::host, nn::gpt_embedding, nn::stack<nn::gpt_block>, nn::gpt_head> net(nn::gpt(g), 1);
     std::vector<float> ids(static_cast<std::size_t>(tokens)), dlogits(static_cast<std::size_t>(tokens * vocab)),
         row_loss(static_cast<std::size_t>(tokens));
@@ -190,7 +202,6 @@ inline double elementwise_bandwidth_of(std::int64_t d_model, std::int64_t heads,
       labels[i] = static_cast<std::int32_t>((i * 5) % static_cast<std::size_t>(vocab));
     }
     const nn::context c{.training = true, .seed = 1, .step = 1};
-    double best = std::numeric_limits<double>::infinity();
     for (int i = 0; i < 6; ++i) {  // a warm one, then 5
       std::vector<gemm_call> calls;
       sync.arrive_and_wait();
@@ -200,27 +211,50 @@ inline double elementwise_bandwidth_of(std::int64_t d_model, std::int64_t heads,
       const tensor_view<float> dl(dlogits.data(), logits.shape);
       nn::softmax_cross_entropy{}.forward_backward<dml::host>(logits, labels.data(), dl, row_loss.data());
       net.backward(tensor_view<const float>(dl), c);
-      double rest = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double all = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       dml::detail::host_gemm_trace = nullptr;
-      for (const auto& call : calls) rest -= call.seconds;
-      if (i > 0) best = std::min(best, rest);
+      double gemm = 0, flops = 0;
+      for (const auto& call : calls) {
+        gemm += call.seconds;
+        flops += 2.0 * static_cast<double>(call.args.m) * static_cast<double>(call.args.n) * static_cast<double>(call.args.k);
+      }
+      if (i == 0) continue;
+      t.rest = std::min(t.rest, all - gemm);
+      t.gemm = std::min(t.gemm, gemm);
+      t.flops = flops;
     }
-    return best;
+    return 0.0;
   });
+  // The slowest rank's figures: ranks that share the host wait for each other.
+  timing worst{0, 0, 0};
+  for (const auto& t : each) {
+    worst.rest = std::max(worst.rest, t.rest);
+    if (t.gemm > worst.gemm) worst = {worst.rest, t.gemm, t.flops};
+  }
   const double share = std::min(1.0, static_cast<double>(cores) / (static_cast<double>(ranks) * threads));
   const auto ends = gpt_end_values_per_token(static_cast<double>(d_model), static_cast<double>(vocab), 1, false);
   const double bytes = korthikanti_layer_bytes(static_cast<double>(seq), static_cast<double>(batch), static_cast<double>(d_model),
                                                static_cast<double>(heads), 1, false, recompute::none) * 2 +
                        static_cast<double>(tokens) * (ends.embedding + ends.head) * 4;
-  return bytes / seconds * share;
+  return {bytes / worst.rest * share, worst.flops / worst.gemm * share};
+}
+// probe_gpt's element-wise rate: cluster::elementwise_bandwidth.
+inline double elementwise_bandwidth_of(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks = 1,
+                                       std::int64_t vocab = 1024) {
+  return probe_gpt(d_model, heads, seq, ranks, vocab).elementwise_bandwidth;
 }
 
-// calibrate_rank_of at a GPT's widths (its c_fc: n = 4C, k = C) with its element-wise rate at its widths and
-// vocabulary (elementwise_bandwidth_of): what dml::cost needs to price that GPT's layouts on this host.
+// What dml::cost needs to price a GPT's layouts on this host: calibrate_rank_of at its widths (its c_fc: n = 4C,
+// k = C) for the share of the rate at a micro-batch's rows, the copy rate and the update; then probe_gpt at its
+// widths and vocabulary for the element-wise rate and the GEMM rate of its own products (the fp32 rate at the probe's
+// 512 rows; bf16's moved by the same ratio).
 inline cluster calibrate_gpt_rank_of(int ranks, std::int64_t d_model, std::int64_t heads, std::int64_t seq,
                                      std::int64_t vocab) {
   cluster c = calibrate_rank_of(ranks, 4 * d_model, d_model);
-  c.elementwise_bandwidth = elementwise_bandwidth_of(d_model, heads, seq, ranks, vocab);
+  const gpt_probe p = probe_gpt(d_model, heads, seq, ranks, vocab);
+  c.elementwise_bandwidth = p.elementwise_bandwidth;
+  c.flops_bf16 *= p.gemm_flops / c.flops_fp32;
+  c.flops_fp32 = p.gemm_flops;
   return c;
 }
 
