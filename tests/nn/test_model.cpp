@@ -126,6 +126,42 @@ TEST_CASE("bad layer arguments and bad data get errors saying what was expected"
                        doctest::Contains("expected labels in [0, 3), found 3 in row 1"), invalid_argument);
 }
 
+TEST_CASE("the cross-entropy equals a plain double-precision reference, and in place equals out of place") {
+  // Rows of 3 (the MLP's shape of thing) and of 1,000 (a vocabulary's): loss = logsumexp(x) - x[label] averaged,
+  // dx = (softmax(x) - onehot(label)) / rows.
+  for (const std::int64_t n : {std::int64_t{3}, std::int64_t{1000}}) {
+    CAPTURE(n);
+    const std::int64_t rows = 5;
+    std::vector<float> x(static_cast<std::size_t>(rows * n));
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.7 * static_cast<double>(i)) * 4);
+    std::vector<std::int32_t> labels(static_cast<std::size_t>(rows));
+    for (std::int64_t r = 0; r < rows; ++r) labels[static_cast<std::size_t>(r)] = static_cast<std::int32_t>((r * 7) % n);
+    std::vector<float> dx(x.size()), row(static_cast<std::size_t>(rows));
+    const float loss = nn::softmax_cross_entropy{}.forward_backward<host>(tensor_view<const float>(x.data(), {rows, n}),
+                                                                          labels.data(), tensor_view<float>(dx.data(), {rows, n}),
+                                                                          row.data());
+    double want = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* xr = x.data() + r * n;
+      double mx = xr[0], sum = 0;
+      for (std::int64_t j = 1; j < n; ++j) mx = std::max(mx, double(xr[j]));
+      for (std::int64_t j = 0; j < n; ++j) sum += std::exp(double(xr[j]) - mx);
+      want += std::log(sum) - (double(xr[labels[static_cast<std::size_t>(r)]]) - mx);
+      for (std::int64_t j = 0; j < n; ++j) {
+        const double g = (std::exp(double(xr[j]) - mx) / sum - (j == labels[static_cast<std::size_t>(r)] ? 1 : 0)) / rows;
+        CHECK(dx[static_cast<std::size_t>(r * n + j)] == doctest::Approx(g).epsilon(1e-5).scale(1e-6));
+      }
+    }
+    CHECK(loss == doctest::Approx(want / rows).epsilon(1e-6));
+    std::vector<float> inplace = x;  // the gradient written over the logits it is computed from
+    const float loss2 = nn::softmax_cross_entropy{}.forward_backward<host>(
+        tensor_view<const float>(inplace.data(), {rows, n}), labels.data(), tensor_view<float>(inplace.data(), {rows, n}),
+        row.data());
+    CHECK(loss2 == loss);
+    CHECK(inplace == dx);
+  }
+}
+
 TEST_CASE("mlp and with_mlp build the depth asked for at run time") {
   const std::vector<std::int64_t> hidden{32, 16};
   auto m = nn::mlp<2>(10, hidden, 3);

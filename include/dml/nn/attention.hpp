@@ -6,6 +6,7 @@
 #include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <type_traits>
 
 #include "dml/core/algorithm.hpp"
 #include "dml/core/cast.hpp"
@@ -51,11 +52,23 @@ struct causal_softmax_row {
     DML_SIMD_MAX(mx)
     for (std::int64_t s = 1; s < n; ++s) mx = attention_max(mx, scale * static_cast<float>(row[s]));
     float sum = 0.f;
-    DML_SIMD_SUM(sum)
-    for (std::int64_t s = 0; s < n; ++s) sum += fast_exp(scale * static_cast<float>(row[s]) - mx);
-    const float inv = 1.f / sum;
-    DML_SIMD
-    for (std::int64_t s = 0; s < n; ++s) row[s] = T(fast_exp(scale * static_cast<float>(row[s]) - mx) * inv);
+    if constexpr (std::is_same_v<T, float>) {  // the exponentials kept in the row between the sum and the scaling
+      DML_SIMD_SUM(sum)
+      for (std::int64_t s = 0; s < n; ++s) {
+        const float e = fast_exp(scale * row[s] - mx);
+        row[s] = e;
+        sum += e;
+      }
+      const float inv = 1.f / sum;
+      DML_SIMD
+      for (std::int64_t s = 0; s < n; ++s) row[s] *= inv;
+    } else {
+      DML_SIMD_SUM(sum)
+      for (std::int64_t s = 0; s < n; ++s) sum += fast_exp(scale * static_cast<float>(row[s]) - mx);
+      const float inv = 1.f / sum;
+      DML_SIMD
+      for (std::int64_t s = 0; s < n; ++s) row[s] = T(fast_exp(scale * static_cast<float>(row[s]) - mx) * inv);
+    }
     for (std::int64_t s = n; s < seq; ++s) row[s] = T(0.f);
   }
 };

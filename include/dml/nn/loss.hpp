@@ -37,6 +37,7 @@ struct softmax_xent_row {
     for (std::int64_t j = 1; j < n; ++j) mx = static_cast<float>(xr[j]) > mx ? static_cast<float>(xr[j]) : mx;
     float sum = 0.f;
     const std::int64_t label = labels[r];
+    const float x_label = static_cast<float>(xr[label]);  // read first: dx may be x itself
     constexpr bool keep = std::is_same_v<T, float>;
     T* dr = dx ? dx + r * n : nullptr;
     if (keep && dr) {
@@ -48,7 +49,7 @@ struct softmax_xent_row {
     } else {
       for (std::int64_t j = 0; j < n; ++j) sum += expf(static_cast<float>(xr[j]) - mx);
     }
-    row_loss[r] = softmax_xent_loss(sum, static_cast<float>(xr[label]), mx);
+    row_loss[r] = softmax_xent_loss(sum, x_label, mx);
     if (!dr) return;
     const float inv = 1.f / sum;
     if constexpr (keep) {
