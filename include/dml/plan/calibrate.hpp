@@ -225,18 +225,18 @@ inline gpt_probe probe_gpt(std::int64_t d_model, std::int64_t heads, std::int64_
     }
     return 0.0;
   });
-  // The slowest rank's figures: ranks that share the host wait for each other.
-  timing worst{0, 0, 0};
+  // The slowest rank's seconds: ranks that share the host wait for each other. Every rank runs the same products.
+  double rest = 0, gemm = 0;
   for (const auto& t : each) {
-    worst.rest = std::max(worst.rest, t.rest);
-    if (t.gemm > worst.gemm) worst = {worst.rest, t.gemm, t.flops};
+    rest = std::max(rest, t.rest);
+    gemm = std::max(gemm, t.gemm);
   }
   const double share = std::min(1.0, static_cast<double>(cores) / (static_cast<double>(ranks) * threads));
   const auto ends = gpt_end_values_per_token(static_cast<double>(d_model), static_cast<double>(vocab), 1, false);
   const double bytes = korthikanti_layer_bytes(static_cast<double>(seq), static_cast<double>(batch), static_cast<double>(d_model),
                                                static_cast<double>(heads), 1, false, recompute::none) * 2 +
                        static_cast<double>(tokens) * (ends.embedding + ends.head) * 4;
-  return {bytes / worst.rest * share, worst.flops / worst.gemm * share};
+  return {bytes / rest * share, each.front().flops / gemm * share};
 }
 // probe_gpt's element-wise rate: cluster::elementwise_bandwidth.
 inline double elementwise_bandwidth_of(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks = 1,
