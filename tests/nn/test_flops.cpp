@@ -209,4 +209,5 @@ TEST_CASE("the element-wise probe times a one-layer GPT's passes and loss beside
   const double rate = cost::elementwise_bandwidth_of(32, 2, 16, 1, 64);
   CHECK(std::isfinite(rate));
   CHECK(rate > 0);
+  CHECK_THROWS_WITH_AS(cost::probe_gpt(32, 2, 16, 1, 0), doctest::Contains("found 32, 2, 16 and 0"), invalid_argument);
 }

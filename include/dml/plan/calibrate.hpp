@@ -182,6 +182,9 @@ struct gpt_probe {
 };
 inline gpt_probe probe_gpt(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks = 1,
                            std::int64_t vocab = 1024) {
+  if (d_model < 1 || heads < 1 || seq < 1 || vocab < 1)
+    fail<invalid_argument>("dml::cost::probe_gpt: expected d_model, heads, seq and vocab of at least 1, found ", d_model,
+                           ", ", heads, ", ", seq, " and ", vocab);
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const int threads = comm::local::thread_budget(ranks), at_once = std::clamp(ranks, 1, cores);
   const nn::gpt_config g{.vocab = vocab, .seq = seq, .layers = 1, .d_model = d_model, .heads = heads};
