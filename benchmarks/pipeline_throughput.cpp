@@ -237,8 +237,8 @@ struct config {
   int pp = 1, dp = 1;
   std::int64_t m = 1;
   bool recompute = false;
-  std::optional<result> best;
-  std::string skipped;
+  std::optional<result> best{};
+  std::string skipped{};
 };
 
 // The fastest of o.repeats runs of every configuration: other processes on a shared machine only ever slow a run
