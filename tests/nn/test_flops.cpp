@@ -65,7 +65,8 @@ TEST_CASE("forward_flops: a linear layer's, a GPT block's and head's, and an MoE
   CHECK(forward_traced(head, tokens, dml_test::random_vector(3 * 12 * 16, 3)) == nn::forward_flops(head, tokens));
 
   // Dropless (capacity factor 0): every token runs its top-k experts, so the traced products are exactly the count.
-  const nn::moe moe(nn::moe_config{.dim = 16, .hidden = 32, .experts = 4, .top_k = 2, .capacity_factor = 0.f});
+  const nn::moe moe(
+      nn::moe_config{.dim = 16, .hidden = 32, .experts = 4, .top_k = 2, .capacity_factor = 0.f, .logit_bias = {}});
   const dml::shape moe_rows{20, 16};
   CHECK(nn::forward_flops(moe, moe_rows) == 20.0 * 16 * (2 * 4 + 4 * 2 * 32));
   CHECK(forward_traced(moe, moe_rows, dml_test::random_vector(20 * 16, 4)) == nn::forward_flops(moe, moe_rows));

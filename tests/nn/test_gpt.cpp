@@ -2,7 +2,9 @@
 // tests/nn/test_gpt.cpp — the GPT layers: gradients against central finite differences, names, shapes, errors.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -197,4 +199,49 @@ TEST_CASE("tied LM head: both copies start equal, and their summed gradients are
   }
   MESSAGE("tied max_rel_diff=" << worst);
   CHECK(worst < 1e-2);
+}
+
+TEST_CASE("gpt dropout kernels: a row per call gives the bits of an element per call, with and without context parallel") {
+  // 6 local token rows of 40 columns; the context-parallel case holds 2 of each sequence's 4 positions (zigzag).
+  constexpr std::int64_t rows = 6, n = 40;
+  const auto a = random_vector(rows * n, 1), b = random_vector(rows * n, 2), bias = random_vector(n, 3);
+  const auto wpe = random_vector(4 * n, 4);
+  for (const nn::context_split cp : {nn::context_split{}, nn::context_split{2, 1, true}}) {
+    nn::kernels::token_dropout drop{rng_stream{9, 4}, 0.7f, 12, n};
+    drop.cp = cp;
+    drop.t_local = cp.ranks > 1 ? 2 : 4;
+    drop.seq = 4;
+    drop.local_first = 1;
+    nn::kernels::token_place at{4, drop.t_local, cp};
+    std::vector<float> by_element(rows * n), by_row(rows * n);
+    // dropped: whether dropped elements are 0 (no residual added), so that some must be.
+    const auto both = [&](auto make, const char* what, bool dropped = true) {
+      const auto f = make(by_element.data()), g = make(by_row.data());
+      for (std::int64_t i = 0; i < rows * n; ++i) f(i);
+      for (std::int64_t r = 0; r < rows; ++r) g.row(r);
+      INFO(what << ", cp ranks " << cp.ranks);
+      CHECK(std::memcmp(by_element.data(), by_row.data(), by_row.size() * sizeof(float)) == 0);
+      if (dropped) CHECK(std::count(by_row.begin(), by_row.end(), 0.f) > 0);
+    };
+    both([&](float* out) { return nn::kernels::residual_dropout<float>{a.data(), b.data(), bias.data(), out, drop}; },
+         "residual_dropout", false);
+    both([&](float* out) { return nn::kernels::residual_dropout<float>{nullptr, b.data(), nullptr, out, drop}; },
+         "dropout alone");
+    both([&](float* out) { return nn::kernels::dropout_grad<float>{b.data(), out, drop}; }, "dropout_grad");
+    both([&](float* out) { return nn::kernels::add_positions<float>{a.data(), wpe.data(), out, n, 1, at, drop}; },
+         "add_positions");
+  }
+}
+
+TEST_CASE("bias gradients: the host's column blocks give the bits of a column per call, summed onto or written") {
+  constexpr std::int64_t rows = 7, n = 300;  // a block of 256 columns and a partial one
+  const auto x = random_vector(rows * n, 5), start = random_vector(n, 6);
+  for (const bool accumulate : {false, true}) {
+    std::vector<float> by_column = start, by_block = start;
+    for (std::int64_t j = 0; j < n; ++j) nn::kernels::column_sum<float>{x.data(), by_column.data(), rows, n, accumulate}(j);
+    nn::detail::column_sums<host>(x.data(), by_block.data(), rows, n, accumulate);
+    INFO("accumulate " << accumulate);
+    CHECK(std::memcmp(by_column.data(), by_block.data(), n * sizeof(float)) == 0);
+    CHECK(by_block[0] != start[0]);
+  }
 }

@@ -33,6 +33,23 @@ inline int& thread_budget_slot() {
 inline constexpr std::int64_t parallel_grain = 1 << 15;
 }  // namespace detail
 
+// Host loops split across a rank's threads with OpenMP, except under ThreadSanitizer: libgomp is not
+// instrumented, so TSan cannot see its barriers and reports every buffer an OpenMP worker wrote and the rank's
+// own thread later freed. A TSan build runs each rank's loops on the rank's thread; the races it looks for are
+// between ranks and between a rank and its communicator's threads.
+#if defined(__SANITIZE_THREAD__)  // GCC's; clang's below
+#  define DML_TSAN 1
+#elif defined(__has_feature)
+#  if __has_feature(thread_sanitizer)
+#    define DML_TSAN 1
+#  endif
+#endif
+#if defined(_OPENMP) && !defined(DML_TSAN)
+#  define DML_HOST_PARALLEL 1
+#else
+#  define DML_HOST_PARALLEL 0
+#endif
+
 // Host threads the calling thread (one rank) may use for kernels and GEMMs. Ranks that are
 // threads of one process each get their share, so the process never oversubscribes its cores.
 inline int thread_budget() {
@@ -56,7 +73,7 @@ namespace detail {
 // A clone may contract a·b + c into an FMA, so results can differ in the last bit between CPUs
 // (never between the ranks of one machine). DML_NO_HOST_CLONES turns it off.
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__) && \
-    !defined(DML_NO_HOST_CLONES) && !defined(__SANITIZE_THREAD__)
+    !defined(DML_NO_HOST_CLONES) && !defined(DML_TSAN)
 #  define DML_HOST_CLONES [[gnu::target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")]]
 #else
 #  define DML_HOST_CLONES
@@ -66,7 +83,7 @@ namespace detail {
 // element-wise pass is memory-bound only once it does.
 template <class F>
 DML_HOST_CLONES void host_for_each_index(std::int64_t n, F f) {
-#if defined(_OPENMP)
+#if DML_HOST_PARALLEL
   const int threads = thread_budget();
   if (n >= parallel_grain && threads > 1) {
 #  pragma omp parallel for simd schedule(static) num_threads(threads)
@@ -97,13 +114,15 @@ void for_each_index(std::int64_t n, F f) {
 }
 
 // f(r) for every row r in [0, n), rows split across the rank's threads but not vectorised across: for row
-// functors whose inner loops over a row vectorise themselves (DML_SIMD_SUM, DML_SIMD_MAX).
+// functors whose inner loops over a row vectorise themselves (DML_SIMD_SUM, DML_SIMD_MAX). row_size, the
+// elements a call touches, keeps small passes on one thread (below parallel_grain in all); without it, any two
+// rows are split.
 namespace detail {
 template <class F>
-DML_HOST_CLONES void host_for_each_row(std::int64_t n, F f) {
-#if defined(_OPENMP)
+DML_HOST_CLONES void host_for_each_row(std::int64_t n, F f, std::int64_t row_size) {
+#if DML_HOST_PARALLEL
   const int threads = thread_budget();
-  if (threads > 1 && n > 1) {
+  if (threads > 1 && n > 1 && n * row_size >= parallel_grain) {
 #  pragma omp parallel for schedule(static) num_threads(threads)
     for (std::int64_t r = 0; r < n; ++r) f(r);
     return;
@@ -113,9 +132,9 @@ DML_HOST_CLONES void host_for_each_row(std::int64_t n, F f) {
 }
 }  // namespace detail
 template <execution_space Space, class F>
-void for_each_row(std::int64_t n, F f) {
+void for_each_row(std::int64_t n, F f, std::int64_t row_size = detail::parallel_grain) {
   if (n <= 0) return;
-  if constexpr (std::same_as<Space, host>) detail::host_for_each_row(n, f);
+  if constexpr (std::same_as<Space, host>) detail::host_for_each_row(n, f, row_size);
   else for_each_index<Space>(n, f);
 }
 
@@ -126,7 +145,7 @@ template <execution_space Space, class T, class F, class Op = thrust::plus<T>>
 T transform_reduce_index(std::int64_t n, F f, T init, Op op = {}) {
   if (n <= 0) return init;
   if constexpr (std::same_as<Space, host>) {
-#if defined(_OPENMP)
+#if DML_HOST_PARALLEL
     const int threads = thread_budget();
     if (n >= detail::parallel_grain && threads > 1) {
       // n >= parallel_grain > threads, so every chunk is non-empty and writes its partial.

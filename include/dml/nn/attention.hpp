@@ -130,7 +130,7 @@ void causal_softmax_rows(T* p, std::int64_t rows, std::int64_t seq, float scale)
     causal_softmax_cuda(p, rows, seq, scale);
   else
 #endif
-    for_each_row<S>(rows, kernels::causal_softmax_row<T>{p, seq, scale});
+    for_each_row<S>(rows, kernels::causal_softmax_row<T>{p, seq, scale}, seq);
 }
 template <execution_space S, class T>
 void causal_softmax_backward_rows(const T* p, T* d, std::int64_t rows, std::int64_t seq, float scale) {
@@ -139,7 +139,7 @@ void causal_softmax_backward_rows(const T* p, T* d, std::int64_t rows, std::int6
     causal_softmax_backward_cuda(p, d, rows, seq, scale);
   else
 #endif
-    for_each_row<S>(rows, kernels::causal_softmax_backward_row<T>{p, d, seq, scale});
+    for_each_row<S>(rows, kernels::causal_softmax_backward_row<T>{p, d, seq, scale}, seq);
 }
 }  // namespace detail
 

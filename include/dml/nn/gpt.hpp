@@ -96,16 +96,18 @@ struct gpt_embedding : detail::split_part {
     const auto drop = dropout_of(c, x.shape[1], y.shape);
     const auto at = place(x.shape[1]);
     if (ranks() == 1) {
-      detail::embed_rows<S>(mine, kernels::embed_tokens<T>{x.data, p.w[0], p.w[1], y.data, dim, 0, vocab, 0, at});
-      if (drop.keep < 1.f) for_each_index<S>(mine * dim, kernels::residual_dropout<T>{nullptr, y.data, nullptr, y.data, drop});
+      detail::token_rows<S>(mine, dim, kernels::embed_tokens<T>{x.data, p.w[0], p.w[1], y.data, dim, 0, vocab, 0, at});
+      if (drop.keep < 1.f)
+        detail::token_rows<S>(mine, dim, kernels::residual_dropout<T>{nullptr, y.data, nullptr, y.data, drop});
       return;
     }
     // Each rank looks up the ids it holds for every token; the group sums; positions and dropout follow.
     T* full = reinterpret_cast<T*>(c.workspace);
-    detail::embed_rows<S>(tokens, kernels::embed_tokens<T>{x.data, p.w[0], nullptr, full, dim, first_id, vocab / ranks(), 0, at});
+    detail::token_rows<S>(tokens, dim,
+                          kernels::embed_tokens<T>{x.data, p.w[0], nullptr, full, dim, first_id, vocab / ranks(), 0, at});
     const T* sum = reduce(c, full, y.data, mine * dim);
     const std::int64_t first_token = sequence() ? mine * split.rank : 0;
-    for_each_index<S>(mine * dim, kernels::add_positions<T>{sum, p.w[1], y.data, dim, first_token, at, drop});
+    detail::token_rows<S>(mine, dim, kernels::add_positions<T>{sum, p.w[1], y.data, dim, first_token, at, drop});
   }
   template <execution_space S, class Id, class T, class Dx>
   void backward(const context& c, layer_params<T> p, tensor_view<const Id, S> x, tensor_view<const T, S>,
@@ -117,7 +119,7 @@ struct gpt_embedding : detail::split_part {
     // The gradient of the sum before dropout, this rank's token rows; then every token's (sequence parallel).
     T* d = reinterpret_cast<T*>(c.workspace);
     T* mine_d = sequence() ? d + tokens * dim : d;
-    for_each_index<S>(mine * dim, kernels::dropout_grad<T>{dy.data, mine_d, drop});
+    detail::token_rows<S>(mine, dim, kernels::dropout_grad<T>{dy.data, mine_d, drop});
     for_each_index<S>(seq * dim, kernels::embed_wpe_grad<T>{mine_d, p.g[1], mine, dim, first_token, at, c.accumulate});
     const T* all = gather(c, static_cast<const T*>(mine_d), d, mine * dim);
     detail::embed_wte_grad_rows<S>(kernels::embed_wte_grad<T>{x.data, all, p.g[0], tokens, dim, first_id, vocab / ranks(), c.accumulate, at});
@@ -187,7 +189,7 @@ struct gpt_head : detail::split_part {
     check_group(kind, c, ranks());
     const std::int64_t nl = x.rows(), n = y.rows();
     auto [stats, hs, hfull] = kept<T>(c.saved, nl);
-    for_each_row<S>(nl, kernels::layernorm_forward<T>{x.data, p.w[0], bias ? p.w[1] : nullptr, hs, stats, dim, eps});
+    for_each_row<S>(nl, kernels::layernorm_forward<T>{x.data, p.w[0], bias ? p.w[1] : nullptr, hs, stats, dim, eps}, dim);
     const T* h = gather(c, static_cast<const T*>(hs), hfull, nl * dim);
     detail::linear_forward<S>(n, dim, vocab / ranks(), h, p.w[bias ? 2 : 1], static_cast<const T*>(nullptr), y.data);
   }
@@ -205,8 +207,10 @@ struct gpt_head : detail::split_part {
     const T* dh = reduce(c, full, part, nl * dim);
     layernorm_params_grad<S>(x.data, dh, stats, p.g[0], bias ? p.g[1] : nullptr, nl, dim, c.accumulate);
     if (dx.data)
-      for_each_row<S>(nl, kernels::layernorm_backward_input<T>{x.data, p.w[0], dh, static_cast<const T*>(nullptr), stats,
-                                                                 dx.data, dim});
+      for_each_row<S>(nl,
+                      kernels::layernorm_backward_input<T>{x.data, p.w[0], dh, static_cast<const T*>(nullptr), stats,
+                                                           dx.data, dim},
+                      dim);
   }
 
  private:

@@ -146,7 +146,7 @@ void layernorm_params_grad(const T* x, const T* dy, const kernels::row_stats* st
         dw[j0 + j] = T(accumulate ? static_cast<float>(dw[j0 + j]) + gw[j] : gw[j]);
         if (db) db[j0 + j] = T(accumulate ? static_cast<float>(db[j0 + j]) + gb[j] : gb[j]);
       }
-    });
+    }, rows * block);
   }
 }
 
@@ -189,7 +189,7 @@ struct layernorm {
       return;
     }
 #endif
-    for_each_row<S>(x.rows(), kernels::layernorm_forward<T>{x.data, p.w[0], p.w[1], y.data, nullptr, features, eps});
+    for_each_row<S>(x.rows(), kernels::layernorm_forward<T>{x.data, p.w[0], p.w[1], y.data, nullptr, features, eps}, features);
   }
   template <execution_space S, class T>
   void backward(const context& c, layer_params<T> p, tensor_view<const T, S> x, tensor_view<const T, S>,
@@ -202,11 +202,12 @@ struct layernorm {
       return;
     }
 #endif
-    for_each_row<S>(x.rows(), kernels::layernorm_row_stats<T>{x.data, stats, features, eps});
+    for_each_row<S>(x.rows(), kernels::layernorm_row_stats<T>{x.data, stats, features, eps}, features);
     layernorm_params_grad<S>(x.data, dy.data, stats, p.g[0], p.g[1], x.rows(), features, c.accumulate);
     if (dx.data)
       for_each_row<S>(x.rows(), kernels::layernorm_backward_input<T>{x.data, p.w[0], dy.data, nullptr, stats, dx.data,
-                                                                      features});
+                                                                      features},
+                      features);
   }
 };
 

@@ -167,7 +167,7 @@ struct softmax_cross_entropy {
       detail::softmax_xent_cuda(logits.data, labels, dlogits.data, row_loss, rows, n, scale);
     else
 #endif
-      for_each_row<S>(rows, kernels::softmax_xent_row<T>{logits.data, labels, dlogits.data, row_loss, n, scale});
+      for_each_row<S>(rows, kernels::softmax_xent_row<T>{logits.data, labels, dlogits.data, row_loss, n, scale}, n);
     const double total = transform_reduce_index<S>(rows, kernels::read_float{row_loss}, 0.0);
     return static_cast<float>(total / static_cast<double>(denom));
   }

@@ -465,14 +465,14 @@ struct moe {
     for (std::size_t le = 0; le < r.rows.size(); ++le) {
       const std::int64_t n = r.rows[le], o = r.offset[le], e = static_cast<std::int64_t>(le);
       detail::linear_weight_grad<S>(n, H, C, static_cast<const T*>(g + o * H), dye + o * C, gr.proj_w + e * C * H, acc);
-      if (gr.proj_b) for_each_index<S>(C, kernels::column_sum<T>{dye + o * C, gr.proj_b + e * C, n, C, acc});
+      if (gr.proj_b) detail::column_sums<S>(dye + o * C, gr.proj_b + e * C, n, C, acc);
       detail::linear_input_grad<S>(n, H, C, dye + o * C, static_cast<const T*>(w.proj_w + e * C * H), dh + o * H);
     }
     for_each_index<S>(r.received * H, kernels::gelu_backward_inplace<T>{f, dh});
     for (std::size_t le = 0; le < r.rows.size(); ++le) {
       const std::int64_t n = r.rows[le], o = r.offset[le], e = static_cast<std::int64_t>(le);
       detail::linear_weight_grad<S>(n, C, H, xe + o * C, static_cast<const T*>(dh + o * H), gr.fc_w + e * H * C, acc);
-      if (gr.fc_b) for_each_index<S>(H, kernels::column_sum<T>{dh + o * H, gr.fc_b + e * H, n, H, acc});
+      if (gr.fc_b) detail::column_sums<S>(dh + o * H, gr.fc_b + e * H, n, H, acc);
       detail::linear_input_grad<S>(n, C, H, static_cast<const T*>(dh + o * H), static_cast<const T*>(w.fc_w + e * H * C),
                                              dxe + o * C);
     }

@@ -195,7 +195,7 @@ struct cluster {
   // The share of the GEMM rate that products of a given number of rows (a micro-batch's tokens) reach:
   // {rows, share} in increasing rows, interpolated in log(rows) between points and held beyond the ends
   // (dml-plan --calibrate measures it). Empty: every product at the full rate.
-  std::vector<std::pair<double, double>> gemm_rows;
+  std::vector<std::pair<double, double>> gemm_rows{};
   // Bytes per second a streaming pass reaches on one device: what the optimizer's update runs at
   // (update_bytes_per_param); dml-plan --calibrate times dml's own AdamW update.
   double memory_bandwidth = 2.5e12;

@@ -151,7 +151,7 @@ struct gpt_block : detail::split_part {
     const auto ws = work_parts<T>(c.workspace, d);
     const auto w = weights(p.w);
     // attention half
-    for_each_row<S>(nl, kernels::layernorm_forward<T>{x.data, w.ln1_w, w.ln1_b, sv.h1, sv.stats1, C, eps});
+    for_each_row<S>(nl, kernels::layernorm_forward<T>{x.data, w.ln1_w, w.ln1_b, sv.h1, sv.stats1, C, eps}, C);
     const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full1, nl * C);
     detail::linear_forward<S>(d.n, C, 3 * cp_, h1, w.qkv_w, w.qkv_b, sv.qkv);
     if (ring())
@@ -160,13 +160,13 @@ struct gpt_block : detail::split_part {
       causal_attention_forward<S>(attention(d), static_cast<const T*>(sv.qkv), sv.probs, sv.att);
     detail::linear_forward<S>(d.n, cp_, C, static_cast<const T*>(sv.att), w.proj_w, static_cast<const T*>(nullptr), ws.full2);
     const T* r1 = reduce(c, ws.full2, ws.part, nl * C);
-    for_each_index<S>(nl * C, kernels::residual_dropout<T>{x.data, r1, w.proj_b, sv.x2, drop(c, d, 1)});
+    detail::token_rows<S>(nl, C, kernels::residual_dropout<T>{x.data, r1, w.proj_b, sv.x2, drop(c, d, 1)});
     // MLP half
-    for_each_row<S>(nl, kernels::layernorm_forward<T>{sv.x2, w.ln2_w, w.ln2_b, sv.h2, sv.stats2, C, eps});
+    for_each_row<S>(nl, kernels::layernorm_forward<T>{sv.x2, w.ln2_w, w.ln2_b, sv.h2, sv.stats2, C, eps}, C);
     if (experts) {  // on this rank's token rows: the experts are whole here, nothing to gather or reduce
       moe_of(d).template forward_rows<S>(c, p.w + w.mlp, static_cast<const T*>(sv.h2), ws.part, nl, sv.moe, ws.moe,
                                          d.t * cp.ranks);
-      for_each_index<S>(nl * C, kernels::residual_dropout<T>{sv.x2, ws.part, static_cast<const T*>(nullptr), y.data,
+      detail::token_rows<S>(nl, C, kernels::residual_dropout<T>{sv.x2, ws.part, static_cast<const T*>(nullptr), y.data,
                                                              drop(c, d, 2)});
       return;
     }
@@ -175,7 +175,7 @@ struct gpt_block : detail::split_part {
     for_each_index<S>(d.n * fp, kernels::gelu_forward<T>{sv.f, sv.g});
     detail::linear_forward<S>(d.n, fp, C, static_cast<const T*>(sv.g), w.fc2_w, static_cast<const T*>(nullptr), ws.full2);
     const T* r2 = reduce(c, ws.full2, ws.part, nl * C);
-    for_each_index<S>(nl * C, kernels::residual_dropout<T>{sv.x2, r2, w.fc2_b, y.data, drop(c, d, 2)});
+    detail::token_rows<S>(nl, C, kernels::residual_dropout<T>{sv.x2, r2, w.fc2_b, y.data, drop(c, d, 2)});
   }
 
   template <execution_space S, class T>
@@ -205,19 +205,19 @@ struct gpt_block : detail::split_part {
     const std::optional<stash_set<T>> st = c.stash ? std::optional(stash_parts<T>(c.stash, d)) : std::nullopt;
     // MLP half: y = x2 + dropout(c_proj(gelu(c_fc(ln_2(x2)))) + b), or x2 + dropout(moe(ln_2(x2)))
     T* const da = st && !sp && !experts ? st->dm : ws.part_a;
-    for_each_index<S>(nl * C, kernels::dropout_grad<T>{dy.data, da, drop(c, d, 2)});
+    detail::token_rows<S>(nl, C, kernels::dropout_grad<T>{dy.data, da, drop(c, d, 2)});
     const T* dh2 = ws.part_b;
     if (experts) {
       moe_of(d).template backward_rows<S>(c, p.w + w.mlp, p.g + w.mlp, static_cast<const T*>(sv.h2),
                                           static_cast<const T*>(ws.part_a), ws.part_b, nl, sv.moe, ws.moe, d.t * cp.ranks);
     } else {
-      if (g.fc2_b) for_each_index<S>(C, kernels::column_sum<T>{da, g.fc2_b, nl, C, acc});
+      if (g.fc2_b) detail::column_sums<S>(da, g.fc2_b, nl, C, acc);
       const T* dm = gather(c, static_cast<const T*>(da), st ? st->dm : ws.full1, nl * C);
       if (!st) detail::linear_weight_grad<S>(d.n, fp, C, static_cast<const T*>(sv.g), dm, g.fc2_w, acc);
       T* const big = st ? st->big : ws.big;
       detail::linear_input_grad<S>(d.n, fp, C, dm, w.fc2_w, big);
       for_each_index<S>(d.n * fp, kernels::gelu_backward_inplace<T>{sv.f, big});
-      if (g.fc_b) for_each_index<S>(fp, kernels::column_sum<T>{big, g.fc_b, d.n, fp, acc});
+      if (g.fc_b) detail::column_sums<S>(big, g.fc_b, d.n, fp, acc);
       if (!st) {
         const T* h2 = gather(c, static_cast<const T*>(sv.h2), ws.full2, nl * C);
         detail::linear_weight_grad<S>(d.n, C, fp, h2, static_cast<const T*>(big), g.fc_w, acc);
@@ -228,11 +228,11 @@ struct gpt_block : detail::split_part {
       dh2 = reduce(c, ws.full3, ws.part_b, nl * C);
     }
     layernorm_params_grad<S>(sv.x2, dh2, sv.stats2, g.ln2_w, g.ln2_b, nl, C, acc);
-    for_each_row<S>(nl, kernels::layernorm_backward_input<T>{sv.x2, w.ln2_w, dh2, dy.data, sv.stats2, ws.dx2, C});
+    for_each_row<S>(nl, kernels::layernorm_backward_input<T>{sv.x2, w.ln2_w, dh2, dy.data, sv.stats2, ws.dx2, C}, C);
     // attention half: x2 = x + dropout(c_proj(attn(c_attn(ln_1(x)))) + b)
     T* const dr = st && !sp ? st->dp : ws.part_a;
-    for_each_index<S>(nl * C, kernels::dropout_grad<T>{ws.dx2, dr, drop(c, d, 1)});
-    if (g.proj_b) for_each_index<S>(C, kernels::column_sum<T>{dr, g.proj_b, nl, C, acc});
+    detail::token_rows<S>(nl, C, kernels::dropout_grad<T>{ws.dx2, dr, drop(c, d, 1)});
+    if (g.proj_b) detail::column_sums<S>(dr, g.proj_b, nl, C, acc);
     const T* dp = gather(c, static_cast<const T*>(dr), st ? st->dp : ws.full1, nl * C);
     if (!st) detail::linear_weight_grad<S>(d.n, cp_, C, static_cast<const T*>(sv.att), dp, g.proj_w, acc);
     detail::linear_input_grad<S>(d.n, cp_, C, dp, w.proj_w, ws.datt);
@@ -244,7 +244,7 @@ struct gpt_block : detail::split_part {
     else
       causal_attention_backward<S>(attention(d), static_cast<const T*>(sv.qkv), static_cast<const T*>(sv.probs),
                                    static_cast<const T*>(ws.datt), dqkv, ws.scratch);
-    if (g.qkv_b) for_each_index<S>(3 * cp_, kernels::column_sum<T>{dqkv, g.qkv_b, d.n, 3 * cp_, acc});
+    if (g.qkv_b) detail::column_sums<S>(dqkv, g.qkv_b, d.n, 3 * cp_, acc);
     if (!st) {
       const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full2, nl * C);
       detail::linear_weight_grad<S>(d.n, C, 3 * cp_, h1, static_cast<const T*>(dqkv), g.qkv_w, acc);
@@ -255,7 +255,7 @@ struct gpt_block : detail::split_part {
     const T* dh1 = reduce(c, ws.full3, ws.part_b, nl * C);
     layernorm_params_grad<S>(x.data, dh1, sv.stats1, g.ln1_w, g.ln1_b, nl, C, acc);
     if (dx.data)
-      for_each_row<S>(nl, kernels::layernorm_backward_input<T>{x.data, w.ln1_w, dh1, ws.dx2, sv.stats1, dx.data, C});
+      for_each_row<S>(nl, kernels::layernorm_backward_input<T>{x.data, w.ln1_w, dh1, ws.dx2, sv.stats1, dx.data, C}, C);
   }
 
  private:

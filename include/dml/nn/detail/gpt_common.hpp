@@ -32,11 +32,13 @@ struct token_dropout {
     const std::int64_t lt = local_first + r;
     return first_row + static_cast<std::uint64_t>(lt / t_local * seq + cp_position(cp, seq, lt % t_local));
   }
-  DML_HOST_DEVICE float scale(std::int64_t i) const {
+  // Local row r's key: scale_at(row_key(r), j) is the scale of element (r, j), found without a division.
+  DML_HOST_DEVICE std::uint64_t row_key(std::int64_t r) const { return global_row(r) * static_cast<std::uint64_t>(n); }
+  DML_HOST_DEVICE float scale_at(std::uint64_t key, std::int64_t j) const {
     if (keep >= 1.f) return 1.f;
-    const std::uint64_t row = global_row(i / n);
-    return rng.uniform(row * static_cast<std::uint64_t>(n) + static_cast<std::uint64_t>(i % n)) < keep ? 1.f / keep : 0.f;
+    return rng.uniform(key + static_cast<std::uint64_t>(j)) < keep ? 1.f / keep : 0.f;
   }
+  DML_HOST_DEVICE float scale(std::int64_t i) const { return keep >= 1.f ? 1.f : scale_at(row_key(i / n), i % n); }
 };
 // out = residual + dropout(branch + bias): the end of each half-block (and the embeddings' sum).
 template <class T>
@@ -48,6 +50,16 @@ struct residual_dropout {
     const float v = static_cast<float>(branch[i]) + (bias ? static_cast<float>(bias[i % drop.n]) : 0.f);
     out[i] = T((residual ? static_cast<float>(residual[i]) : 0.f) + v * drop.scale(i));
   }
+  // Local row r whole, as its elements' calls would (the same values).
+  DML_HOST_DEVICE void row(std::int64_t r) const {
+    const std::int64_t n = drop.n, o = r * n;
+    const std::uint64_t key = drop.row_key(r);
+    DML_SIMD
+    for (std::int64_t j = 0; j < n; ++j) {
+      const float v = static_cast<float>(branch[o + j]) + (bias ? static_cast<float>(bias[j]) : 0.f);
+      out[o + j] = T((residual ? static_cast<float>(residual[o + j]) : 0.f) + v * drop.scale_at(key, j));
+    }
+  }
 };
 template <class T>
 struct dropout_grad {
@@ -55,6 +67,12 @@ struct dropout_grad {
   T* out;
   token_dropout drop;
   DML_HOST_DEVICE void operator()(std::int64_t i) const { out[i] = T(static_cast<float>(dy[i]) * drop.scale(i)); }
+  DML_HOST_DEVICE void row(std::int64_t r) const {
+    const std::int64_t n = drop.n, o = r * n;
+    const std::uint64_t key = drop.row_key(r);
+    DML_SIMD
+    for (std::int64_t j = 0; j < n; ++j) out[o + j] = T(static_cast<float>(dy[o + j]) * drop.scale_at(key, j));
+  }
 };
 // Where local token row `token` of a micro-batch sits: its position in its sequence, and its index in the
 // ids [batch, seq]. Under context parallelism a rank holds t_local = seq / cp positions of each sequence.
@@ -108,6 +126,14 @@ struct add_positions {
     const std::int64_t pos = at.position(first_token + i / n);
     y[i] = T((static_cast<float>(sum[i]) + static_cast<float>(wpe[pos * n + i % n])) * drop.scale(i));
   }
+  DML_HOST_DEVICE void row(std::int64_t t) const {
+    const T* p = wpe + at.position(first_token + t) * n;
+    const std::int64_t o = t * n;
+    const std::uint64_t key = drop.row_key(t);
+    DML_SIMD
+    for (std::int64_t j = 0; j < n; ++j)
+      y[o + j] = T((static_cast<float>(sum[o + j]) + static_cast<float>(p[j])) * drop.scale_at(key, j));
+  }
 };
 // dwte rows this rank holds, one column per call: Σ over tokens with that id.
 template <class T>
@@ -150,12 +176,13 @@ struct embed_wpe_grad {
 }  // namespace kernels
 
 namespace detail {
-// The embedding lookups of `rows` local token rows: on the device an element per thread, on the host a row per
-// call (one id and position per token, the columns vectorised).
-template <execution_space S, class T>
-void embed_rows(std::int64_t rows, const kernels::embed_tokens<T>& f) {
-  if constexpr (std::same_as<S, host>) for_each_row<S>(rows, [f](std::int64_t t) { f.row(t); });
-  else for_each_index<S>(rows * f.n, f);
+// An element functor over `rows` rows of n columns that also runs a whole row (f.row(r), the same values as its
+// elements' calls): on the device an element per thread, on the host a row per call (what is found once per row,
+// a token's id, position or dropout key, is found once, and the columns vectorise).
+template <execution_space S, class F>
+void token_rows(std::int64_t rows, std::int64_t n, const F& f) {
+  if constexpr (std::same_as<S, host>) for_each_row<S>(rows, [f](std::int64_t r) { f.row(r); }, n);
+  else for_each_index<S>(rows * n, f);
 }
 // dwte: on the device a column per thread (embed_wte_grad); on the host blocks of columns, each adding the tokens'
 // rows in token order (every entry's sum runs over the tokens in the functor's order), the inner loop contiguous.
@@ -177,7 +204,7 @@ void embed_wte_grad_rows(const kernels::embed_wte_grad<T>& f) {
         DML_SIMD
         for (std::int64_t j = 0; j < width; ++j) g[j] = T(static_cast<float>(g[j]) + static_cast<float>(d[j]));
       }
-    });
+    }, f.tokens * block);
   }
 }
 
