@@ -58,15 +58,15 @@ struct elastic_job {
     return {.steps = planned, .commit_log = job.slot_path(o.commit_log), .log = &std::cerr, .copies = o.copies,
             .commit_every = o.commit_every};
   }
-  // The first member of the last configuration scores the test set alone, on one rank holding the final state (or
-  // the member whose word ended the job at a new start of the coordinator).
+  // One member scores the test set alone, on one rank holding the final state: the one the coordinator chose, the
+  // first to say it finished holding that state.
   template <class Model>
   void finish(const dml::ft::elastic_result& r, Model model) {
     if (r.steps < planned) {
       std::printf("slot %d: the job finished at step %lld without this start\n", job.slot(), static_cast<long long>(r.steps));
       return;
     }
-    if ((r.rank == 0 || r.ended_job) && (!r.parameters.empty() || !r.pieces.empty())) {
+    if (r.reports) {
       dml::comm::local::run(1, [&](dml::comm::local& c) {
         dml::trainer<dml::parallel::replicate, any_optimizer> t(c, model, {}, opt);
         if (!r.parameters.empty()) t.load_full_parameters(dml::nn::unpack(t.layout(), r.parameters));

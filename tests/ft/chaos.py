@@ -89,7 +89,7 @@ def one_run(a, seed, workdir):
     if missing:
         fail(f"seed {seed}: steps never committed: {missing[:10]}")
     if not a.gpt and "test_accuracy=" not in p.stdout:
-        fail(f"seed {seed}: the first member of the last configuration did not score the final state\n{p.stderr}")
+        fail(f"seed {seed}: no member reported the final state (the first DONE holding it scores it)\n{p.stderr}")
     finals = re.findall(r"state_hash=([0-9a-f]+)", p.stdout)
     if len(set(finals)) != 1:
         fail(f"seed {seed}: the members that finished hold different states: {finals}")

@@ -171,7 +171,7 @@ TEST_CASE("a joiner is taken in after the next commit and learns it is behind") 
   CHECK(rc.source() == 0);
   CHECK(!r[0].behind(r[0].rank));
   // The job ends when every member of the epoch says so; a later joiner is told it finished.
-  for (auto* m : {&a, &b, &c}) m->done(2);
+  for (auto* m : {&a, &b, &c}) m->done(2, true);
   for (int i = 0; i < 100 && !s.finished(); ++i) std::this_thread::sleep_for(10ms);
   CHECK(s.finished());
 }
@@ -208,14 +208,49 @@ TEST_CASE("a member that says DONE and leaves before the others do is not a deat
   session b(s.member(1));
   auto q = join_all({a.get(), &b}, {0, 0});
   CHECK(vote_all({a.get(), &b}, q[0].epoch, 1, {true, true})[0] == verdict::commit);
-  a->done(1);
+  CHECK(a->done(1, true));  // the first to hold the final state: it reports it
   a.reset();  // its connections close
   std::this_thread::sleep_for(100ms);
   CHECK(!s.finished());
-  b.done(1);
+  CHECK(!b.done(1, true));
   for (int i = 0; i < 100 && !s.finished(); ++i) std::this_thread::sleep_for(10ms);
   CHECK(s.finished());
   CHECK(s.stats().deaths == 0);
+}
+
+TEST_CASE("a member that dies after the last commit, before its DONE, does not stall the job") {
+  // Two members needed (min 2). Both commit the last step; one leaves with DONE, the other dies (or freezes)
+  // before saying it: the epoch is left with one member, below min_members, and every step is committed.
+  for (const bool done_first : {true, false}) {
+    CAPTURE(done_first);
+    served s(options(3, 2));
+    auto a = std::make_unique<session>(s.member(0));
+    auto b = std::make_unique<session>(s.member(1));
+    auto q = join_all({a.get(), b.get()}, {0, 0});
+    CHECK(vote_all({a.get(), b.get()}, q[0].epoch, 1, {true, true})[0] == verdict::commit);
+    if (done_first) CHECK(a->done(1, true));
+    b.reset();  // dies without DONE
+    for (int i = 0; i < 100 && s.stats().deaths == 0; ++i) std::this_thread::sleep_for(10ms);
+    CHECK(s.stats().deaths == 1);
+    if (!done_first) CHECK(a->done(1, true));
+    for (int i = 0; i < 100 && !s.finished(); ++i) std::this_thread::sleep_for(10ms);
+    CHECK(s.finished());
+    // A new start of the dead member is told the job finished (it cannot heal: nobody alive holds step 1).
+    session c(s.member(1, 1));
+    CHECK(c.join(0).finished);
+  }
+}
+
+TEST_CASE("the first member at the last step that holds the final state reports it") {
+  served s(options(3, 3));
+  session a(s.member(0)), b(s.member(1)), c(s.member(2));
+  auto q = join_all({&a, &b, &c}, {0, 0, 0});
+  CHECK(vote_all({&a, &b, &c}, q[0].epoch, 1, {true, true, true})[0] == verdict::commit);
+  CHECK(!a.done(1, false));  // its gathering of the final state failed (a peer died after the commit)
+  CHECK(b.done(1, true));
+  CHECK(!c.done(1, true));
+  for (int i = 0; i < 100 && !s.finished(); ++i) std::this_thread::sleep_for(10ms);
+  CHECK(s.finished());
 }
 
 TEST_CASE("the store serves keys, and refuses a process without the job token") {
@@ -343,7 +378,7 @@ TEST_CASE("a new start of the coordinator learns the job finished from a member 
   served second(job.o);
   // Member a was told step 1 (the last) committed; b's verdict was lost. a says DONE: the job is finished, and b,
   // asking for a quorum, is told so.
-  CHECK(a.done(1));  // its word ended the job
+  CHECK(a.done(1, true));  // it holds the final state: it reports it
   for (int i = 0; i < 100 && !second.finished(); ++i) std::this_thread::sleep_for(10ms);
   CHECK(second.finished());
   CHECK(b.join(0).finished);

@@ -112,7 +112,7 @@ class coordinator {
   int port() const { return port_of(listen_); }
   const coordinator_stats& stats() const { return stats_; }
   std::int64_t epoch() const { return epoch_; }
-  // True once every member of the epoch has said DONE (and the epoch has at least min_members).
+  // True once every member left in the epoch has said DONE.
   bool finished() const { return finished_; }
   // Whether a start of the slot has joined as a member (a program that trains through deaths).
   bool joined(int slot) const { return members_.at(static_cast<std::size_t>(slot)).incarnation >= 0; }
@@ -320,24 +320,29 @@ class coordinator {
     if (v == "DONE") {
       m.done = true;
       m.step = f.words.size() > 1 ? f.number(1) : m.step;
+      // The first member at the last step that says it holds the final state reports it (the example scores
+      // it): answered REPORT, the others OK. Not the last configuration's first member: a death right after the
+      // last commit may leave that one without the state (under ZeRO its gathering fails) while others hold it.
+      const bool holds = f.words.size() > 2 && f.number(2) != 0;
+      const bool reports = holds && !reported_ && m.step >= stats_.last_step;
+      reported_ |= reports;
       // A new start of the coordinator that has formed no configuration yet: a member that committed the last
-      // step finished the job (the last step was committed by the start before). It is told so (ENDED): the
-      // members that ask next are told the job finished, so this one does what the last configuration's first
-      // member would (the example scores the final state).
+      // step finished the job (the last step was committed by the start before); the members that ask next are
+      // told the job finished.
       if (stats_.starts > 1 && in_epoch_.empty() && !finished_ && m.step >= stats_.last_step) {
         in_epoch_ = {c.slot};
         finished_ = true;
         final_members_ = in_epoch_;
         say(dml::detail::cat("slot ", c.slot, " finished at step ", m.step, " before this start: the job is finished"));
         persist();
-        answer(m.control, make_frame("OK", "ENDED"));
+        answer(m.control, make_frame("OK", reports ? "REPORT" : ""));
         for (int s = 0; s < opt_.nproc; ++s) {
           auto& x = members_[static_cast<std::size_t>(s)];
           if (x.alive && x.wants_quorum) answer(x.control, make_frame("FINISHED", stats_.last_step));
         }
         return;
       }
-      answer(m.control, make_frame("OK"));
+      answer(m.control, make_frame("OK", reports ? "REPORT" : ""));
       if (finished_) final_members_.insert(c.slot);
       return check_finished();
     }
@@ -519,8 +524,10 @@ class coordinator {
     try_form_quorum();
   }
 
+  // The members of the epoch still in it have all said DONE. Not bound by min_members: a member that dies after
+  // the last commit (before its DONE) leaves the epoch, and the step was committed by a quorum that had them all.
   void check_finished() {
-    if (finished_ || in_epoch_.empty() || static_cast<int>(in_epoch_.size()) < opt_.min_members) return;
+    if (finished_ || in_epoch_.empty()) return;
     for (int s : in_epoch_)
       if (!members_[static_cast<std::size_t>(s)].done) return;
     finished_ = true;
@@ -580,6 +587,7 @@ class coordinator {
   bool epoch_broken_ = false, finished_ = false;
   bool reconfiguring_ = false;  // the last commit asked the members to come for a new quorum
   bool said_waiting_ = false;   // "waiting for a member that holds step N" was logged
+  bool reported_ = false;       // a member was answered REPORT (this start of the coordinator)
   bool formed_since_start_ = false;  // a configuration formed since this start of the coordinator
   std::optional<clock::time_point> waiting_since_, recovery_started_;
   coordinator_stats stats_;

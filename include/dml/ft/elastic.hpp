@@ -60,8 +60,8 @@ struct elastic_result {
   std::vector<float> losses;         // the loss of each step this member committed, by step (0 where it was absent)
   std::uint64_t hash = 0;            // of the final parameters (as the commit log's last line)
   int rank = -1;                     // this member's rank in its last configuration
-  bool ended_job = false;            // its DONE ended the job (a new start of the coordinator): it finishes what the
-                                     // last configuration's first member would (the others were told FINISHED)
+  bool reports = false;              // the coordinator chose it to report the final state (the example scores it):
+                                     // the first member to say DONE holding it (parameters or pieces)
   double seconds = 0;  // from its first step (trainer built and healed) to the end of its last step (the final
                        // snapshot or gathering and the teardown are not counted)
   std::optional<train::state_snapshot> state;  // the final committed state (train_elastic): this rank's part
@@ -240,7 +240,7 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
     comm.reset();
   }
   if (began) out.seconds = std::chrono::duration<double>(trained.value_or(clock::now()) - *began).count();
-  if (committed >= o.steps) out.ended_job = s.done(committed);
+  if (committed >= o.steps) out.reports = s.done(committed, !out.parameters.empty());
   out.steps = committed;
   out.state = std::move(committed_state);
   return out;
@@ -477,7 +477,7 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
     comm.reset();
   }
   if (began) out.seconds = std::chrono::duration<double>(trained.value_or(clock::now()) - *began).count();
-  if (committed >= o.steps) out.ended_job = s.done(committed);
+  if (committed >= o.steps) out.reports = s.done(committed, !out.pieces.empty());
   out.steps = committed;
   return out;
 }

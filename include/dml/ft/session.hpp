@@ -141,11 +141,11 @@ class session {
     fail<comm_error>("dml::ft: voted, the coordinator answered '", f.verb(), "'");
   }
 
-  // The member committed the last step, `step`. True when its word ended the job (a new start of the coordinator
-  // learned from it that the job is finished: the other members are told so and do not finish it themselves).
-  bool done(std::int64_t step) {
-    const auto f = request(make_frame("DONE", step));
-    return f.words.size() > 1 && f.at(1) == "ENDED";
+  // The member committed the last step, `step`, and holds the final state or not. True when it is the one to
+  // report that state: the first at the last step that holds it (one member of the job is told so).
+  bool done(std::int64_t step, bool holds_final_state) {
+    const auto f = request(make_frame("DONE", step, holds_final_state ? 1 : 0));
+    return f.words.size() > 1 && f.at(1) == "REPORT";
   }
 
  private:
