@@ -245,3 +245,24 @@ TEST_CASE("bias gradients: the host's column blocks give the bits of a column pe
     CHECK(by_block[0] != start[0]);
   }
 }
+
+TEST_CASE("position embedding gradient: a row per call gives the bits of an element per call") {
+  // 6 local token rows of 300 columns (a block of 256 and a partial one) into 4 positions; the context-parallel
+  // case holds 2 of each sequence's 4 positions (zigzag), and a sequence-parallel rank starts at token 1.
+  constexpr std::int64_t rows = 6, n = 300, seq = 4;
+  const auto dy = random_vector(rows * n, 7), start = random_vector(seq * n, 8);
+  for (const nn::context_split cp : {nn::context_split{}, nn::context_split{2, 1, true}})
+    for (const std::int64_t first_token : {0, 1})
+      for (const bool accumulate : {false, true}) {
+        const nn::kernels::token_place at{seq, cp.ranks > 1 ? 2 : 4, cp};
+        std::vector<float> by_element = start, by_row = start;
+        const auto f = [&](float* dw) {
+          return nn::kernels::embed_wpe_grad<float>{dy.data(), dw, rows, n, first_token, at, accumulate};
+        };
+        for (std::int64_t i = 0; i < seq * n; ++i) f(by_element.data())(i);
+        for (std::int64_t pos = 0; pos < seq; ++pos) f(by_row.data()).row(pos);
+        INFO("cp ranks " << cp.ranks << ", first token " << first_token << ", accumulate " << accumulate);
+        CHECK(std::memcmp(by_element.data(), by_row.data(), by_row.size() * sizeof(float)) == 0);
+        CHECK(by_row != start);
+      }
+}

@@ -138,6 +138,19 @@ void for_each_row(std::int64_t n, F f, std::int64_t row_size = detail::parallel_
   else for_each_index<Space>(n, f);
 }
 
+// Host only: f(j0, width) for blocks [j0, j0 + width) of n columns, width <= column_block, blocks split across the
+// rank's threads as rows of `rows` × column_block elements. For sums over the rows of a [rows, n] matrix by
+// column (a bias's gradient): each block keeps column_block float sums, adds the rows in order with a contiguous
+// inner loop, and every column's sum runs in the order a column-per-call functor's does (the same bits).
+inline constexpr std::int64_t column_block = 256;
+template <class F>
+void for_each_column_block(std::int64_t n, std::int64_t rows, F f) {
+  for_each_row<host>((n + column_block - 1) / column_block, [=](std::int64_t b) {
+    const std::int64_t j0 = b * column_block;
+    f(j0, n - j0 < column_block ? n - j0 : column_block);
+  }, rows * column_block);
+}
+
 // reduce(op, init, f(0), ..., f(n-1)); op must be associative and commutative. On the host each thread
 // folds one contiguous chunk and the chunks are folded in order, so a result depends on the thread
 // budget only through the grouping of the sum (Thrust's OpenMP reduce trips UBSan, hence plain loops).

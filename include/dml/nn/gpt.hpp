@@ -120,7 +120,7 @@ struct gpt_embedding : detail::split_part {
     T* d = reinterpret_cast<T*>(c.workspace);
     T* mine_d = sequence() ? d + tokens * dim : d;
     detail::token_rows<S>(mine, dim, kernels::dropout_grad<T>{dy.data, mine_d, drop});
-    for_each_index<S>(seq * dim, kernels::embed_wpe_grad<T>{mine_d, p.g[1], mine, dim, first_token, at, c.accumulate});
+    detail::token_rows<S>(seq, dim, kernels::embed_wpe_grad<T>{mine_d, p.g[1], mine, dim, first_token, at, c.accumulate});
     const T* all = gather(c, static_cast<const T*>(mine_d), d, mine * dim);
     detail::embed_wte_grad_rows<S>(kernels::embed_wte_grad<T>{x.data, all, p.g[0], tokens, dim, first_id, vocab / ranks(), c.accumulate, at});
   }

@@ -117,19 +117,15 @@ struct layernorm_backward_params {
 
 // The row functors above (forward, row statistics, backward input) run one row per call: on the host a thread takes a
 // row and its inner loops vectorise (for_each_row), on the device a thread runs a row. The parameter gradients sum
-// each column over the rows: one column per device thread; on the host, blocks of columns, each summed row by row so
-// that the inner loop is contiguous and vectorises (every column's sum still runs over the rows in order, as the
-// functor's does).
+// each column over the rows: one column per device thread; on the host by column blocks (for_each_column_block).
 template <execution_space S, class T>
 void layernorm_params_grad(const T* x, const T* dy, const kernels::row_stats* stats, T* dw, T* db, std::int64_t rows,
                            std::int64_t n, bool accumulate) {
   if constexpr (!std::same_as<S, host>) {
     for_each_index<S>(n, kernels::layernorm_backward_params<T>{x, dy, stats, dw, db, rows, n, accumulate});
   } else {
-    constexpr std::int64_t block = 256;
-    for_each_row<S>((n + block - 1) / block, [=](std::int64_t b) {
-      const std::int64_t j0 = b * block, width = n - j0 < block ? n - j0 : block;
-      float gw[block], gb[block];
+    for_each_column_block(n, rows, [=](std::int64_t j0, std::int64_t width) {
+      float gw[column_block], gb[column_block];
       for (std::int64_t j = 0; j < width; ++j) gw[j] = gb[j] = 0.f;
       for (std::int64_t r = 0; r < rows; ++r) {
         const T* xr = x + r * n + j0;
@@ -146,7 +142,7 @@ void layernorm_params_grad(const T* x, const T* dy, const kernels::row_stats* st
         dw[j0 + j] = T(accumulate ? static_cast<float>(dw[j0 + j]) + gw[j] : gw[j]);
         if (db) db[j0 + j] = T(accumulate ? static_cast<float>(db[j0 + j]) + gb[j] : gb[j]);
       }
-    }, rows * block);
+    });
   }
 }
 

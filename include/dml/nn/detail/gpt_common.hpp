@@ -183,6 +183,24 @@ struct embed_wpe_grad {
       for (std::int64_t r = ((k - first_token) % t + t) % t; r < rows; r += t) s += static_cast<float>(dy[r * n + j]);
     dw[i] = T(s);
   }
+  // Row pos of dw (the host's form): the position found once, every column's sum over the same rows in the same
+  // order, by column blocks so the inner loop is contiguous.
+  DML_HOST_DEVICE void row(std::int64_t pos) const {
+    const std::int64_t t = at.t_local, k = pos < at.seq ? cp_local_index(at.cp, at.seq, pos) : -1;
+    const std::int64_t r0 = k >= 0 ? ((k - first_token) % t + t) % t : rows;
+    T* d = dw + pos * n;
+    for (std::int64_t j0 = 0; j0 < n; j0 += column_block) {
+      const std::int64_t width = n - j0 < column_block ? n - j0 : column_block;
+      float s[column_block];
+      for (std::int64_t j = 0; j < width; ++j) s[j] = accumulate ? static_cast<float>(d[j0 + j]) : 0.f;
+      for (std::int64_t r = r0; r < rows; r += t) {
+        const T* g = dy + r * n + j0;
+        DML_SIMD
+        for (std::int64_t j = 0; j < width; ++j) s[j] += static_cast<float>(g[j]);
+      }
+      for (std::int64_t j = 0; j < width; ++j) d[j0 + j] = T(s[j]);
+    }
+  }
 };
 }  // namespace kernels
 
@@ -202,9 +220,8 @@ void embed_wte_grad_rows(const kernels::embed_wte_grad<T>& f) {
   if constexpr (!std::same_as<S, host>) {
     for_each_index<S>(f.n, f);
   } else {
-    constexpr std::int64_t block = 256;
-    for_each_row<S>((f.n + block - 1) / block, [f](std::int64_t b) {
-      const std::int64_t j0 = b * block, width = f.n - j0 < block ? f.n - j0 : block;
+    // Column blocks (one token's row adds into its id's row; ids in token order, as the functor's loop).
+    for_each_column_block(f.n, f.tokens, [f](std::int64_t j0, std::int64_t width) {
       if (!f.accumulate)
         for (std::int64_t r = 0; r < f.ids_held; ++r) std::fill_n(f.dw + r * f.n + j0, width, T(0.f));
       for (std::int64_t t = 0; t < f.tokens; ++t) {
@@ -215,7 +232,7 @@ void embed_wte_grad_rows(const kernels::embed_wte_grad<T>& f) {
         DML_SIMD
         for (std::int64_t j = 0; j < width; ++j) g[j] = T(static_cast<float>(g[j]) + static_cast<float>(d[j]));
       }
-    }, f.tokens * block);
+    });
   }
 }
 

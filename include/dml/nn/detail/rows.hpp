@@ -53,17 +53,15 @@ struct carver {
 };
 
 // v[j] (+)= Σ_r x[r, j] for a [rows, n] matrix (a bias's gradient): on the device a column per thread
-// (column_sum); on the host blocks of 256 columns, each adding the rows in order (every column's sum runs as the
-// functor's does, so the bits are the same), the inner loop contiguous instead of a stride of n per add.
+// (column_sum); on the host by column blocks (for_each_column_block: the functor's bits, the inner loop
+// contiguous instead of a stride of n per add).
 template <execution_space S, class T>
 void column_sums(const T* x, T* v, std::int64_t rows, std::int64_t n, bool accumulate) {
   if constexpr (!std::same_as<S, host>) {
     for_each_index<S>(n, kernels::column_sum<T>{x, v, rows, n, accumulate});
   } else {
-    constexpr std::int64_t block = 256;
-    for_each_row<S>((n + block - 1) / block, [=](std::int64_t b) {
-      const std::int64_t j0 = b * block, width = n - j0 < block ? n - j0 : block;
-      float s[block];
+    for_each_column_block(n, rows, [=](std::int64_t j0, std::int64_t width) {
+      float s[column_block];
       for (std::int64_t j = 0; j < width; ++j) s[j] = accumulate ? static_cast<float>(v[j0 + j]) : 0.f;
       for (std::int64_t r = 0; r < rows; ++r) {
         const T* xr = x + r * n + j0;
@@ -71,7 +69,7 @@ void column_sums(const T* x, T* v, std::int64_t rows, std::int64_t n, bool accum
         for (std::int64_t j = 0; j < width; ++j) s[j] += static_cast<float>(xr[j]);
       }
       for (std::int64_t j = 0; j < width; ++j) v[j0 + j] = T(s[j]);
-    }, rows * block);
+    });
   }
 }
 
