@@ -27,6 +27,7 @@ std::string gib(double bytes) {
 nlohmann::json to_json(const cost::estimate& e) {
   const auto& b = e.per_rank;
   return {{"layout", cost::to_string(e.lay)},
+          {"precision", cost::to_string(e.prec)},
           {"params", e.params},
           {"bytes",
            {{"params", b.params}, {"grads", b.grads}, {"optimizer", b.optimizer}, {"master", b.master},
@@ -43,9 +44,9 @@ nlohmann::json to_json(const cost::estimate& e) {
 
 void print(const cost::estimate& e, int rank) {
   const auto& b = e.per_rank;
-  std::printf("%3d  %-80s\n     GiB/rank: params %s grads %s optimizer %s master %s activations %s buffers %s workspace %s total %s\n"
+  std::printf("%3d  %s, %s\n     GiB/rank: params %s grads %s optimizer %s master %s activations %s buffers %s workspace %s total %s\n"
               "     step %.4g s  MFU %.1f%%  bubble %.1f%%  bottleneck: %s\n",
-              rank, cost::to_string(e.lay).c_str(), gib(b.params).c_str(), gib(b.grads).c_str(), gib(b.optimizer).c_str(),
+              rank, cost::to_string(e.lay).c_str(), cost::to_string(e.prec).c_str(), gib(b.params).c_str(), gib(b.grads).c_str(), gib(b.optimizer).c_str(),
               gib(b.master).c_str(), gib(b.activations).c_str(), gib(b.buffers).c_str(), gib(b.workspace).c_str(), gib(b.total()).c_str(),
               e.step_seconds, 100 * e.mfu, 100 * e.bubble, e.bottleneck.c_str());
 }
@@ -78,7 +79,9 @@ int main(int argc, char** argv) {
   cli.add("--micro-batch", micro_batch, "b",
           "sequences per micro-batch in the search (0: every micro-batch count that divides a rank's sequences)")
       .min(0);
-  cli.add("--precision", precision, "P", "working precision").choices({"fp32", "bf16", "fp16"});
+  cli.add("--precision", precision, "P",
+          "working precision; auto: fp32 and bf16 ranked together (the faster on the cluster's rates that fits)")
+      .choices({"fp32", "bf16", "fp16", "auto"});
   cli.add("--optimizer", optimizer, "O", "optimizer").choices({"adamw", "adam", "sgd", "adagrad"});
   cli.add("--devices", devices, "N", "devices (ranks)").min(1);
   cli.add("--memory", memory, "BYTES", "memory per device (80GiB, 40GB, ...)").check([](const std::string& s) {
@@ -128,14 +131,17 @@ int main(int argc, char** argv) {
       m = cost::model{.seq = m.seq, .params_only = params};
     }
     const cost::training t{.global_batch = batch,
-                           .prec = precision == "fp32" ? cost::precision::fp32 : precision == "bf16" ? cost::precision::bf16 : cost::precision::fp16,
+                           .prec = precision == "fp32" ? cost::precision::fp32 : precision == "fp16" ? cost::precision::fp16 : cost::precision::bf16,
                            .optimizer = optimizer};
-    std::vector<cost::estimate> all;
-    if (!layout.empty()) {
-      const auto l = cost::parse_layout(layout);
-      all.push_back(bytes_from == "dml" ? cost::evaluate_dml(m, l, t, c, l.devices()) : cost::evaluate(m, l, t, c, l.devices()));
-    } else
-      all = bytes_from == "dml" ? cost::search_dml(m, t, c, devices, micro_batch) : cost::search(m, t, c, devices, micro_batch);
+    const std::vector<cost::precision> precisions =
+        precision == "auto" ? std::vector{cost::precision::fp32, cost::precision::bf16} : std::vector{t.prec};
+    const auto all = cost::search_precisions(t, precisions, [&](const cost::training& u) {
+      if (!layout.empty()) {
+        const auto l = cost::parse_layout(layout);
+        return std::vector{bytes_from == "dml" ? cost::evaluate_dml(m, l, u, c, l.devices()) : cost::evaluate(m, l, u, c, l.devices())};
+      }
+      return bytes_from == "dml" ? cost::search_dml(m, u, c, devices, micro_batch) : cost::search(m, u, c, devices, micro_batch);
+    });
     if (json) {
       for (const auto& e : all) std::printf("%s\n", to_json(e).dump().c_str());
       return 0;
@@ -148,7 +154,7 @@ int main(int argc, char** argv) {
       if (e.fits && rank < show) print(e, ++rank);
     std::printf("rejected:\n");
     for (const auto& e : all)
-      if (!e.fits) std::printf("  %s: %s\n", cost::to_string(e.lay).c_str(), e.why.c_str());
+      if (!e.fits) std::printf("  %s, %s: %s\n", cost::to_string(e.lay).c_str(), cost::to_string(e.prec).c_str(), e.why.c_str());
     return 0;
   } catch (const dml::error& e) {
     std::fprintf(stderr, "dml-plan: error: %s\n", e.what());

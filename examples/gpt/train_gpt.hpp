@@ -129,7 +129,10 @@ inline dml::flags command_line(options& o) {
   f.add("--warmup", o.warmup, "N", "warmup steps; -1: steps / 10, at most 100");
   f.add("--clip", o.clip, "X", "clip the global gradient norm to X; 0: no clipping").min(0.f);
   f.add("--seed", o.seed, "N", "seed of the initial weights, the batches and dropout");
-  f.add("--precision", o.precision, "P", "arithmetic").choices({"fp32", "bf16"});
+  f.add("--precision", o.precision, "P",
+        "arithmetic; auto: fp32 or bf16, whichever dml::cost predicts faster on this host's measured rates (bf16 where "
+        "only its bytes fit in --memory)")
+      .choices({"fp32", "bf16", "auto"});
   // mixture of experts
   f.add("--experts", o.experts, "E", "experts in each mixture-of-experts MLP; 0: none").min(0);
   f.add("--top-k", o.top_k, "K", "experts per token, 1 or 2");
@@ -161,7 +164,7 @@ inline dml::flags command_line(options& o) {
   f.add("--replicas", o.replicas, "R", "replicas of hybrid sharding, with zero1-3").min(1);
   f.add("--plan", o.plan, "P", "manual: the layout flags; auto: the fastest layout that fits --memory (dml::cost)")
       .choices({"manual", "auto"});
-  f.add("--memory", o.memory, "BYTES", "memory per rank for --plan auto (80GiB, 512MiB, ...)")
+  f.add("--memory", o.memory, "BYTES", "memory per rank for --plan auto and --precision auto (80GiB, 512MiB, ...)")
       .check([](const std::string& s) {
         try {
           dml::cost::parse_bytes(s);
@@ -215,43 +218,15 @@ inline void check_across(options& o) {
                                      "needs --parallel zero1, zero2 or zero3; found --parallel ", o.parallel,
                                      " (which holds everything on every rank: leave --replicas out)");
   if (o.parallel == "ddp") o.parallel = "replicate";
+  if (o.comm == "mpi" && (o.plan == "auto" || o.precision == "auto"))
+    dml::fail<dml::invalid_argument>("--plan auto and --precision auto measure the host where they run: with --comm "
+                                     "mpi every process would measure on its own and might choose otherwise; run "
+                                     "dml-plan and give the layout and --precision it picks");
   if (o.checkpoint_every && o.checkpoint.empty())
     dml::fail<dml::invalid_argument>("--checkpoint-every: expected --checkpoint DIR to save into, found none");
   if (!o.resume.empty() && !o.init.empty())
     dml::fail<dml::invalid_argument>("--resume loads the weights from its checkpoint: expected no --init with it, "
                                      "found --init ", o.init);
-}
-
-// --plan auto: of the layouts of `world` ranks dml::cost ranks (DESIGN.md §7), the fastest whose largest rank fits
-// in --memory, by the bytes the trainer will hold (cost::search_dml; 1F1B or zb on a pipeline; every micro-batch count
-// that divides a rank's sequences), replaces the layout flags; it is printed before training. Times are this
-// host's: its GEMM rates (and their share at a micro-batch's rows), copy rate, memory bandwidth and a block's
-// element-wise rate, measured first for one of `world` ranks sharing this machine, at the model's widths
-// (cost::calibrate_gpt_rank_of).
-inline void apply_plan(options& o, int world) {
-  if (o.plan != "auto") return;
-  const dml::cost::model m{.layers = o.layers, .d_model = o.d_model, .heads = o.heads, .seq = o.seq, .vocab = o.vocab,
-                           .bias = o.bias, .tie = o.tie, .experts = o.experts, .top_k = o.top_k, .moe_every = o.moe_every,
-                           .capacity_factor = o.capacity_factor};
-  const dml::cost::training t{.global_batch = o.batch,
-                              .prec = o.precision == "bf16" ? dml::cost::precision::bf16 : dml::cost::precision::fp32};
-  dml::cost::cluster c = dml::cost::calibrate_gpt_rank_of(world, o.d_model, o.heads, o.seq, o.vocab);
-  c.memory_bytes = dml::cost::parse_bytes(o.memory);
-  for (const auto& e : dml::cost::search_dml(m, t, c, world, 0)) {
-    if (!e.fits) continue;
-    const auto& l = e.lay;
-    o.tp = l.tp, o.pp = l.pp, o.dp = l.dp, o.sp = l.sp, o.ep = o.cp = o.replicas = 1;
-    o.parallel = l.zero == 0 ? "replicate" : "zero" + std::to_string(l.zero);
-    o.microbatches = l.micro_batches;
-    o.recompute = l.recomp == dml::cost::recompute::full;
-    o.schedule = l.pp > 1 ? l.schedule : "";
-    std::printf("plan: %s (predicted %.3g s per step, %.3g MiB per rank)\n", dml::cost::to_string(l).c_str(),
-                e.step_seconds, e.per_rank.total() / (1 << 20));
-    std::fflush(stdout);
-    return;
-  }
-  dml::fail<dml::invalid_argument>("--plan auto: no layout of ", world, " ranks fits in --memory ", o.memory,
-                                   "; dml-plan lists each with its reason");
 }
 
 // The data-parallel degree of a world of `world` ranks: --dp, or what --tp and --pp leave.
@@ -274,6 +249,67 @@ inline int data_parallel(const options& o, int world) {
     dml::fail<dml::invalid_argument>("--batch: expected at least one sequence per data-parallel group (", dp / o.cp,
                                      "), found ", o.batch);
   return dp;
+}
+
+// --plan auto: of the layouts of `world` ranks dml::cost ranks (DESIGN.md §7), the fastest whose largest rank fits
+// in --memory, by the bytes the trainer will hold (cost::search_dml; 1F1B or zb on a pipeline; every micro-batch count
+// that divides a rank's sequences), replaces the layout flags; it is printed before training. --precision auto: the
+// faster of fp32 and bf16 on the layout (the one given, or each the search tries), printed with both predictions.
+// Times are this host's: its GEMM rates in each precision (bf16's as they run here, on native kernels or widened to
+// f32, and their share at a micro-batch's rows), copy rate, memory bandwidth and a block's element-wise rate in each
+// precision, measured first for one of `world` ranks sharing this machine, at the model's widths
+// (cost::calibrate_gpt_rank_of).
+inline void apply_plan(options& o, int world) {
+  if (o.plan != "auto" && o.precision != "auto") return;
+  namespace cost = dml::cost;
+  const cost::model m{.layers = o.layers, .d_model = o.d_model, .heads = o.heads, .seq = o.seq, .vocab = o.vocab,
+                      .bias = o.bias, .tie = o.tie, .experts = o.experts, .top_k = o.top_k, .moe_every = o.moe_every,
+                      .capacity_factor = o.capacity_factor};
+  const cost::training t{.global_batch = o.batch, .prec = o.precision == "bf16" ? cost::precision::bf16 : cost::precision::fp32};
+  const std::vector<cost::precision> precisions =
+      o.precision == "auto" ? std::vector{cost::precision::fp32, cost::precision::bf16} : std::vector{t.prec};
+  cost::cluster c = cost::calibrate_gpt_rank_of(world, o.d_model, o.heads, o.seq, o.vocab);
+  c.memory_bytes = cost::parse_bytes(o.memory);
+  const auto ranked = cost::search_precisions(t, precisions, [&](const cost::training& u) {
+    if (o.plan == "auto") return cost::search_dml(m, u, c, world, 0);
+    // The layout given: a schedule the model does not price (a CSV file) is priced as 1F1B.
+    const cost::layout given{.dp = data_parallel(o, world), .tp = o.tp, .pp = o.pp, .ep = o.ep, .cp = o.cp,
+                             .zero = o.parallel == "replicate" ? 0 : o.parallel.back() - '0', .replicas = o.replicas,
+                             .sp = o.sp, .schedule = o.pp == 1 ? "single" : o.schedule.empty() || o.schedule.ends_with(".csv") ? "1f1b" : o.schedule,
+                             .micro_batches = o.microbatches, .recomp = o.recompute ? cost::recompute::full : cost::recompute::none};
+    return std::vector{cost::evaluate_dml(m, given, u, c, world)};
+  });
+  const auto chosen = std::find_if(ranked.begin(), ranked.end(), [](const cost::estimate& e) { return e.fits; });
+  if (chosen == ranked.end()) {
+    if (o.plan == "auto")
+      dml::fail<dml::invalid_argument>("--plan auto: no layout of ", world, " ranks fits in --memory ", o.memory,
+                                       "; dml-plan lists each with its reason");
+    dml::fail<dml::invalid_argument>("--precision auto: the layout given fits in --memory ", o.memory,
+                                     " in neither precision: ", ranked.front().why);
+  }
+  if (o.plan == "auto") {
+    const auto& l = chosen->lay;
+    o.tp = l.tp, o.pp = l.pp, o.dp = l.dp, o.sp = l.sp, o.ep = o.cp = o.replicas = 1;
+    o.parallel = l.zero == 0 ? "replicate" : "zero" + std::to_string(l.zero);
+    o.microbatches = l.micro_batches;
+    o.recompute = l.recomp == cost::recompute::full;
+    o.schedule = l.pp > 1 ? l.schedule : "";
+    std::printf("plan: %s (predicted %.3g s per step, %.3g MiB per rank)\n", cost::to_string(l).c_str(),
+                chosen->step_seconds, chosen->per_rank.total() / (1 << 20));
+  }
+  if (o.precision == "auto") {
+    o.precision = cost::to_string(chosen->prec);
+    // The other precision's best on the same layout, for the record.
+    const auto other = std::find_if(ranked.begin(), ranked.end(), [&](const cost::estimate& e) {
+      return e.prec != chosen->prec && cost::to_string(e.lay) == cost::to_string(chosen->lay);
+    });
+    char against[64];
+    std::snprintf(against, sizeof against, "%.3g s", other->step_seconds);
+    std::printf("precision: %s (predicted %.3g s per step, %s %s; bf16's products %s here)\n", o.precision.c_str(),
+                chosen->step_seconds, cost::to_string(other->prec).c_str(), other->fits ? against : other->why.c_str(),
+                dml::host_gemm_native(dml::dtype::bf16) ? "on native kernels" : "widened to f32");
+  }
+  std::fflush(stdout);
 }
 
 // The text, split into what is trained on and the held-out tail, with every byte checked against --vocab.

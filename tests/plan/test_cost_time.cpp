@@ -148,6 +148,76 @@ TEST_CASE("the element-wise passes: the blocks' saved activation bytes and the e
   cost::cluster c;
   c.elementwise_bandwidth = 3.5e9;
   CHECK(cost::cluster_from_json(cost::to_json(c)).elementwise_bandwidth == 3.5e9);
+  // 16-bit working types at their own rate, their bytes halved: bf16's passes at 1e9 bytes/s take half fp32's time
+  // at the same rate, and all of it at half the rate (conversions around float arithmetic: as many values a second).
+  const cost::training bf16_batch8{.global_batch = 8, .prec = cost::precision::bf16};
+  const auto one = cost::parse_layout("dp=1,schedule=single");
+  const double fp32_bytes = 2 * 2 * sbh8 * (34 + attention) + 1024 * 4 * (9 * h + 10 * h + 5 * v);
+  fast.elementwise_bandwidth_bf16 = unbounded;
+  for (const double rate : {1e9, 0.5e9}) {
+    CAPTURE(rate);
+    cost::cluster half = fast;
+    half.elementwise_bandwidth_bf16 = rate;
+    const double extra = cost::evaluate(small_gpt, one, bf16_batch8, half, 1).step_seconds -
+                         cost::evaluate(small_gpt, one, bf16_batch8, fast, 1).step_seconds;
+    CHECK(extra == doctest::Approx(fp32_bytes / 2 / rate).epsilon(1e-9));
+  }
+  // In the cluster file: written and read back; left out, it follows elementwise_bandwidth.
+  c.elementwise_bandwidth_bf16 = 1.5e9;
+  CHECK(cost::cluster_from_json(cost::to_json(c)).elementwise_bandwidth_bf16 == 1.5e9);
+  CHECK(cost::cluster_from_json(nlohmann::json::parse(R"({"elementwise_bandwidth": 2e9})")).elementwise_bandwidth_bf16 == 2e9);
+  CHECK_THROWS_WITH_AS(cost::cluster_from_json(nlohmann::json::parse(R"({"elementwise_bandwidth_bf16": "x"})"), "c.json"),
+                       "c.json: field 'elementwise_bandwidth_bf16' must be a positive number, found \"x\"",
+                       dml::format_error);
+}
+
+TEST_CASE("precision auto: fp32 where bf16's products are slower (widened to f32), bf16 where faster or only it fits") {
+  const std::vector<cost::precision> both{cost::precision::fp32, cost::precision::bf16};
+  const auto pick = [&](const cost::cluster& c) {
+    const auto all = cost::search_precisions(fp32_batch8, both, [&](const cost::training& t) { return cost::search(small_gpt, t, c, 1, 0); });
+    REQUIRE(!all.empty());
+    // Both precisions are searched: as many estimates as two single searches, each saying its precision.
+    CHECK(all.size() == 2 * cost::search(small_gpt, fp32_batch8, c, 1, 0).size());
+    CHECK(std::count_if(all.begin(), all.end(), [](const auto& e) { return e.prec == cost::precision::bf16; }) ==
+          static_cast<std::ptrdiff_t>(all.size() / 2));
+    REQUIRE(all.front().fits);
+    return all.front();
+  };
+  // An AVX2 host as measured: bf16 GEMMs widened to f32 at 0.9x fp32's rate, its element-wise passes at about fp32's
+  // values per second (half the bytes per second).
+  cost::cluster widened;
+  widened.flops_fp32 = 60e9, widened.flops_bf16 = 54e9;
+  widened.elementwise_bandwidth = 4e9, widened.elementwise_bandwidth_bf16 = 2e9;
+  widened.memory_bandwidth = 10e9;
+  const auto a = pick(widened);
+  CHECK(a.prec == cost::precision::fp32);
+  // A host with bf16 dot products: twice the rate.
+  cost::cluster native = widened;
+  native.flops_bf16 = 120e9;
+  CHECK(pick(native).prec == cost::precision::bf16);
+  // A layout given (as gpt --precision auto with the layout's flags) in memory that its fp32 bytes do not fit and
+  // its bf16 bytes (halves of the parameters, gradients and activations) do: bf16, though it is slower.
+  cost::training bf16_batch8 = fp32_batch8;
+  bf16_batch8.prec = cost::precision::bf16;
+  const auto fp32_bytes = cost::evaluate(small_gpt, a.lay, fp32_batch8, widened, 1).per_rank.total();
+  const auto bf16_bytes = cost::evaluate(small_gpt, a.lay, bf16_batch8, widened, 1).per_rank.total();
+  REQUIRE(bf16_bytes < fp32_bytes);
+  cost::cluster tight = widened;
+  const auto given = [&](const cost::cluster& c) {
+    return cost::search_precisions(fp32_batch8, both, [&](const cost::training& t) {
+      return std::vector{cost::evaluate(small_gpt, a.lay, t, c, 1)};
+    });
+  };
+  REQUIRE(given(tight).size() == 2);
+  CHECK(given(tight).front().prec == cost::precision::fp32);  // 80 GiB: both fit, fp32 the faster
+  tight.memory_bytes = (fp32_bytes + bf16_bytes) / 2;
+  const auto squeezed = given(tight);
+  CHECK(squeezed.front().prec == cost::precision::bf16);
+  CHECK(squeezed.front().fits);
+  CHECK_FALSE(squeezed.back().fits);
+  CHECK(squeezed.front().step_seconds > squeezed.back().step_seconds);
+  tight.memory_bytes = bf16_bytes / 2;  // neither
+  CHECK_FALSE(given(tight).front().fits);
 }
 
 TEST_CASE("each schedule's bubble: (p - 1)/(units + p - 1) with M, V·M or 3M units of a stage's compute") {

@@ -170,18 +170,20 @@ inline cluster calibrate_rank_of(int ranks, std::int64_t n = 1024, std::int64_t 
 
 // What a one-layer nn::gpt of d_model, heads, seq and vocab does on this host over max(1, 512 / seq) sequences with
 // its cross-entropy (a forward, the loss and a backward, the fastest of 5), on one of `ranks` ranks sharing this host
-// (each with comm::local's thread budget, all at once, as calibrate_rank_of):
+// (each with comm::local's thread budget, all at once, as calibrate_rank_of), in working precision p (fp32, or bf16:
+// its products on the host's bf16 kernels or widened to f32, its element-wise passes on 16-bit values):
 // - elementwise_bandwidth: its element-wise passes (LayerNorms, softmax, GELU, dropout, residual adds, the
 //   embedding's lookups and the loss: everything but its products), forward and backward together, in bytes per
-//   second of its blocks' saved activations (Korthikanti et al.'s sbh(34 + 5as/h), at 4-byte values) and of the passes
-//   outside them (gpt_end_values_per_token, 4 bytes each): the step less its traced GEMMs;
+//   second of its blocks' saved activations (Korthikanti et al.'s sbh(34 + 5as/h), at p's value bytes) and of the
+//   passes outside them (gpt_end_values_per_token, at p's value bytes): the step less its traced GEMMs;
 // - gemm_flops: its own products' FLOPs over their traced seconds, each product at the model's shapes (the
 //   projections, the MLP, attention's per-head products, the head), where a single probe GEMM runs one shape.
 struct gpt_probe {
   double elementwise_bandwidth = 0, gemm_flops = 0;
 };
-inline gpt_probe probe_gpt(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks = 1,
-                           std::int64_t vocab = 1024) {
+namespace detail {
+template <class T>
+gpt_probe probe_gpt_as(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks, std::int64_t vocab) {
   if (d_model < 1 || heads < 1 || seq < 1 || vocab < 1)
     fail<invalid_argument>("dml::cost::probe_gpt: expected d_model, heads, seq and vocab of at least 1, found ", d_model,
                            ", ", heads, ", ", seq, " and ", vocab);
@@ -196,9 +198,9 @@ inline gpt_probe probe_gpt(std::int64_t d_model, std::int64_t heads, std::int64_
   std::atomic<int> next{0};
   detail::slowest_at_once(at_once, threads, [&](std::barrier<>& sync) {
     timing& t = each[static_cast<std::size_t>(next++)];
-    nn::network<dml::host, nn::gpt_embedding, nn::stack<nn::gpt_block>, nn::gpt_head> net(nn::gpt(g), 1);
-    std::vector<float> ids(static_cast<std::size_t>(tokens)), dlogits(static_cast<std::size_t>(tokens * vocab)),
-        row_loss(static_cast<std::size_t>(tokens));
+    nn::basic_network<dml::host, T, nn::gpt_embedding, nn::stack<nn::gpt_block>, nn::gpt_head> net(nn::gpt(g), 1);
+    std::vector<float> ids(static_cast<std::size_t>(tokens)), row_loss(static_cast<std::size_t>(tokens));
+    std::vector<T> dlogits(static_cast<std::size_t>(tokens * vocab));
     std::vector<std::int32_t> labels(ids.size());
     for (std::size_t i = 0; i < ids.size(); ++i) {
       ids[i] = static_cast<float>((i * 7) % static_cast<std::size_t>(vocab));
@@ -211,9 +213,9 @@ inline gpt_probe probe_gpt(std::int64_t d_model, std::int64_t heads, std::int64_
       dml::detail::host_gemm_trace = &calls;
       const auto t0 = std::chrono::steady_clock::now();
       const auto logits = net.forward(tensor_view<const float>(ids.data(), {batch, seq}), c);
-      const tensor_view<float> dl(dlogits.data(), logits.shape);
+      const tensor_view<T> dl(dlogits.data(), logits.shape);
       nn::softmax_cross_entropy{}.forward_backward<dml::host>(logits, labels.data(), dl, row_loss.data());
-      net.backward(tensor_view<const float>(dl), c);
+      net.backward(tensor_view<const T>(dl), c);
       const double all = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       dml::detail::host_gemm_trace = nullptr;
       double gemm = 0, flops = 0;
@@ -236,10 +238,18 @@ inline gpt_probe probe_gpt(std::int64_t d_model, std::int64_t heads, std::int64_
   }
   const double share = std::min(1.0, static_cast<double>(cores) / (static_cast<double>(ranks) * threads));
   const auto ends = gpt_end_values_per_token(static_cast<double>(d_model), static_cast<double>(vocab), 1, false);
+  const double w = sizeof(T);  // korthikanti_layer_bytes counts 2-byte values
   const double bytes = korthikanti_layer_bytes(static_cast<double>(seq), static_cast<double>(batch), static_cast<double>(d_model),
-                                               static_cast<double>(heads), 1, false, recompute::none) * 2 +
-                       static_cast<double>(tokens) * (ends.embedding + ends.head) * 4;
+                                               static_cast<double>(heads), 1, false, recompute::none) * (w / 2) +
+                       static_cast<double>(tokens) * (ends.embedding + ends.head) * w;
   return {bytes / rest * share, each.front().flops / gemm * share};
+}
+}  // namespace detail
+inline gpt_probe probe_gpt(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks = 1,
+                           std::int64_t vocab = 1024, precision p = precision::fp32) {
+  if (p == precision::fp16) fail<invalid_argument>("dml::cost::probe_gpt: expected precision fp32 or bf16, found fp16");
+  if (p == precision::bf16) return detail::probe_gpt_as<dml::bf16>(d_model, heads, seq, ranks, vocab);
+  return detail::probe_gpt_as<float>(d_model, heads, seq, ranks, vocab);
 }
 // probe_gpt's element-wise rate: cluster::elementwise_bandwidth.
 inline double elementwise_bandwidth_of(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks = 1,
@@ -249,15 +259,18 @@ inline double elementwise_bandwidth_of(std::int64_t d_model, std::int64_t heads,
 
 // What dml::cost needs to price a GPT's layouts on this host: calibrate_rank_of at its widths (its c_fc: n = 4C,
 // k = C) for the share of the rate at a micro-batch's rows, the copy rate and the update; then probe_gpt at its
-// widths and vocabulary for the element-wise rate and the GEMM rate of its own products (the fp32 rate at the probe's
-// 512 rows; bf16's moved by the same ratio).
+// widths and vocabulary, in fp32 and in bf16, for each precision's element-wise rate and the GEMM rate of its own
+// products (at the probe's 512 rows): bf16's as this host runs them, on native kernels or widened to f32, so that
+// the planner prices bf16 where it is slower as slower.
 inline cluster calibrate_gpt_rank_of(int ranks, std::int64_t d_model, std::int64_t heads, std::int64_t seq,
                                      std::int64_t vocab) {
   cluster c = calibrate_rank_of(ranks, 4 * d_model, d_model);
-  const gpt_probe p = probe_gpt(d_model, heads, seq, ranks, vocab);
+  const gpt_probe p = probe_gpt(d_model, heads, seq, ranks, vocab, precision::fp32);
+  const gpt_probe half = probe_gpt(d_model, heads, seq, ranks, vocab, precision::bf16);
   c.elementwise_bandwidth = p.elementwise_bandwidth;
-  c.flops_bf16 *= p.gemm_flops / c.flops_fp32;
+  c.elementwise_bandwidth_bf16 = half.elementwise_bandwidth;
   c.flops_fp32 = p.gemm_flops;
+  c.flops_bf16 = half.gemm_flops;
   return c;
 }
 

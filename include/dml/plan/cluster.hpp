@@ -39,16 +39,19 @@ inline nlohmann::json to_json(const cluster& c) {
                       {"flops_fp32", c.flops_fp32},             {"flops_bf16", c.flops_bf16},
                       {"intra_bandwidth", c.intra_bandwidth},   {"intra_latency", c.intra_latency},
                       {"inter_bandwidth", c.inter_bandwidth},   {"inter_latency", c.inter_latency},
-                      {"memory_bandwidth", c.memory_bandwidth}, {"elementwise_bandwidth", c.elementwise_bandwidth}};
+                      {"memory_bandwidth", c.memory_bandwidth}, {"elementwise_bandwidth", c.elementwise_bandwidth},
+                      {"elementwise_bandwidth_bf16", c.elementwise_bandwidth_bf16}};
   if (!c.gemm_rows.empty()) j["gemm_rows"] = c.gemm_rows;  // [[rows, share], ...]
   return j;
 }
 
-// Fields left out keep cluster{}'s defaults; an unknown field, or one that is not a positive number, is refused
-// by name.
+// Fields left out keep cluster{}'s defaults (elementwise_bandwidth_bf16 left out follows elementwise_bandwidth); an
+// unknown field, or one that is not a positive number, is refused by name.
 inline cluster cluster_from_json(const nlohmann::json& j, std::string_view where = "cluster") {
   if (!j.is_object()) fail<format_error>(where, ": expected a JSON object, found ", j.type_name());
   cluster c;
+  if (!j.contains("elementwise_bandwidth_bf16") && j.contains("elementwise_bandwidth") && j["elementwise_bandwidth"].is_number())
+    c.elementwise_bandwidth_bf16 = j["elementwise_bandwidth"].get<double>();
   for (const auto& [key, value] : j.items()) {
     if (key == "gemm_rows") {  // [[rows, share], ...], rows increasing
       auto bad = [&] {
@@ -69,7 +72,8 @@ inline cluster cluster_from_json(const nlohmann::json& j, std::string_view where
                    : key == "intra_latency" ? &c.intra_latency : key == "inter_bandwidth" ? &c.inter_bandwidth
                    : key == "inter_latency" ? &c.inter_latency
                    : key == "memory_bandwidth" ? &c.memory_bandwidth
-                   : key == "elementwise_bandwidth" ? &c.elementwise_bandwidth : nullptr;
+                   : key == "elementwise_bandwidth" ? &c.elementwise_bandwidth
+                   : key == "elementwise_bandwidth_bf16" ? &c.elementwise_bandwidth_bf16 : nullptr;
     if (!value.is_number() || !(value.get<double>() > 0))
       fail<format_error>(where, ": field '", key, "' must be a positive number, found ", value.dump());
     if (key == "devices_per_node") {
@@ -79,7 +83,7 @@ inline cluster cluster_from_json(const nlohmann::json& j, std::string_view where
     else
       fail<format_error>(where, ": unknown field '", key, "'; expected devices_per_node, memory_bytes, flops_fp32, flops_bf16, ",
                          "intra_bandwidth, intra_latency, inter_bandwidth, inter_latency, memory_bandwidth, ",
-                         "elementwise_bandwidth or gemm_rows");
+                         "elementwise_bandwidth, elementwise_bandwidth_bf16 or gemm_rows");
   }
   return c;
 }

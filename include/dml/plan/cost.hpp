@@ -83,6 +83,7 @@ struct model {
 
 enum class precision { fp32, bf16, fp16 };
 inline int value_bytes(precision p) { return p == precision::fp32 ? 4 : 2; }
+inline std::string to_string(precision p) { return p == precision::fp32 ? "fp32" : p == precision::bf16 ? "bf16" : "fp16"; }
 // Optimizer state slots of 4 bytes per parameter (optim::*::state_slots).
 inline int state_slots(std::string_view optimizer) {
   if (optimizer == "adamw" || optimizer == "adam") return 2;
@@ -205,7 +206,12 @@ struct cluster {
   // The default takes four passes over those bytes at memory bandwidth (written in forward; read, with their
   // gradients written and read, in backward); cost::elementwise_bandwidth_of measures dml's own on a host.
   double elementwise_bandwidth = 2.5e12 / 4;
+  // The same for 16-bit working types (bf16 and fp16), in bytes at 2 per value: where the passes compute in float
+  // and convert, as dml's host kernels do, they get through about as many values per second as in fp32, so half
+  // the bytes; the default takes them as bandwidth-bound (the same bytes per second).
+  double elementwise_bandwidth_bf16 = 2.5e12 / 4;
   double flops(precision p) const { return p == precision::fp32 ? flops_fp32 : flops_bf16; }
+  double elementwise(precision p) const { return p == precision::fp32 ? elementwise_bandwidth : elementwise_bandwidth_bf16; }
   double gemm_share(double rows) const {
     if (gemm_rows.empty()) return 1.0;
     if (rows <= gemm_rows.front().first) return gemm_rows.front().second;
@@ -235,6 +241,7 @@ struct bytes {
 
 struct estimate {
   layout lay;
+  precision prec = precision::bf16;  // the working precision it was priced at (training::prec)
   double params = 0;  // the whole model's parameter count
   bytes per_rank;     // the largest rank
   double flops_per_step = 0, hardware_flops_per_step = 0;
@@ -354,6 +361,7 @@ inline void check_fit(estimate& e, const cluster& c) {
 inline estimate evaluate(const model& m, const layout& l, const training& t, const cluster& c, int devices = 0) {
   estimate e;
   e.lay = l;
+  e.prec = t.prec;
   e.why = refusal(m, l, t, devices);
   if (!e.why.empty()) return e;
   const int slots = state_slots(t.optimizer);
@@ -460,7 +468,7 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
                        korthikanti_layer_bytes(static_cast<double>(m.seq) / l.cp, mb_rows, static_cast<double>(m.d_model),
                                                static_cast<double>(m.heads), l.tp, l.sp, recompute::none) * (w / 2) +
                    rank_tokens * end_values * w) /
-                  c.elementwise_bandwidth;
+                  c.elementwise(t.prec);
   }
   // The optimizer's update, after the gradients: the rank's parameters (its shard under ZeRO), each moving
   // update_bytes_per_param at memory bandwidth.
@@ -525,6 +533,21 @@ inline std::vector<estimate> search(const model& m, const training& t, const clu
         }
       }
     }
+  rank_estimates(out);
+  return out;
+}
+
+// One search at each of several working precisions (training::prec in turn; search(t) → its estimates), ranked
+// together: the fastest layout that fits may then be fp32 on a host whose bf16 products are slower than its fp32
+// ones (widened to f32), or bf16 where only its smaller bytes fit. Each estimate says its precision (estimate::prec).
+template <class Search>
+std::vector<estimate> search_precisions(training t, const std::vector<precision>& precisions, Search&& search) {
+  std::vector<estimate> out;
+  for (const precision p : precisions) {
+    t.prec = p;
+    auto some = search(t);
+    out.insert(out.end(), some.begin(), some.end());
+  }
   rank_estimates(out);
   return out;
 }
