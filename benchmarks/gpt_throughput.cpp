@@ -345,7 +345,7 @@ void plan_pipeline(options& o) {
   }
   const dml::cost::model m{.layers = o.layers, .d_model = o.d_model, .heads = o.heads, .seq = o.seq, .vocab = o.vocab};
   const dml::cost::training t{.global_batch = o.batch, .prec = dml::cost::precision::fp32};
-  const dml::cost::cluster c = dml::cost::calibrate_gpt_rank_of(2, o.d_model, o.heads, o.seq, o.vocab);
+  const dml::cost::cluster c = dml::cost::calibrate_gpt_rank_of(2, o.d_model, o.heads, o.seq, o.vocab, o.threads);
   std::vector<dml::cost::estimate> ranked;
   if (choose_s || o.schedule == "1f1b" || o.schedule == "zb") {
     ranked = dml::cost::search_dml(m, t, c, 2, 0);
@@ -389,7 +389,7 @@ struct precision_pick {
 precision_pick pick_precision(const options& o) {
   const dml::cost::model m{.layers = o.layers, .d_model = o.d_model, .heads = o.heads, .seq = o.seq, .vocab = o.vocab};
   const dml::cost::training t{.global_batch = o.batch, .prec = dml::cost::precision::fp32};
-  const dml::cost::cluster c = dml::cost::calibrate_gpt_rank_of(1, o.d_model, o.heads, o.seq, o.vocab);
+  const dml::cost::cluster c = dml::cost::calibrate_gpt_rank_of(1, o.d_model, o.heads, o.seq, o.vocab, o.threads);
   const auto ranked = dml::cost::search_precisions(t, {dml::cost::precision::fp32, dml::cost::precision::bf16},
                                                    [&](const dml::cost::training& u) {
     return std::vector{dml::cost::evaluate_dml(m, dml::cost::parse_layout("schedule=single"), u, c, 1)};

@@ -257,7 +257,7 @@ inline int data_parallel(const options& o, int world) {
 // faster of fp32 and bf16 on the layout (the one given, or each the search tries), printed with both predictions.
 // Times are this host's: its GEMM rates in each precision (bf16's as they run here, on native kernels or widened to
 // f32, and their share at a micro-batch's rows), copy rate, memory bandwidth and a block's element-wise rate in each
-// precision, measured first for one of `world` ranks sharing this machine, at the model's widths
+// precision, measured first for one of `world` ranks of --threads threads sharing this machine, at the model's widths
 // (cost::calibrate_gpt_rank_of).
 inline void apply_plan(options& o, int world) {
   if (o.plan != "auto" && o.precision != "auto") return;
@@ -268,7 +268,7 @@ inline void apply_plan(options& o, int world) {
   const cost::training t{.global_batch = o.batch, .prec = o.precision == "bf16" ? cost::precision::bf16 : cost::precision::fp32};
   const std::vector<cost::precision> precisions =
       o.precision == "auto" ? std::vector{cost::precision::fp32, cost::precision::bf16} : std::vector{t.prec};
-  cost::cluster c = cost::calibrate_gpt_rank_of(world, o.d_model, o.heads, o.seq, o.vocab);
+  cost::cluster c = cost::calibrate_gpt_rank_of(world, o.d_model, o.heads, o.seq, o.vocab, o.threads);
   c.memory_bytes = cost::parse_bytes(o.memory);
   const auto ranked = cost::search_precisions(t, precisions, [&](const cost::training& u) {
     if (o.plan == "auto") return cost::search_dml(m, u, c, world, 0);

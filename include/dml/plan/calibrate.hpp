@@ -149,15 +149,16 @@ inline cluster calibrate(std::int64_t m = 512, std::int64_t n = 1024, std::int64
   return c;
 }
 
-// The rates of one of `ranks` ranks that share this host as comm::local's threads do (each with
-// hardware_concurrency / ranks threads, at least 1; ranks over the cores share them): calibrate() at a rank's
+// The rates of one of `ranks` ranks that share this host as comm::local's threads do (each with `threads` threads,
+// 0: hardware_concurrency / ranks, at least 1, comm::local's budget; ranks over the cores share them): calibrate() at a rank's
 // threads, the GEMM rates scaled down where the ranks' threads outnumber the cores, the copy rate split. The GEMMs
 // are 512 × n × k and r × n × k: give the model's own widths (a GPT's c_fc: n = 4C, k = C), since how fast small
 // products run depends on them as much as on their rows.
 inline cluster calibrate_rank_of(int ranks, std::int64_t n = 1024, std::int64_t k = 1024,
-                                 std::vector<std::int64_t> rows = {32, 64, 128, 256, 512, 1024, 2048}) {
+                                 std::vector<std::int64_t> rows = {32, 64, 128, 256, 512, 1024, 2048},
+                                 int rank_threads = 0) {
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  const int threads = comm::local::thread_budget(ranks);
+  const int threads = rank_threads > 0 ? rank_threads : comm::local::thread_budget(ranks);
   const int at_once = std::clamp(ranks, 1, cores);  // the ranks whose updates run at the same time
   cluster c = calibrate(512, n, k, std::size_t{64} << 20, std::move(rows), threads, at_once);
   const double share = std::min(1.0, static_cast<double>(cores) / (static_cast<double>(ranks) * threads));
@@ -170,7 +171,7 @@ inline cluster calibrate_rank_of(int ranks, std::int64_t n = 1024, std::int64_t 
 
 // What a one-layer nn::gpt of d_model, heads, seq and vocab does on this host over max(1, 512 / seq) sequences with
 // its cross-entropy (a forward, the loss and a backward, the fastest of 5), on one of `ranks` ranks sharing this host
-// (each with comm::local's thread budget, all at once, as calibrate_rank_of), in working precision p (fp32, or bf16:
+// (each with rank_threads threads, 0: comm::local's budget, all at once, as calibrate_rank_of), in working precision p (fp32, or bf16:
 // its products on the host's bf16 kernels or widened to f32, its element-wise passes on 16-bit values):
 // - elementwise_bandwidth: its element-wise passes (LayerNorms, softmax, GELU, dropout, residual adds, the
 //   embedding's lookups and the loss: everything but its products), forward and backward together, in bytes per
@@ -183,12 +184,14 @@ struct gpt_probe {
 };
 namespace detail {
 template <class T>
-gpt_probe probe_gpt_as(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks, std::int64_t vocab) {
+gpt_probe probe_gpt_as(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks, std::int64_t vocab,
+                       int rank_threads) {
   if (d_model < 1 || heads < 1 || seq < 1 || vocab < 1)
     fail<invalid_argument>("dml::cost::probe_gpt: expected d_model, heads, seq and vocab of at least 1, found ", d_model,
                            ", ", heads, ", ", seq, " and ", vocab);
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  const int threads = comm::local::thread_budget(ranks), at_once = std::clamp(ranks, 1, cores);
+  const int threads = rank_threads > 0 ? rank_threads : comm::local::thread_budget(ranks);
+  const int at_once = std::clamp(ranks, 1, cores);
   const nn::gpt_config g{.vocab = vocab, .seq = seq, .layers = 1, .d_model = d_model, .heads = heads};
   const std::int64_t batch = std::max<std::int64_t>(1, 512 / seq), tokens = batch * seq;
   struct timing {
@@ -246,10 +249,10 @@ gpt_probe probe_gpt_as(std::int64_t d_model, std::int64_t heads, std::int64_t se
 }
 }  // namespace detail
 inline gpt_probe probe_gpt(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks = 1,
-                           std::int64_t vocab = 1024, precision p = precision::fp32) {
+                           std::int64_t vocab = 1024, precision p = precision::fp32, int rank_threads = 0) {
   if (p == precision::fp16) fail<invalid_argument>("dml::cost::probe_gpt: expected precision fp32 or bf16, found fp16");
-  if (p == precision::bf16) return detail::probe_gpt_as<dml::bf16>(d_model, heads, seq, ranks, vocab);
-  return detail::probe_gpt_as<float>(d_model, heads, seq, ranks, vocab);
+  if (p == precision::bf16) return detail::probe_gpt_as<dml::bf16>(d_model, heads, seq, ranks, vocab, rank_threads);
+  return detail::probe_gpt_as<float>(d_model, heads, seq, ranks, vocab, rank_threads);
 }
 // probe_gpt's element-wise rate: cluster::elementwise_bandwidth.
 inline double elementwise_bandwidth_of(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks = 1,
@@ -261,12 +264,13 @@ inline double elementwise_bandwidth_of(std::int64_t d_model, std::int64_t heads,
 // k = C) for the share of the rate at a micro-batch's rows, the copy rate and the update; then probe_gpt at its
 // widths and vocabulary, in fp32 and in bf16, for each precision's element-wise rate and the GEMM rate of its own
 // products (at the probe's 512 rows): bf16's as this host runs them, on native kernels or widened to f32, so that
-// the planner prices bf16 where it is slower as slower.
+// the planner prices bf16 where it is slower as slower. rank_threads: the threads each rank will run (0: comm::local's
+// budget for `ranks`), so that one rank run on one thread of a larger host is priced at one thread's rates.
 inline cluster calibrate_gpt_rank_of(int ranks, std::int64_t d_model, std::int64_t heads, std::int64_t seq,
-                                     std::int64_t vocab) {
-  cluster c = calibrate_rank_of(ranks, 4 * d_model, d_model);
-  const gpt_probe p = probe_gpt(d_model, heads, seq, ranks, vocab, precision::fp32);
-  const gpt_probe half = probe_gpt(d_model, heads, seq, ranks, vocab, precision::bf16);
+                                     std::int64_t vocab, int rank_threads = 0) {
+  cluster c = calibrate_rank_of(ranks, 4 * d_model, d_model, {32, 64, 128, 256, 512, 1024, 2048}, rank_threads);
+  const gpt_probe p = probe_gpt(d_model, heads, seq, ranks, vocab, precision::fp32, rank_threads);
+  const gpt_probe half = probe_gpt(d_model, heads, seq, ranks, vocab, precision::bf16, rank_threads);
   c.elementwise_bandwidth = p.elementwise_bandwidth;
   c.elementwise_bandwidth_bf16 = half.elementwise_bandwidth;
   c.flops_fp32 = p.gemm_flops;
