@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dml/dml.hpp"
+#include "dml/plan/calibrate.hpp"
 
 #include "bench_common.hpp"
 
@@ -197,7 +198,10 @@ dml::flags command_line(options& o) {
   f.add("--threads", o.threads, "N", "threads per rank").min(1);
   f.add("--parallel", o.parallel, "P", "none: the bare network; else the trainer with this sharding")
       .choices({"none", "ddp", "zero1", "zero2", "zero3"});
-  f.add("--precision", o.precision, "P", "arithmetic; bf16 and fp16 with --parallel").choices({"fp32", "bf16", "fp16"});
+  f.add("--precision", o.precision, "P",
+        "arithmetic; bf16 and fp16 with --parallel; auto: fp32 or bf16, whichever runs a forward and backward of the "
+        "model faster here (dml::cost::probe_precisions, as fashion_mnist --precision auto)")
+      .choices({"fp32", "bf16", "fp16", "auto"});
   f.add("--bucket-mb", o.bucket_mb, "X", "gradient bucket size in MB")
       .check([](double mb) { return mb > 0 ? std::string() : "a size > 0"; }, "> 0");
   f.add_switch("--json", o.json, "print one JSON object per result too");
@@ -226,6 +230,16 @@ int main(int argc, char** argv) try {
   }
   weights += double(width) * 10.0;
   const double flop_per_sample = 6.0 * weights;
+  if (o.precision == "auto") {
+    const auto p = dml::nn::with_mlp(784, o.hidden, 10, [&](auto model) {
+      return dml::cost::probe_precisions(model, o.batch, o.threads);
+    });
+    o.precision = dml::cost::to_string(p.faster);
+    if (!o.json)
+      std::printf("# precision auto: %s (a forward and backward of %lld rows: fp32 %.3g ms, bf16 %.3g ms; bf16's "
+                  "products %s here)\n", o.precision.c_str(), static_cast<long long>(o.batch), 1e3 * p.fp32_seconds,
+                  1e3 * p.bf16_seconds, dml::host_gemm_native(dml::dtype::bf16) ? "on native kernels" : "widened to f32");
+  }
   double rate = 0;
   parallel_result pr;
   if (o.parallel == "none") {

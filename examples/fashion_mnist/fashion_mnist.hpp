@@ -3,6 +3,7 @@
 // Flags: see command_line() below, or run it with --help. Prints test_accuracy=0.xxxx after every epoch.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +17,9 @@
 #include <vector>
 
 #include "dml/dml.hpp"
+#if !defined(__CUDACC__)
+#  include "dml/plan/calibrate.hpp"
+#endif
 #include "dml/train/flags.hpp"
 
 namespace fashion_mnist {
@@ -98,7 +102,9 @@ inline dml::flags command_line(options& o) {
   f.add("--comm", o.comm, "C", "communicator").choices({"local", "mpi", "gloo"});
   f.add("--parallel", o.parallel, "P", "sharding").choices({"ddp", "zero1", "zero2", "zero3"});
   f.add("--replicas", o.replicas, "R", "replicas of hybrid sharding, with zero1-3").min(1);
-  f.add("--precision", o.precision, "P", "arithmetic").choices({"fp32", "bf16", "fp16"});
+  f.add("--precision", o.precision, "P",
+        "arithmetic; auto: fp32 or bf16, whichever runs a forward and backward of the model faster here (timed first)")
+      .choices({"fp32", "bf16", "fp16", "auto"});
   f.add("--bucket-mb", o.bucket_mb, "X", "gradient bucket size in MB")
       .check([](double mb) { return mb > 0 ? std::string() : "a size > 0"; }, "> 0");
   f.add("--compress", o.compress, "C",
@@ -144,7 +150,11 @@ inline void check_across(const options& o) {
   if (o.trust_clip > 0 && o.optimizer != "lamb" && o.optimizer != "lars")
     dml::fail<dml::invalid_argument>("--trust-clip ", o.trust_clip, ": expected --optimizer lamb or lars, found ",
                                      o.optimizer);
-  if (dml::parallel::offload_master(o.offload) && o.precision == "fp32")
+  if (o.precision == "auto" && (o.comm != "local" || o.elastic))
+    dml::fail<dml::invalid_argument>("--precision auto times this host before training: expected --comm local, found ",
+                                     o.elastic ? "--elastic" : "--comm " + o.comm,
+                                     " (every process would time on its own and might choose otherwise); give fp32 or bf16");
+  if (dml::parallel::offload_master(o.offload) && (o.precision == "fp32" || o.precision == "auto"))
     dml::fail<dml::invalid_argument>("--offload ", o.offload, ": expected --precision bf16 or fp16 for the master "
                                      "weights on disk, found fp32 (its weights are the working copy)");
   if (o.compress != "none" && o.precision != "fp32")
@@ -451,6 +461,29 @@ int run_elastic(const options& o, const dml::train::dataset& tr, const dml::trai
 int run_gloo(const options& o, const dml::train::dataset& tr, const dml::train::dataset& te);
 #endif
 
+// --precision auto: fp32 or bf16, whichever runs a forward and backward of the model over a rank's micro-batch faster
+// on this host with --threads threads (dml::cost::probe_precisions), printed before training with both times.
+inline options choose_precision(options o, std::int64_t features) {
+  if (o.precision != "auto") return o;
+#if defined(__CUDACC__)
+  (void)features;
+  dml::fail<dml::invalid_argument>("--precision auto: expected a host build (it times the host's GEMMs)");
+#else
+  const int dp = std::max(1, o.ranks / o.pp);
+  const std::int64_t rows = std::max<std::int64_t>(1, o.batch / dp / o.microbatches);
+  dml::nn::with_mlp<max_hidden>(features, o.hidden, 10, [&](auto model) {
+    const auto p = dml::cost::probe_precisions(model, rows, o.threads);
+    o.precision = dml::cost::to_string(p.faster);
+    std::printf("precision: %s (a forward and backward of %lld rows: fp32 %.3g ms, bf16 %.3g ms; bf16's products %s "
+                "here)\n", o.precision.c_str(), static_cast<long long>(rows), 1e3 * p.fp32_seconds,
+                1e3 * p.bf16_seconds, dml::host_gemm_native(dml::dtype::bf16) ? "on native kernels" : "widened to f32");
+    std::fflush(stdout);
+    return 0;
+  });
+  return o;
+#endif
+}
+
 template <class Space>
 int main(int argc, char** argv) {
   options o;
@@ -488,11 +521,12 @@ int main(int argc, char** argv) {
         dml::fail<dml::invalid_argument>("--comm gloo: this build has no Gloo");
 #endif
       }
+      const options chosen = choose_precision(o, train_set.features());
       int status = 0;
       dml::comm::local::run(o.ranks, [&](dml::comm::local& comm) {
         dml::set_thread_budget(o.threads);
         const int s = dml::nn::with_mlp<max_hidden>(train_set.features(), o.hidden, 10, [&](auto model) {
-          return run_parallel(o, comm, model, train_set, test_set);
+          return run_parallel(chosen, comm, model, train_set, test_set);
         });
         if (comm.rank() == 0) status = s;
       });

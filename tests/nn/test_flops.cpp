@@ -212,3 +212,26 @@ TEST_CASE("the element-wise probe times a one-layer GPT's passes and loss beside
   CHECK(rate > 0);
   CHECK_THROWS_WITH_AS(cost::probe_gpt(32, 2, 16, 1, 0), doctest::Contains("found 32, 2, 16 and 0"), invalid_argument);
 }
+
+TEST_CASE("the bf16 probe and the precision probe: each precision timed, the faster named, the thread budget kept") {
+  // probe_gpt in bf16: its products on this host's path (native or widened) and its passes over 16-bit values.
+  const auto half = cost::probe_gpt(32, 2, 16, 1, 64, cost::precision::bf16);
+  CHECK(std::isfinite(half.gemm_flops));
+  CHECK(half.gemm_flops > 0);
+  CHECK(half.elementwise_bandwidth > 0);
+  CHECK_THROWS_WITH_AS(cost::probe_gpt(32, 2, 16, 1, 64, cost::precision::fp16), doctest::Contains("found fp16"),
+                       invalid_argument);
+  // A sequential's forward and backward in fp32 and bf16: both timed, the faster one picked, the caller's thread
+  // budget as it was (the probe runs on 1 thread here).
+  const auto mlp = nn::sequential{nn::linear{64, 96}, nn::relu{}, nn::linear{96, 10}};
+  const int budget = dml::thread_budget();
+  const auto p = cost::probe_precisions(mlp, 32, 1);
+  CHECK(dml::thread_budget() == budget);
+  CHECK(std::isfinite(p.fp32_seconds));
+  CHECK(std::isfinite(p.bf16_seconds));
+  CHECK(p.fp32_seconds > 0);
+  CHECK(p.bf16_seconds > 0);
+  CHECK(p.faster == (p.bf16_seconds < p.fp32_seconds ? cost::precision::bf16 : cost::precision::fp32));
+  CHECK_THROWS_WITH_AS(cost::probe_precisions(mlp, 0), "dml::cost::probe_precisions: expected rows >= 1, found 0",
+                       invalid_argument);
+}

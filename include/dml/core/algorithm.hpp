@@ -150,6 +150,21 @@ void for_each_column_block(std::int64_t n, std::int64_t rows, F f) {
     f(j0, n - j0 < column_block ? n - j0 : column_block);
   }, rows * column_block);
 }
+// One column block's sums: v[j] (+)= Σ x[r·ld + j] over rows r = first, first + stride, ... < rows, for j in
+// [j0, j0 + width), width <= column_block; float sums, the rows added in order. What a bias's gradient runs in each of
+// for_each_column_block's blocks, and a position's gradient over its tokens (every t-th row) serially.
+template <class T>
+DML_HOST_DEVICE void sum_rows_block(const T* x, std::int64_t ld, std::int64_t first, std::int64_t stride, std::int64_t rows,
+                                    T* v, std::int64_t j0, std::int64_t width, bool accumulate) {
+  float s[column_block];
+  for (std::int64_t j = 0; j < width; ++j) s[j] = accumulate ? static_cast<float>(v[j0 + j]) : 0.f;
+  for (std::int64_t r = first; r < rows; r += stride) {
+    const T* xr = x + r * ld + j0;
+    DML_SIMD
+    for (std::int64_t j = 0; j < width; ++j) s[j] += static_cast<float>(xr[j]);
+  }
+  for (std::int64_t j = 0; j < width; ++j) v[j0 + j] = T(s[j]);
+}
 
 // reduce(op, init, f(0), ..., f(n-1)); op must be associative and commutative. On the host each thread
 // folds one contiguous chunk and the chunks are folded in order, so a result depends on the thread

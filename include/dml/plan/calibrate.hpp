@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -31,6 +32,16 @@
 namespace dml::cost {
 
 namespace detail {
+// This thread's budget set to `threads` (> 0; 0 leaves it) for the scope's life, then the old one put back.
+struct budget_scope {
+  int old;
+  explicit budget_scope(int threads) : old(dml::thread_budget()) {
+    if (threads > 0) dml::set_thread_budget(threads);
+  }
+  ~budget_scope() { dml::set_thread_budget(old); }
+  budget_scope(const budget_scope&) = delete;
+  budget_scope& operator=(const budget_scope&) = delete;
+};
 // The fastest of `repeats` calls after a warm one: other processes and page faults only ever slow a call down,
 // so the fastest is the host's rate and the least noisy figure (a mean moved the shares of gemm_rows by ±20%).
 template <class F>
@@ -121,11 +132,7 @@ inline cluster calibrate(std::int64_t m = 512, std::int64_t n = 1024, std::int64
                          std::size_t copy_bytes = std::size_t{64} << 20, std::vector<std::int64_t> rows = {},
                          int threads = 0, int concurrent = 1) {
   const int budget = dml::thread_budget();
-  if (threads > 0) dml::set_thread_budget(threads);
-  struct restore {
-    int b;
-    ~restore() { dml::set_thread_budget(b); }
-  } const keep{budget};
+  const detail::budget_scope scope(threads);
   cluster c;
   std::sort(rows.begin(), rows.end());
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
@@ -276,6 +283,51 @@ inline cluster calibrate_gpt_rank_of(int ranks, std::int64_t d_model, std::int64
   c.flops_fp32 = p.gemm_flops;
   c.flops_bf16 = half.gemm_flops;
   return c;
+}
+
+// ---- which precision runs a sequential faster on this host -------------------------------------------------------
+
+// What `--precision auto` picks for a model that dml::cost does not price in bf16 (any nn::sequential, such as an
+// MLP): a forward and a backward of the model over `rows` rows, in fp32 and in bf16, on this host with rank_threads
+// threads (0: the calling thread's budget), the two taken in turn, each the fastest of 5 after a warm one. The
+// optimizer's update moves the same bytes in either (update_bytes_per_param: 28 per parameter with AdamW), so it is
+// not timed: the products decide, native in bf16 or widened to f32, and the element-wise layers beside them.
+struct precision_probe {
+  precision faster = precision::fp32;
+  double fp32_seconds = 0, bf16_seconds = 0;
+};
+template <class... L>
+precision_probe probe_precisions(const nn::sequential<L...>& model, std::int64_t rows, int rank_threads = 0) {
+  if (rows < 1) fail<invalid_argument>("dml::cost::probe_precisions: expected rows >= 1, found ", rows);
+  const detail::budget_scope scope(rank_threads);
+  const auto& head = std::get<0>(model.layers);
+  std::int64_t width = 1;
+  if constexpr (requires { head.input_width(); }) width = head.input_width();
+  else if constexpr (requires { head.in; }) width = head.in;
+  std::vector<float> x(static_cast<std::size_t>(rows * width));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 17) / 17.f - 0.5f;
+  auto fp32 = nn::make_network<dml::host, float>(model, 1);
+  auto bf16 = nn::make_network<dml::host, dml::bf16>(model, 1);
+  std::vector<float> dy32;
+  std::vector<dml::bf16> dy16;
+  const nn::context c{.training = true, .seed = 1, .step = 1};
+  const auto seconds = [&]<class T>(nn::basic_network<dml::host, T, L...>& net, std::vector<T>& dy) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto y = net.forward(tensor_view<const float>(x.data(), {rows, width}), c);
+    dy.assign(static_cast<std::size_t>(y.shape.numel()), T(1e-3f));
+    net.backward(tensor_view<const T>(dy.data(), y.shape), c);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  precision_probe p{.faster = precision::fp32, .fp32_seconds = std::numeric_limits<double>::infinity(),
+                    .bf16_seconds = std::numeric_limits<double>::infinity()};
+  for (int i = 0; i < 6; ++i) {  // a warm one, then 5
+    const double a = seconds(fp32, dy32), b = seconds(bf16, dy16);
+    if (i == 0) continue;
+    p.fp32_seconds = std::min(p.fp32_seconds, a);
+    p.bf16_seconds = std::min(p.bf16_seconds, b);
+  }
+  p.faster = p.bf16_seconds < p.fp32_seconds ? precision::bf16 : precision::fp32;
+  return p;
 }
 
 }  // namespace dml::cost

@@ -202,7 +202,8 @@ struct gpt_block : detail::split_part {
       return;
     }
     // The input pass of a split backward writes what the weight pass reads straight into the stash.
-    const std::optional<stash_set<T>> st = c.stash ? std::optional(stash_parts<T>(c.stash, d)) : std::nullopt;
+    const stash_set<T> parts = c.stash ? stash_parts<T>(c.stash, d) : stash_set<T>{};
+    const stash_set<T>* const st = c.stash ? &parts : nullptr;
     // MLP half: y = x2 + dropout(c_proj(gelu(c_fc(ln_2(x2)))) + b), or x2 + dropout(moe(ln_2(x2)))
     T* const da = st && !sp && !experts ? st->dm : ws.part_a;
     detail::token_rows<S>(nl, C, kernels::dropout_grad<T>{dy.data, da, drop(c, d, 2)});

@@ -189,17 +189,8 @@ struct embed_wpe_grad {
     const std::int64_t t = at.t_local, k = pos < at.seq ? cp_local_index(at.cp, at.seq, pos) : -1;
     const std::int64_t r0 = k >= 0 ? ((k - first_token) % t + t) % t : rows;
     T* d = dw + pos * n;
-    for (std::int64_t j0 = 0; j0 < n; j0 += column_block) {
-      const std::int64_t width = n - j0 < column_block ? n - j0 : column_block;
-      float s[column_block];
-      for (std::int64_t j = 0; j < width; ++j) s[j] = accumulate ? static_cast<float>(d[j0 + j]) : 0.f;
-      for (std::int64_t r = r0; r < rows; r += t) {
-        const T* g = dy + r * n + j0;
-        DML_SIMD
-        for (std::int64_t j = 0; j < width; ++j) s[j] += static_cast<float>(g[j]);
-      }
-      for (std::int64_t j = 0; j < width; ++j) d[j0 + j] = T(s[j]);
-    }
+    for (std::int64_t j0 = 0; j0 < n; j0 += column_block)
+      sum_rows_block(dy, n, r0, t, rows, d, j0, n - j0 < column_block ? n - j0 : column_block, accumulate);
   }
 };
 }  // namespace kernels

@@ -61,14 +61,7 @@ void column_sums(const T* x, T* v, std::int64_t rows, std::int64_t n, bool accum
     for_each_index<S>(n, kernels::column_sum<T>{x, v, rows, n, accumulate});
   } else {
     for_each_column_block(n, rows, [=](std::int64_t j0, std::int64_t width) {
-      float s[column_block];
-      for (std::int64_t j = 0; j < width; ++j) s[j] = accumulate ? static_cast<float>(v[j0 + j]) : 0.f;
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const T* xr = x + r * n + j0;
-        DML_SIMD
-        for (std::int64_t j = 0; j < width; ++j) s[j] += static_cast<float>(xr[j]);
-      }
-      for (std::int64_t j = 0; j < width; ++j) v[j0 + j] = T(s[j]);
+      sum_rows_block(x, n, 0, 1, rows, v, j0, width, accumulate);
     });
   }
 }
