@@ -303,11 +303,14 @@ inline void apply_plan(options& o, int world) {
     const auto other = std::find_if(ranked.begin(), ranked.end(), [&](const cost::estimate& e) {
       return e.prec != chosen->prec && cost::to_string(e.lay) == cost::to_string(chosen->lay);
     });
-    char against[64];
-    std::snprintf(against, sizeof against, "%.3g s", other->step_seconds);
-    std::printf("precision: %s (predicted %.3g s per step, %s %s; bf16's products %s here)\n", o.precision.c_str(),
-                chosen->step_seconds, cost::to_string(other->prec).c_str(), other->fits ? against : other->why.c_str(),
-                dml::host_gemm_native(dml::dtype::bf16) ? "on native kernels" : "widened to f32");
+    std::string against = "not priced";  // each layout is priced in both: not reached
+    if (other != ranked.end()) {
+      char s[64];
+      std::snprintf(s, sizeof s, "%.3g s", other->step_seconds);
+      against = cost::to_string(other->prec) + " " + (other->fits ? std::string(s) : other->why);
+    }
+    std::printf("precision: %s (predicted %.3g s per step, %s; bf16's products %s here)\n", o.precision.c_str(),
+                chosen->step_seconds, against.c_str(), dml::host_gemm_native(dml::dtype::bf16) ? "on native kernels" : "widened to f32");
   }
   std::fflush(stdout);
 }
