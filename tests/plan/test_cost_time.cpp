@@ -149,7 +149,7 @@ TEST_CASE("the element-wise passes: the blocks' saved activation bytes and the e
   c.elementwise_bandwidth = 3.5e9;
   CHECK(cost::cluster_from_json(cost::to_json(c)).elementwise_bandwidth == 3.5e9);
   // 16-bit working types at their own rate, their bytes halved: bf16's passes at 1e9 bytes/s take half fp32's time
-  // at the same rate, and all of it at half the rate (conversions around float arithmetic: as many values a second).
+  // at the same rate, and all of it at half the rate (as many values a second as fp32 at 1e9).
   const cost::training bf16_batch8{.global_batch = 8, .prec = cost::precision::bf16};
   const auto one = cost::parse_layout("dp=1,schedule=single");
   const double fp32_bytes = 2 * 2 * sbh8 * (34 + attention) + 1024 * 4 * (9 * h + 10 * h + 5 * v);
