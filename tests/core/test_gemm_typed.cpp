@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <limits>
 #include <random>
 #include <fstream>
@@ -163,6 +164,34 @@ TEST_CASE("gemm: the host dispatch picks one library per shape for every rank th
     CHECK(text.find("0,1,96,64,80,80,80,64,0,0,0,0,0 " + std::string(to_string(first)) + "\n") != std::string::npos);
   }
   MESSAGE("96x64x80 (A·Bᵀ) runs on ", to_string(first), "; choices recorded in ", file.empty() ? "memory" : file);
+}
+
+// A oneDNN primitive runs on the threads its thread had when the primitive was built. A thread that multiplies a
+// shape under a budget of 1 and then under 2 must get a second primitive, which starts a second OpenMP thread
+// (counted in /proc/self/task); reused, it would leave that core idle (and the reverse would run two threads per
+// call beside the other ranks').
+TEST_CASE("gemm: a thread's oneDNN products follow its current thread budget") {
+#if !defined(_OPENMP) || !defined(__linux__)
+  dml_test::skip("the thread budget reaches oneDNN through OpenMP; /proc/self/task is Linux's");
+#else
+  const auto tasks = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/task"), std::filesystem::directory_iterator{});
+  };
+  std::vector<float> a(512 * 512, 0.5f), b(512 * 512, 0.25f), c(512 * 512);
+  const gemm_args g{.m = 512, .n = 512, .k = 512, .a = a.data(), .lda = 512, .b = b.data(), .ldb = 512,
+                    .c = c.data(), .ldc = 512};
+  std::ptrdiff_t at_one = 0, at_two = 0;
+  std::thread([&] {  // a thread of its own: no OpenMP team has run on it
+    set_thread_budget(1);
+    host_gemm_on(host_gemm_library::onednn, g);
+    at_one = tasks();
+    set_thread_budget(2);
+    host_gemm_on(host_gemm_library::onednn, g);
+    at_two = tasks();
+  }).join();
+  CHECK(at_two == at_one + 1);
+  CHECK(c[0] == doctest::Approx(512 * 0.125));
+#endif
 }
 
 TEST_CASE("gemm: 16-bit inputs say whether they run natively or widened to f32") {

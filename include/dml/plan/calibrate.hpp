@@ -90,9 +90,11 @@ double gemm_rate(std::int64_t m, std::int64_t n, std::int64_t k) {
 }
 // Runs probe() on `concurrent` threads at once, each with `threads` threads of its own (ranks share the memory system
 // as they share the cores), and returns the slowest thread's result: each probe times its own calls, the fastest of
-// several, with `sync` (a barrier of `concurrent`) before each, so that the calls overlap.
+// several, with `sync` (a barrier of `concurrent`) before each, so that the calls overlap. The calling thread
+// runs one of them and has its own budget back after.
 template <class Probe>
 double slowest_at_once(int concurrent, int threads, Probe&& probe) {
+  const budget_scope caller(threads);
   std::vector<double> seconds(static_cast<std::size_t>(concurrent));
   std::barrier sync(concurrent);
   auto run = [&](int who) {

@@ -10,6 +10,11 @@
 #include <string_view>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
+
+#if defined(_OPENMP)
+#  include <omp.h>
+#endif
 
 // nvcc 13's front end stops with an internal error on dnnl.hpp in C++20 mode (it cannot destroy
 // a std::vector of the C API's unnamed typedef'd structs); CUDA translation units use the C API.
@@ -37,7 +42,17 @@ struct dnnl_host_context {
     dnnl::matmul prim;
     dnnl::memory a, b, c, bias;
   };
-  std::map<key, entry> cache;
+  // Keyed by the threads as well: a primitive runs on the threads the calling thread had when it was built
+  // (oneDNN reads omp_get_max_threads() then), so one built under a budget of 2 and run under 1 would start
+  // two threads per call beside the other ranks', and one built under 1 would leave a core idle under 2.
+  std::map<std::pair<int, key>, entry> cache;
+  static int threads() {
+#  if defined(_OPENMP)
+    return omp_get_max_threads();
+#  else
+    return 0;
+#  endif
+  }
 
   static dnnl_host_context& get() {
     thread_local dnnl_host_context ctx;  // each rank thread keeps its own primitives and stream
@@ -116,7 +131,7 @@ inline dnnl::matmul::primitive_desc host_matmul_desc(const dnnl::engine& eng, co
 // output rounded to C's type by the kernel.
 inline void host_gemm_onednn(const gemm_args& g) {
   auto& ctx = dnnl_host_context::get();
-  const auto key = gemm_key(g);
+  const auto key = std::pair{dnnl_host_context::threads(), gemm_key(g)};
   auto it = ctx.cache.find(key);
   if (it == ctx.cache.end()) {
     auto pd = host_matmul_desc(ctx.engine, g);
