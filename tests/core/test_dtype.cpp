@@ -3,6 +3,7 @@
 // and the dtype tag.
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -149,6 +150,28 @@ TEST_CASE("every 16-bit pattern decodes to its value and encodes back to itself"
   }
   CHECK(bad_fp16 == 0);
   CHECK(bad_bf16 == 0);
+}
+
+TEST_CASE("round_to gives the bits of the constructor for every kind of float") {
+  // Every sign and exponent with mantissas at the rounding boundaries (ties, one either side), NaNs and
+  // infinities among them, then pseudo-random patterns.
+  std::vector<std::uint32_t> patterns;
+  for (std::uint32_t top = 0; top < 0x200u; ++top)
+    for (std::uint32_t low : {0x0u, 0x1u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu, 0x17fffu, 0x18000u, 0xfffu, 0x1000u,
+                              0x1001u, 0x2000u, 0x3000u, 0x7fffffu})
+      patterns.push_back((top << 23) | (low & 0x7fffffu));
+  std::uint32_t x = 12345;
+  for (int i = 0; i < 100000; ++i) patterns.push_back(x = x * 1664525u + 1013904223u);
+  int bad = 0;
+  for (const std::uint32_t u : patterns) {
+    const float f = std::bit_cast<float>(u);
+    bad += dml::round_to<dml::bf16>(f).bits != dml::bf16(f).bits;
+    bad += dml::round_to<dml::fp16>(f).bits != dml::fp16(f).bits;
+    bad += std::bit_cast<std::uint32_t>(dml::round_to<float>(f)) != u;
+  }
+  CHECK(bad == 0);
+  CHECK(dml::round_to<double>(0.1f) == static_cast<double>(0.1f));
+  CHECK(dml::round_to<dml::bf16>(1.0 + 1.0 / 256).bits == dml::bf16(1.f).bits);  // a double goes through float
 }
 
 TEST_CASE("arithmetic and comparison go through float") {

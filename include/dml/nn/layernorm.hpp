@@ -53,7 +53,7 @@ struct layernorm_forward {
     if (stats) stats[row] = s;
     DML_SIMD
     for (std::int64_t j = 0; j < n; ++j)
-      yr[j] = T(layernorm_affine(static_cast<float>(xr[j]), s, static_cast<float>(w[j]), b ? static_cast<float>(b[j]) : 0.f));
+      yr[j] = round_to<T>(layernorm_affine(static_cast<float>(xr[j]), s, static_cast<float>(w[j]), b ? static_cast<float>(b[j]) : 0.f));
   }
 };
 
@@ -80,7 +80,7 @@ struct layernorm_backward_input {
     for (std::int64_t j = 0; j < n; ++j) {
       const float d = layernorm_dx(static_cast<float>(dyr[j]), static_cast<float>(w[j]),
                                    layernorm_xhat(static_cast<float>(xr[j]), s), s.rstd, sum_g, sum_gx, inv_n);
-      dx[row * n + j] = T(d + (add ? static_cast<float>(add[row * n + j]) : 0.f));
+      dx[row * n + j] = round_to<T>(d + (add ? static_cast<float>(add[row * n + j]) : 0.f));
     }
   }
 };

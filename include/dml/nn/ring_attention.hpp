@@ -157,9 +157,9 @@ struct ring_forward_row {
       const std::int64_t v = vis[r];
       DML_SIMD_SUM(add)
       for (std::int64_t j = 0; j < v; ++j) {
-        const T p = T(fast_exp(scale * static_cast<float>(kr[j]) - m));
-        kr[j] = p;
-        add += static_cast<float>(p);  // the sum of what P·V multiplies, so y = acc / sum is a convex mix
+        const float p = static_cast<float>(round_to<T>(fast_exp(scale * static_cast<float>(kr[j]) - m)));
+        kr[j] = round_to<T>(p);  // exact: p is a T's value (a float, not a T, so that the loop vectorises)
+        add += p;  // the sum of what P·V multiplies, so y = acc / sum is a convex mix
       }
       for (std::int64_t j = v; j < k.length; ++j) kr[j] = T(0.f);
     }
@@ -221,9 +221,9 @@ struct ring_backward_row {
       const std::int64_t v = k.visible(r, pos, causal);
       DML_SIMD
       for (std::int64_t j = 0; j < v; ++j) {
-        const T pj = T(fast_exp(scale * static_cast<float>(pr[j]) - l));
-        pr[j] = pj;
-        dr[j] = T(attention_softmax_grad(static_cast<float>(pj), static_cast<float>(dr[j]), D, scale));
+        const float pj = static_cast<float>(round_to<T>(fast_exp(scale * static_cast<float>(pr[j]) - l)));
+        pr[j] = round_to<T>(pj);  // exact, as in ring_forward_block
+        dr[j] = round_to<T>(attention_softmax_grad(pj, static_cast<float>(dr[j]), D, scale));
       }
       for (std::int64_t j = v; j < k.length; ++j) pr[j] = dr[j] = T(0.f);
     }

@@ -208,7 +208,7 @@ struct cluster {
   double elementwise_bandwidth = 2.5e12 / 4;
   // The same for 16-bit working types (bf16 and fp16), in bytes at 2 per value. The default takes the passes as
   // bandwidth-bound (the same bytes per second); dml's host kernels, which convert around float arithmetic, are not:
-  // calibrated on an AVX-512 Xeon they moved 1.2 G bf16 values a second against 2.4 G in fp32 (a quarter of the bytes).
+  // calibrated on an AVX-512 Xeon they move about as many values a second as in fp32 (2.5 G), half the bytes.
   double elementwise_bandwidth_bf16 = 2.5e12 / 4;
   double flops(precision p) const { return p == precision::fp32 ? flops_fp32 : flops_bf16; }
   double elementwise(precision p) const { return p == precision::fp32 ? elementwise_bandwidth : elementwise_bandwidth_bf16; }

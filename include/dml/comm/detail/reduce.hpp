@@ -140,7 +140,7 @@ void reduce_into(const T* const* src, int nsrc, T* const* dst, int ndst, std::si
         res = acc;
       } else {
 #pragma omp simd
-        for (std::size_t i = 0; i < m; ++i) out[i] = T(acc[i]);
+        for (std::size_t i = 0; i < m; ++i) out[i] = round_to<T>(acc[i]);
         res = out;
       }
       for (int q = 0; q < ndst; ++q) stream_copy(dst[q] + base, res, m * sizeof(T));
@@ -148,7 +148,7 @@ void reduce_into(const T* const* src, int nsrc, T* const* dst, int ndst, std::si
       for (int q = 0; q < ndst; ++q) {
         T* o = dst[q] + base;
 #pragma omp simd
-        for (std::size_t i = 0; i < m; ++i) o[i] = T(acc[i]);
+        for (std::size_t i = 0; i < m; ++i) o[i] = round_to<T>(acc[i]);
       }
     }
   }

@@ -122,7 +122,7 @@ struct embed_tokens {
     for (std::int64_t j = 0; j < n; ++j) {
       float v = w ? static_cast<float>(w[j]) : 0.f;
       if (p) v += static_cast<float>(p[j]);
-      out[j] = T(v);
+      out[j] = round_to<T>(v);
     }
   }
 };
@@ -221,7 +221,7 @@ void embed_wte_grad_rows(const kernels::embed_wte_grad<T>& f) {
         T* g = f.dw + id * f.n + j0;
         const T* d = f.dy + t * f.n + j0;
         DML_SIMD
-        for (std::int64_t j = 0; j < width; ++j) g[j] = T(static_cast<float>(g[j]) + static_cast<float>(d[j]));
+        for (std::int64_t j = 0; j < width; ++j) g[j] = round_to<T>(static_cast<float>(g[j]) + static_cast<float>(d[j]));
       }
     });
   }
