@@ -16,8 +16,17 @@ namespace {
 
 using namespace dml;
 
-double measure(const nn::gpt_config& g, const cost::layout& l, std::int64_t batch, int steps) {
-  double seconds = 0;
+// The median of rank 0's timed steps, and of the seconds its traced GEMMs took in them.
+struct measured {
+  double step = 0, gemm = 0;
+};
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+measured measure(const nn::gpt_config& g, const cost::layout& l, std::int64_t batch, int steps) {
+  measured result;
   const auto model = nn::gpt(g);
   comm::local::run(l.devices(), [&](comm::local& c) {
     train::trainer_options o;
@@ -38,19 +47,23 @@ double measure(const nn::gpt_config& g, const cost::layout& l, std::int64_t batc
     step();  // warm
     c.barrier();
     // Each step timed on rank 0; the median, since a slow spell of a shared host lengthens a few steps, not all.
-    std::vector<double> each;
+    std::vector<double> each, gemm;
+    std::vector<gemm_call> calls;
     for (int s = 0; s < steps; ++s) {
+      calls.clear();
+      dml::detail::host_gemm_trace = &calls;
       const auto t0 = dml_bench::clock_type::now();
       step();
       each.push_back(dml_bench::seconds_since(t0));
+      dml::detail::host_gemm_trace = nullptr;
+      double g = 0;
+      for (const auto& call : calls) g += call.seconds;
+      gemm.push_back(g);
     }
     c.barrier();
-    if (c.rank() == 0) {
-      std::sort(each.begin(), each.end());
-      seconds = each.size() % 2 ? each[each.size() / 2] : (each[each.size() / 2 - 1] + each[each.size() / 2]) / 2;
-    }
+    if (c.rank() == 0) result = {median(each), median(gemm)};
   });
-  return seconds;
+  return result;
 }
 
 }  // namespace
@@ -78,7 +91,8 @@ int main(int argc, char** argv) {
   if (quick) layouts.resize(2);
   std::printf("# %s; GPT 2 layers, d_model 256, 4 heads, seq 128, vocabulary 256, global batch %lld, fp32 AdamW\n",
               dml::host_cpu_model().c_str(), static_cast<long long>(batch));
-  std::printf("%-72s %12s %12s %8s\n", "layout", "predicted_s", "measured_s", "ratio");
+  std::printf("%-72s %12s %12s %8s %10s %10s %10s %10s\n", "layout", "predicted_s", "measured_s", "ratio", "gemm_pred",
+              "gemm_meas", "rest_pred", "rest_meas");
   for (const auto& l : layouts) {
     // Ranks are threads sharing this host, each with its share of the cores (comm::local's thread budget):
     // calibrated as one of them, at the model's widths.
@@ -94,8 +108,10 @@ int main(int argc, char** argv) {
       std::printf("%-72s refused: %s\n", cost::to_string(l).c_str(), e.why.c_str());
       continue;
     }
-    const double measured = measure(g, l, batch, steps);
-    std::printf("%-72s %12.4g %12.4g %8.2f\n", cost::to_string(l).c_str(), e.step_seconds, measured, measured / e.step_seconds);
+    const auto got = measure(g, l, batch, steps);
+    std::printf("%-72s %12.4g %12.4g %8.2f %10.4g %10.4g %10.4g %10.4g\n", cost::to_string(l).c_str(), e.step_seconds,
+                got.step, got.step / e.step_seconds, e.time.compute, got.gemm, e.step_seconds - e.time.compute,
+                got.step - got.gemm);
   }
   std::printf("other processes used %.0f%% of the machine meanwhile\n", 100 * dml_bench::load_meter::others_since(start));
   return 0;

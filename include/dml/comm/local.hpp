@@ -39,8 +39,9 @@ class local {
   using options = local_options;
   using space = dml::host;  // the memory it moves (comm/communicator.hpp)
 
-  // Starts n ranks as threads, calls fn(local&) on each and joins them. If any fn throws, every
-  // other rank's pending or next operation throws comm_error, and run rethrows the first error.
+  // Runs n ranks, rank 0 on the calling thread and the others on threads of their own, calls fn(local&) on each
+  // and joins them. If any fn throws, every other rank's pending or next operation throws comm_error, and run
+  // rethrows the first error.
   template <class F>
     requires std::invocable<F&, local&>
   static void run(int n, F&& fn, options opt = {}) {
@@ -50,30 +51,34 @@ class local {
     std::mutex em;
     std::exception_ptr first;
     const int budget = thread_budget(n);
-    std::vector<std::thread> threads;
-    threads.reserve(n);
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        set_thread_budget(budget);
+    auto rank = [&](int r) {
+      const thread_budget_scope scope(budget);
+      try {
+        local c(g, r);
+        fn(c);
+      } catch (...) {
+        std::string what = "unknown exception";
         try {
-          local c(g, r);
-          fn(c);
+          throw;
+        } catch (const std::exception& e) {
+          what = e.what();
         } catch (...) {
-          std::string what = "unknown exception";
-          try {
-            throw;
-          } catch (const std::exception& e) {
-            what = e.what();
-          } catch (...) {
-          }
-          {
-            std::lock_guard lk(em);
-            if (!first) first = std::current_exception();
-          }
-          w->abort(dml::detail::cat("rank ", r, " failed: ", what));
         }
-      });
-    }
+        {
+          std::lock_guard lk(em);
+          if (!first) first = std::current_exception();
+        }
+        w->abort(dml::detail::cat("rank ", r, " failed: ", what));
+      }
+    };
+    // Rank 0 runs on the calling thread. OpenMP (libgomp) keeps a team of idle threads for each thread that has
+    // run a parallel region; once the process holds more of them than there are cores, every team's threads sleep
+    // between regions instead of spinning, and each region waits for them to wake. A caller that had run one (a
+    // calibration, a data loader) beside one rank thread of its own made that rank's small products 1.8x slower.
+    std::vector<std::thread> threads;
+    threads.reserve(static_cast<std::size_t>(n - 1));
+    for (int r = 1; r < n; ++r) threads.emplace_back(rank, r);
+    rank(0);
     for (auto& t : threads) t.join();
     if (first) std::rethrow_exception(first);
   }

@@ -65,6 +65,20 @@ inline void set_thread_budget(int n) {
   omp_set_num_threads(n < 1 ? 1 : n);  // per-thread ICV: also what oneDNN's OpenMP runtime reads
 #endif
 }
+// Sets the calling thread's budget to n (n < 1: leaves it as it is) and gives the thread its previous budget back
+// when the scope ends.
+class thread_budget_scope {
+ public:
+  explicit thread_budget_scope(int n) : old_(thread_budget()) {
+    if (n > 0) set_thread_budget(n);
+  }
+  ~thread_budget_scope() { set_thread_budget(old_); }
+  thread_budget_scope(const thread_budget_scope&) = delete;
+  thread_budget_scope& operator=(const thread_budget_scope&) = delete;
+
+ private:
+  int old_;
+};
 
 namespace detail {
 // Host loops are compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2, FMA) and the baseline, and the

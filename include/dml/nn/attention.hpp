@@ -51,7 +51,7 @@ struct causal_softmax_row {
   DML_HOST_DEVICE void operator()(std::int64_t r) const {
     T* row = p + r * seq;
     const std::int64_t n = r % seq + 1;  // columns s <= t
-    const std::int64_t padded = (n + 15) / 16 * 16 < seq ? (n + 15) / 16 * 16 : seq;
+    const std::int64_t rounded = (n + 15) / 16 * 16, padded = rounded < seq ? rounded : seq;
     float mx = scale * static_cast<float>(row[0]);
     DML_SIMD_MAX(mx)
     for (std::int64_t s = 1; s < n; ++s) mx = attention_max(mx, scale * static_cast<float>(row[s]));

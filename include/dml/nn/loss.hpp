@@ -113,7 +113,7 @@ struct row_sum_exp_and_label {
     for (std::int64_t j = 0; j < n; ++j) s += fast_exp(static_cast<float>(xr[j]) - m);
     sums[r] = s;
     const std::int64_t local = labels[r] - offset;
-    picked[r] = local >= 0 && local < n ? static_cast<float>(xr[local]) - mx[r] : 0.f;
+    picked[r] = local >= 0 && local < n ? static_cast<float>(xr[local]) - m : 0.f;
   }
 };
 template <class T>

@@ -7,13 +7,13 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <thread>
+#include <type_traits>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -32,16 +32,6 @@
 namespace dml::cost {
 
 namespace detail {
-// This thread's budget set to `threads` (> 0; 0 leaves it) for the scope's life, then the old one put back.
-struct budget_scope {
-  int old;
-  explicit budget_scope(int threads) : old(dml::thread_budget()) {
-    if (threads > 0) dml::set_thread_budget(threads);
-  }
-  ~budget_scope() { dml::set_thread_budget(old); }
-  budget_scope(const budget_scope&) = delete;
-  budget_scope& operator=(const budget_scope&) = delete;
-};
 // The fastest of `repeats` calls after a warm one: other processes and page faults only ever slow a call down,
 // so the fastest is the host's rate and the least noisy figure (a mean moved the shares of gemm_rows by ±20%).
 template <class F>
@@ -88,40 +78,66 @@ template <class T>
 double gemm_rate(std::int64_t m, std::int64_t n, std::int64_t k) {
   return gemm_rates<T>({m}, n, k).front();
 }
-// Runs probe() on `concurrent` threads at once, each with `threads` threads of its own (ranks share the memory system
-// as they share the cores), and returns the slowest thread's result: each probe times its own calls, the fastest of
-// several, with `sync` (a barrier of `concurrent`) before each, so that the calls overlap. The calling thread
-// runs one of them and has its own budget back after.
+// The fastest round of the slowest rank: per round the largest of the ranks' seconds, then the smallest of these.
+// Not each rank's fastest round: a round in which another rank started late overlaps less and runs faster, and the
+// ranks' fastest rounds need not be the same one (a GEMM probe read 137 GFLOP/s for one of two ranks so, where it
+// read 99-111 in the same run's other probes).
+inline double fastest_round(const std::vector<std::vector<double>>& rank_rounds) {
+  double best = std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < rank_rounds.front().size(); ++i) {
+    double slowest = 0;
+    for (const auto& rounds : rank_rounds) slowest = std::max(slowest, rounds[i]);
+    best = std::min(best, slowest);
+  }
+  return best;
+}
+// Runs probe(sync) on `concurrent` threads at once, each with `threads` threads of its own (ranks share the memory
+// system as they share the cores) and `sync` a barrier of `concurrent` for its rounds to start together; returns
+// each probe's result in thread order. The calling thread runs the first and has its own budget back after.
 template <class Probe>
-double slowest_at_once(int concurrent, int threads, Probe&& probe) {
-  const budget_scope caller(threads);
-  std::vector<double> seconds(static_cast<std::size_t>(concurrent));
+auto run_at_once(int concurrent, int threads, Probe&& probe) {
+  using result = std::invoke_result_t<Probe&, std::barrier<>&>;
+  const thread_budget_scope caller(0);  // the caller's budget, back after run(0)
+  std::vector<result> each(static_cast<std::size_t>(concurrent));
   std::barrier sync(concurrent);
   auto run = [&](int who) {
     dml::set_thread_budget(threads);
-    seconds[static_cast<std::size_t>(who)] = probe(sync);
+    each[static_cast<std::size_t>(who)] = probe(sync);
   };
   std::vector<std::jthread> others;
   for (int i = 1; i < concurrent; ++i) others.emplace_back(run, i);
   run(0);
   others.clear();
-  return *std::max_element(seconds.begin(), seconds.end());
+  return each;
+}
+// Each of `rounds` calls of f after a warm one, timed, with `sync` before each (so that concurrent ranks' calls
+// overlap).
+template <class F>
+std::vector<double> timed_rounds(std::barrier<>& sync, int rounds, F&& f) {
+  f();
+  std::vector<double> seconds;
+  for (int i = 0; i < rounds; ++i) {
+    sync.arrive_and_wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return seconds;
 }
 
 // Bytes per second of dml's fp32 AdamW update over n parameters (update_bytes_per_param: 28 per parameter), each of
 // `concurrent` threads on its own arrays.
 inline double update_bandwidth(std::int64_t n, int concurrent, int threads) {
-  const double seconds = slowest_at_once(concurrent, threads, [n](std::barrier<>& sync) {
+  const double seconds = fastest_round(run_at_once(concurrent, threads, [n](std::barrier<>& sync) {
     const auto size = static_cast<std::size_t>(n);
     std::vector<float> w(size, 0.5f), g(size, 0.25f), m(size), v(size);
     float* state[] = {m.data(), v.data()};
     const optim::adamw opt;
     std::int64_t step = 0;
-    return seconds_per_call([&] {
-      sync.arrive_and_wait();
+    return timed_rounds(sync, 5, [&] {
       opt.update<dml::host>({.n = n, .w = w.data(), .g = g.data(), .state = state, .step = ++step, .lr = 1e-3f});
-    }, 5);
-  });
+    });
+  }));
   return update_bytes_per_param("adamw", precision::fp32) * static_cast<double>(n) / seconds;
 }
 }  // namespace detail
@@ -134,7 +150,7 @@ inline cluster calibrate(std::int64_t m = 512, std::int64_t n = 1024, std::int64
                          std::size_t copy_bytes = std::size_t{64} << 20, std::vector<std::int64_t> rows = {},
                          int threads = 0, int concurrent = 1) {
   const int budget = dml::thread_budget();
-  const detail::budget_scope scope(threads);
+  const thread_budget_scope scope(threads);
   cluster c;
   std::sort(rows.begin(), rows.end());
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
@@ -203,13 +219,12 @@ gpt_probe probe_gpt_as(std::int64_t d_model, std::int64_t heads, std::int64_t se
   const int at_once = std::clamp(ranks, 1, cores);
   const nn::gpt_config g{.vocab = vocab, .seq = seq, .layers = 1, .d_model = d_model, .heads = heads};
   const std::int64_t batch = std::max<std::int64_t>(1, 512 / seq), tokens = batch * seq;
-  struct timing {
-    double rest = std::numeric_limits<double>::infinity(), gemm = std::numeric_limits<double>::infinity(), flops = 0;
+  struct rounds {
+    std::vector<double> rest, gemm;  // each timed round's seconds outside and inside the products
+    double flops = 0;
   };
-  std::vector<timing> each(static_cast<std::size_t>(at_once));
-  std::atomic<int> next{0};
-  detail::slowest_at_once(at_once, threads, [&](std::barrier<>& sync) {
-    timing& t = each[static_cast<std::size_t>(next++)];
+  const auto each = run_at_once(at_once, threads, [&](std::barrier<>& sync) {
+    rounds t;
     nn::basic_network<dml::host, T, nn::gpt_embedding, nn::stack<nn::gpt_block>, nn::gpt_head> net(nn::gpt(g), 1);
     std::vector<float> ids(static_cast<std::size_t>(tokens)), row_loss(static_cast<std::size_t>(tokens));
     std::vector<T> dlogits(static_cast<std::size_t>(tokens * vocab));
@@ -219,34 +234,32 @@ gpt_probe probe_gpt_as(std::int64_t d_model, std::int64_t heads, std::int64_t se
       labels[i] = static_cast<std::int32_t>((i * 5) % static_cast<std::size_t>(vocab));
     }
     const nn::context c{.training = true, .seed = 1, .step = 1};
-    for (int i = 0; i < 6; ++i) {  // a warm one, then 5
-      std::vector<gemm_call> calls;
-      sync.arrive_and_wait();
+    std::vector<gemm_call> calls;
+    const auto all = timed_rounds(sync, 5, [&] {
+      calls.clear();
       dml::detail::host_gemm_trace = &calls;
-      const auto t0 = std::chrono::steady_clock::now();
       const auto logits = net.forward(tensor_view<const float>(ids.data(), {batch, seq}), c);
       const tensor_view<T> dl(dlogits.data(), logits.shape);
       nn::softmax_cross_entropy{}.forward_backward<dml::host>(logits, labels.data(), dl, row_loss.data());
       net.backward(tensor_view<const T>(dl), c);
-      const double all = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       dml::detail::host_gemm_trace = nullptr;
       double gemm = 0, flops = 0;
       for (const auto& call : calls) {
         gemm += call.seconds;
         flops += 2.0 * static_cast<double>(call.args.m) * static_cast<double>(call.args.n) * static_cast<double>(call.args.k);
       }
-      if (i == 0) continue;
-      t.rest = std::min(t.rest, all - gemm);
-      t.gemm = std::min(t.gemm, gemm);
+      t.gemm.push_back(gemm);
       t.flops = flops;
-    }
-    return 0.0;
+    });
+    t.gemm.erase(t.gemm.begin());  // the warm call's
+    for (std::size_t i = 0; i < all.size(); ++i) t.rest.push_back(all[i] - t.gemm[i]);
+    return t;
   });
-  // The slowest rank's seconds: ranks that share the host wait for each other. Every rank runs the same products.
-  double rest = 0, gemm = 0;
+  // Ranks that share the host wait for each other; every rank runs the same products.
+  std::vector<std::vector<double>> rest, gemm;
   for (const auto& t : each) {
-    rest = std::max(rest, t.rest);
-    gemm = std::max(gemm, t.gemm);
+    rest.push_back(t.rest);
+    gemm.push_back(t.gemm);
   }
   const double share = std::min(1.0, static_cast<double>(cores) / (static_cast<double>(ranks) * threads));
   const auto ends = gpt_end_values_per_token(static_cast<double>(d_model), static_cast<double>(vocab), 1, false);
@@ -254,7 +267,7 @@ gpt_probe probe_gpt_as(std::int64_t d_model, std::int64_t heads, std::int64_t se
   const double bytes = korthikanti_layer_bytes(static_cast<double>(seq), static_cast<double>(batch), static_cast<double>(d_model),
                                                static_cast<double>(heads), 1, false, recompute::none) * (w / 2) +
                        static_cast<double>(tokens) * (ends.embedding + ends.head) * w;
-  return {bytes / rest * share, each.front().flops / gemm * share};
+  return {bytes / fastest_round(rest) * share, each.front().flops / fastest_round(gemm) * share};
 }
 }  // namespace detail
 inline gpt_probe probe_gpt(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks = 1,
@@ -301,7 +314,7 @@ struct precision_probe {
 template <class... L>
 precision_probe probe_precisions(const nn::sequential<L...>& model, std::int64_t rows, int rank_threads = 0) {
   if (rows < 1) fail<invalid_argument>("dml::cost::probe_precisions: expected rows >= 1, found ", rows);
-  const detail::budget_scope scope(rank_threads);
+  const thread_budget_scope scope(rank_threads);
   const auto& head = std::get<0>(model.layers);
   std::int64_t width = 1;
   if constexpr (requires { head.input_width(); }) width = head.input_width();

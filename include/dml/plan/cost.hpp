@@ -246,6 +246,12 @@ struct estimate {
   bytes per_rank;     // the largest rank
   double flops_per_step = 0, hardware_flops_per_step = 0;
   double step_seconds = 0, mfu = 0, bubble = 0;
+  // The step's parts (seconds; step_seconds is their sum): the busiest rank's products (compute) and element-wise
+  // passes, its tensor-parallel and pipeline messages, the pipeline's idle slots, the data-parallel reduction and the
+  // optimizer's update.
+  struct parts {
+    double compute = 0, elementwise = 0, tp = 0, pp = 0, bubble = 0, dp = 0, update = 0;
+  } time;
   std::string bottleneck;
   bool fits = false;
   std::string why;  // empty when it fits
@@ -481,6 +487,7 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
   e.step_seconds = pipeline + dp_time + update_time;
   e.bubble = e.step_seconds > 0 ? (pipeline - busy) / e.step_seconds : 0;
   e.mfu = e.flops_per_step / (e.step_seconds * rate * l.devices());
+  e.time = {compute, elementwise, tp_time, pp_time, pipeline - busy, dp_time, update_time};
   const double parts[] = {compute, elementwise, tp_time, pp_time, dp_time, pipeline - busy, update_time};
   const char* names[] = {"compute", "element-wise passes", "tensor-parallel communication", "pipeline sends",
                          "data-parallel communication", "pipeline bubble", "optimizer update"};
