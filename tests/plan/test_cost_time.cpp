@@ -276,3 +276,33 @@ TEST_CASE("schedules in a layout: zb and interleaved:V read; others refused by n
         "interleaved:2 on pp 2 needs 4 stages of layers, more than the 2 layers");
   CHECK(cost::refusal(small_gpt, cost::parse_layout("pp=2,mb=2,schedule=zb"), fp32_batch8, 2).empty());
 }
+
+TEST_CASE("the step's parts add up to the step, each the term it names") {
+  cost::cluster c;
+  c.memory_bandwidth = 1e11;
+  c.elementwise_bandwidth = 1e9;
+  for (const char* layout : {"dp=1,schedule=single", "dp=2,schedule=single", "dp=1,mb=4,schedule=single",
+                             "tp=2,sp=1,schedule=single", "pp=2,mb=4,schedule=1f1b", "pp=2,mb=8,schedule=zb",
+                             "dp=2,pp=2,tp=2,mb=4,schedule=1f1b,zero=1"}) {
+    CAPTURE(layout);
+    const auto l = cost::parse_layout(layout);
+    const auto e = cost::evaluate(small_gpt, l, fp32_batch8, c, l.devices());
+    REQUIRE(e.why.empty());
+    const auto& t = e.time;
+    CHECK(t.compute + t.elementwise + t.tp + t.pp + t.bubble + t.dp + t.update == doctest::Approx(e.step_seconds).epsilon(1e-12));
+    CHECK(t.bubble == doctest::Approx(e.bubble * e.step_seconds).epsilon(1e-12));
+    CHECK((t.tp > 0) == (l.tp > 1));
+    CHECK((t.pp > 0) == (l.pp > 1));
+    CHECK((t.bubble > 0) == (l.pp > 1));
+    CHECK((t.dp > 0) == (l.dp > 1));
+    // Doubling one rate halves its own part and leaves the others.
+    cost::cluster faster = c;
+    faster.elementwise_bandwidth *= 2;
+    faster.memory_bandwidth *= 2;
+    const auto f = cost::evaluate(small_gpt, l, fp32_batch8, faster, l.devices());
+    CHECK(f.time.elementwise == doctest::Approx(t.elementwise / 2).epsilon(1e-12));
+    CHECK(f.time.update == doctest::Approx(t.update / 2).epsilon(1e-12));
+    CHECK(f.time.compute == t.compute);
+    CHECK(f.time.dp == t.dp);
+  }
+}
