@@ -11,6 +11,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dml/comm/local.hpp"
@@ -54,6 +55,29 @@ TEST_CASE("comm::local: ranks count and thread budget") {
     seen.fetch_add(1 << (4 * c.rank()));
   });
   CHECK(seen.load() == 0x111);
+}
+
+TEST_CASE("comm::local: rank 0 runs on the calling thread, the others on their own, and the caller's budget comes back") {
+  const dml::thread_budget_scope scope(3);  // the test's own budget back at the end
+  const auto caller = std::this_thread::get_id();
+  std::mutex m;
+  std::vector<std::thread::id> ids(3);
+  local::run(3, [&](local& c) {
+    std::lock_guard lk(m);
+    ids[static_cast<std::size_t>(c.rank())] = std::this_thread::get_id();
+  });
+  CHECK(ids[0] == caller);
+  CHECK(ids[1] != caller);
+  CHECK(ids[2] != caller);
+  CHECK(ids[1] != ids[2]);
+  CHECK(dml::thread_budget() == 3);
+  // The same when rank 0 throws.
+  CHECK_THROWS_WITH_AS(local::run(2, [](local& c) {
+                         if (c.rank() == 0) throw std::runtime_error("rank 0 fails");
+                         c.barrier();
+                       }),
+                       "rank 0 fails", std::runtime_error);
+  CHECK(dml::thread_budget() == 3);
 }
 
 TEST_CASE("comm::local: split into a 2x2 grid, collectives along rows and columns at once") {
