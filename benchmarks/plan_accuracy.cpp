@@ -16,9 +16,10 @@ namespace {
 
 using namespace dml;
 
-// The median of rank 0's timed steps, and of the seconds its traced GEMMs took in them.
+// The median of rank 0's timed steps, of the seconds its traced GEMMs took in them, and of the seconds inside its
+// schedule's forward and backward actions (the trainer's compute events).
 struct measured {
-  double step = 0, gemm = 0;
+  double step = 0, gemm = 0, actions = 0;
 };
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -34,6 +35,7 @@ measured measure(const nn::gpt_config& g, const cost::layout& l, std::int64_t ba
     o.sequence_parallel = l.sp;
     o.pipeline_stages = l.pp;
     o.micro_batches = l.micro_batches;
+    o.record_events = true;
     if (l.pp > 1) o.schedule = l.schedule;
     trainer<parallel::replicate, optim::adamw> t(c, model, o);
     const std::int64_t rows = batch / l.dp;
@@ -47,9 +49,10 @@ measured measure(const nn::gpt_config& g, const cost::layout& l, std::int64_t ba
     step();  // warm
     c.barrier();
     // Each step timed on rank 0; the median, since a slow spell of a shared host lengthens a few steps, not all.
-    std::vector<double> each, gemm;
+    std::vector<double> each, gemm, actions;
     std::vector<gemm_call> calls;
     for (int s = 0; s < steps; ++s) {
+      const std::size_t seen = t.events().size();
       calls.clear();
       dml::detail::host_gemm_trace = &calls;
       const auto t0 = dml_bench::clock_type::now();
@@ -59,9 +62,16 @@ measured measure(const nn::gpt_config& g, const cost::layout& l, std::int64_t ba
       double g = 0;
       for (const auto& call : calls) g += call.seconds;
       gemm.push_back(g);
+      double inside = 0, opened = 0;
+      for (std::size_t i = seen; i < t.events().size(); ++i) {
+        const auto& e = t.events()[i];
+        if (e.kind == parallel::event_kind::compute_begin) opened = e.t;
+        if (e.kind == parallel::event_kind::compute_end) inside += e.t - opened;
+      }
+      actions.push_back(inside);
     }
     c.barrier();
-    if (c.rank() == 0) result = {median(each), median(gemm)};
+    if (c.rank() == 0) result = {median(each), median(gemm), median(actions)};
   });
   return result;
 }
@@ -91,8 +101,8 @@ int main(int argc, char** argv) {
   if (quick) layouts.resize(2);
   std::printf("# %s; GPT 2 layers, d_model 256, 4 heads, seq 128, vocabulary 256, global batch %lld, fp32 AdamW\n",
               dml::host_cpu_model().c_str(), static_cast<long long>(batch));
-  std::printf("%-72s %12s %12s %8s %10s %10s %10s %10s\n", "layout", "predicted_s", "measured_s", "ratio", "gemm_pred",
-              "gemm_meas", "rest_pred", "rest_meas");
+  std::printf("%-72s %12s %12s %8s %10s %10s %10s %10s %10s %10s\n", "layout", "predicted_s", "measured_s", "ratio",
+              "gemm_pred", "gemm_meas", "ew_pred", "ew_meas", "out_pred", "out_meas");
   for (const auto& l : layouts) {
     // Ranks are threads sharing this host, each with its share of the cores (comm::local's thread budget):
     // calibrated as one of them, at the model's widths.
@@ -109,9 +119,10 @@ int main(int argc, char** argv) {
       continue;
     }
     const auto got = measure(g, l, batch, steps);
-    std::printf("%-72s %12.4g %12.4g %8.2f %10.4g %10.4g %10.4g %10.4g\n", cost::to_string(l).c_str(), e.step_seconds,
-                got.step, got.step / e.step_seconds, e.time.compute, got.gemm, e.step_seconds - e.time.compute,
-                got.step - got.gemm);
+    const double in_actions = e.time.elementwise + e.time.tp;
+    std::printf("%-72s %12.4g %12.4g %8.2f %10.4g %10.4g %10.4g %10.4g %10.4g %10.4g\n", cost::to_string(l).c_str(),
+                e.step_seconds, got.step, got.step / e.step_seconds, e.time.compute, got.gemm, in_actions,
+                got.actions - got.gemm, e.step_seconds - e.time.compute - in_actions, got.step - got.actions);
   }
   std::printf("other processes used %.0f%% of the machine meanwhile\n", 100 * dml_bench::load_meter::others_since(start));
   return 0;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -251,6 +252,12 @@ struct estimate {
   // optimizer's update.
   struct parts {
     double compute = 0, elementwise = 0, tp = 0, pp = 0, bubble = 0, dp = 0, update = 0;
+    // Each part with the name the bottleneck goes by.
+    std::array<std::pair<const char*, double>, 7> named() const {
+      return {{{"compute", compute}, {"element-wise passes", elementwise}, {"tensor-parallel communication", tp},
+               {"pipeline sends", pp}, {"pipeline bubble", bubble}, {"data-parallel communication", dp},
+               {"optimizer update", update}}};
+    }
   } time;
   std::string bottleneck;
   bool fits = false;
@@ -488,10 +495,9 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
   e.bubble = e.step_seconds > 0 ? (pipeline - busy) / e.step_seconds : 0;
   e.mfu = e.flops_per_step / (e.step_seconds * rate * l.devices());
   e.time = {compute, elementwise, tp_time, pp_time, pipeline - busy, dp_time, update_time};
-  const double parts[] = {compute, elementwise, tp_time, pp_time, dp_time, pipeline - busy, update_time};
-  const char* names[] = {"compute", "element-wise passes", "tensor-parallel communication", "pipeline sends",
-                         "data-parallel communication", "pipeline bubble", "optimizer update"};
-  e.bottleneck = names[std::max_element(std::begin(parts), std::end(parts)) - std::begin(parts)];
+  const auto parts = e.time.named();
+  e.bottleneck =
+      std::max_element(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.second < b.second; })->first;
   check_fit(e, c);
   return e;
 }
