@@ -88,15 +88,16 @@ double gemm_roofline(const step_trace& trace, bool print) {
     for (const auto& [l, name] : libraries) std::printf(" %s = %s;", std::string(dml::to_string(l)).c_str(), name.c_str());
     std::printf("\n# GEMMs of one step (rank 0), GFLOP/s on one core per library; the step took %.2f ms\n",
                 trace.seconds * 1e3);
-    std::printf("%-12s %-16s %-5s %-5s %6s %9s %9s %9s %11s %12s\n", "pass", "m x n x k", "op", "type", "calls", "onednn",
-                "openblas", "blis", "used", "step share");
+    std::printf("%-12s %-16s %-5s %-5s %6s %9s %9s %9s %9s %12s %12s\n", "pass", "m x n x k", "op", "type", "calls",
+                "onednn", "sgemm", "openblas", "blis", "used", "step share");
   }
   double roofline = 0;
   for (const auto& r : rows) {
     const auto& g = r.call.args;
     const bool f32 = g.a.type == dml::dtype::f32;
     double best = 0;
-    double per_lib[3] = {-1, -1, -1};
+    double per_lib[std::size(dml::host_gemm_all_libraries)];  // in the order of the enumeration
+    std::fill(std::begin(per_lib), std::end(per_lib), -1.0);
     for (const auto& [l, name] : libraries) {
       if (!f32 && l != lib::onednn) continue;
       per_lib[int(l)] = f32 ? shape_gflops(g, l) : shape_gflops(g, std::nullopt);
@@ -117,7 +118,7 @@ double gemm_roofline(const step_trace& trace, bool print) {
                                            : "w:" + std::string(dml::to_string(r.call.library));
     std::printf("%-12s %-16s %-5s %-5s %6d", pass, shape, op, std::string(dml::dtype_name(g.a.type)).c_str(), r.calls);
     for (double v : per_lib) v < 0 ? std::printf(" %9s", "-") : std::printf(" %9.1f", v);
-    std::printf(" %11s %11.1f%%\n", used.c_str(), 100.0 * r.seconds / trace.seconds);
+    std::printf(" %12s %11.1f%%\n", used.c_str(), 100.0 * r.seconds / trace.seconds);
   }
   if (print) {
     double gemm_seconds = 0;

@@ -198,9 +198,10 @@ inline std::string host_cpu_model() { return detail::cpu_model(); }
 // The host GEMM libraries this process found, each with its version and kernel set.
 inline std::vector<std::pair<host_gemm_library, std::string>> host_gemm_libraries() {
   const dnnl_version_t* v = dnnl_version();
-  std::vector<std::pair<host_gemm_library, std::string>> out{
-      {host_gemm_library::onednn, "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
-                                      std::to_string(v->patch)}};
+  const std::string onednn =
+      "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+  std::vector<std::pair<host_gemm_library, std::string>> out{{host_gemm_library::onednn, onednn + " matmul"},
+                                                             {host_gemm_library::onednn_sgemm, onednn + " dnnl_sgemm"}};
   const auto& blas = detail::host_blas::get();
   if (blas.openblas_sgemm) out.emplace_back(host_gemm_library::openblas, blas.openblas_name);
   if (blas.blis_sgemm) out.emplace_back(host_gemm_library::blis, blas.blis_name);

@@ -28,6 +28,9 @@
 #  include <cstdio>
 #  include <filesystem>
 #  include <functional>
+#  if defined(__x86_64__) || defined(__i386__)
+#    include <immintrin.h>
+#  endif
 
 #  include "dml/core/detail/host_blas.hpp"
 #endif
@@ -35,19 +38,6 @@
 namespace dml::detail::inline DML_TU_NAMESPACE {  // differs between nvcc and host compilers (config.hpp)
 
 #if !defined(__CUDACC__)
-// C += bias, then ReLU, over an m×n block: what oneDNN fuses as post-ops, as one pass after a BLAS call.
-inline void host_bias_relu(float* c, std::int64_t m, std::int64_t n, std::int64_t ldc, const float* bias, bool relu) {
-  if (!bias && !relu) return;
-  for (std::int64_t i = 0; i < m; ++i) {
-    float* row = c + i * ldc;
-#  pragma omp simd
-    for (std::int64_t j = 0; j < n; ++j) {
-      const float v = row[j] + (bias ? bias[j] : 0.f);
-      row[j] = relu ? (v < 0.f ? 0.f : v) : v;
-    }
-  }
-}
-
 // f32 only; the caller checked that the library is loaded.
 inline void host_gemm_blas(host_gemm_library lib, const gemm_args& g) {
   const auto& blas = host_blas::get();
@@ -70,7 +60,8 @@ inline void host_gemm_blas(host_gemm_library lib, const gemm_args& g) {
 
 inline bool host_gemm_available(host_gemm_library lib) {
   switch (lib) {
-    case host_gemm_library::onednn: return true;
+    case host_gemm_library::onednn:
+    case host_gemm_library::onednn_sgemm: return true;
     case host_gemm_library::openblas: return host_blas::get().openblas_sgemm != nullptr;
     case host_gemm_library::blis: return host_blas::get().blis_sgemm != nullptr;
   }
@@ -79,10 +70,11 @@ inline bool host_gemm_available(host_gemm_library lib) {
 
 inline void host_gemm_run(host_gemm_library lib, const gemm_args& g) {
   if (lib == host_gemm_library::onednn) host_gemm_onednn(g);
+  else if (lib == host_gemm_library::onednn_sgemm) host_gemm_sgemm(g);
   else host_gemm_blas(lib, g);
 }
 
-// DML_HOST_GEMM pins every f32 GEMM to one library (onednn, openblas, blis); unset or "auto"
+// DML_HOST_GEMM pins every f32 GEMM to one library (onednn, onednn-sgemm, openblas, blis); unset or "auto"
 // measures. Read once.
 inline std::optional<host_gemm_library> host_gemm_pinned() {
   static const std::optional<host_gemm_library> pinned = [] () -> std::optional<host_gemm_library> {
@@ -94,15 +86,35 @@ inline std::optional<host_gemm_library> host_gemm_pinned() {
           fail("dml::gemm: DML_HOST_GEMM=", v, " asks for a library that could not be loaded here");
         return lib;
       }
-    fail<invalid_argument>("dml::gemm: expected DML_HOST_GEMM to be auto, onednn, openblas or blis, found '", v, "'");
+    fail<invalid_argument>("dml::gemm: expected DML_HOST_GEMM to be auto, onednn, onednn-sgemm, openblas or blis, found '",
+                           v, "'");
   }();
   return pinned;
 }
 
-// Seconds of the fastest of a few runs of g on lib, into a scratch C.
+// Writes C's lines back to memory and drops them from every cache level (x86; elsewhere a no-op).
+inline void host_evict(const float* c, std::int64_t m, std::int64_t n, std::int64_t ldc) {
+#  if defined(__x86_64__) || defined(__i386__)
+  for (std::int64_t i = 0; i < m; ++i) {
+    const char* row = reinterpret_cast<const char*>(c + i * ldc);
+    const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(float);
+    for (std::size_t b = 0; b < bytes; b += 64) _mm_clflush(row + b);
+    _mm_clflush(row + bytes - 1);
+  }
+  _mm_mfence();
+#  else
+  (void)c, (void)m, (void)n, (void)ldc;
+#  endif
+}
+
+// Seconds of the fastest of a few runs of g on lib, into a scratch C that each run finds out of cache, as a step
+// finds the output or the gradient it accumulates into, last touched a layer or a micro-batch earlier (A and B stay
+// cached: the matmul primitive's sum post-op is what waits on a cold C, 1.6x dnnl_sgemm's time at 1024 × 1024 over
+// 128 rows, where from cache the two run within 5%).
 inline double host_gemm_time(host_gemm_library lib, const gemm_args& g) {
   double best = 1e300;
   for (int rep = 0; rep < 4; ++rep) {  // the first run warms caches and builds oneDNN's primitive
+    host_evict(g.c.as<float>(), g.m, g.n, g.ldc);
     const auto t0 = std::chrono::steady_clock::now();
     host_gemm_run(lib, g);
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -180,7 +192,7 @@ class host_gemm_choices {
       const char* isa = std::getenv("ONEDNN_MAX_CPU_ISA");
       const std::string id = cpu_model() + "|oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) +
                              "." + std::to_string(v->patch) + "|" + blas.openblas_name + "|" + blas.blis_name + "|" +
-                             (isa ? isa : "");
+                             (isa ? isa : "") + "|onednn-sgemm, C out of cache";  // records timed so, no older
       char name[64];
       std::snprintf(name, sizeof name, "host-gemm-%016zx.txt", std::hash<std::string>{}(id));
       file /= name;
@@ -212,14 +224,13 @@ class host_gemm_choices {
 
 // The library that runs an f32 problem: measured on a scratch copy of C the first time any process
 // on this machine meets the shape (host_gemm_choices), then kept. Every rank thread of a process
-// takes the same choice. oneDNN (which fuses bias and ReLU) keeps a shape unless another library is
-// 5% faster. Only ranks with one thread measure: OpenBLAS's and BLIS's thread counts are
-// process-wide, while oneDNN's follow each rank's budget.
+// takes the same choice. oneDNN's matmul (which fuses bias and ReLU) keeps a shape unless another library
+// (dnnl_sgemm, OpenBLAS, BLIS) is 5% faster. Only ranks with one thread measure: OpenBLAS's and BLIS's thread
+// counts are process-wide, while oneDNN's follow each rank's budget, and a choice is recorded per shape, not per
+// thread count; ranks of several threads take the matmul.
 inline host_gemm_library host_gemm_choose(const gemm_args& g) {
   if (auto pinned = host_gemm_pinned()) return *pinned;
-  if (thread_budget() != 1 || (!host_gemm_available(host_gemm_library::openblas) &&
-                               !host_gemm_available(host_gemm_library::blis)))
-    return host_gemm_library::onednn;
+  if (thread_budget() != 1) return host_gemm_library::onednn;
   const auto key = gemm_key(g);
   thread_local std::map<dnnl_host_context::key, host_gemm_library> seen;
   if (auto it = seen.find(key); it != seen.end()) return it->second;
@@ -237,7 +248,7 @@ inline host_gemm_library host_gemm_choose(const gemm_args& g) {
       std::copy_n(g.c.as<float>() + i * g.ldc, g.n, scratch.data() + i * g.n);
     auto best = host_gemm_library::onednn;
     double best_t = host_gemm_time(best, trial) / 1.05;
-    for (auto l : {host_gemm_library::openblas, host_gemm_library::blis}) {
+    for (auto l : {host_gemm_library::onednn_sgemm, host_gemm_library::openblas, host_gemm_library::blis}) {
       if (!host_gemm_available(l)) continue;
       if (const double t = host_gemm_time(l, trial); t < best_t) {
         best = l;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/core/detail/host_onednn.hpp — oneDNN as dml::gemm's host back end: one cached matmul primitive per problem,
-// with bias, beta and ReLU as post-ops; under nvcc, dnnl_sgemm through the C API instead.
+// with bias, beta and ReLU as post-ops, or dnnl_sgemm through the C API (under nvcc always).
 // Sits on core/gemm_args.hpp; used by core/gemm.hpp and core/detail/host_gemm_choice.hpp.
 #pragma once
 
@@ -30,6 +30,31 @@
 #include "dml/core/gemm_args.hpp"
 
 namespace dml::detail::inline DML_TU_NAMESPACE {  // differs between nvcc and host compilers (config.hpp)
+
+// C += bias, then ReLU, over an m×n block: what the matmul primitive fuses as post-ops, as one pass after a
+// BLAS-like call (dnnl_sgemm, OpenBLAS, BLIS).
+inline void host_bias_relu(float* c, std::int64_t m, std::int64_t n, std::int64_t ldc, const float* bias, bool relu) {
+  if (!bias && !relu) return;
+  for (std::int64_t i = 0; i < m; ++i) {
+    float* row = c + i * ldc;
+#pragma omp simd
+    for (std::int64_t j = 0; j < n; ++j) {
+      const float v = row[j] + (bias ? bias[j] : 0.f);
+      row[j] = relu ? (v < 0.f ? 0.f : v) : v;
+    }
+  }
+}
+
+// C = op(A)·op(B) + beta·C by dnnl_sgemm (row-major; f32 only: oneDNN 2.6's C API has no 16-bit GEMM entry point),
+// then bias and ReLU in one pass over C. It reads the C it accumulates into inside the kernel, where the matmul
+// primitive's sum post-op waits on each line of a C out of cache (DESIGN.md §3).
+inline void host_gemm_sgemm(const gemm_args& g) {
+  float* c = g.c.as<float>();
+  const dnnl_status_t st = dnnl_sgemm(g.ta == trans::t ? 'T' : 'N', g.tb == trans::t ? 'T' : 'N', g.m, g.n, g.k, 1.f,
+                                      g.a.as<float>(), g.lda, g.b.as<float>(), g.ldb, g.beta, c, g.ldc);
+  if (st != dnnl_success) fail("dml::gemm: dnnl_sgemm expected dnnl_success, found status ", int(st));
+  host_bias_relu(c, g.m, g.n, g.ldc, g.bias.as<float>(), g.ep == epilogue::relu);
+}
 
 #if !defined(__CUDACC__)
 struct dnnl_host_context {
@@ -170,23 +195,8 @@ inline bool host_gemm_is_native(dtype ab) {
 }
 
 #else
-// The same contract through the C API: C = op(A)·op(B) + beta·C by dnnl_sgemm (row-major), then
-// bias and ReLU in one pass over C. f32 only: oneDNN 2.6's C API has no bf16 GEMM entry point.
-inline void host_gemm_onednn(const gemm_args& g) {
-  float* c = g.c.as<float>();
-  const float* bias = g.bias.as<float>();
-  const dnnl_status_t st = dnnl_sgemm(g.ta == trans::t ? 'T' : 'N', g.tb == trans::t ? 'T' : 'N', g.m, g.n, g.k, 1.f,
-                                      g.a.as<float>(), g.lda, g.b.as<float>(), g.ldb, g.beta, c, g.ldc);
-  if (st != dnnl_success) fail("dml::gemm: dnnl_sgemm expected dnnl_success, found status ", int(st));
-  if (!bias && g.ep == epilogue::none) return;
-  for (std::int64_t i = 0; i < g.m; ++i)
-    for (std::int64_t j = 0; j < g.n; ++j) {
-      float& out = c[i * g.ldc + j];
-      float v = out;
-      if (bias) v += bias[j];
-      out = g.ep == epilogue::relu && v < 0.f ? 0.f : v;
-    }
-}
+// The same contract through the C API (host_gemm_sgemm): f32 only.
+inline void host_gemm_onednn(const gemm_args& g) { host_gemm_sgemm(g); }
 
 inline bool host_gemm_is_native(dtype ab) { return ab == dtype::f32; }
 #endif
