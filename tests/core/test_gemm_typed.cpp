@@ -139,6 +139,22 @@ TEST_CASE("gemm: every host library that loads matches the reference, epilogue i
   }
 }
 
+// A weight gradient accumulated over a micro-batch (dW += dyᵀ·x, 200 × 136 over 128 rows, row strides padded): the
+// shape gradient accumulation gives dnnl_sgemm, where its blocking differs from the small cases above.
+TEST_CASE("gemm: every host library accumulates a weight gradient over a micro-batch") {
+  std::mt19937 rng(11);
+  for (const auto& [lib, name] : host_gemm_libraries()) {
+    const diff_report r = run_case<float, float>({trans::t, trans::n, 200, 136, 128, false, false, true, 3}, rng, lib);
+    INFO(to_string(lib), ": ", name, " max_abs_diff=", r.max_abs_diff);
+    CHECK(r.ok);
+  }
+  std::vector<bf16> a(64, bf16(1.f));
+  std::vector<float> c(64);
+  const gemm_args g{.m = 8, .n = 8, .k = 8, .a = a.data(), .lda = 8, .b = a.data(), .ldb = 8, .c = c.data(), .ldc = 8};
+  CHECK_THROWS_WITH_AS(host_gemm_on(host_gemm_library::onednn_sgemm, g),
+                       "dml::host_gemm_on: onednn-sgemm multiplies F32 only, found A=BF16 C=F32", invalid_argument);
+}
+
 TEST_CASE("gemm: the host dispatch picks one library per shape for every rank thread") {
   set_thread_budget(1);
   std::vector<float> a(96 * 80, 0.5f), b(80 * 64, 0.25f), c(96 * 64);
@@ -164,6 +180,27 @@ TEST_CASE("gemm: the host dispatch picks one library per shape for every rank th
     CHECK(text.find("0,1,96,64,80,80,80,64,0,0,0,0,0 " + std::string(to_string(first)) + "\n") != std::string::npos);
   }
   MESSAGE("96x64x80 (A·Bᵀ) runs on ", to_string(first), "; choices recorded in ", file.empty() ? "memory" : file);
+}
+
+// A rank of two threads chooses between oneDNN's two forms only (OpenBLAS's and BLIS's threads are process-wide),
+// recorded apart from the one-thread choice of the same shape.
+TEST_CASE("gemm: a rank of several threads chooses between oneDNN's matmul and dnnl_sgemm, per thread count") {
+  std::vector<float> a(72 * 40, 0.5f), b(72 * 56, 0.25f), c(40 * 56, 1.f);
+  const gemm_args g{.ta = trans::t, .m = 40, .n = 56, .k = 72, .a = a.data(), .lda = 40, .b = b.data(), .ldb = 56,
+                    .c = c.data(), .ldc = 56, .beta = 1.f};
+  host_gemm_library at_two{};
+  std::thread([&] {
+    set_thread_budget(2);
+    at_two = host_gemm_choice(g);
+  }).join();
+  INFO("at two threads: ", to_string(at_two));
+  CHECK((at_two == host_gemm_library::onednn || at_two == host_gemm_library::onednn_sgemm));
+  const std::string& file = detail::host_gemm_choices::get().path();
+  if (!file.empty() && !std::getenv("DML_HOST_GEMM")) {
+    std::ifstream in(file);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK(text.find("1,0,40,56,72,40,56,56,0,1,0,0,0@2 " + std::string(to_string(at_two)) + "\n") != std::string::npos);
+  }
 }
 
 // A oneDNN primitive runs on the threads its thread had when the primitive was built. A thread that multiplies a

@@ -225,20 +225,21 @@ class host_gemm_choices {
 // The library that runs an f32 problem: measured on a scratch copy of C the first time any process
 // on this machine meets the shape (host_gemm_choices), then kept. Every rank thread of a process
 // takes the same choice. oneDNN's matmul (which fuses bias and ReLU) keeps a shape unless another library
-// (dnnl_sgemm, OpenBLAS, BLIS) is 5% faster. Only ranks with one thread measure: OpenBLAS's and BLIS's thread
-// counts are process-wide, while oneDNN's follow each rank's budget, and a choice is recorded per shape, not per
-// thread count; ranks of several threads take the matmul.
+// (dnnl_sgemm, OpenBLAS, BLIS) is 5% faster. OpenBLAS's and BLIS's thread counts are process-wide while oneDNN's
+// follow each rank's budget, so a rank of one thread chooses among all four and a rank of several between oneDNN's
+// two forms, at its thread count (recorded as "shape@threads"; a one-thread record is the shape alone).
 inline host_gemm_library host_gemm_choose(const gemm_args& g) {
   if (auto pinned = host_gemm_pinned()) return *pinned;
-  if (thread_budget() != 1) return host_gemm_library::onednn;
-  const auto key = gemm_key(g);
-  thread_local std::map<dnnl_host_context::key, host_gemm_library> seen;
+  const int threads = thread_budget();
+  const auto key = std::pair{threads, gemm_key(g)};
+  thread_local std::map<std::pair<int, dnnl_host_context::key>, host_gemm_library> seen;
   if (auto it = seen.find(key); it != seen.end()) return it->second;
   static std::mutex mutex;
   std::lock_guard lock(mutex);  // one rank measures a shape while the others wait: no contention skews it
   std::string code;
-  std::apply([&](auto... v) { ((code += std::to_string(static_cast<long long>(v)) + ","), ...); }, key);
+  std::apply([&](auto... v) { ((code += std::to_string(static_cast<long long>(v)) + ","), ...); }, key.second);
   code.pop_back();
+  if (threads != 1) code += "@" + std::to_string(threads);
   const host_gemm_library lib = host_gemm_choices::get().settle(code, [&] {
     std::vector<float> scratch(static_cast<std::size_t>(g.m * g.n));
     gemm_args trial = g;
@@ -249,7 +250,7 @@ inline host_gemm_library host_gemm_choose(const gemm_args& g) {
     auto best = host_gemm_library::onednn;
     double best_t = host_gemm_time(best, trial) / 1.05;
     for (auto l : {host_gemm_library::onednn_sgemm, host_gemm_library::openblas, host_gemm_library::blis}) {
-      if (!host_gemm_available(l)) continue;
+      if (!host_gemm_available(l) || (threads != 1 && l != host_gemm_library::onednn_sgemm)) continue;
       if (const double t = host_gemm_time(l, trial); t < best_t) {
         best = l;
         best_t = t;
