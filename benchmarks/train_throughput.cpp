@@ -129,6 +129,23 @@ double gemm_roofline(const step_trace& trace, bool print) {
   return roofline;
 }
 
+// Milliseconds of a weight gradient accumulated into (dW[out, in] += dyᵀ·x over `rows` rows) on one library, its C
+// flushed from the caches before each call as a step finds it a micro-batch after the last one: the fastest of 11.
+double cold_accumulate_ms(dml::host_gemm_library lib, std::int64_t out, std::int64_t in, std::int64_t rows) {
+  std::vector<float> dy(static_cast<std::size_t>(rows * out), 0.5f), x(static_cast<std::size_t>(rows * in), 0.25f),
+      dw(static_cast<std::size_t>(out * in));
+  const dml::gemm_args g{.ta = dml::trans::t, .m = out, .n = in, .k = rows, .a = dy.data(), .lda = out, .b = x.data(),
+                         .ldb = in, .c = dw.data(), .ldc = in, .beta = 1.f};
+  double best = 1e300;
+  for (int i = 0; i < 12; ++i) {
+    dml::detail::host_evict(dw.data(), out, in, in);
+    const auto t0 = clock_type::now();
+    dml::host_gemm_on(lib, g);
+    if (i > 0) best = std::min(best, seconds_since(t0));
+  }
+  return best * 1e3;
+}
+
 template <class... L>
 double samples_per_second(const dml::nn::sequential<L...>& model, const options& o, step_trace& trace) {
   dml::nn::network<dml::host, L...> net(model, 1);
@@ -274,6 +291,15 @@ int main(int argc, char** argv) try {
   // The roofline is measured per core after the run, then counts every core the run uses.
   dml::set_thread_budget(1);
   const double roofline_step = gemm_roofline(pr.trace, !o.json);
+  if (!o.json && o.precision == "fp32" && o.batch >= 2) {
+    // What gradient accumulation over two micro-batches asks of the widest hidden layer's weight gradient.
+    const std::int64_t h = *std::max_element(o.hidden.begin(), o.hidden.end()), rows = o.batch / 2;
+    std::printf("# weight gradient accumulated (beta = 1) with C out of cache, %lldx%lld over %lld rows, one core:",
+                static_cast<long long>(h), static_cast<long long>(h), static_cast<long long>(rows));
+    for (const auto& [l, name] : dml::host_gemm_libraries())
+      std::printf(" %s %.3f ms;", std::string(dml::to_string(l)).c_str(), cold_accumulate_ms(l, h, h, rows));
+    std::printf("\n");
+  }
   const double gflops = flop_per_sample * double(o.batch) / roofline_step / 1e9;  // the step's effective rate
   const double roofline = double(o.batch) / roofline_step * o.ranks * o.threads;
   const std::string isa = dml::host_gemm_impl(o.batch, width, width, o.precision == "fp32" ? dml::dtype::f32
