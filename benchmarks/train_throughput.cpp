@@ -129,21 +129,15 @@ double gemm_roofline(const step_trace& trace, bool print) {
   return roofline;
 }
 
-// Milliseconds of a weight gradient accumulated into (dW[out, in] += dyᵀ·x over `rows` rows) on one library, its C
-// flushed from the caches before each call as a step finds it a micro-batch after the last one: the fastest of 11.
+// Milliseconds of a weight gradient accumulated into (dW[out, in] += dyᵀ·x over `rows` rows) on one library, timed as
+// the dispatch's choice times it (detail::host_gemm_time: C flushed from the caches before each call, as a step finds
+// it a micro-batch after the last one).
 double cold_accumulate_ms(dml::host_gemm_library lib, std::int64_t out, std::int64_t in, std::int64_t rows) {
   std::vector<float> dy(static_cast<std::size_t>(rows * out), 0.5f), x(static_cast<std::size_t>(rows * in), 0.25f),
       dw(static_cast<std::size_t>(out * in));
   const dml::gemm_args g{.ta = dml::trans::t, .m = out, .n = in, .k = rows, .a = dy.data(), .lda = out, .b = x.data(),
                          .ldb = in, .c = dw.data(), .ldc = in, .beta = 1.f};
-  double best = 1e300;
-  for (int i = 0; i < 12; ++i) {
-    dml::detail::host_evict(dw.data(), out, in, in);
-    const auto t0 = clock_type::now();
-    dml::host_gemm_on(lib, g);
-    if (i > 0) best = std::min(best, seconds_since(t0));
-  }
-  return best * 1e3;
+  return dml::detail::host_gemm_time(lib, g) * 1e3;
 }
 
 template <class... L>

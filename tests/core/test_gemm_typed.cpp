@@ -194,9 +194,10 @@ TEST_CASE("gemm: a rank of several threads chooses between oneDNN's matmul and d
     at_two = host_gemm_choice(g);
   }).join();
   INFO("at two threads: ", to_string(at_two));
+  if (std::getenv("DML_HOST_GEMM")) return dml_test::skip("DML_HOST_GEMM pins the library: no choice is made");
   CHECK((at_two == host_gemm_library::onednn || at_two == host_gemm_library::onednn_sgemm));
   const std::string& file = detail::host_gemm_choices::get().path();
-  if (!file.empty() && !std::getenv("DML_HOST_GEMM")) {
+  if (!file.empty()) {
     std::ifstream in(file);
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     CHECK(text.find("1,0,40,56,72,40,56,56,0,1,0,0,0@2 " + std::string(to_string(at_two)) + "\n") != std::string::npos);
