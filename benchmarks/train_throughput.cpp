@@ -130,8 +130,8 @@ double gemm_roofline(const step_trace& trace, bool print) {
 }
 
 // Milliseconds of a weight gradient accumulated into (dW[out, in] += dyᵀ·x over `rows` rows) on one library, timed as
-// the dispatch's choice times it (detail::host_gemm_time: C flushed from the caches before each call, as a step finds
-// it a micro-batch after the last one).
+// the dispatch's choice times it (detail::host_gemm_time: A, B and C flushed from the caches before each call, as a
+// step finds them a micro-batch after the last one; the median of eight calls).
 double cold_accumulate_ms(dml::host_gemm_library lib, std::int64_t out, std::int64_t in, std::int64_t rows) {
   std::vector<float> dy(static_cast<std::size_t>(rows * out), 0.5f), x(static_cast<std::size_t>(rows * in), 0.25f),
       dw(static_cast<std::size_t>(out * in));

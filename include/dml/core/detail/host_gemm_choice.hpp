@@ -4,6 +4,8 @@
 // Sits on core/detail/host_onednn.hpp and core/detail/host_blas.hpp; used by core/gemm.hpp. Under nvcc: oneDNN only.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -92,35 +94,45 @@ inline std::optional<host_gemm_library> host_gemm_pinned() {
   return pinned;
 }
 
-// Writes C's lines back to memory and drops them from every cache level (x86; elsewhere a no-op).
-inline void host_evict(const float* c, std::int64_t m, std::int64_t n, std::int64_t ldc) {
+// Writes the lines of a rows × cols matrix of `bytes`-wide elements (row stride ld) back to memory and drops them from
+// every cache level (x86; elsewhere a no-op).
+inline void host_evict(const void* p, std::int64_t rows, std::int64_t cols, std::int64_t ld, std::size_t bytes) {
 #  if defined(__x86_64__) || defined(__i386__)
-  for (std::int64_t i = 0; i < m; ++i) {
-    const char* row = reinterpret_cast<const char*>(c + i * ldc);
-    const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(float);
-    for (std::size_t b = 0; b < bytes; b += 64) _mm_clflush(row + b);
-    _mm_clflush(row + bytes - 1);
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const auto row = reinterpret_cast<std::uintptr_t>(p) + static_cast<std::uintptr_t>(i * ld) * bytes;
+    const auto end = row + static_cast<std::uintptr_t>(cols) * bytes;
+    for (auto line = row & ~std::uintptr_t{63}; line < end; line += 64) _mm_clflush(reinterpret_cast<const void*>(line));
   }
   _mm_mfence();
 #  else
-  (void)c, (void)m, (void)n, (void)ldc;
+  (void)p, (void)rows, (void)cols, (void)ld, (void)bytes;
 #  endif
 }
+// A, B and C of g out of every cache.
+inline void host_evict(const gemm_args& g) {
+  const bool an = g.ta == trans::n, bn = g.tb == trans::n;
+  host_evict(g.a.ptr, an ? g.m : g.k, an ? g.k : g.m, g.lda, dtype_size(g.a.type));
+  host_evict(g.b.ptr, bn ? g.k : g.n, bn ? g.n : g.k, g.ldb, dtype_size(g.b.type));
+  host_evict(g.c.ptr, g.m, g.n, g.ldc, dtype_size(g.c.type));
+}
 
-// Seconds of the fastest of a few runs of g on lib, into a scratch C that each run finds out of cache, as a step
-// finds the output or the gradient it accumulates into, last touched a layer or a micro-batch earlier (A and B stay
-// cached: the matmul primitive's sum post-op is what waits on a cold C, 1.6x dnnl_sgemm's time at 1024 × 1024 over
-// 128 rows, where from cache the two run within 5%).
+// Seconds of g on lib, the upper median of eight runs (the fastest of a few swings with a shared host's noise), each
+// with A, B and C out of cache, as a step meets them: a layer's weights, input and output (or the gradient it
+// accumulates into) were last touched a layer or a micro-batch earlier, and the other ranks' work has passed through
+// the shared cache since. Timed from cache, two choices went wrong in a pipeline step: the matmul primitive's sum
+// post-op waits on a cold C (1.6x dnnl_sgemm's time at 1024 × 1024 over 128 rows, within 5% from cache), and its
+// input gradient dy·W reads W by columns, level with dnnl_sgemm from cache and 10-20% behind it in a step of two
+// ranks (DESIGN.md §3).
 inline double host_gemm_time(host_gemm_library lib, const gemm_args& g) {
-  double best = 1e300;
-  for (int rep = 0; rep < 4; ++rep) {  // the first run warms caches and builds oneDNN's primitive
-    host_evict(g.c.as<float>(), g.m, g.n, g.ldc);
+  std::array<double, 9> t{};  // the first run builds oneDNN's primitive
+  for (auto& ti : t) {
+    host_evict(g);
     const auto t0 = std::chrono::steady_clock::now();
     host_gemm_run(lib, g);
-    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (rep > 0) best = std::min(best, t);
+    ti = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  return best;
+  std::nth_element(t.begin() + 1, t.begin() + 5, t.end());
+  return t[5];
 }
 
 // The "model name" line of /proc/cpuinfo, or "unknown".
@@ -192,7 +204,7 @@ class host_gemm_choices {
       const char* isa = std::getenv("ONEDNN_MAX_CPU_ISA");
       const std::string id = cpu_model() + "|oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) +
                              "." + std::to_string(v->patch) + "|" + blas.openblas_name + "|" + blas.blis_name + "|" +
-                             (isa ? isa : "") + "|onednn-sgemm, C out of cache";  // records timed so, no older
+                             (isa ? isa : "") + "|onednn-sgemm, A, B and C out of cache";  // records timed so, no older
       char name[64];
       std::snprintf(name, sizeof name, "host-gemm-%016zx.txt", std::hash<std::string>{}(id));
       file /= name;
