@@ -30,6 +30,7 @@ struct options {
   int repeats = 3;  // runs per configuration; the fastest is kept
   int pp = 2, dp = 1;
   std::int64_t microbatches = 0;  // 0: the planner's pick
+  std::vector<std::int64_t> micro_rows;  // each micro-batch's rows; empty: equal (or the planner's split, with M = 0)
   std::vector<std::string> schedules{"gpipe", "1f1b", "interleaved:2", "zb"};
   std::vector<std::size_t> cuts;
   bool recompute = false, json = false;
@@ -182,7 +183,8 @@ double bubble_formula(const std::string& schedule, int k, std::int64_t m) {
 }
 
 // One configuration: pp × dp comm::local ranks (threads, one BLAS thread each) step a pipeline trainer.
-result run_config(const options& o, const std::string& schedule, int pp, int dp, std::int64_t m, bool recompute) {
+result run_config(const options& o, const std::string& schedule, int pp, int dp, std::int64_t m,
+                  const std::vector<std::int64_t>& micro_rows, bool recompute) {
   result res;
   res.schedule = schedule;
   res.pp = pp;
@@ -197,6 +199,7 @@ result run_config(const options& o, const std::string& schedule, int pp, int dp,
     to.record_events = true;
     to.pipeline_stages = pp;
     to.micro_batches = m;
+    to.micro_batch_rows = micro_rows;
     to.schedule = schedule;
     to.stage_cuts = pp > 1 ? o.cuts : std::vector<std::size_t>{};
     to.recompute = recompute;
@@ -236,6 +239,7 @@ struct config {
   std::string schedule;
   int pp = 1, dp = 1;
   std::int64_t m = 1;
+  std::vector<std::int64_t> rows{};  // each micro-batch's rows; empty: equal
   bool recompute = false;
   std::optional<result> best{};
   std::string skipped{};
@@ -251,7 +255,7 @@ void best_of_in_turn(const options& o, std::vector<config>& configs) {
       if (!c.skipped.empty()) continue;
       try {
         const load_meter start = load_meter::now();
-        result r = run_config(o, c.schedule, c.pp, c.dp, c.m, c.recompute);
+        result r = run_config(o, c.schedule, c.pp, c.dp, c.m, c.rows, c.recompute);
         r.others = load_meter::others_since(start);
         if (!c.best || r.samples_per_s > c.best->samples_per_s) c.best = std::move(r);
       } catch (const dml::invalid_argument& e) {  // a layout this model or run cannot take; the others still run
@@ -268,6 +272,9 @@ dml::flags command_line(options& o) {
   f.add("--pp", o.pp, "K", "pipeline stages").min(1);
   f.add("--dp", o.dp, "D", "data-parallel ranks per stage").min(1);
   f.add("--microbatches", o.microbatches, "M", "microbatches per step; 0: the planner's pick").min(0);
+  f.add("--micro-rows", o.micro_rows, "R,R", "rows of each microbatch of a data-parallel rank (as many as M)")
+      .min(1)
+      .default_text("equal, or the planner's split");
   f.add("--batch", o.batch, "N", "global rows per step").min(1);
   f.add("--steps", o.steps, "N", "timed steps").min(2);
   f.add("--warmup", o.warmup, "N", "untimed steps first").min(0);
@@ -285,6 +292,21 @@ void check_across(options& o) {
     dml::fail<dml::invalid_argument>("--batch: expected at least dp × M = ", o.dp * o.microbatches, " rows, found ",
                                      o.batch);
   if (o.schedules.empty()) dml::fail<dml::invalid_argument>("--schedule: expected at least one schedule");
+  if (o.micro_rows.empty()) return;
+  if (o.microbatches == 0) o.microbatches = std::ssize(o.micro_rows);
+  std::int64_t sum = 0;
+  for (const auto r : o.micro_rows) sum += r;
+  if (std::ssize(o.micro_rows) != o.microbatches || o.batch % o.dp != 0 || sum != o.batch / o.dp)
+    dml::fail<dml::invalid_argument>("--micro-rows: expected M = ", o.microbatches, " row counts summing to a "
+                                     "data-parallel rank's ", o.batch / o.dp, " rows (of --batch ", o.batch, " over --dp ",
+                                     o.dp, "), found ", o.micro_rows.size(), " summing to ", sum);
+}
+
+// "128 rows" for equal micro-batches, "108/148 rows" for the rows given.
+std::string rows_text(const std::vector<std::int64_t>& rows, std::int64_t equal) {
+  std::string s;
+  for (const auto r : rows) s += (s.empty() ? "" : "/") + std::to_string(r);
+  return (s.empty() ? std::to_string(equal) : s) + " rows";
 }
 
 // What the planner predicts for this run's pipelines: this host's rates for one of the run's ranks at the MLP's
@@ -317,6 +339,9 @@ struct planner {
   double step_seconds(const options& o, const Model& model, const std::string& schedule, std::int64_t m) const {
     if (!o.cuts.empty()) return 0;
     try {
+      if (!o.micro_rows.empty())
+        return dml::cost::simulate_pipeline(model, o.pp, dml::schedule::make(schedule, o.pp, static_cast<int>(m)),
+                                            o.micro_rows, host).makespan;
       return dml::cost::simulate_pipeline(model, o.pp, schedule, m, o.batch / o.dp, host).makespan;
     } catch (const dml::invalid_argument&) {
       return 0;
@@ -348,7 +373,10 @@ int main(int argc, char** argv) try {
                                      "trainer balances, not --cuts; give --microbatches");
   const auto mlp = [&](auto&& f) { return dml::nn::with_mlp(784, o.hidden, 10, f); };
   const planner plan = mlp([&](auto m) { return planner::calibrate(o, m); });
-  if (planned) o.microbatches = plan.pick.micro_batches;
+  if (planned) {
+    o.microbatches = plan.pick.micro_batches;
+    o.micro_rows = plan.pick.micro_rows;
+  }
   const double one_rank_predicted = mlp([&](auto m) {
     return dml::cost::simulate_pipeline(m, 1, "1f1b", 1, o.batch, plan.host).makespan;
   });
@@ -356,9 +384,11 @@ int main(int argc, char** argv) try {
   // Beside it, one rank with the run's M micro-batches (gradient accumulation): what batch/M-row
   // products cost by themselves.
   const load_meter start = load_meter::now();
-  std::vector<config> configs{{.schedule = "single"}, {.schedule = "single", .m = o.microbatches}};
+  std::vector<config> configs{{.schedule = "single"},
+                              {.schedule = "single", .m = o.microbatches, .rows = o.dp == 1 ? o.micro_rows : std::vector<std::int64_t>{}}};
   for (const auto& schedule : o.schedules)
-    configs.push_back({.schedule = schedule, .pp = o.pp, .dp = o.dp, .m = o.microbatches, .recompute = o.recompute});
+    configs.push_back({.schedule = schedule, .pp = o.pp, .dp = o.dp, .m = o.microbatches, .rows = o.micro_rows,
+                       .recompute = o.recompute});
   best_of_in_turn(o, configs);
   for (int i = 0; i < 2; ++i)
     if (!configs[static_cast<std::size_t>(i)].best) dml::fail("the one-rank baseline did not run: ", configs[static_cast<std::size_t>(i)].skipped);
@@ -373,12 +403,14 @@ int main(int argc, char** argv) try {
     std::printf("# ranks are comm::local threads with one BLAS thread each: %d rank(s) on %d core(s)\n", ranks, cores);
     if (o.cuts.empty())
       std::printf("# planner (dml::cost::rank_pipelines; GEMMs calibrated for one of %d ranks at %lld x %lld: %.1f GFLOP/s "
-                  "at 512 rows, AdamW's update %.1f GB/s): fastest %s at M = %lld, step %.2f ms predicted against %.2f ms for one "
-                  "rank (%.2fx)%s\n",
+                  "at 512 rows, AdamW's update %.1f GB/s): fastest %s at M = %lld (%s), step %.2f ms predicted against %.2f ms "
+                  "for one rank (%.2fx)%s\n",
                   ranks, static_cast<long long>(o.hidden.front()), static_cast<long long>(o.hidden.front()),
-                  plan.host.flops_fp32 / 1e9, plan.host.memory_bandwidth / 1e9, plan.pick.schedule.c_str(), static_cast<long long>(plan.pick.micro_batches),
+                  plan.host.flops_fp32 / 1e9, plan.host.memory_bandwidth / 1e9, plan.pick.schedule.c_str(),
+                  static_cast<long long>(plan.pick.micro_batches),
+                  rows_text(plan.pick.micro_rows, o.batch / o.dp / std::max<std::int64_t>(plan.pick.micro_batches, 1)).c_str(),
                   1e3 * plan.pick.step_seconds, 1e3 * one_rank_predicted, one_rank_predicted / plan.pick.step_seconds,
-                  planned ? "; this run's M" : "");
+                  planned ? "; this run's M and rows" : "");
     if (!plan.work.empty()) {
       std::printf("# the stages as the trainer cuts them hold");
       for (std::size_t r = 0; r < plan.work.size(); ++r) std::printf("%s %.0f%%", r ? " /" : "", 100 * plan.work[r]);
@@ -392,9 +424,10 @@ int main(int argc, char** argv) try {
     std::printf("# baseline: 1 rank (pp 1, dp 1, M 1, schedule single): %.1f samples/s, %.1f%% of its step outside "
                 "forward and backward (loss, optimizer update); other processes %.0f%%\n",
                 base.samples_per_s, 100.0 * base_outside, 100.0 * base.others);
-    std::printf("# 1 rank with M = %lld (micro-batches of %lld rows, gradients accumulated): %.1f samples/s = %.2fx the "
+    std::printf("# 1 rank with M = %lld (micro-batches of %s, gradients accumulated): %.1f samples/s = %.2fx the "
                 "baseline; other processes %.0f%%\n",
-                static_cast<long long>(o.microbatches), static_cast<long long>(o.batch / o.microbatches),
+                static_cast<long long>(o.microbatches),
+                rows_text(o.dp == 1 ? o.micro_rows : std::vector<std::int64_t>{}, o.batch / o.microbatches).c_str(),
                 base_m.samples_per_s, micro_cost, 100.0 * base_m.others);
     std::printf("# bubble columns: measured = mean over ranks of 1 - compute/step, from the event log; in-sched = the "
                 "same less each step's tail after the last forward/backward (reduction, update); sim@meas = "
@@ -443,13 +476,15 @@ int main(int argc, char** argv) try {
     const bool picked = planned && schedule == plan.pick.schedule;
     verdicts.push_back({schedule, speedup, r.bubble_measured(), r.bubble_in_schedule(), theory, picked});
     if (o.json) {
+      std::string rows_json;
+      for (const auto n : o.micro_rows) rows_json += (rows_json.empty() ? "" : ",") + std::to_string(n);
       std::printf("{\"cpu\":\"%s\",\"model\":\"%s\",\"schedule\":\"%s\",\"pp\":%d,\"dp\":%d,\"microbatches\":%lld,"
-                  "\"batch\":%lld,\"recompute\":%s,\"samples_per_s\":%.1f,\"baseline_samples_per_s\":%.1f,"
+                  "\"micro_rows\":[%s],\"batch\":%lld,\"recompute\":%s,\"samples_per_s\":%.1f,\"baseline_samples_per_s\":%.1f,"
                   "\"speedup\":%.3f,\"bubble_measured\":%.4f,\"bubble_in_schedule\":%.4f,"
                   "\"bubble_simulated_measured_costs\":%.4f,\"bubble_theory\":%.4f,\"bubble_closed_form\":%.4f,"
                   "\"bubble_per_rank\":[",
                   cpu.c_str(), model.c_str(), schedule.c_str(), o.pp, o.dp, static_cast<long long>(o.microbatches),
-                  static_cast<long long>(o.batch), o.recompute ? "true" : "false", r.samples_per_s,
+                  rows_json.c_str(), static_cast<long long>(o.batch), o.recompute ? "true" : "false", r.samples_per_s,
                   base.samples_per_s, speedup, r.bubble_measured(), r.bubble_in_schedule(), sim, theory, closed);
       for (std::size_t i = 0; i < r.ranks.size(); ++i) std::printf("%s%.4f", i ? "," : "", r.ranks[i].idle);
       std::printf("],\"compute_ms_per_step\":[");
@@ -506,9 +541,10 @@ int main(int argc, char** argv) try {
                     ranks > cores ? " (ranks over cores)" : "");
       if (v.picked && o.pp == 2 && o.dp == 1 && o.hidden == std::vector<std::int64_t>{1024, 1024, 1024} &&
           o.batch == 256 && !o.recompute)
-        std::printf("# goal, 784-1024x3-10 at pp 2 on 2 ranks, the planner's pick (%s, M = %lld), >= 1.5x one rank: "
-                    "%.2fx: %s\n",
-                    v.schedule.c_str(), static_cast<long long>(o.microbatches), v.speedup,
+        std::printf("# goal, 784-1024x3-10 at pp 2 on 2 ranks, the planner's pick (%s, M = %lld, %s), >= 1.5x one "
+                    "rank: %.2fx: %s\n",
+                    v.schedule.c_str(), static_cast<long long>(o.microbatches),
+                    rows_text(o.micro_rows, o.batch / o.microbatches).c_str(), v.speedup,
                     v.speedup >= 1.5 ? "met" : "not met");
     }
   }

@@ -4,6 +4,7 @@
 // against dml::cost's pricing of the same cut.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -190,19 +191,59 @@ TEST_CASE("a sequential as a pipeline: each rank's costs from its layers' FLOPs,
                        "dml::cost::simulate_pipeline: expected a micro-batch count that divides the 32 rows, found 3",
                        invalid_argument);
 
-  // Products at full speed at every size: more micro-batches only shrink the bubble, and zb's is the smallest.
-  const auto flat_pick = cost::rank_pipelines(mlp, 2, 256, flat).front();
+  // Products at full speed at every size: more micro-batches only shrink the bubble, and zb's is the smallest, until
+  // the first stage never idles: its work at 256 rows (8 times 32) and its update. Of the pipelines that reach that,
+  // the pick has the fewest micro-batches.
+  const auto flat_picks = cost::rank_pipelines(mlp, 2, 256, flat);
+  const auto& flat_pick = flat_picks.front();
+  const double bound = 8 * (c[0].forward + c[0].backward) + update[0];
   CHECK(flat_pick.schedule == "zb");
-  CHECK(flat_pick.micro_batches == 64);
+  CHECK(flat_pick.step_seconds == doctest::Approx(bound).epsilon(1e-3));
+  for (const auto& p : flat_picks) {
+    CHECK(p.step_seconds >= bound * (1 - 1e-9));
+    if (p.step_seconds <= bound * 1.001) CHECK(p.micro_batches >= flat_pick.micro_batches);
+  }
+  CHECK(cost::simulate_pipeline(mlp, 2, "zb", 1, 256, flat).makespan > bound * 1.1);
   // Products of 32 rows at a third of 256 rows' speed (and 128 at 90%): few large micro-batches win.
   cost::cluster steep = flat;
   steep.gemm_rows = {{32, 0.33}, {64, 0.6}, {128, 0.9}, {256, 1.0}};
   const auto picks = cost::rank_pipelines(mlp, 2, 256, steep);
   CHECK(picks.front().micro_batches <= 4);
   CHECK(picks.front().micro_batches >= 2);
-  for (std::size_t i = 1; i < picks.size(); ++i) CHECK(picks[i - 1].step_seconds <= picks[i].step_seconds);
+  CHECK(picks[0].step_seconds <= picks[1].step_seconds * 1.001);
+  for (std::size_t i = 2; i < picks.size(); ++i) CHECK(picks[i - 1].step_seconds <= picks[i].step_seconds);
   // The stages are unequal (60/40), so even the best pipeline idles: its bubble is above zb's equal-stage one.
   CHECK(flat_pick.bubble > 1.0 / (3 * 64 + 1));
+
+  // Two micro-batches: the first stage's wait for its first input gradient is the last stage's forward and input
+  // pass of micro-batch 0 less its own forward of micro-batch 1. A smaller first micro-batch shortens the one and
+  // lengthens the other, and the planner's split is faster than the even one.
+  const auto even = cost::simulate_pipeline(mlp, 2, "zb", 2, 256, flat).makespan;
+  const auto two = std::ranges::find_if(picks, [](const auto& p) { return p.schedule == "zb" && p.micro_batches == 2; });
+  for (const auto& rates : {flat, steep}) {
+    const auto all = cost::rank_pipelines(mlp, 2, 256, rates);
+    const auto best = *std::ranges::find_if(all, [](const auto& p) { return p.schedule == "zb" && p.micro_batches == 2; });
+    REQUIRE(best.micro_rows.size() == 2);
+    CHECK(best.micro_rows[0] < 128);
+    CHECK(best.micro_rows[0] + best.micro_rows[1] == 256);
+    const auto t = schedule::make("zb", 2, 2);
+    CHECK(best.step_seconds == doctest::Approx(cost::simulate_pipeline(mlp, 2, t, best.micro_rows, rates).makespan));
+    CHECK(best.step_seconds < cost::simulate_pipeline(mlp, 2, "zb", 2, 256, rates).makespan);
+  }
+  REQUIRE(two != picks.end());
+  CHECK(cost::simulate_pipeline(mlp, 2, schedule::make("zb", 2, 2), std::vector<std::int64_t>{128, 128}, flat).makespan ==
+        doctest::Approx(even));
+  // Flat rates, 112/144 rows: micro-batch 1 costs 144/112 of micro-batch 0, which is priced at 112 rows.
+  const auto c112 = cost::pipeline_rank_costs(mlp, 2, 1, 112, flat);
+  const std::vector<double> scale{1.0, 144.0 / 112};
+  auto by_hand = schedule::simulate(schedule::make("zb", 2, 2), c112, scale);
+  const auto u = cost::pipeline_update_seconds(mlp, 2, 1, flat);
+  double last = 0;
+  for (std::size_t r = 0; r < 2; ++r) last = std::max(last, *std::max_element(by_hand.end[r].begin(), by_hand.end[r].end()) + u[r]);
+  CHECK(cost::simulate_pipeline(mlp, 2, schedule::make("zb", 2, 2), std::vector<std::int64_t>{112, 144}, flat).makespan ==
+        doctest::Approx(last));
+  CHECK_THROWS_WITH_AS(cost::simulate_pipeline(mlp, 2, schedule::make("zb", 2, 2), std::vector<std::int64_t>{0, 256}, flat),
+                       "dml::cost::simulate_pipeline: expected 2 micro-batches of at least 1 row, found 2", invalid_argument);
 }
 
 TEST_CASE("the element-wise probe times a one-layer GPT's passes and loss beside their products") {

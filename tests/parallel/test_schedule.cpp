@@ -309,6 +309,28 @@ TEST_CASE("simulated stages of unequal work: GPipe is two flow shops, each paced
                        "dml::schedule::simulate: expected costs for each of the 3 ranks, found 2", dml::invalid_argument);
 }
 
+TEST_CASE("simulated micro-batches of unequal rows: each micro-batch's actions scaled by its own factor") {
+  // GPipe on 2 ranks of forward 2, backward 4 and forward 1, backward 2, micro-batch 0 at half and 1 at 1.5 times
+  // those: rank 0 forwards over [0, 1] and [1, 4]; rank 1 forwards over [1, 1.5] and [4, 5.5], then backwards
+  // over [5.5, 6.5] and [6.5, 9.5]; rank 0 backwards 0 over [6.5, 8.5] and 1 over [9.5, 15.5] (15 unscaled).
+  const std::vector<costs> two{{.forward = 2, .backward = 4}, {.forward = 1, .backward = 2}};
+  const std::vector<double> scale{0.5, 1.5};
+  const auto tl = simulate(gpipe::make(2, 2), two, scale);
+  CHECK(tl.makespan == doctest::Approx(15.5));
+  CHECK(simulate(gpipe::make(2, 2), two).makespan == doctest::Approx(15));
+  CHECK(tl.start[0][4] == doctest::Approx(4));   // rank 0 receives micro-batch 0's gradient from 4 ...
+  CHECK(tl.end[0][4] == doctest::Approx(6.5));   // ... until rank 1 sends it
+  CHECK(tl.busy[0] == doctest::Approx(6 * 2));
+  CHECK(tl.busy[1] == doctest::Approx(3 * 2));
+  // Equal factors of 1 are no factors.
+  const std::vector<double> ones{1, 1};
+  for (const char* name : {"gpipe", "1f1b", "zb"})
+    CHECK(simulate(make(name, 2, 2), two, ones).makespan == doctest::Approx(simulate(make(name, 2, 2), two).makespan));
+  CHECK_THROWS_WITH_AS(simulate(gpipe::make(2, 2), two, std::vector<double>{1}),
+                       "dml::schedule::simulate: expected a scale for each of the 2 micro-batches, found 1",
+                       dml::invalid_argument);
+}
+
 TEST_CASE("simulated bubble: interleaved gives (K-1)/(V*M+K-1) for M >= K") {
   // Megatron's formula needs M >= K: then rank 0 has a micro-batch to run whenever one comes back
   // from rank K-1 for its next chunk. The generalised grouping (the remainder joins the last

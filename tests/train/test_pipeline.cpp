@@ -99,6 +99,28 @@ TEST_CASE("pipeline x zero<1>, recompute, and user cut points give one rank's lo
   check_same(ref, train_local<parallel::replicate>(2, o), fp32_bound);
 }
 
+TEST_CASE("pipeline: micro-batches of unequal rows give one rank's losses") {
+  // Each micro-batch's rows, dropout masks and loss share follow its place in the batch, so a smaller first
+  // micro-batch (what dml::cost::rank_pipelines picks for unequal stages) changes no loss.
+  const auto ref = train_local<parallel::replicate>(1, options());
+  for (std::string sched : {"1f1b", "zb", "gpipe"})
+    for (const auto& rows : {std::vector<std::int64_t>{5, 27}, std::vector<std::int64_t>{3, 9, 9, 11}}) {
+      CAPTURE(sched);
+      CAPTURE(rows.size());
+      auto o = options();
+      o.schedule = sched;
+      o.pipeline_stages = 2;
+      o.micro_batches = std::ssize(rows);
+      o.micro_batch_rows = rows;
+      check_same(ref, train_local<parallel::replicate>(2, o), fp32_bound);
+    }
+  // One stage accumulating gradients over unequal micro-batches, under ZeRO-2 on 2 ranks (16 rows each).
+  auto o = options();
+  o.micro_batches = 3;
+  o.micro_batch_rows = {2, 6, 8};
+  check_same(ref, train_local<parallel::zero<2>>(2, o), fp32_bound);
+}
+
 TEST_CASE("pipeline: in-flight activations per stage follow the schedule") {
   constexpr int K = 4, M = 8;
   auto o = options();
@@ -145,6 +167,24 @@ TEST_CASE("pipeline: bad layouts fail with what was expected") {
     o.stage_cuts = {1};
     CHECK_THROWS_WITH_AS(trainer<parallel::replicate>(c, make_deep_model(0.f), o),
                          doctest::Contains("the cut before layer 1 separates a relu from the linear"), invalid_argument);
+    o.stage_cuts = {};
+    o.micro_batches = 2;
+    o.micro_batch_rows = {4, 4, 8};
+    CHECK_THROWS_WITH_AS(trainer<parallel::replicate>(c, make_deep_model(0.f), o),
+                         "dml::trainer: micro_batch_rows: expected 2 row counts of at least 1 (one per micro-batch), "
+                         "found 3 of which 0 below 1", invalid_argument);
+    o.micro_batch_rows = {0, 32};
+    CHECK_THROWS_WITH_AS(trainer<parallel::replicate>(c, make_deep_model(0.f), o),
+                         doctest::Contains("found 2 of which 1 below 1"), invalid_argument);
+    o.micro_batch_rows = {8, 16};  // a step of 32 rows
+    trainer<parallel::replicate> t(c, make_deep_model(0.f), o);
+    const std::vector<float> x(32 * features, 0.5f);
+    const std::vector<std::int32_t> y(32, 1);
+    CHECK_THROWS_WITH_AS(t.step(tensor_view<const float>(x.data(), {32, features}), y.data(), 32),
+                         "dml::trainer::step: micro_batch_rows: expected 2 micro-batches summing to the 32 rows given, "
+                         "found 2 summing to 24", invalid_argument);
+    o.micro_batch_rows = {};
+    o.micro_batches = 1;
     o.stage_cuts = {2};
     o.schedule = "interleaved:2";  // 4 virtual stages need 3 cuts
     CHECK_THROWS_WITH_AS(trainer<parallel::replicate>(c, make_deep_model(0.f), o),

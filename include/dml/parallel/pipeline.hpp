@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <numeric>
 #include <span>
 #include <tuple>
 #include <utility>
@@ -98,7 +99,9 @@ class pipeline {
   struct batch {
     tensor_view<const float, Space> x{};
     const std::int32_t* y = nullptr;
-    std::int64_t global_batch = 0, rows = 0, micro_batches = 1, first_row = 0;
+    std::int64_t global_batch = 0, rows = 0, micro_batches = 1;
+    std::span<const std::int64_t> micro_rows{};  // each micro-batch's rows, in order; empty: rows split evenly
+    std::int64_t first_row = 0;
     std::uint64_t seed = 0, step = 0;
     float loss_scale = 1.f;
     const schedule::table* table = nullptr;  // the step's schedule: when a sent input gradient is known received
@@ -134,7 +137,15 @@ class pipeline {
   nn::routing_log& routing() { return routing_; }
 
   void begin_step(const batch& b) {
+    if (!b.micro_rows.empty() &&
+        (std::ssize(b.micro_rows) != b.micro_batches || std::reduce(b.micro_rows.begin(), b.micro_rows.end(), std::int64_t{0}) != b.rows))
+      fail<invalid_argument>("dml::trainer::step: micro_batch_rows: expected ", b.micro_batches,
+                             " micro-batches summing to the ", b.rows, " rows given, found ", b.micro_rows.size(),
+                             " summing to ", std::reduce(b.micro_rows.begin(), b.micro_rows.end(), std::int64_t{0}));
     run_ = b;
+    bounds_.assign(1, 0);
+    for (std::int64_t m = 0; m < b.micro_batches; ++m)
+      bounds_.push_back(b.micro_rows.empty() ? b.rows * (m + 1) / b.micro_batches : bounds_.back() + b.micro_rows[m]);
     if (b.table && b.table != released_for_) {
       released_for_ = b.table;
       released_.clear();
@@ -351,7 +362,7 @@ class pipeline {
     return 1 + 2 * static_cast<int>(m * (last_virtual_stage() + 1) + v) + (gradient ? 1 : 0);
   }
   std::pair<std::int64_t, std::int64_t> rows_of(std::int64_t m) const {
-    return {run_.rows * m / run_.micro_batches, run_.rows * (m + 1) / run_.micro_batches};
+    return {bounds_[static_cast<std::size_t>(m)], bounds_[static_cast<std::size_t>(m) + 1]};
   }
   dml::shape batch_shape(std::int64_t rows) const {
     dml::shape s = run_.x.shape;
@@ -393,6 +404,7 @@ class pipeline {
   bool recompute_;
   event_log& log_;
   batch run_;
+  std::vector<std::int64_t> bounds_;  // micro-batch m holds rows [bounds_[m], bounds_[m + 1])
   std::map<std::pair<std::int64_t, int>, micro_state> micro_;
   std::vector<std::vector<set_storage>> spare_;                   // per chunk: storage of ended sets
   std::vector<std::vector<tensor<T, Space>>> spare_gradients_;   // per chunk: input gradients' copies, received

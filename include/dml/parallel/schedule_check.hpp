@@ -309,13 +309,20 @@ inline double duration(op o, const costs& c, int virtual_stages) {
 }
 
 // Each action starts when its rank is free; compute takes its cost, rank r's from per_rank[r] (stages of
-// unequal work); sends, reduce_gradients and update take no time; a recv ends when its message arrives
-// (the send's time + the receiver's comm) or at once if it already has. Checks the table first.
-inline timeline simulate(const table& t, std::span<const costs> per_rank) {
+// unequal work), times micro_scale[m] for micro-batch m where given (micro-batches of unequal rows); sends,
+// reduce_gradients and update take no time; a recv ends when its message arrives (the send's time + the
+// receiver's comm) or at once if it already has. Checks the table first.
+inline timeline simulate(const table& t, std::span<const costs> per_rank, std::span<const double> micro_scale = {}) {
   check(t);
   const auto k = std::size_t(t.stages);
   if (per_rank.size() != k)
     fail<invalid_argument>("dml::schedule::simulate: expected costs for each of the ", k, " ranks, found ", per_rank.size());
+  if (!micro_scale.empty() && std::ssize(micro_scale) != t.micro_batches)
+    fail<invalid_argument>("dml::schedule::simulate: expected a scale for each of the ", t.micro_batches,
+                           " micro-batches, found ", micro_scale.size());
+  for (double x : micro_scale)
+    if (!(x >= 0) || !std::isfinite(x))
+      fail<invalid_argument>("dml::schedule::simulate: micro-batch scales must be finite and >= 0, found ", x);
   for (const auto& c : per_rank)
     for (double x : {c.forward, c.backward, c.backward_input, c.backward_weight, c.comm})
       if (!(x >= 0) || !std::isfinite(x))
@@ -345,7 +352,8 @@ inline timeline simulate(const table& t, std::span<const costs> per_rank) {
         } else if (is_send(a.kind)) {
           sent[detail::message_key(t, int(r), a)] = free[r];
         } else {
-          const double d = duration(a.kind, per_rank[r], t.virtual_stages);
+          const double d = duration(a.kind, per_rank[r], t.virtual_stages) *
+                           (micro_scale.empty() ? 1.0 : micro_scale[static_cast<std::size_t>(a.micro)]);
           finish += d;
           tl.busy[r] += d;
         }

@@ -459,19 +459,32 @@ std::vector<double> pipeline_update_seconds(const nn::sequential<L...>& model, i
   return out;
 }
 
-// A pipeline's step under its own schedule: the schedule's table for `micro_batches` micro-batches of a global batch
-// of batch_rows rows, simulated at each rank's costs, then each rank's optimizer update after its last action
-// (makespan: the predicted step, when the last rank's update ends; busy includes the update; bubble: the ranks' mean
-// idle share, the stages' imbalance included).
+// The rows of each of m micro-batches of `rows`, split as the trainer splits them when not told
+// (trainer_options::micro_batch_rows empty).
+inline std::vector<std::int64_t> even_micro_rows(std::int64_t rows, std::int64_t m) {
+  std::vector<std::int64_t> out;
+  for (std::int64_t i = 0; i < m; ++i) out.push_back(rows * (i + 1) / m - rows * i / m);
+  return out;
+}
+
+// A pipeline's step under its own schedule: the schedule's table for micro-batches of micro_rows rows each,
+// simulated at each rank's costs, then each rank's optimizer update after its last action (makespan: the
+// predicted step, when the last rank's update ends; busy includes the update; bubble: the ranks' mean idle share,
+// the stages' imbalance included). Costs are priced at the first micro-batch's rows, and another micro-batch's
+// actions scaled by its FLOPs (as many per row) at the rate for its rows (cluster::gemm_share).
 template <class... L>
-schedule::timeline simulate_pipeline(const nn::sequential<L...>& model, int stages, const std::string& schedule_name,
-                                     std::int64_t micro_batches, std::int64_t batch_rows, const cluster& c,
+schedule::timeline simulate_pipeline(const nn::sequential<L...>& model, int stages, const schedule::table& t,
+                                     std::span<const std::int64_t> micro_rows, const cluster& c,
                                      std::string_view optimizer = "adamw") {
-  if (micro_batches < 1 || batch_rows % micro_batches != 0)
-    fail<invalid_argument>("dml::cost::simulate_pipeline: expected a micro-batch count that divides the ", batch_rows,
-                           " rows, found ", micro_batches);
-  const auto t = schedule::make(schedule_name, stages, static_cast<int>(micro_batches));
-  auto tl = schedule::simulate(t, pipeline_rank_costs(model, stages, t.virtual_stages, batch_rows / micro_batches, c));
+  if (std::ssize(micro_rows) != t.micro_batches || std::ranges::any_of(micro_rows, [](std::int64_t r) { return r < 1; }))
+    fail<invalid_argument>("dml::cost::simulate_pipeline: expected ", t.micro_batches,
+                           " micro-batches of at least 1 row, found ", micro_rows.size());
+  const auto seconds_per = [&](std::int64_t rows) {
+    return static_cast<double>(rows) / c.gemm_share(static_cast<double>(rows));
+  };
+  std::vector<double> scale;
+  for (const std::int64_t r : micro_rows) scale.push_back(seconds_per(r) / seconds_per(micro_rows[0]));
+  auto tl = schedule::simulate(t, pipeline_rank_costs(model, stages, t.virtual_stages, micro_rows[0], c), scale);
   const auto update = pipeline_update_seconds(model, stages, t.virtual_stages, c, optimizer);
   tl.makespan = 0;
   for (std::size_t r = 0; r < update.size(); ++r) {
@@ -483,27 +496,59 @@ schedule::timeline simulate_pipeline(const nn::sequential<L...>& model, int stag
   for (const double b : tl.busy) tl.bubble += tl.makespan > 0 ? (tl.makespan - b) / tl.makespan / static_cast<double>(tl.busy.size()) : 0;
   return tl;
 }
+// The same for `micro_batches` equal micro-batches of a batch of batch_rows rows.
+template <class... L>
+schedule::timeline simulate_pipeline(const nn::sequential<L...>& model, int stages, const std::string& schedule_name,
+                                     std::int64_t micro_batches, std::int64_t batch_rows, const cluster& c,
+                                     std::string_view optimizer = "adamw") {
+  if (micro_batches < 1 || batch_rows % micro_batches != 0)
+    fail<invalid_argument>("dml::cost::simulate_pipeline: expected a micro-batch count that divides the ", batch_rows,
+                           " rows, found ", micro_batches);
+  return simulate_pipeline(model, stages, schedule::make(schedule_name, stages, static_cast<int>(micro_batches)),
+                           even_micro_rows(batch_rows, micro_batches), c, optimizer);
+}
 
-// A pipeline the planner picked: its schedule, micro-batch count, and predicted step and bubble.
+// A pipeline the planner picked: its schedule, micro-batch count and rows (empty: equal micro-batches), and
+// predicted step and bubble.
 struct pipeline_pick {
   std::string schedule;
   std::int64_t micro_batches = 1;
+  std::vector<std::int64_t> micro_rows{};
   double step_seconds = 0, bubble = 0;
 };
 // Every 1F1B and zb pipeline of `stages` ranks at every micro-batch count that divides batch_rows (at most 64),
 // fastest first: what a step gains from more micro-batches (a smaller bubble) against what it loses to smaller
-// products (cluster::gemm_rows), each through the schedule itself, the stages as the trainer cuts them.
+// products (cluster::gemm_rows), each through the schedule itself, the stages as the trainer cuts them. Beside each
+// even split, the same count with a smaller first micro-batch (down to half the others' rows, in sixteenths of
+// them; the rest split evenly): the next stage starts and returns its first input gradient sooner, which fills
+// the bubble of a first stage that does more than its share. The first is the pick: of the pipelines within 0.1% of
+// the fastest, the one with the fewest micro-batches, equal rows before unequal (where the busiest rank never idles,
+// many price alike, and fewer, equal micro-batches cost least of what the model leaves out: messages, per-action
+// work).
 template <class... L>
 std::vector<pipeline_pick> rank_pipelines(const nn::sequential<L...>& model, int stages, std::int64_t batch_rows,
                                           const cluster& c) {
   std::vector<pipeline_pick> out;
   for (const char* name : {"1f1b", "zb"})
-    for (std::int64_t m = 1; m <= std::min<std::int64_t>(batch_rows, 64); ++m)
-      if (batch_rows % m == 0) {
-        const auto tl = simulate_pipeline(model, stages, name, m, batch_rows, c);
-        out.push_back({name, m, tl.makespan, tl.bubble});
+    for (std::int64_t m = 1; m <= std::min<std::int64_t>(batch_rows, 64); ++m) {
+      if (batch_rows % m != 0) continue;
+      const auto t = schedule::make(name, stages, static_cast<int>(m));
+      const std::int64_t even = batch_rows / m;
+      for (std::int64_t k = 0; k <= (m > 1 ? 8 : 0); ++k) {
+        const std::int64_t first = even - k * std::max<std::int64_t>(1, even / 16);
+        if (first < 1) break;
+        std::vector<std::int64_t> rows{first};
+        for (const std::int64_t r : even_micro_rows(batch_rows - first, m - 1)) rows.push_back(r);
+        const auto tl = simulate_pipeline(model, stages, t, rows, c);
+        out.push_back({name, m, k == 0 ? std::vector<std::int64_t>{} : rows, tl.makespan, tl.bubble});
       }
+    }
   std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step_seconds < b.step_seconds; });
+  const auto near = std::ranges::find_if(out, [&](const auto& p) { return p.step_seconds > out.front().step_seconds * 1.001; });
+  const auto pick = std::min_element(out.begin(), near, [](const auto& a, const auto& b) {
+    return std::pair(a.micro_batches, !a.micro_rows.empty()) < std::pair(b.micro_batches, !b.micro_rows.empty());
+  });
+  std::rotate(out.begin(), pick, pick + 1);
   return out;
 }
 

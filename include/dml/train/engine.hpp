@@ -5,6 +5,7 @@
 // the typed façade over it. See DESIGN.md §1 and §9.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -89,6 +90,13 @@ class engine final : public engine_base<Space> {
     if (optim::uses_layerwise(optimizer_) && !opt_.offload.empty())
       fail<invalid_argument>("dml::trainer: offload ", opt_.offload, ": expected no offload with a layer-wise "
                              "optimizer, found lamb or lars (their trust ratios read the state in memory)");
+    if (!opt_.micro_batch_rows.empty() &&
+        (std::ssize(opt_.micro_batch_rows) != opt_.micro_batches ||
+         std::ranges::any_of(opt_.micro_batch_rows, [](std::int64_t r) { return r < 1; })))
+      fail<invalid_argument>("dml::trainer: micro_batch_rows: expected ", opt_.micro_batches,
+                             " row counts of at least 1 (one per micro-batch), found ", opt_.micro_batch_rows.size(),
+                             " of which ", std::ranges::count_if(opt_.micro_batch_rows, [](std::int64_t r) { return r < 1; }),
+                             " below 1");
     pipe_.set_layer_context(place_.layer_groups());
     program(opt_.micro_batches);  // a bad schedule fails here, before any work
     constructing_.end();
@@ -132,9 +140,11 @@ class engine final : public engine_base<Space> {
   // reductions per chunk, the tie sums and the update.
   step_result run_step(tensor_view<const float, Space> x, const std::int32_t* y, std::int64_t global_batch) {
     ++step_;
-    const std::int64_t rows = x.shape[0], m = std::min(opt_.micro_batches, std::max<std::int64_t>(rows, 1));
+    const std::int64_t rows = x.shape[0];
+    const bool given = !opt_.micro_batch_rows.empty();
+    const std::int64_t m = given ? opt_.micro_batches : std::min(opt_.micro_batches, std::max<std::int64_t>(rows, 1));
     pipe_.begin_step({.x = x, .y = y, .global_batch = global_batch, .rows = rows, .micro_batches = m,
-                      .first_row = first_row(rows),
+                      .micro_rows = opt_.micro_batch_rows, .first_row = first_row(rows),
                       .seed = opt_.seed, .step = static_cast<std::uint64_t>(step_), .loss_scale = loss_scale(),
                       .table = &place_.table(m)});
     float local_loss = 0.f;

@@ -18,6 +18,10 @@ struct trainer_options {
   std::uint64_t seed = 0;           // initial weights and dropout masks
   double bucket_mb = 25.0;          // gradient bucket size in MiB (whole layers; at least one layer each)
   std::int64_t micro_batches = 1;   // the local batch is split into this many; gradients accumulate
+  // The rows of each micro-batch of a rank's batch, in order (as many as micro_batches, each at least 1, summing to
+  // the rows step() is given); empty: the batch splits evenly. A pipeline whose stages are unequal fills its
+  // bubble sooner with a smaller first micro-batch (dml::cost::rank_pipelines prices such splits).
+  std::vector<std::int64_t> micro_batch_rows{};
   float clip_norm = 0.f;            // global-norm clipping; 0 turns it off
   std::function<float(std::int64_t step)> lr{};  // learning rate per step (from 1); empty: the optimizer's lr
   bool record_events = false;       // keep an event log of compute and communication (tests, tracing)
