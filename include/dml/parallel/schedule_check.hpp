@@ -352,8 +352,10 @@ inline timeline simulate(const table& t, std::span<const costs> per_rank, std::s
         } else if (is_send(a.kind)) {
           sent[detail::message_key(t, int(r), a)] = free[r];
         } else {
+          // reduce_gradients and update carry no micro-batch (micro == -1) and take no time
+          const bool scaled = !micro_scale.empty() && a.micro >= 0;
           const double d = duration(a.kind, per_rank[r], t.virtual_stages) *
-                           (micro_scale.empty() ? 1.0 : micro_scale[static_cast<std::size_t>(a.micro)]);
+                           (scaled ? micro_scale[static_cast<std::size_t>(a.micro)] : 1.0);
           finish += d;
           tl.busy[r] += d;
         }
