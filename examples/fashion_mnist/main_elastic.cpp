@@ -54,34 +54,33 @@ struct elastic_job {
     loader.load(train_set, dml::train::sampler::slice(order, b, o.batch, rank, ranks));
     return t.step(loader.x.cview(), loader.y.data(), global);
   }
-  dml::ft::elastic_options elastic_options() const {
-    return {.steps = planned, .commit_log = job.slot_path(o.commit_log), .log = &std::cerr, .copies = o.copies,
-            .commit_every = o.commit_every};
-  }
-  // One member scores the test set alone, on one rank holding the final state: the one the coordinator chose, the
-  // first to say it finished holding that state.
+  // One member scores the test set alone, on one rank holding the final state: the one the coordinator chose (the
+  // first to say it finished holding that state, or another holder if that one dies first).
   template <class Model>
-  void finish(const dml::ft::elastic_result& r, Model model) {
-    if (r.steps < planned) {
+  dml::ft::elastic_options elastic_options(Model model) {
+    return {.steps = planned, .commit_log = job.slot_path(o.commit_log), .log = &std::cerr, .copies = o.copies,
+            .commit_every = o.commit_every, .report = [this, model](const dml::ft::elastic_result& r) {
+              dml::comm::local::run(1, [&](dml::comm::local& c) {
+                dml::trainer<dml::parallel::replicate, any_optimizer> t(c, model, {}, opt);
+                if (!r.parameters.empty()) t.load_full_parameters(dml::nn::unpack(t.layout(), r.parameters));
+                else t.import_pieces(r.pieces);
+                std::int64_t correct = 0;
+                std::vector<std::int64_t> all(static_cast<std::size_t>(test_set.size()));
+                std::iota(all.begin(), all.end(), std::int64_t{0});
+                for (std::int64_t c0 = 0; c0 * 1000 < test_set.size(); ++c0) {
+                  loader.load(test_set, dml::train::sampler::slice(all, c0, 1000));
+                  correct += t.correct(loader.x.cview(), loader.y.data());
+                }
+                std::printf("test_accuracy=%.4f\n", double(correct) / double(test_set.size()));
+                std::fflush(stdout);
+              });
+            }};
+  }
+  void finish(const dml::ft::elastic_result& r) {
+    if (r.steps < planned)
       std::printf("slot %d: the job finished at step %lld without this start\n", job.slot(), static_cast<long long>(r.steps));
-      return;
-    }
-    if (r.reports) {
-      dml::comm::local::run(1, [&](dml::comm::local& c) {
-        dml::trainer<dml::parallel::replicate, any_optimizer> t(c, model, {}, opt);
-        if (!r.parameters.empty()) t.load_full_parameters(dml::nn::unpack(t.layout(), r.parameters));
-        else t.import_pieces(r.pieces);
-        std::int64_t correct = 0;
-        std::vector<std::int64_t> all(static_cast<std::size_t>(test_set.size()));
-        std::iota(all.begin(), all.end(), std::int64_t{0});
-        for (std::int64_t c0 = 0; c0 * 1000 < test_set.size(); ++c0) {
-          loader.load(test_set, dml::train::sampler::slice(all, c0, 1000));
-          correct += t.correct(loader.x.cview(), loader.y.data());
-        }
-        std::printf("test_accuracy=%.4f\n", double(correct) / double(test_set.size()));
-      });
-    }
-    std::printf("%s\n", dml::ft::summary_line(r, job.slot()).c_str());
+    else
+      std::printf("%s\n", dml::ft::summary_line(r, job.slot()).c_str());
     std::fflush(stdout);
   }
 };
@@ -101,7 +100,7 @@ void run_replicas(elastic_job& j, Model model) {
     return j.step(t, step, q.rank, q.size());
   };
   auto make_comm = [&](const dml::ft::quorum& q) { return j.job.make_comm(q); };
-  j.finish(dml::ft::train_elastic(j.job.session(), make_comm, make_trainer, run_step, j.elastic_options()), model);
+  j.finish(dml::ft::train_elastic(j.job.session(), make_comm, make_trainer, run_step, j.elastic_options(model)));
 }
 
 // Parts of the model: every configuration restarts at its size, with the most stages up to --pp that divide it.
@@ -130,7 +129,7 @@ void run_parts(elastic_job& j, Model model) {
     return j.step(t, step, q.rank % dp, dp);
   };
   auto make_comm = [&](const dml::ft::quorum& q) { return j.job.make_comm(q); };
-  j.finish(dml::ft::train_restarting(j.job.session(), make_comm, make_trainer, run_step, j.elastic_options()), model);
+  j.finish(dml::ft::train_restarting(j.job.session(), make_comm, make_trainer, run_step, j.elastic_options(model)));
 }
 
 }  // namespace

@@ -171,7 +171,10 @@ TEST_CASE("a joiner is taken in after the next commit and learns it is behind") 
   CHECK(rc.source() == 0);
   CHECK(!r[0].behind(r[0].rank));
   // The job ends when every member of the epoch says so; a later joiner is told it finished.
-  for (auto* m : {&a, &b, &c}) m->done(2, true);
+  CHECK(a.done(2, true));
+  a.reported();
+  CHECK(!b.done(2, true));
+  CHECK(!c.done(2, true));
   for (int i = 0; i < 100 && !s.finished(); ++i) std::this_thread::sleep_for(10ms);
   CHECK(s.finished());
 }
@@ -209,6 +212,7 @@ TEST_CASE("a member that says DONE and leaves before the others do is not a deat
   auto q = join_all({a.get(), &b}, {0, 0});
   CHECK(vote_all({a.get(), &b}, q[0].epoch, 1, {true, true})[0] == verdict::commit);
   CHECK(a->done(1, true));  // the first to hold the final state: it reports it
+  a->reported();
   a.reset();  // its connections close
   std::this_thread::sleep_for(100ms);
   CHECK(!s.finished());
@@ -248,7 +252,31 @@ TEST_CASE("the first member at the last step that holds the final state reports 
   CHECK(vote_all({&a, &b, &c}, q[0].epoch, 1, {true, true, true})[0] == verdict::commit);
   CHECK(!a.done(1, false));  // its gathering of the final state failed (a peer died after the commit)
   CHECK(b.done(1, true));
-  CHECK(!c.done(1, true));
+  // Another holder waits until the state is reported.
+  auto fc = std::async(std::launch::async, [&] { return c.done(1, true); });
+  CHECK(fc.wait_for(200ms) == std::future_status::timeout);
+  b.reported();
+  CHECK(!fc.get());
+  for (int i = 0; i < 100 && !s.finished(); ++i) std::this_thread::sleep_for(10ms);
+  CHECK(s.finished());
+}
+
+TEST_CASE("a member that dies before it reports the final state passes the report to another holder") {
+  served s(options(3, 3));
+  auto a = std::make_unique<session>(s.member(0));
+  session b(s.member(1)), c(s.member(2));
+  auto q = join_all({a.get(), &b, &c}, {0, 0, 0});
+  CHECK(vote_all({a.get(), &b, &c}, q[0].epoch, 1, {true, true, true})[0] == verdict::commit);
+  CHECK(a->done(1, true));
+  auto fb = std::async(std::launch::async, [&] { return b.done(1, true); });
+  CHECK(fb.wait_for(200ms) == std::future_status::timeout);
+  auto fc = std::async(std::launch::async, [&] { return c.done(1, true); });
+  CHECK(fc.wait_for(200ms) == std::future_status::timeout);
+  a.reset();  // dies while it reports: the first holder that waits (slot 1) is told to report instead
+  CHECK(fb.get());
+  CHECK(fc.wait_for(200ms) == std::future_status::timeout);
+  b.reported();
+  CHECK(!fc.get());
   for (int i = 0; i < 100 && !s.finished(); ++i) std::this_thread::sleep_for(10ms);
   CHECK(s.finished());
 }

@@ -165,6 +165,7 @@ class coordinator {
   struct member {
     std::int64_t incarnation = -1;
     bool alive = false, wants_quorum = false, voted = false, vote_ok = false, done = false;
+    bool awaits_report = false;  // said DONE holding the final state; answered when it is reported
     clock::time_point last_seen{};
     std::int64_t step = 0;  // its committed step
     std::int64_t ran = 0;   // the highest step it started, as it last asked for a quorum
@@ -288,6 +289,10 @@ class coordinator {
         m.alive = true;  // a frozen member that resumed: alive, but fenced from the epoch it was in
         say(dml::detail::cat("slot ", c.slot, " resumed after being declared dead; it must heal"));
         in_epoch_.erase(c.slot);
+        if (m.awaits_report && reported_) {
+          m.awaits_report = false;
+          answer(m.control, make_frame("OK"));
+        }
       }
       m.last_seen = clock::now();
     }
@@ -320,12 +325,10 @@ class coordinator {
     if (v == "DONE") {
       m.done = true;
       m.step = f.words.size() > 1 ? f.number(1) : m.step;
-      // The first member at the last step that says it holds the final state reports it (the example scores
-      // it): answered REPORT, the others OK. Not the last configuration's first member: a death right after the
-      // last commit may leave that one without the state (under ZeRO its gathering fails) while others hold it.
-      const bool holds = f.words.size() > 2 && f.number(2) != 0;
-      const bool reports = holds && !reported_ && m.step >= stats_.last_step;
-      reported_ |= reports;
+      // A member at the last step that says it holds the final state may report it (answer_done). Not the last
+      // configuration's first member: a death right after the last commit may leave that one without the state
+      // (under ZeRO its gathering fails) while others hold it.
+      const bool holds = f.words.size() > 2 && f.number(2) != 0 && m.step >= stats_.last_step;
       // A new start of the coordinator that has formed no configuration yet: a member that committed the last
       // step finished the job (the last step was committed by the start before); the members that ask next are
       // told the job finished.
@@ -335,16 +338,27 @@ class coordinator {
         final_members_ = in_epoch_;
         say(dml::detail::cat("slot ", c.slot, " finished at step ", m.step, " before this start: the job is finished"));
         persist();
-        answer(m.control, make_frame("OK", reports ? "REPORT" : ""));
+        answer_done(c.slot, holds);
         for (int s = 0; s < opt_.nproc; ++s) {
           auto& x = members_[static_cast<std::size_t>(s)];
           if (x.alive && x.wants_quorum) answer(x.control, make_frame("FINISHED", stats_.last_step));
         }
         return;
       }
-      answer(m.control, make_frame("OK", reports ? "REPORT" : ""));
+      answer_done(c.slot, holds);
       if (finished_) final_members_.insert(c.slot);
       return check_finished();
+    }
+    if (v == "REPORTED") {
+      // The final state is reported: the holders that wait are let go (a frozen one when it resumes).
+      reported_ = true;
+      answer(m.control, make_frame("OK"));
+      for (auto& x : members_)
+        if (x.awaits_report && x.alive) {
+          x.awaits_report = false;
+          answer(x.control, make_frame("OK"));
+        }
+      return;
     }
     fail<format_error>("unknown request '", v, "'");
   }
@@ -500,6 +514,7 @@ class coordinator {
     if (!m.alive) return;
     // A question for a quorum stays asked: a frozen member that resumes is answered (a new start replaces it).
     m.alive = m.voted = false;
+    if (slot == reporter_ && !reported_) pass_report(slot);
     if (finished_) return;  // after the last step, members leave
     if (m.done && in_epoch_.count(slot)) {
       // It reached the last step and left before the others said so: not a failure; the epoch waits for them.
@@ -522,6 +537,30 @@ class coordinator {
         declare_dead(s, dml::detail::cat("no heartbeat for ", std::chrono::duration<double>(opt_.heartbeat_deadline).count(), " s"));
     }
     try_form_quorum();
+  }
+
+  // One member reports the final state (the example scores it), and it is not lost with that member: the first to
+  // say DONE at the last step holding the state is answered REPORT; the other holders wait, answered OK when it
+  // says REPORTED, or one of them REPORT if it dies first. The others are answered OK at once.
+  void answer_done(int slot, bool holds) {
+    auto& m = members_[static_cast<std::size_t>(slot)];
+    if (!holds || reported_) return answer(m.control, make_frame("OK"));
+    if (reporter_ < 0 || reporter_ == slot) {
+      reporter_ = slot;
+      return answer(m.control, make_frame("OK", "REPORT"));
+    }
+    m.awaits_report = true;
+  }
+  void pass_report(int dead) {
+    reporter_ = -1;
+    for (int s = 0; s < opt_.nproc; ++s) {
+      auto& x = members_[static_cast<std::size_t>(s)];
+      if (!x.awaits_report || !x.alive) continue;
+      say(dml::detail::cat("slot ", dead, " died before reporting the final state; slot ", s, " reports it"));
+      x.awaits_report = false;
+      reporter_ = s;
+      return answer(x.control, make_frame("OK", "REPORT"));
+    }
   }
 
   // The members of the epoch still in it have all said DONE. Not bound by min_members: a member that dies after
@@ -587,7 +626,8 @@ class coordinator {
   bool epoch_broken_ = false, finished_ = false;
   bool reconfiguring_ = false;  // the last commit asked the members to come for a new quorum
   bool said_waiting_ = false;   // "waiting for a member that holds step N" was logged
-  bool reported_ = false;       // a member was answered REPORT (this start of the coordinator)
+  int reporter_ = -1;           // the member answered REPORT that has not said REPORTED (this start)
+  bool reported_ = false;       // the final state was reported (this start of the coordinator)
   bool formed_since_start_ = false;  // a configuration formed since this start of the coordinator
   std::optional<clock::time_point> waiting_since_, recovery_started_;
   coordinator_stats stats_;

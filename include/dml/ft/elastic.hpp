@@ -42,6 +42,8 @@
 
 namespace dml::ft {
 
+struct elastic_result;
+
 struct elastic_options {
   std::int64_t steps = 0;   // the job ends when this many steps have committed
   std::string commit_log;   // a file to append "step epoch size hash" to after each commit (empty: none)
@@ -50,6 +52,10 @@ struct elastic_options {
   // train_restarting: vote and copy every this many steps. The steps between are tentative: a failure runs the
   // steps since the last commit again (up to this many lost), for 1/commit_every of the copying.
   std::int64_t commit_every = 1;
+  // Called on the one member chosen to report the final state (the example scores it) with its result, whole;
+  // the other members that hold the state wait until it returns, and one of them is chosen if it dies first.
+  // Empty: the program reports nothing, and no member waits.
+  std::function<void(const elastic_result&)> report{};
 };
 
 struct elastic_result {
@@ -97,6 +103,16 @@ std::vector<float> packed_parameters(Trainer& t) {
 }
 
 namespace detail {
+// The member committed the last step (or the job finished without it): it says so, and reports the final state if
+// it is the one chosen (then says it has, letting the other holders go).
+inline void say_done(session& s, const elastic_options& o, elastic_result& out, bool holds) {
+  if (out.steps < o.steps) return;
+  out.reports = s.done(out.steps, holds && o.report);
+  if (!out.reports) return;
+  o.report(out);
+  s.reported();
+}
+
 // A snapshot over a communicator: six numbers, then the values.
 template <class C>
 void send_state(C& c, const train::state_snapshot& s, int to) {
@@ -240,9 +256,9 @@ elastic_result train_elastic(session& s, MakeComm make_comm, MakeTrainer make_tr
     comm.reset();
   }
   if (began) out.seconds = std::chrono::duration<double>(trained.value_or(clock::now()) - *began).count();
-  if (committed >= o.steps) out.reports = s.done(committed, !out.parameters.empty());
   out.steps = committed;
   out.state = std::move(committed_state);
+  detail::say_done(s, o, out, !out.parameters.empty());
   return out;
 }
 
@@ -477,8 +493,8 @@ elastic_result train_restarting(session& s, MakeComm make_comm, MakeTrainer make
     comm.reset();
   }
   if (began) out.seconds = std::chrono::duration<double>(trained.value_or(clock::now()) - *began).count();
-  if (committed >= o.steps) out.reports = s.done(committed, !out.pieces.empty());
   out.steps = committed;
+  detail::say_done(s, o, out, !out.pieces.empty());
   return out;
 }
 

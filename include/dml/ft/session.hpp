@@ -141,12 +141,16 @@ class session {
     fail<comm_error>("dml::ft: voted, the coordinator answered '", f.verb(), "'");
   }
 
-  // The member committed the last step, `step`, and holds the final state or not. True when it is the one to
-  // report that state: the first at the last step that holds it (one member of the job is told so).
+  // The member committed the last step, `step`, and holds the final state (and would report it) or not. True
+  // when it is the one to report that state, which it then does and says so with reported(); one member of the
+  // job is told so. A holder not told so waits here until the state is reported, and is told to report it if
+  // the one told first dies before it says reported().
   bool done(std::int64_t step, bool holds_final_state) {
     const auto f = request(make_frame("DONE", step, holds_final_state ? 1 : 0));
     return f.words.size() > 1 && f.at(1) == "REPORT";
   }
+  // The final state is reported (after done() answered true): the holders waiting in done() go.
+  void reported() { request(make_frame("REPORTED")); }
 
  private:
   connection open(const std::string& role, milliseconds timeout = milliseconds(10000)) {
