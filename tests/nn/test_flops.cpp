@@ -251,7 +251,34 @@ TEST_CASE("the element-wise probe times a one-layer GPT's passes and loss beside
   const double rate = cost::elementwise_bandwidth_of(32, 2, 16, 1, 64);
   CHECK(std::isfinite(rate));
   CHECK(rate > 0);
+  const auto p = cost::probe_gpt(32, 2, 16, 1, 64);
+  CHECK(std::isfinite(p.block_seconds));
+  CHECK(p.block_seconds >= 0);
+  CHECK(p.block_seconds < 0.1);  // a block of 32 wide over 512 tokens: microseconds, not a tenth of a second
   CHECK_THROWS_WITH_AS(cost::probe_gpt(32, 2, 16, 1, 0), doctest::Contains("found 32, 2, 16 and 0"), invalid_argument);
+}
+
+TEST_CASE("the passes' fit: each block's fixed seconds and the rate of their bytes, from runs of 1 and 2 blocks") {
+  // Runs made of a known cost: 80 µs a block and 10 GB/s, over 1 and 2 blocks at a quarter of the tokens and all.
+  const auto seconds = [](double blocks, double bytes) { return blocks * 80e-6 + bytes / 10e9; };
+  std::vector<cost::pass_time> runs;
+  for (const double blocks : {1.0, 2.0})
+    for (const double bytes : {4e6 * blocks + 1e6, 1e6 * blocks + 0.25e6}) runs.push_back({blocks, bytes, seconds(blocks, bytes)});
+  const auto [fixed, rate] = cost::fit_passes(runs);
+  CHECK(fixed == doctest::Approx(80e-6).epsilon(1e-9));
+  CHECK(rate == doctest::Approx(10e9).epsilon(1e-9));
+  // Runs of bytes alone: no fixed cost, the rate.
+  for (auto& r : runs) r.seconds = r.bytes / 4e9;
+  const auto [none, bytes_only] = cost::fit_passes(runs);
+  CHECK(none == doctest::Approx(0).scale(1e-6));
+  CHECK(bytes_only == doctest::Approx(4e9).epsilon(1e-9));
+  // Runs that fall as blocks are added at the same bytes (no cost a block can have): 0, and the rate of their bytes.
+  const std::vector<cost::pass_time> odd{{1, 1e6, 2e-4}, {2, 1e6, 1e-4}, {1, 2e6, 3e-4}, {2, 2e6, 2e-4}};
+  const auto [zero, rate_of_bytes] = cost::fit_passes(odd);
+  CHECK(zero == 0);
+  CHECK(rate_of_bytes > 0);
+  CHECK_THROWS_WITH_AS(cost::fit_passes({}), "dml::cost::fit_passes: expected at least one run, found none", invalid_argument);
+  CHECK_THROWS_WITH_AS(cost::fit_passes({{1, 1e6, 0}}), doctest::Contains("found 0 s, 1e+06 bytes and 1 blocks"), invalid_argument);
 }
 
 TEST_CASE("the bf16 probe and the precision probe: each precision timed, the faster named, the thread budget kept") {

@@ -277,6 +277,36 @@ TEST_CASE("schedules in a layout: zb and interleaved:V read; others refused by n
   CHECK(cost::refusal(small_gpt, cost::parse_layout("pp=2,mb=2,schedule=zb"), fp32_batch8, 2).empty());
 }
 
+TEST_CASE("each block's fixed cost: a stage's blocks times the micro-batches, in the working precision's field") {
+  cost::cluster none, fixed;
+  fixed.block_seconds = 1e-3, fixed.block_seconds_bf16 = 3e-3;
+  // small_gpt's 2 layers: every block on one stage (dp, tp and micro-batches alike), or one a stage on two.
+  for (const auto& [layout, blocks_times_mb] :
+       {std::pair{"dp=1,schedule=single", 2.0}, {"dp=1,mb=4,schedule=single", 8.0}, {"dp=2,schedule=single", 2.0},
+        {"tp=2,sp=1,schedule=single", 2.0}, {"pp=2,mb=4,schedule=1f1b", 4.0}}) {
+    CAPTURE(layout);
+    const auto l = cost::parse_layout(layout);
+    const auto a = cost::evaluate(small_gpt, l, fp32_batch8, none, l.devices()), b = cost::evaluate(small_gpt, l, fp32_batch8, fixed, l.devices());
+    REQUIRE(a.why.empty());
+    CHECK(b.time.elementwise - a.time.elementwise == doctest::Approx(blocks_times_mb * 1e-3).epsilon(1e-9));
+    // Busy time: a pipeline's bubble stretches it (1F1B, 2 stages, M = 4: 5/4 of it).
+    CHECK(b.step_seconds - a.step_seconds == doctest::Approx(blocks_times_mb * 1e-3 * (l.pp > 1 ? 5.0 / 4 : 1)).epsilon(1e-9));
+    const cost::training bf16_batch8{.global_batch = 8, .prec = cost::precision::bf16};
+    CHECK(cost::evaluate(small_gpt, l, bf16_batch8, fixed, l.devices()).time.elementwise -
+              cost::evaluate(small_gpt, l, bf16_batch8, none, l.devices()).time.elementwise ==
+          doctest::Approx(blocks_times_mb * 3e-3).epsilon(1e-9));
+  }
+  // In the cluster file: written and read back; block_seconds_bf16 left out follows block_seconds; 0 allowed,
+  // negative refused by name.
+  const auto back = cost::cluster_from_json(cost::to_json(fixed));
+  CHECK(back.block_seconds == 1e-3);
+  CHECK(back.block_seconds_bf16 == 3e-3);
+  CHECK(cost::cluster_from_json(nlohmann::json::parse(R"({"block_seconds": 2e-4})")).block_seconds_bf16 == 2e-4);
+  CHECK(cost::cluster_from_json(nlohmann::json::parse(R"({"block_seconds": 0})")).block_seconds == 0);
+  CHECK_THROWS_WITH_AS(cost::cluster_from_json(nlohmann::json::parse(R"({"block_seconds_bf16": -1e-4})"), "c.json"),
+                       "c.json: field 'block_seconds_bf16' must be a number of seconds of at least 0, found -0.0001",
+                       dml::format_error);
+}
 TEST_CASE("the step's parts add up to the step, each the term it names") {
   cost::cluster c;
   c.memory_bandwidth = 1e11;

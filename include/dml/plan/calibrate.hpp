@@ -194,31 +194,54 @@ inline cluster calibrate_rank_of(int ranks, std::int64_t n = 1024, std::int64_t 
   return c;
 }
 
-// What a one-layer nn::gpt of d_model, heads, seq and vocab does on this host over max(1, 512 / seq) sequences with
-// its cross-entropy (a forward, the loss and a backward, the fastest of 5), on one of `ranks` ranks sharing this host
-// (each with rank_threads threads, 0: comm::local's budget, all at once, as calibrate_rank_of), in working precision p (fp32, or bf16:
-// its products on the host's bf16 kernels or widened to f32, its element-wise passes on 16-bit values):
+// What nn::gpt of d_model, heads, seq and vocab does on this host with its cross-entropy (a forward, the loss and a
+// backward, the fastest of 5), on one of `ranks` ranks sharing this host (each with rank_threads threads, 0:
+// comm::local's budget, all at once, as calibrate_rank_of), in working precision p (fp32, or bf16: its products on
+// the host's bf16 kernels or widened to f32, its element-wise passes on 16-bit values). It runs 1 and 2 layers, each
+// over max(1, 512 / seq) sequences and over a quarter of their tokens (fewer sequences, or shorter ones where there is
+// one), and fits the step less its traced GEMMs to blocks · block_seconds + bytes / elementwise_bandwidth:
 // - elementwise_bandwidth: its element-wise passes (LayerNorms, softmax, GELU, dropout, residual adds, the
 //   embedding's lookups and the loss: everything but its products), forward and backward together, in bytes per
 //   second of its blocks' saved activations (Korthikanti et al.'s sbh(34 + 5as/h), at p's value bytes) and of the
-//   passes outside them (gpt_end_values_per_token, at p's value bytes): the step less its traced GEMMs;
-// - gemm_flops: its own products' FLOPs over their traced seconds, each product at the model's shapes (the
-//   projections, the MLP, attention's per-head products, the head), where a single probe GEMM runs one shape.
+//   passes outside them (gpt_end_values_per_token, at p's value bytes);
+// - block_seconds: what each block costs a micro-batch whatever its tokens (its layers' calls, their threads'
+//   start and the workspaces they take), cluster::block_seconds; 0 where the fit finds none;
+// - gemm_flops: its own products' FLOPs over their traced seconds (1 and 2 layers over every token), each product
+//   at the model's shapes (the projections, the MLP, attention's per-head products, the head), where a single probe GEMM
+//   runs one shape.
 struct gpt_probe {
-  double elementwise_bandwidth = 0, gemm_flops = 0;
+  double elementwise_bandwidth = 0, gemm_flops = 0, block_seconds = 0;
 };
+// One timed run of a model's element-wise passes: its blocks, the bytes they and the passes outside them move, and
+// their seconds.
+struct pass_time {
+  double blocks = 0, bytes = 0, seconds = 0;
+};
+// seconds = blocks · block_seconds + bytes / bandwidth, fitted to runs by least squares of the relative error:
+// {block_seconds, bandwidth}. Where the fit finds no fixed cost (or no rate), block_seconds is 0 and the bandwidth
+// the runs' bytes over their seconds in the same weighting.
+inline std::pair<double, double> fit_passes(const std::vector<pass_time>& runs) {
+  if (runs.empty()) fail<invalid_argument>("dml::cost::fit_passes: expected at least one run, found none");
+  double sll = 0, slb = 0, sbb = 0, slr = 0, sbr = 0;
+  for (const auto& [l, b, r] : runs) {
+    if (!(r > 0) || !(b > 0) || l < 0)
+      fail<invalid_argument>("dml::cost::fit_passes: expected runs of positive seconds and bytes and blocks >= 0, found ",
+                             r, " s, ", b, " bytes and ", l, " blocks");
+    const double k = 1 / (r * r);
+    sll += k * l * l, slb += k * l * b, sbb += k * b * b, slr += k * l * r, sbr += k * b * r;
+  }
+  const double det = sll * sbb - slb * slb;
+  const double f = (slr * sbb - sbr * slb) / det, x = (sll * sbr - slb * slr) / det;
+  if (det > 1e-12 * sll * sbb && f > 0 && x > 0) return {f, 1 / x};
+  return {0.0, sbb / sbr};
+}
+
 namespace detail {
+// The fastest round's seconds outside the traced products and inside them, and the products' FLOPs, of nn::gpt g
+// over `batch` sequences on `at_once` threads at once.
 template <class T>
-gpt_probe probe_gpt_as(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks, std::int64_t vocab,
-                       int rank_threads) {
-  if (d_model < 1 || heads < 1 || seq < 1 || vocab < 1)
-    fail<invalid_argument>("dml::cost::probe_gpt: expected d_model, heads, seq and vocab of at least 1, found ", d_model,
-                           ", ", heads, ", ", seq, " and ", vocab);
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  const int threads = rank_threads > 0 ? rank_threads : comm::local::thread_budget(ranks);
-  const int at_once = std::clamp(ranks, 1, cores);
-  const nn::gpt_config g{.vocab = vocab, .seq = seq, .layers = 1, .d_model = d_model, .heads = heads};
-  const std::int64_t batch = std::max<std::int64_t>(1, 512 / seq), tokens = batch * seq;
+std::tuple<double, double, double> time_gpt(const nn::gpt_config& g, std::int64_t batch, int at_once, int threads) {
+  const std::int64_t tokens = batch * g.seq;
   struct rounds {
     std::vector<double> rest, gemm;  // each timed round's seconds outside and inside the products
     double flops = 0;
@@ -227,18 +250,18 @@ gpt_probe probe_gpt_as(std::int64_t d_model, std::int64_t heads, std::int64_t se
     rounds t;
     nn::basic_network<dml::host, T, nn::gpt_embedding, nn::stack<nn::gpt_block>, nn::gpt_head> net(nn::gpt(g), 1);
     std::vector<float> ids(static_cast<std::size_t>(tokens)), row_loss(static_cast<std::size_t>(tokens));
-    std::vector<T> dlogits(static_cast<std::size_t>(tokens * vocab));
+    std::vector<T> dlogits(static_cast<std::size_t>(tokens * g.vocab));
     std::vector<std::int32_t> labels(ids.size());
     for (std::size_t i = 0; i < ids.size(); ++i) {
-      ids[i] = static_cast<float>((i * 7) % static_cast<std::size_t>(vocab));
-      labels[i] = static_cast<std::int32_t>((i * 5) % static_cast<std::size_t>(vocab));
+      ids[i] = static_cast<float>((i * 7) % static_cast<std::size_t>(g.vocab));
+      labels[i] = static_cast<std::int32_t>((i * 5) % static_cast<std::size_t>(g.vocab));
     }
     const nn::context c{.training = true, .seed = 1, .step = 1};
     std::vector<gemm_call> calls;
     const auto all = timed_rounds(sync, 5, [&] {
       calls.clear();
       dml::detail::host_gemm_trace = &calls;
-      const auto logits = net.forward(tensor_view<const float>(ids.data(), {batch, seq}), c);
+      const auto logits = net.forward(tensor_view<const float>(ids.data(), {batch, g.seq}), c);
       const tensor_view<T> dl(dlogits.data(), logits.shape);
       nn::softmax_cross_entropy{}.forward_backward<dml::host>(logits, labels.data(), dl, row_loss.data());
       net.backward(tensor_view<const T>(dl), c);
@@ -261,13 +284,40 @@ gpt_probe probe_gpt_as(std::int64_t d_model, std::int64_t heads, std::int64_t se
     rest.push_back(t.rest);
     gemm.push_back(t.gemm);
   }
+  return {fastest_round(rest), fastest_round(gemm), each.front().flops};
+}
+template <class T>
+gpt_probe probe_gpt_as(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks, std::int64_t vocab,
+                       int rank_threads) {
+  if (d_model < 1 || heads < 1 || seq < 1 || vocab < 1)
+    fail<invalid_argument>("dml::cost::probe_gpt: expected d_model, heads, seq and vocab of at least 1, found ", d_model,
+                           ", ", heads, ", ", seq, " and ", vocab);
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int threads = rank_threads > 0 ? rank_threads : comm::local::thread_budget(ranks);
+  const int at_once = std::clamp(ranks, 1, cores);
   const double share = std::min(1.0, static_cast<double>(cores) / (static_cast<double>(ranks) * threads));
-  const auto ends = gpt_end_values_per_token(static_cast<double>(d_model), static_cast<double>(vocab), 1, false);
   const double w = sizeof(T);  // korthikanti_layer_bytes counts 2-byte values
-  const double bytes = korthikanti_layer_bytes(static_cast<double>(seq), static_cast<double>(batch), static_cast<double>(d_model),
-                                               static_cast<double>(heads), 1, false, recompute::none) * (w / 2) +
-                       static_cast<double>(tokens) * (ends.embedding + ends.head) * w;
-  return {bytes / fastest_round(rest) * share, each.front().flops / fastest_round(gemm) * share};
+  const auto ends = gpt_end_values_per_token(static_cast<double>(d_model), static_cast<double>(vocab), 1, false);
+  const std::int64_t batch = std::max<std::int64_t>(1, 512 / seq);
+  // A quarter of the tokens: a quarter of the sequences where there are 4, else shorter ones.
+  const std::int64_t few = std::max<std::int64_t>(1, batch / 4), short_seq = std::max<std::int64_t>(1, seq * batch / (4 * few));
+  std::vector<pass_time> runs;
+  double flops_at_all = 0, gemm_at_all = 0;  // the runs over every token's products
+  gpt_probe p;
+  for (const std::int64_t layers : {1, 2})
+    for (const auto& [s, b] : {std::pair{seq, batch}, std::pair{short_seq, few}}) {
+      const nn::gpt_config g{.vocab = vocab, .seq = s, .layers = layers, .d_model = d_model, .heads = heads};
+      const auto [rest, gemm, flops] = time_gpt<T>(g, b, at_once, threads);
+      if (s == seq) flops_at_all += flops, gemm_at_all += gemm;
+      const double bytes = static_cast<double>(layers) *
+                               korthikanti_layer_bytes(static_cast<double>(s), static_cast<double>(b), static_cast<double>(d_model),
+                                                       static_cast<double>(heads), 1, false, recompute::none) * (w / 2) +
+                           static_cast<double>(s * b) * (ends.embedding + ends.head) * w;
+      runs.push_back({.blocks = static_cast<double>(layers), .bytes = bytes, .seconds = std::max(rest, 1e-9) / share});
+    }
+  std::tie(p.block_seconds, p.elementwise_bandwidth) = fit_passes(runs);
+  p.gemm_flops = flops_at_all / gemm_at_all * share;
+  return p;
 }
 }  // namespace detail
 inline gpt_probe probe_gpt(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks = 1,
@@ -295,6 +345,8 @@ inline cluster calibrate_gpt_rank_of(int ranks, std::int64_t d_model, std::int64
   const gpt_probe half = probe_gpt(d_model, heads, seq, ranks, vocab, precision::bf16, rank_threads);
   c.elementwise_bandwidth = p.elementwise_bandwidth;
   c.elementwise_bandwidth_bf16 = half.elementwise_bandwidth;
+  c.block_seconds = p.block_seconds;
+  c.block_seconds_bf16 = half.block_seconds;
   c.flops_fp32 = p.gemm_flops;
   c.flops_bf16 = half.gemm_flops;
   return c;

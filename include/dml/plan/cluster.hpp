@@ -40,18 +40,22 @@ inline nlohmann::json to_json(const cluster& c) {
                       {"intra_bandwidth", c.intra_bandwidth},   {"intra_latency", c.intra_latency},
                       {"inter_bandwidth", c.inter_bandwidth},   {"inter_latency", c.inter_latency},
                       {"memory_bandwidth", c.memory_bandwidth}, {"elementwise_bandwidth", c.elementwise_bandwidth},
-                      {"elementwise_bandwidth_bf16", c.elementwise_bandwidth_bf16}};
+                      {"elementwise_bandwidth_bf16", c.elementwise_bandwidth_bf16},
+                      {"block_seconds", c.block_seconds},       {"block_seconds_bf16", c.block_seconds_bf16}};
   if (!c.gemm_rows.empty()) j["gemm_rows"] = c.gemm_rows;  // [[rows, share], ...]
   return j;
 }
 
-// Fields left out keep cluster{}'s defaults (elementwise_bandwidth_bf16 left out follows elementwise_bandwidth); an
-// unknown field, or one that is not a positive number, is refused by name.
+// Fields left out keep cluster{}'s defaults (elementwise_bandwidth_bf16 left out follows elementwise_bandwidth, and
+// block_seconds_bf16 block_seconds); an unknown field, or one that is not a positive number (block_seconds and
+// block_seconds_bf16: not negative), is refused by name.
 inline cluster cluster_from_json(const nlohmann::json& j, std::string_view where = "cluster") {
   if (!j.is_object()) fail<format_error>(where, ": expected a JSON object, found ", j.type_name());
   cluster c;
   if (!j.contains("elementwise_bandwidth_bf16") && j.contains("elementwise_bandwidth") && j["elementwise_bandwidth"].is_number())
     c.elementwise_bandwidth_bf16 = j["elementwise_bandwidth"].get<double>();
+  if (!j.contains("block_seconds_bf16") && j.contains("block_seconds") && j["block_seconds"].is_number())
+    c.block_seconds_bf16 = j["block_seconds"].get<double>();
   for (const auto& [key, value] : j.items()) {
     if (key == "gemm_rows") {  // [[rows, share], ...], rows increasing
       auto bad = [&] {
@@ -73,8 +77,12 @@ inline cluster cluster_from_json(const nlohmann::json& j, std::string_view where
                    : key == "inter_latency" ? &c.inter_latency
                    : key == "memory_bandwidth" ? &c.memory_bandwidth
                    : key == "elementwise_bandwidth" ? &c.elementwise_bandwidth
-                   : key == "elementwise_bandwidth_bf16" ? &c.elementwise_bandwidth_bf16 : nullptr;
-    if (!value.is_number() || !(value.get<double>() > 0))
+                   : key == "elementwise_bandwidth_bf16" ? &c.elementwise_bandwidth_bf16
+                   : key == "block_seconds" ? &c.block_seconds : key == "block_seconds_bf16" ? &c.block_seconds_bf16 : nullptr;
+    if (key.starts_with("block_seconds")) {
+      if (!value.is_number() || !(value.get<double>() >= 0) || !std::isfinite(value.get<double>()))
+        fail<format_error>(where, ": field '", key, "' must be a number of seconds of at least 0, found ", value.dump());
+    } else if (!value.is_number() || !(value.get<double>() > 0))
       fail<format_error>(where, ": field '", key, "' must be a positive number, found ", value.dump());
     if (key == "devices_per_node") {
       if (!value.is_number_integer()) fail<format_error>(where, ": field 'devices_per_node' must be an integer, found ", value.dump());
@@ -83,7 +91,7 @@ inline cluster cluster_from_json(const nlohmann::json& j, std::string_view where
     else
       fail<format_error>(where, ": unknown field '", key, "'; expected devices_per_node, memory_bytes, flops_fp32, flops_bf16, ",
                          "intra_bandwidth, intra_latency, inter_bandwidth, inter_latency, memory_bandwidth, ",
-                         "elementwise_bandwidth, elementwise_bandwidth_bf16 or gemm_rows");
+                         "elementwise_bandwidth, elementwise_bandwidth_bf16, block_seconds, block_seconds_bf16 or gemm_rows");
   }
   return c;
 }

@@ -211,7 +211,12 @@ struct cluster {
   // bandwidth-bound (the same bytes per second); dml's host kernels, which convert around float arithmetic, are not:
   // calibrated on an AVX-512 Xeon they move about as many values a second as in fp32 (2.5 G), half the bytes.
   double elementwise_bandwidth_bf16 = 2.5e12 / 4;
+  // Seconds each transformer block costs a micro-batch on top of its bytes, whatever its tokens: its layers' calls,
+  // their threads' start, the workspaces they take (forward and backward together; in fp32 and in 16-bit working
+  // types). cost::probe_gpt fits it on a host; 0 prices the passes by their bytes alone.
+  double block_seconds = 0, block_seconds_bf16 = 0;
   double flops(precision p) const { return p == precision::fp32 ? flops_fp32 : flops_bf16; }
+  double block(precision p) const { return p == precision::fp32 ? block_seconds : block_seconds_bf16; }
   double elementwise(precision p) const { return p == precision::fp32 ? elementwise_bandwidth : elementwise_bandwidth_bf16; }
   double gemm_share(double rows) const {
     if (gemm_rows.empty()) return 1.0;
@@ -469,9 +474,10 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
     pp_time = 2 * static_cast<double>(l.micro_batches) * std::max(1, interleaved_chunks(l.schedule)) * (msg / bw + lat);
   }
   // The blocks' element-wise passes: their saved activation bytes (Korthikanti et al.'s, which shrink with tp only
-  // where the work splits) for every micro-batch, at the element-wise rate; recomputation's extra forward is not priced.
-  // The passes outside the blocks are the first stage's (embedding) and the last's (final LayerNorm, loss): both on
-  // one stage, else the larger.
+  // where the work splits) for every micro-batch, at the element-wise rate, and each block's fixed cost
+  // (cluster::block_seconds) for every micro-batch; recomputation's extra forward is not priced. The passes outside
+  // the blocks are the first stage's (embedding) and the last's (final LayerNorm, loss): both on one stage, else the
+  // larger.
   double elementwise = 0;
   if (m.is_gpt()) {
     const double rank_tokens = static_cast<double>(m.seq) / l.cp * mb_rows * static_cast<double>(l.micro_batches);
@@ -481,7 +487,8 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
                        korthikanti_layer_bytes(static_cast<double>(m.seq) / l.cp, mb_rows, static_cast<double>(m.d_model),
                                                static_cast<double>(m.heads), l.tp, l.sp, recompute::none) * (w / 2) +
                    rank_tokens * end_values * w) /
-                  c.elementwise(t.prec);
+                      c.elementwise(t.prec) +
+                  std::ceil(static_cast<double>(m.layers) / l.pp) * static_cast<double>(l.micro_batches) * c.block(t.prec);
   }
   // The optimizer's update, after the gradients: the rank's parameters (its shard under ZeRO), each moving
   // update_bytes_per_param at memory bandwidth.
