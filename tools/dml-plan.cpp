@@ -105,8 +105,8 @@ int main(int argc, char** argv) {
   cli.add("--top", show, "N", "layouts to print").min(0);
   cli.add_switch("--json", json, "one JSON object per layout");
   cli.add("--calibrate", calibrate_file, "FILE",
-          "measure this host's GEMM rates and element-wise rate on a one-layer GPT (1024 wide, 16 heads, 512 tokens, "
-          "4,096 ids), the GEMM rate's share at 32 to 2,048 rows, the copy rate and the memory bandwidth (dml's AdamW "
+          "measure this host's GEMM rates, element-wise rate and each block's fixed cost on GPTs of 1 and 2 layers "
+          "(1024 wide, 16 heads, 512 tokens and 128, 4,096 ids), the GEMM rate's share at 32 to 2,048 rows, the copy rate and the memory bandwidth (dml's AdamW "
           "update), and write them as a cluster file");
   if (const auto status = cli.parse_for_main(argc, argv)) return *status;
 
