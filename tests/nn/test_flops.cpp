@@ -255,7 +255,31 @@ TEST_CASE("the element-wise probe times a one-layer GPT's passes and loss beside
   CHECK(std::isfinite(p.block_seconds));
   CHECK(p.block_seconds >= 0);
   CHECK(p.block_seconds < 0.1);  // a block of 32 wide over 512 tokens: microseconds, not a tenth of a second
+  // The model's own products at 128, 512 and 1,024 tokens, over their rate at 512.
+  REQUIRE(p.gemm_rows.size() == 3);
+  CHECK(p.gemm_rows[0].first == 128);
+  CHECK(p.gemm_rows[1] == std::pair{512.0, 1.0});
+  CHECK(p.gemm_rows[2].first == 1024);
+  for (const auto& [rows, share] : p.gemm_rows) CHECK((std::isfinite(share) && share > 0));
   CHECK_THROWS_WITH_AS(cost::probe_gpt(32, 2, 16, 1, 0), doctest::Contains("found 32, 2, 16 and 0"), invalid_argument);
+}
+
+TEST_CASE("a GPT's GEMM share: the model's own points, one shape's below them scaled to meet the first, none above") {
+  const std::vector<std::pair<double, double>> single{{32, 0.5}, {64, 0.8}, {128, 1.0}, {512, 1.0}, {1024, 1.4}};
+  const std::vector<std::pair<double, double>> model{{128, 0.9}, {512, 1.0}, {1024, 1.05}};
+  const auto rows = cost::gpt_gemm_rows(single, model);
+  REQUIRE(rows.size() == 5);
+  CHECK(rows[0].first == 32);
+  CHECK(rows[0].second == doctest::Approx(0.45));  // 0.5 × 0.9 / 1.0
+  CHECK(rows[1].second == doctest::Approx(0.72));
+  CHECK(rows[2] == model[0]);
+  CHECK(rows[4] == model[2]);  // one shape's 1.4 at 1,024 rows is not the model's
+  const cost::cluster c{.gemm_rows = rows};
+  CHECK(c.gemm_share(2048) == doctest::Approx(1.05));  // held
+  CHECK(c.gemm_share(16) == doctest::Approx(0.45));
+  // Between one shape's points, scaled: 96 rows of one shape's 0.8 to 1.0 in log(rows), times 0.9.
+  CHECK(c.gemm_share(96) == doctest::Approx(0.9 * cost::cluster{.gemm_rows = single}.gemm_share(96)));
+  CHECK(cost::gpt_gemm_rows(single, {}) == single);
 }
 
 TEST_CASE("the passes' fit: each block's fixed seconds and the rate of their bytes, from runs of 1 and 2 blocks") {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <barrier>
 #include <chrono>
 #include <cmath>
@@ -199,7 +200,8 @@ inline cluster calibrate_rank_of(int ranks, std::int64_t n = 1024, std::int64_t 
 // comm::local's budget, all at once, as calibrate_rank_of), in working precision p (fp32, or bf16: its products on
 // the host's bf16 kernels or widened to f32, its element-wise passes on 16-bit values). It runs 1 and 2 layers, each
 // over max(1, 512 / seq) sequences and over a quarter of their tokens (fewer sequences, or shorter ones where there is
-// one), and fits the step less its traced GEMMs to blocks · block_seconds + bytes / elementwise_bandwidth:
+// one), and 1 layer over twice the sequences; it fits the step less its traced GEMMs to blocks · block_seconds +
+// bytes / elementwise_bandwidth:
 // - elementwise_bandwidth: its element-wise passes (LayerNorms, softmax, GELU, dropout, residual adds, the
 //   embedding's lookups and the loss: everything but its products), forward and backward together, in bytes per
 //   second of its blocks' saved activations (Korthikanti et al.'s sbh(34 + 5as/h), at p's value bytes) and of the
@@ -208,10 +210,28 @@ inline cluster calibrate_rank_of(int ranks, std::int64_t n = 1024, std::int64_t 
 //   start and the workspaces they take), cluster::block_seconds; 0 where the fit finds none;
 // - gemm_flops: its own products' FLOPs over their traced seconds (1 and 2 layers over every token), each product
 //   at the model's shapes (the projections, the MLP, attention's per-head products, the head), where a single probe GEMM
-//   runs one shape.
+//   runs one shape;
+// - gemm_rows: the rate of its products at a quarter of the tokens, all of them and twice as many (one layer), over
+//   gemm_flops' ({tokens, share}, as cluster::gemm_rows).
 struct gpt_probe {
   double elementwise_bandwidth = 0, gemm_flops = 0, block_seconds = 0;
+  std::vector<std::pair<double, double>> gemm_rows;
 };
+// A GPT's GEMM share by rows: its own products' shares where the probe measured them (model, increasing rows), and
+// below the first the share of one GEMM shape (single, cluster::gemm_rows), scaled to meet the model's at its first
+// point; held beyond the model's last point, where one shape's rate rising with its rows is not the model's mix
+// (per-head attention products do not grow with the micro-batch).
+inline std::vector<std::pair<double, double>> gpt_gemm_rows(const std::vector<std::pair<double, double>>& single,
+                                                            const std::vector<std::pair<double, double>>& model) {
+  if (model.empty()) return single;
+  const cluster one{.gemm_rows = single};
+  const double scale = model.front().second / one.gemm_share(model.front().first);
+  std::vector<std::pair<double, double>> rows;
+  for (const auto& [r, s] : single)
+    if (r < model.front().first) rows.emplace_back(r, s * scale);
+  rows.insert(rows.end(), model.begin(), model.end());
+  return rows;
+}
 // One timed run of a model's element-wise passes: its blocks, the bytes they and the passes outside them move, and
 // their seconds.
 struct pass_time {
@@ -302,21 +322,31 @@ gpt_probe probe_gpt_as(std::int64_t d_model, std::int64_t heads, std::int64_t se
   // A quarter of the tokens: a quarter of the sequences where there are 4, else shorter ones.
   const std::int64_t few = std::max<std::int64_t>(1, batch / 4), short_seq = std::max<std::int64_t>(1, seq * batch / (4 * few));
   std::vector<pass_time> runs;
-  double flops_at_all = 0, gemm_at_all = 0;  // the runs over every token's products
+  // The products' FLOPs and traced seconds at a quarter of the tokens, all of them and twice as many.
+  std::array<double, 3> flops_at{}, gemm_at{};
+  const std::array<std::int64_t, 3> tokens_at{short_seq * few, seq * batch, 2 * seq * batch};
   gpt_probe p;
-  for (const std::int64_t layers : {1, 2})
-    for (const auto& [s, b] : {std::pair{seq, batch}, std::pair{short_seq, few}}) {
-      const nn::gpt_config g{.vocab = vocab, .seq = s, .layers = layers, .d_model = d_model, .heads = heads};
-      const auto [rest, gemm, flops] = time_gpt<T>(g, b, at_once, threads);
-      if (s == seq) flops_at_all += flops, gemm_at_all += gemm;
-      const double bytes = static_cast<double>(layers) *
-                               korthikanti_layer_bytes(static_cast<double>(s), static_cast<double>(b), static_cast<double>(d_model),
-                                                       static_cast<double>(heads), 1, false, recompute::none) * (w / 2) +
-                           static_cast<double>(s * b) * (ends.embedding + ends.head) * w;
-      runs.push_back({.blocks = static_cast<double>(layers), .bytes = bytes, .seconds = std::max(rest, 1e-9) / share});
-    }
+  const auto time_run = [&](std::int64_t layers, std::int64_t s, std::int64_t b, std::size_t at) {
+    const nn::gpt_config g{.vocab = vocab, .seq = s, .layers = layers, .d_model = d_model, .heads = heads};
+    const auto [rest, gemm, flops] = time_gpt<T>(g, b, at_once, threads);
+    flops_at[at] += flops, gemm_at[at] += gemm;
+    const double bytes = static_cast<double>(layers) *
+                             korthikanti_layer_bytes(static_cast<double>(s), static_cast<double>(b), static_cast<double>(d_model),
+                                                     static_cast<double>(heads), 1, false, recompute::none) * (w / 2) +
+                         static_cast<double>(s * b) * (ends.embedding + ends.head) * w;
+    runs.push_back({.blocks = static_cast<double>(layers), .bytes = bytes, .seconds = std::max(rest, 1e-9) / share});
+  };
+  for (const std::int64_t layers : {1, 2}) {
+    time_run(layers, seq, batch, 1);
+    time_run(layers, short_seq, few, 0);
+  }
+  time_run(1, seq, 2 * batch, 2);
   std::tie(p.block_seconds, p.elementwise_bandwidth) = fit_passes(runs);
-  p.gemm_flops = flops_at_all / gemm_at_all * share;
+  const auto rate = [&](std::size_t at) { return flops_at[at] / gemm_at[at]; };
+  p.gemm_flops = rate(1) * share;
+  for (std::size_t at = 0; at < 3; ++at)
+    if (p.gemm_rows.empty() || static_cast<double>(tokens_at[at]) > p.gemm_rows.back().first)
+      p.gemm_rows.emplace_back(static_cast<double>(tokens_at[at]), rate(at) / rate(1));
   return p;
 }
 }  // namespace detail
@@ -335,8 +365,9 @@ inline double elementwise_bandwidth_of(std::int64_t d_model, std::int64_t heads,
 // What dml::cost needs to price a GPT's layouts on this host: calibrate_rank_of at its widths (its c_fc: n = 4C,
 // k = C) for the share of the rate at a micro-batch's rows, the copy rate and the update; then probe_gpt at its
 // widths and vocabulary, in fp32 and in bf16, for each precision's element-wise rate and the GEMM rate of its own
-// products (at the probe's 512 rows): bf16's as this host runs them, on native kernels or widened to f32, so that
-// the planner prices bf16 where it is slower as slower. rank_threads: the threads each rank will run (0: comm::local's
+// products (at the probe's 512 rows), each block's fixed cost, and the share of the rate at a micro-batch's rows
+// where the probe ran the model's own products (gpt_gemm_rows: one shape's share below them): bf16's products as this
+// host runs them, on native kernels or widened to f32, so that the planner prices bf16 where it is slower as slower. rank_threads: the threads each rank will run (0: comm::local's
 // budget for `ranks`), so that one rank run on one thread of a larger host is priced at one thread's rates.
 inline cluster calibrate_gpt_rank_of(int ranks, std::int64_t d_model, std::int64_t heads, std::int64_t seq,
                                      std::int64_t vocab, int rank_threads = 0) {
@@ -345,6 +376,7 @@ inline cluster calibrate_gpt_rank_of(int ranks, std::int64_t d_model, std::int64
   const gpt_probe half = probe_gpt(d_model, heads, seq, ranks, vocab, precision::bf16, rank_threads);
   c.elementwise_bandwidth = p.elementwise_bandwidth;
   c.elementwise_bandwidth_bf16 = half.elementwise_bandwidth;
+  c.gemm_rows = gpt_gemm_rows(c.gemm_rows, p.gemm_rows);
   c.block_seconds = p.block_seconds;
   c.block_seconds_bf16 = half.block_seconds;
   c.flops_fp32 = p.gemm_flops;
