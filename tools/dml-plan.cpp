@@ -106,8 +106,9 @@ int main(int argc, char** argv) {
   cli.add_switch("--json", json, "one JSON object per layout");
   cli.add("--calibrate", calibrate_file, "FILE",
           "measure this host's GEMM rates, element-wise rate and each block's fixed cost on GPTs of 1 and 2 layers "
-          "(1024 wide, 16 heads, 512 tokens and 128, 4,096 ids), the GEMM rate's share at 32 to 2,048 rows, the copy rate and the memory bandwidth (dml's AdamW "
-          "update), and write them as a cluster file");
+          "(1024 wide, 16 heads, 128 to 1,024 tokens, 4,096 ids), the GEMM rate's share at a micro-batch's tokens "
+          "(the model's products from 128 to 1,024, one GEMM shape below), the copy rate and the memory bandwidth "
+          "(dml's AdamW update), and write them as a cluster file");
   if (const auto status = cli.parse_for_main(argc, argv)) return *status;
 
   try {
