@@ -409,3 +409,61 @@ TEST_CASE("cost::evaluate_dml: a GPT layout's largest rank holds what the cost m
   CHECK_FALSE(sel.fits);
   CHECK(sel.why.find("selective recompute is not one of dml's") != std::string::npos);
 }
+
+TEST_CASE("the GPT's tensor-parallel collectives per step, counted by its group, equal cost::gpt_tp_collectives") {
+  using gpt_fixture::batch;
+  using gpt_fixture::seq;
+  struct lay {
+    int tp, pp;
+    bool sp, bias;
+    std::int64_t layers, micro;
+  };
+  int checked = 0;
+  for (const lay l : {lay{2, 1, false, false, 1, 1}, lay{2, 1, false, true, 2, 2}, lay{2, 1, true, false, 1, 1},
+                      lay{2, 1, true, false, 2, 2}, lay{2, 1, true, true, 1, 2}, lay{2, 1, true, true, 2, 1},
+                      lay{4, 1, true, true, 2, 2}, lay{4, 1, false, false, 2, 1}, lay{2, 2, true, true, 2, 2},
+                      lay{2, 2, false, false, 4, 2}}) {
+    CAPTURE(l.tp);
+    CAPTURE(l.pp);
+    CAPTURE(l.sp);
+    CAPTURE(l.bias);
+    CAPTURE(l.layers);
+    CAPTURE(l.micro);
+    auto g = gpt_fixture::config(l.layers, 0.f);
+    g.bias = l.bias;
+    train::trainer_options o;
+    o.tensor_parallel = l.tp;
+    o.sequence_parallel = l.sp;
+    o.pipeline_stages = l.pp;
+    o.schedule = l.pp > 1 ? "1f1b" : "gpipe";
+    o.micro_batches = l.micro;
+    const cost::model m{.layers = l.layers, .d_model = g.d_model, .heads = g.heads, .seq = seq, .vocab = g.vocab,
+                        .bias = l.bias};
+    const cost::layout cl{.tp = l.tp, .pp = l.pp, .sp = l.sp, .micro_batches = l.micro};
+    const auto want = cost::gpt_tp_collectives(m, cl, static_cast<double>(batch / l.micro), 4);
+    std::vector<std::int64_t> calls(static_cast<std::size_t>(l.tp * l.pp)), bytes(calls.size());
+    comm::local::run(l.tp * l.pp, [&](comm::local& c) {
+      trainer<parallel::replicate, optim::adamw> t(c, nn::gpt(g), o);
+      std::vector<float> x(static_cast<std::size_t>(batch * seq));
+      std::vector<std::int32_t> y(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7), y[i] = static_cast<std::int32_t>(i % 5);
+      const tensor_view<const float> xv(x.data(), {batch, seq});
+      const nn::rank_group* group = t.tensor_parallel_group();
+      REQUIRE(group != nullptr);
+      const auto counted = [&] { return std::pair{group->calls(nn::pass::forward) + group->calls(nn::pass::backward), group->bytes()}; };
+      t.step(xv, y.data(), batch);
+      const auto before = counted();  // the second step's alone
+      t.step(xv, y.data(), batch);
+      const auto after = counted();
+      calls[static_cast<std::size_t>(c.rank())] = after.first - before.first;
+      bytes[static_cast<std::size_t>(c.rank())] = after.second - before.second;
+    });
+    // The priced rank: every rank of one stage, the last stage's (the head's end) of a pipeline.
+    const std::size_t last = calls.size() - 1;
+    CHECK(static_cast<double>(calls[last]) == want.calls);
+    CHECK(static_cast<double>(bytes[last]) == want.payload);
+    for (std::size_t r = 0; r < calls.size(); ++r) CHECK(calls[r] <= calls[last]);
+    ++checked;
+  }
+  CHECK(checked == 10);
+}

@@ -141,6 +141,33 @@ inline double update_bandwidth(std::int64_t n, int concurrent, int threads) {
   }));
   return update_bytes_per_param("adamw", precision::fp32) * static_cast<double>(n) / seconds;
 }
+
+// comm::local's collectives among `ranks` threads, as the cost model's ring prices them: {latency, bandwidth}, from
+// the median all-reduce of 16 floats (every call's fixed cost: its barriers, over 2(ranks − 1) ring steps) and of
+// `bytes` (the bytes each rank moves, 2(ranks − 1)/ranks of them, over what the call takes beyond that cost). The ranks
+// meet at a barrier before each call, so their arrival's skew is not timed.
+inline std::pair<double, double> local_collectives(int ranks, std::size_t bytes = std::size_t{1} << 20) {
+  if (ranks < 2) fail<invalid_argument>("dml::cost::local_collectives: expected at least 2 ranks, found ", ranks);
+  double small = 0, large = 0;
+  comm::local::run(ranks, [&](comm::local& c) {
+    std::vector<float> few(16, 1.f), many(bytes / sizeof(float), 1.f);
+    const auto median = [&](std::vector<float>& x, int calls) {
+      std::vector<double> seconds;
+      for (int i = 0; i < calls; ++i) {
+        c.barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        c.all_reduce(std::span<float>(x), comm::reduce_op::sum);
+        seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::nth_element(seconds.begin(), seconds.begin() + calls / 2, seconds.end());
+      return seconds[static_cast<std::size_t>(calls / 2)];
+    };
+    const double a = median(few, 41), b = median(many, 21);
+    if (c.rank() == 0) small = a, large = b;
+  });
+  const double steps = 2.0 * (ranks - 1), moved = steps / ranks * static_cast<double>(bytes);
+  return {small / steps, moved / std::max(large - small, 1e-9)};
+}
 }  // namespace detail
 
 // GEMMs of m × n × k in fp32 and bf16, memcpy of copy_bytes; one node holding every rank. With rows, fp32 GEMMs
@@ -167,7 +194,7 @@ inline cluster calibrate(std::int64_t m = 512, std::int64_t n = 1024, std::int64
   std::vector<char> src(copy_bytes, 1), dst(copy_bytes);
   const double copy = detail::seconds_per_call([&] { std::memcpy(dst.data(), src.data(), src.size()); }, 5);
   c.intra_bandwidth = c.inter_bandwidth = static_cast<double>(copy_bytes) / copy;
-  c.intra_latency = c.inter_latency = 2e-6;
+  c.intra_latency = c.inter_latency = 2e-6;  // calibrate_rank_of times the ranks' own collectives
   // 4M parameters: 112 MB moved per update, beyond the caches of the hosts dml has run on.
   c.memory_bandwidth = detail::update_bandwidth(std::int64_t{1} << 22, concurrent, threads > 0 ? threads : budget);
   c.devices_per_node = 1 << 20;
@@ -192,6 +219,11 @@ inline cluster calibrate_rank_of(int ranks, std::int64_t n = 1024, std::int64_t 
   c.flops_fp32 *= share;
   c.flops_bf16 *= share;
   c.intra_bandwidth = c.inter_bandwidth = c.intra_bandwidth / std::max(ranks, 1);
+  if (ranks > 1) {  // the ranks' collectives and messages: comm::local's own
+    const auto [latency, bandwidth] = detail::local_collectives(ranks);
+    c.intra_latency = c.inter_latency = latency;
+    c.intra_bandwidth = c.inter_bandwidth = bandwidth;
+  }
   return c;
 }
 

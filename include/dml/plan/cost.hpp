@@ -369,6 +369,51 @@ inline std::string refusal(const model& m, const layout& l, const training& t, i
   return {};
 }
 
+// One step's collectives in a tensor-parallel group of nn::gpt, as each of its ranks makes them: calls, their payload
+// in bytes as nn::rank_group::bytes counts it (an all-gather's or reduce-scatter's whole tensor), and in a ring the
+// steps each waits a link's latency (an all-reduce 2(t − 1), an all-gather or reduce-scatter t − 1) and the bytes
+// each rank moves (2(t − 1)/t and (t − 1)/t of the payload). Per
+// micro-batch of T tokens (seq/cp · rows), hidden h, at the working type's w bytes:
+// - without sp: each block's 2 all-reduces forward and 2 backward of T·h values; the embedding's sum (forward) and
+//   the head's input gradient (backward), one each;
+// - with sp: each block's 2 all-gathers and 2 reduce-scatters forward, 4 all-gathers (2 re-gather the LayerNorms'
+//   outputs) and 2 reduce-scatters backward; the embedding's reduce-scatter and its gradient's all-gather, the head's
+//   input all-gather and its gradient's reduce-scatter; and once a step, in fp32, an all-reduce of each weight whose
+//   gradient is partial over the group: a block's 2 LayerNorm weights (with bias also their biases and the two
+//   row-parallel biases: 6), the final LayerNorm's (2 with bias) and the position embedding (seq·h);
+// - the vocabulary-parallel loss's max and its sums, all-reduces of T and 2T floats.
+// A pipeline stage holds ceil(layers / pp) blocks; the first stage the embedding, the last the head and loss, and
+// where pp > 1 the last one's (the busier end) is priced. A block with experts is counted as a dense one.
+struct collectives {
+  double calls = 0, payload = 0, steps = 0, moved = 0;
+};
+inline collectives gpt_tp_collectives(const model& m, const layout& l, double mb_rows, double w) {
+  collectives c;
+  if (l.tp <= 1 || !m.is_gpt()) return c;
+  const double t = l.tp, h = static_cast<double>(m.d_model), M = static_cast<double>(l.micro_batches);
+  const double T = static_cast<double>(m.seq) / l.cp * mb_rows, blocks = std::ceil(static_cast<double>(m.layers) / l.pp);
+  const double big = T * h * w, f32 = 4, bias = m.bias ? 1 : 0;
+  const bool embedding = l.pp == 1, head = true;
+  auto add = [&](double calls, double payload, bool all_reduce) {
+    const double ring = all_reduce ? 2 : 1;
+    c.calls += calls;
+    c.payload += calls * payload;
+    c.steps += calls * ring * (t - 1);
+    c.moved += calls * ring * payload * (t - 1) / t;
+  };
+  if (!l.sp) {
+    add(M * (4 * blocks + embedding + head), big, true);
+  } else {
+    add(M * (10 * blocks + 2 * embedding + 2 * head), big, false);
+    add(blocks * (2 + 4 * bias), h * f32, true);
+    if (head) add(1 + bias, h * f32, true);
+    if (embedding) add(1, static_cast<double>(m.seq) * h * f32, true);
+  }
+  add(M, T * f32, true);
+  add(M, 2 * T * f32, true);
+  return c;
+}
+
 // Whether the largest rank's bytes fit the cluster's memory, and if not, why.
 inline void check_fit(estimate& e, const cluster& c) {
   e.fits = e.per_rank.total() <= c.memory_bytes;
@@ -449,14 +494,13 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
     return group_span <= c.devices_per_node ? std::pair{c.intra_bandwidth, c.intra_latency}
                                             : std::pair{c.inter_bandwidth, c.inter_latency};
   };
-  // Tensor parallelism: 4 all-reduces (or all-gather + reduce-scatter pairs) of s·b·h per layer and
-  // micro-batch (2 forward, 2 backward), ring cost 2(t−1)/t.
+  // Tensor parallelism: every collective of the step (gpt_tp_collectives), a latency per ring step and the bytes a
+  // rank moves.
   double tp_time = 0;
   if (l.tp > 1 && m.is_gpt()) {
     const auto [bw, lat] = link(l.tp);
-    const double msg = static_cast<double>(m.seq) / l.cp * mb_rows * static_cast<double>(m.d_model) * w;
-    const double per = 2.0 * (l.tp - 1) / l.tp * msg / bw + 2.0 * (l.tp - 1) * lat;
-    tp_time = 4 * std::ceil(static_cast<double>(m.layers) / l.pp) * static_cast<double>(l.micro_batches) * per;
+    const collectives tc = gpt_tp_collectives(m, l, mb_rows, w);
+    tp_time = tc.steps * lat + tc.moved / bw;
   }
   // Data parallelism: one all-reduce (or reduce-scatter + all-gather) of the gradients per step.
   double dp_time = 0;
