@@ -140,6 +140,27 @@ double cold_accumulate_ms(dml::host_gemm_library lib, std::int64_t out, std::int
   return dml::detail::host_gemm_time(lib, g) * 1e3;
 }
 
+// Seconds of the optimizer's update as a roofline counts it: AdamW's streams over n parameters (the parameter,
+// gradient and two moments read; the parameter and moments written: cost::update_bytes_per_param's 28 bytes) with
+// none of its arithmetic, on fresh arrays out of the caches, the median of 7 passes on this thread.
+double update_floor_seconds(std::int64_t n) {
+  const auto size = static_cast<std::size_t>(n);
+  std::vector<float> w(size, 0.5f), g(size, 0.25f), m(size, 0.f), v(size, 0.f);
+  std::vector<double> seconds;
+  for (int r = 0; r < 7; ++r) {
+    const auto t0 = clock_type::now();
+    dml::for_each_index<dml::host>(n, [w = w.data(), g = g.data(), m = m.data(), v = v.data()](std::int64_t i) {
+      const float gi = g[i];
+      m[i] += gi;
+      v[i] += gi * gi;
+      w[i] -= m[i];
+    });
+    seconds.push_back(seconds_since(t0));
+  }
+  std::nth_element(seconds.begin(), seconds.begin() + 3, seconds.end());
+  return seconds[3];
+}
+
 template <class... L>
 double samples_per_second(const dml::nn::sequential<L...>& model, const options& o, step_trace& trace) {
   dml::nn::network<dml::host, L...> net(model, 1);
@@ -294,6 +315,13 @@ int main(int argc, char** argv) try {
       std::printf(" %s %.3f ms;", std::string(dml::to_string(l)).c_str(), cold_accumulate_ms(l, h, h, rows));
     std::printf("\n");
   }
+  // One rank's update streams its parameters once a step: no schedule of its GEMMs hides that on its core.
+  const double params = weights + [&] {
+    double b = 10;
+    for (auto h : o.hidden) b += double(h);
+    return b;
+  }();
+  const double update_floor = o.ranks == 1 && o.threads == 1 ? update_floor_seconds(static_cast<std::int64_t>(params)) : 0;
   const double gflops = flop_per_sample * double(o.batch) / roofline_step / 1e9;  // the step's effective rate
   const double roofline = double(o.batch) / roofline_step * o.ranks * o.threads;
   const std::string isa = dml::host_gemm_impl(o.batch, width, width, o.precision == "fp32" ? dml::dtype::f32
@@ -303,14 +331,21 @@ int main(int argc, char** argv) try {
     std::printf("{\"impl\":\"dml\",\"cpu\":\"%s\",\"ranks\":%d,\"parallel\":\"%s\",\"precision\":\"%s\",\"threads\":%d,"
                 "\"batch_per_rank\":%lld,\"samples_per_s\":%.1f,\"gemm_gflops\":%.1f,\"gemm_impl\":\"%s\","
                 "\"mflop_per_sample\":%.2f,\"roofline_samples_per_s\":%.1f,\"roofline_fraction\":%.3f,"
-                "\"model_state_bytes_per_rank\":%lld,\"hidden_comm_fraction\":%.3f}\n",
+                "\"model_state_bytes_per_rank\":%lld,\"hidden_comm_fraction\":%.3f,\"update_floor_ms\":%.3f}\n",
                 dml::host_cpu_model().c_str(), o.ranks, o.parallel.c_str(), o.precision.c_str(), o.threads,
                 static_cast<long long>(o.batch), rate, gflops, isa.c_str(), flop_per_sample / 1e6, roofline,
-                rate / roofline, static_cast<long long>(pr.memory.total()), pr.hidden_fraction);
+                rate / roofline, static_cast<long long>(pr.memory.total()), pr.hidden_fraction, update_floor * 1e3);
   } else {
     std::printf("# %.2f MFLOP per sample at %.1f GFLOP/s (the step's GEMMs at their best library, one core; oneDNN "
                 "kernel %s) -> roofline %.0f samples/s on the cores this run uses\n",
                 flop_per_sample / 1e6, gflops, isa.c_str(), roofline);
+    if (update_floor > 0)
+      std::printf("# the update's streams (%.3gM parameters x 28 bytes, none of AdamW's arithmetic, out of cache) take "
+                  "%.2f ms on this core (%.1f GB/s): GEMMs at their best and the update at that rate -> roofline %.0f "
+                  "samples/s, which dml reaches %.1f%% of; the update alone caps the GEMM-only fraction at %.1f%%\n",
+                  params / 1e6, update_floor * 1e3, 28 * params / update_floor / 1e9,
+                  double(o.batch) / (roofline_step + update_floor), 100.0 * rate * (roofline_step + update_floor) / double(o.batch),
+                  100.0 * roofline_step / (roofline_step + update_floor));
     std::printf("%8s %6s %9s %10s %14s %12s %16s %12s\n", "impl", "ranks", "parallel", "precision", "samples/s",
                 "of roofline", "state B/rank", "comm hidden");
     std::printf("%8s %6d %9s %10s %14.1f %11.1f%% %16lld %12s\n", "dml", o.ranks, o.parallel.c_str(),
