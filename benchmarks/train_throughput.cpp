@@ -255,13 +255,15 @@ int main(int argc, char** argv) try {
   auto cli = command_line(o);
   if (const auto status = cli.parse_for_main(argc, argv, [&] { check_across(o); })) return *status;
   // 2 FLOPs per multiply-add forward, 4 backward (input and weight gradients): 6 per weight per sample.
-  double weights = 0;
+  double weights = 0, biases = 10;
   std::int64_t width = 784;
   for (auto h : o.hidden) {
     weights += double(width) * double(h);
+    biases += double(h);
     width = h;
   }
   weights += double(width) * 10.0;
+  const double params = weights + biases;
   const double flop_per_sample = 6.0 * weights;
   if (o.precision == "auto") {
     const auto p = dml::nn::with_mlp(784, o.hidden, 10, [&](auto model) {
@@ -316,11 +318,6 @@ int main(int argc, char** argv) try {
     std::printf("\n");
   }
   // One rank's update streams its parameters once a step: no schedule of its GEMMs hides that on its core.
-  const double params = weights + [&] {
-    double b = 10;
-    for (auto h : o.hidden) b += double(h);
-    return b;
-  }();
   const double update_floor = o.ranks == 1 && o.threads == 1 ? update_floor_seconds(static_cast<std::int64_t>(params)) : 0;
   const double gflops = flop_per_sample * double(o.batch) / roofline_step / 1e9;  // the step's effective rate
   const double roofline = double(o.batch) / roofline_step * o.ranks * o.threads;

@@ -393,7 +393,7 @@ inline collectives gpt_tp_collectives(const model& m, const layout& l, double mb
   const double t = l.tp, h = static_cast<double>(m.d_model), M = static_cast<double>(l.micro_batches);
   const double T = static_cast<double>(m.seq) / l.cp * mb_rows, blocks = std::ceil(static_cast<double>(m.layers) / l.pp);
   const double big = T * h * w, f32 = 4, bias = m.bias ? 1 : 0;
-  const bool embedding = l.pp == 1, head = true;
+  const double embedding = l.pp == 1 ? 1 : 0;  // the head's end is on every priced stage
   auto add = [&](double calls, double payload, bool all_reduce) {
     const double ring = all_reduce ? 2 : 1;
     c.calls += calls;
@@ -402,12 +402,12 @@ inline collectives gpt_tp_collectives(const model& m, const layout& l, double mb
     c.moved += calls * ring * payload * (t - 1) / t;
   };
   if (!l.sp) {
-    add(M * (4 * blocks + embedding + head), big, true);
+    add(M * (4 * blocks + embedding + 1), big, true);
   } else {
-    add(M * (10 * blocks + 2 * embedding + 2 * head), big, false);
+    add(M * (10 * blocks + 2 * embedding + 2), big, false);
     add(blocks * (2 + 4 * bias), h * f32, true);
-    if (head) add(1 + bias, h * f32, true);
-    if (embedding) add(1, static_cast<double>(m.seq) * h * f32, true);
+    add(1 + bias, h * f32, true);
+    add(embedding, static_cast<double>(m.seq) * h * f32, true);
   }
   add(M, T * f32, true);
   add(M, 2 * T * f32, true);

@@ -140,31 +140,35 @@ struct group : std::enable_shared_from_this<group> {
                      ": the group was aborted (", w->why(), ")");
   }
 
-  static void relax() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    __builtin_ia32_pause();
-#endif
-  }
-  // Where ranks spin: true once pred() holds within spin_for, checked under m between short pauses without it (a
-  // receive waiting for its message); false when it did not, or the group was aborted.
-  template <class Pred>
-  bool poll(std::unique_lock<std::mutex>& lk, Pred& pred) {
-    if (!spins) return pred();
+  // Calls ready() between short pauses until it holds (true), spin_for passes or the group is aborted (false).
+  template <class Ready>
+  bool spin(Ready ready) {
     const auto until = std::chrono::steady_clock::now() + spin_for;
-    while (!pred()) {
-      if (w->aborted.load(std::memory_order_acquire) || std::chrono::steady_clock::now() >= until) return false;
-      lk.unlock();
-      for (int i = 0; i < 32; ++i) relax();
-      lk.lock();
+    for (unsigned i = 1;; ++i) {
+      if (ready()) return true;
+      if (i % 16 == 0 && (std::chrono::steady_clock::now() >= until || w->aborted.load(std::memory_order_acquire)))
+        return false;
+      for (int k = 0; k < 8; ++k) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+        __builtin_ia32_pause();
+#endif
+      }
     }
-    return true;
   }
 
-  // Sleeps until pred() holds (polling first, where ranks spin); throws comm_error on abort or when the timeout
-  // passes.
+  // Sleeps until pred() holds, where ranks spin checking it under m between pauses first (a receive waiting for its
+  // message); throws comm_error on abort or when the timeout passes.
   template <class Pred>
   void wait(std::unique_lock<std::mutex>& lk, Pred pred, const char* op, int rank) {
-    if (!poll(lk, pred)) sleep(lk, pred, op, rank);
+    if (spins && !pred()) {
+      lk.unlock();
+      spin([&] {
+        const std::lock_guard held(m);
+        return pred();
+      });
+      lk.lock();
+    }
+    sleep(lk, pred, op, rank);
   }
   template <class Pred>
   void sleep(std::unique_lock<std::mutex>& lk, Pred& pred, const char* op, int rank) {
@@ -196,18 +200,12 @@ struct group : std::enable_shared_from_this<group> {
       cv.notify_all();
       return;
     }
+    auto next = [&] { return generation.load(std::memory_order_acquire) != gen; };
     if (spins) {
       lk.unlock();
-      const auto until = std::chrono::steady_clock::now() + spin_for;
-      for (unsigned i = 1;; ++i) {
-        if (generation.load(std::memory_order_acquire) != gen) return;
-        if (i % 64 == 0 && (std::chrono::steady_clock::now() >= until || w->aborted.load(std::memory_order_acquire)))
-          break;
-        relax();
-      }
+      if (spin(next)) return;
       lk.lock();
     }
-    auto next = [&] { return generation.load(std::memory_order_acquire) != gen; };
     sleep(lk, next, op, rank);
   }
 };
