@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <thread>
 #include <type_traits>
 #include <tuple>
@@ -289,54 +290,85 @@ inline std::pair<double, double> fit_passes(const std::vector<pass_time>& runs) 
 }
 
 namespace detail {
-// The fastest round's seconds outside the traced products and inside them, and the products' FLOPs, of nn::gpt g
-// over `batch` sequences on `at_once` threads at once.
+// One run of time_gpts: nn::gpt g over `batch` sequences; what it measured: the fastest round's seconds outside the
+// traced products and inside them, and the products' FLOPs.
+struct gpt_run {
+  nn::gpt_config g;
+  std::int64_t batch = 1;
+  double rest = 0, gemm = 0, flops = 0;
+};
+// Times each of `runs` (a forward, the loss and a backward) on `at_once` threads at once, `rounds` rounds after a
+// warm one. The rounds go round the runs, one of each per round: a slow spell of the host slows one round of every
+// run, not every round of one (timed one run after another, the probe's share at a quarter of the tokens read
+// 0.64 and 1.16 in two of eight calibrations where the others read 0.93-0.97).
 template <class T>
-std::tuple<double, double, double> time_gpt(const nn::gpt_config& g, std::int64_t batch, int at_once, int threads) {
-  const std::int64_t tokens = batch * g.seq;
-  struct rounds {
-    std::vector<double> rest, gemm;  // each timed round's seconds outside and inside the products
-    double flops = 0;
+void time_gpts(std::vector<gpt_run>& runs, int at_once, int threads, int rounds = 6) {
+  struct timed {
+    std::vector<std::vector<double>> rest, gemm;  // per run, each round's seconds outside and inside the products
+    std::vector<double> flops;
   };
+  using net_type = nn::basic_network<dml::host, T, nn::gpt_embedding, nn::stack<nn::gpt_block>, nn::gpt_head>;
   const auto each = run_at_once(at_once, threads, [&](std::barrier<>& sync) {
-    rounds t;
-    nn::basic_network<dml::host, T, nn::gpt_embedding, nn::stack<nn::gpt_block>, nn::gpt_head> net(nn::gpt(g), 1);
-    std::vector<float> ids(static_cast<std::size_t>(tokens)), row_loss(static_cast<std::size_t>(tokens));
-    std::vector<T> dlogits(static_cast<std::size_t>(tokens * g.vocab));
-    std::vector<std::int32_t> labels(ids.size());
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      ids[i] = static_cast<float>((i * 7) % static_cast<std::size_t>(g.vocab));
-      labels[i] = static_cast<std::int32_t>((i * 5) % static_cast<std::size_t>(g.vocab));
+    struct problem {
+      net_type net;
+      std::vector<float> ids, row_loss;
+      std::vector<T> dlogits;
+      std::vector<std::int32_t> labels;
+    };
+    std::vector<std::unique_ptr<problem>> ps;  // a network is not movable
+    for (const auto& r : runs) {
+      const auto tokens = static_cast<std::size_t>(r.batch * r.g.seq), vocab = static_cast<std::size_t>(r.g.vocab);
+      auto& q = *ps.emplace_back(new problem{net_type(nn::gpt(r.g), 1), std::vector<float>(tokens), std::vector<float>(tokens),
+                                             std::vector<T>(tokens * vocab), std::vector<std::int32_t>(tokens)});
+      for (std::size_t i = 0; i < tokens; ++i) {
+        q.ids[i] = static_cast<float>((i * 7) % vocab);
+        q.labels[i] = static_cast<std::int32_t>((i * 5) % vocab);
+      }
     }
     const nn::context c{.training = true, .seed = 1, .step = 1};
     std::vector<gemm_call> calls;
-    const auto all = timed_rounds(sync, 5, [&] {
+    timed t{.rest = std::vector<std::vector<double>>(runs.size()), .gemm = std::vector<std::vector<double>>(runs.size()),
+            .flops = std::vector<double>(runs.size())};
+    const auto once = [&](std::size_t i) {
+      auto& q = *ps[i];
       calls.clear();
       dml::detail::host_gemm_trace = &calls;
-      const auto logits = net.forward(tensor_view<const float>(ids.data(), {batch, g.seq}), c);
-      const tensor_view<T> dl(dlogits.data(), logits.shape);
-      nn::softmax_cross_entropy{}.forward_backward<dml::host>(logits, labels.data(), dl, row_loss.data());
-      net.backward(tensor_view<const T>(dl), c);
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto logits = q.net.forward(tensor_view<const float>(q.ids.data(), {runs[i].batch, runs[i].g.seq}), c);
+      const tensor_view<T> dl(q.dlogits.data(), logits.shape);
+      nn::softmax_cross_entropy{}.forward_backward<dml::host>(logits, q.labels.data(), dl, q.row_loss.data());
+      q.net.backward(tensor_view<const T>(dl), c);
+      const double all = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       dml::detail::host_gemm_trace = nullptr;
       double gemm = 0, flops = 0;
       for (const auto& call : calls) {
         gemm += call.seconds;
         flops += 2.0 * static_cast<double>(call.args.m) * static_cast<double>(call.args.n) * static_cast<double>(call.args.k);
       }
-      t.gemm.push_back(gemm);
-      t.flops = flops;
-    });
-    t.gemm.erase(t.gemm.begin());  // the warm call's
-    for (std::size_t i = 0; i < all.size(); ++i) t.rest.push_back(all[i] - t.gemm[i]);
+      return std::tuple{all - gemm, gemm, flops};
+    };
+    for (std::size_t i = 0; i < runs.size(); ++i) once(i);  // warm
+    for (int round = 0; round < rounds; ++round)
+      for (std::size_t i = 0; i < runs.size(); ++i) {
+        sync.arrive_and_wait();
+        const auto [rest, gemm, flops] = once(i);
+        t.rest[i].push_back(rest);
+        t.gemm[i].push_back(gemm);
+        t.flops[i] = flops;
+      }
     return t;
   });
   // Ranks that share the host wait for each other; every rank runs the same products.
-  std::vector<std::vector<double>> rest, gemm;
-  for (const auto& t : each) {
-    rest.push_back(t.rest);
-    gemm.push_back(t.gemm);
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    std::vector<std::vector<double>> rest, gemm;
+    for (const auto& t : each) {
+      rest.push_back(t.rest[i]);
+      gemm.push_back(t.gemm[i]);
+    }
+    runs[i].rest = fastest_round(rest);
+    runs[i].gemm = fastest_round(gemm);
+    runs[i].flops = each.front().flops[i];
   }
-  return {fastest_round(rest), fastest_round(gemm), each.front().flops};
 }
 template <class T>
 gpt_probe probe_gpt_as(std::int64_t d_model, std::int64_t heads, std::int64_t seq, int ranks, std::int64_t vocab,
@@ -358,21 +390,24 @@ gpt_probe probe_gpt_as(std::int64_t d_model, std::int64_t heads, std::int64_t se
   std::array<double, 3> flops_at{}, gemm_at{};
   const std::array<std::int64_t, 3> tokens_at{short_seq * few, seq * batch, 2 * seq * batch};
   gpt_probe p;
-  const auto time_run = [&](std::int64_t layers, std::int64_t s, std::int64_t b, std::size_t at) {
-    const nn::gpt_config g{.vocab = vocab, .seq = s, .layers = layers, .d_model = d_model, .heads = heads};
-    const auto [rest, gemm, flops] = time_gpt<T>(g, b, at_once, threads);
-    flops_at[at] += flops, gemm_at[at] += gemm;
+  // {layers, sequence length, sequences, which of tokens_at}: 1 and 2 layers over every token and over a quarter of
+  // them, 1 layer over twice as many.
+  const std::array<std::array<std::int64_t, 4>, 5> shapes{
+      {{1, seq, batch, 1}, {1, short_seq, few, 0}, {2, seq, batch, 1}, {2, short_seq, few, 0}, {1, seq, 2 * batch, 2}}};
+  std::vector<gpt_run> timed;
+  for (const auto& [layers, s, b, at] : shapes)
+    timed.push_back({.g = {.vocab = vocab, .seq = s, .layers = layers, .d_model = d_model, .heads = heads}, .batch = b});
+  time_gpts<T>(timed, at_once, threads);
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const auto& [layers, s, b, at] = shapes[i];
+    const auto& r = timed[i];
+    flops_at[static_cast<std::size_t>(at)] += r.flops, gemm_at[static_cast<std::size_t>(at)] += r.gemm;
     const double bytes = static_cast<double>(layers) *
                              korthikanti_layer_bytes(static_cast<double>(s), static_cast<double>(b), static_cast<double>(d_model),
                                                      static_cast<double>(heads), 1, false, recompute::none) * (w / 2) +
                          static_cast<double>(s * b) * (ends.embedding + ends.head) * w;
-    runs.push_back({.blocks = static_cast<double>(layers), .bytes = bytes, .seconds = std::max(rest, 1e-9) / share});
-  };
-  for (const std::int64_t layers : {1, 2}) {
-    time_run(layers, seq, batch, 1);
-    time_run(layers, short_seq, few, 0);
+    runs.push_back({.blocks = static_cast<double>(layers), .bytes = bytes, .seconds = std::max(r.rest, 1e-9) / share});
   }
-  time_run(1, seq, 2 * batch, 2);
   std::tie(p.block_seconds, p.elementwise_bandwidth) = fit_passes(runs);
   const auto rate = [&](std::size_t at) { return flops_at[at] / gemm_at[at]; };
   p.gemm_flops = rate(1) * share;
