@@ -107,11 +107,12 @@ int main(int argc, char** argv) {
     // Ranks are threads sharing this host, each with its share of the cores (comm::local's thread budget):
     // calibrated as one of them, at the model's widths.
     const cost::cluster c = cost::calibrate_gpt_rank_of(l.devices(), g.d_model, g.heads, g.seq, g.vocab);
-    std::printf("# one of %d rank(s): fp32 GEMM %.1f GFLOP/s, %s %.1f GB/s (%.2f us per ring step), AdamW update %.1f "
-                "GB/s, a block's element-wise passes %.1f GB/s of its activations and %.3f ms per block per micro-batch; "
-                "share of the fp32 rate at",
+    std::printf("# one of %d rank(s): fp32 GEMM %.1f GFLOP/s, %s %.1f GB/s (%.2f us per ring step; all-gathers and "
+                "reduce-scatters %.1f GB/s), AdamW update %.1f GB/s, a block's element-wise passes %.1f GB/s of its "
+                "activations and %.3f ms per block per micro-batch; share of the fp32 rate at",
                 l.devices(), c.flops_fp32 / 1e9, l.devices() > 1 ? "collectives" : "memcpy", c.intra_bandwidth / 1e9,
-                c.intra_latency * 1e6, c.memory_bandwidth / 1e9, c.elementwise_bandwidth / 1e9, c.block_seconds * 1e3);
+                c.intra_latency * 1e6, (c.intra_gather_bandwidth > 0 ? c.intra_gather_bandwidth : c.intra_bandwidth) / 1e9,
+                c.memory_bandwidth / 1e9, c.elementwise_bandwidth / 1e9, c.block_seconds * 1e3);
     for (const auto& [rows, share] : c.gemm_rows) std::printf(" %g rows %.2f,", rows, share);
     std::printf("\n");
     const auto e = cost::evaluate(m, l, t, c, l.devices());

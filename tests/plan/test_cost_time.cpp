@@ -92,6 +92,34 @@ TEST_CASE("gemm_rows and memory_bandwidth in the cluster file: written, read bac
   }
 }
 
+TEST_CASE("tensor parallelism: all-gathers and reduce-scatters at the node's gather rate, all-reduces at its link's") {
+  // small_gpt, tp 2 + sp, one micro-batch of 8 sequences: per block 10 all-gathers and reduce-scatters of the
+  // micro-batch's 1,024 × 256 floats (1 MiB), and 2 more for the embedding and the head's end; a ring moves half.
+  const auto sp = cost::parse_layout("tp=2,sp=1,schedule=single"), no_sp = cost::parse_layout("tp=2,schedule=single");
+  const auto tc = cost::gpt_tp_collectives(small_gpt, sp, 8, 4);
+  CHECK(tc.moved_gather == 24 * 0.5 * 1024 * 256 * 4);
+  CHECK(cost::gpt_tp_collectives(small_gpt, no_sp, 8, 4).moved_gather == 0);  // all-reduces only
+  cost::cluster ring, local;
+  ring.intra_bandwidth = local.intra_bandwidth = 16e9;
+  ring.intra_latency = local.intra_latency = 1e-6;
+  local.intra_gather_bandwidth = 4e9;
+  const auto a = cost::evaluate(small_gpt, sp, fp32_batch8, ring, 2), b = cost::evaluate(small_gpt, sp, fp32_batch8, local, 2);
+  REQUIRE(a.why.empty());
+  CHECK(a.time.tp == doctest::Approx(tc.steps * 1e-6 + tc.moved / 16e9).epsilon(1e-12));
+  CHECK(b.time.tp == doctest::Approx(tc.steps * 1e-6 + (tc.moved - tc.moved_gather) / 16e9 + tc.moved_gather / 4e9).epsilon(1e-12));
+  CHECK(cost::evaluate(small_gpt, no_sp, fp32_batch8, local, 2).time.tp ==
+        doctest::Approx(cost::evaluate(small_gpt, no_sp, fp32_batch8, ring, 2).time.tp).epsilon(1e-12));
+  // A group wider than a node runs at the link between nodes, whatever the node's gather rate.
+  local.devices_per_node = ring.devices_per_node = 1;
+  CHECK(cost::evaluate(small_gpt, sp, fp32_batch8, local, 2).time.tp ==
+        doctest::Approx(cost::evaluate(small_gpt, sp, fp32_batch8, ring, 2).time.tp).epsilon(1e-12));
+  // In the cluster file: written where set, read back, refused by name when not positive.
+  CHECK(cost::to_json(cost::cluster{}).count("intra_gather_bandwidth") == 0);
+  CHECK(cost::cluster_from_json(cost::to_json(local)).intra_gather_bandwidth == 4e9);
+  CHECK_THROWS_WITH_AS(cost::cluster_from_json(nlohmann::json::parse(R"({"intra_gather_bandwidth": -1})"), "c.json"),
+                       "c.json: field 'intra_gather_bandwidth' must be a positive number, found -1", dml::format_error);
+}
+
 TEST_CASE("the optimizer's update: the rank's parameters (its ZeRO shard) at memory bandwidth, after the pipeline") {
   CHECK(cost::update_bytes_per_param("adamw", cost::precision::fp32) == 28);  // w r/w, g, m r/w, v r/w
   CHECK(cost::update_bytes_per_param("adamw", cost::precision::bf16) == 28);  // master r/w, 16-bit g, m, v, 16-bit w

@@ -143,36 +143,54 @@ inline double update_bandwidth(std::int64_t n, int concurrent, int threads) {
   return update_bytes_per_param("adamw", precision::fp32) * static_cast<double>(n) / seconds;
 }
 
-// comm::local's collectives among `ranks` threads, as the cost model's ring prices them: {latency, bandwidth}, from
-// the median all-reduce of 16 floats (every call's fixed cost: its barriers, over 2(ranks − 1) ring steps) and of
-// `bytes` (the bytes each rank moves, 2(ranks − 1)/ranks of them, over what the call takes beyond that cost). The ranks
-// meet at a barrier before each call, so their arrival's skew is not timed. Each call finds its buffer out of every
-// cache, as a step's collectives find theirs (an activation or gradient written a layer earlier, read by the other
-// rank's core): a 1 MB all-reduce from cache took 74-80 µs on a 2-core EPYC where out of cache it took 122-152 µs,
-// and the sequence-parallel all-gathers of 1 MB that a GPT's step ran there 130-190 µs each.
-inline std::pair<double, double> local_collectives(int ranks, std::size_t bytes = std::size_t{1} << 20) {
+// comm::local's collectives among `ranks` threads, as the cost model's ring prices them: the latency per ring step,
+// from the median all-reduce of 16 floats (every call's fixed cost: its barriers, over 2(ranks − 1) ring steps); the
+// bandwidth, from the median all-reduce of `bytes` (the bytes each rank moves, 2(ranks − 1)/ranks of them, over what
+// the call takes beyond that cost); and the all-gathers' and reduce-scatters' own (cluster::intra_gather_bandwidth),
+// from the medians of an all-gather into `bytes` and a reduce-scatter from them ((ranks − 1)/ranks of them each,
+// over what the two take beyond their ranks − 1 steps each). The ranks meet at a barrier before each call, so their
+// arrival's skew is not timed. Each call finds its buffers out of every cache, as a step's collectives find theirs
+// (an activation or gradient written a layer earlier, read by the other rank's core): a 1 MB all-reduce from cache
+// took 74-80 µs on a 2-core EPYC where out of cache it took 122-152 µs, and an all-gather into 1 MB 174-218 µs, as
+// long as one memcpy of its output (comm::local copies every block, its own too).
+struct local_rates {
+  double latency = 0, bandwidth = 0, gather_bandwidth = 0;
+};
+inline local_rates local_collectives(int ranks, std::size_t bytes = std::size_t{1} << 20) {
   if (ranks < 2) fail<invalid_argument>("dml::cost::local_collectives: expected at least 2 ranks, found ", ranks);
-  double small = 0, large = 0;
+  double small = 0, large = 0, gather = 0, scatter = 0;
   comm::local::run(ranks, [&](comm::local& c) {
-    std::vector<float> few(16, 1.f), many(bytes / sizeof(float), 1.f);
-    const auto median = [&](std::vector<float>& x, int calls) {
+    const std::size_t n = bytes / sizeof(float), part = n / static_cast<std::size_t>(ranks);
+    std::vector<float> few(16, 1.f), many(n, 1.f), whole(part * static_cast<std::size_t>(ranks), 1.f), mine(part, 1.f);
+    const auto evict = [](std::vector<float>& x) {
+      dml::detail::host_evict(x.data(), 1, static_cast<std::int64_t>(x.size()), static_cast<std::int64_t>(x.size()),
+                              sizeof(float));
+    };
+    const auto median = [&](int calls, auto&& call, auto&... buffers) {
       std::vector<double> seconds;
       for (int i = 0; i < calls; ++i) {
-        dml::detail::host_evict(x.data(), 1, static_cast<std::int64_t>(x.size()), static_cast<std::int64_t>(x.size()),
-                                sizeof(float));
+        (evict(buffers), ...);
         c.barrier();
         const auto t0 = std::chrono::steady_clock::now();
-        c.all_reduce(std::span<float>(x), comm::reduce_op::sum);
+        call();
         seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
       std::nth_element(seconds.begin(), seconds.begin() + calls / 2, seconds.end());
       return seconds[static_cast<std::size_t>(calls / 2)];
     };
-    const double a = median(few, 41), b = median(many, 21);
-    if (c.rank() == 0) small = a, large = b;
+    const auto all_reduce = [&](std::vector<float>& x) { c.all_reduce(std::span<float>(x), comm::reduce_op::sum); };
+    const double a = median(41, [&] { all_reduce(few); }, few), b = median(21, [&] { all_reduce(many); }, many);
+    const double g = median(21, [&] { c.all_gather(std::span<const float>(mine), std::span<float>(whole)); }, mine, whole);
+    const double r = median(21, [&] {
+      c.reduce_scatter(std::span<const float>(whole), std::span<float>(mine), comm::reduce_op::sum);
+    }, mine, whole);
+    if (c.rank() == 0) small = a, large = b, gather = g, scatter = r;
   });
   const double steps = 2.0 * (ranks - 1), moved = steps / ranks * static_cast<double>(bytes);
-  return {small / steps, moved / std::max(large - small, 1e-9)};
+  const double latency = small / steps;
+  const double gather_moved = 2.0 * (ranks - 1) / ranks * static_cast<double>(bytes);  // both calls
+  return {latency, moved / std::max(large - small, 1e-9),
+          gather_moved / std::max(gather + scatter - 2.0 * (ranks - 1) * latency, 1e-9)};
 }
 }  // namespace detail
 
@@ -226,9 +244,10 @@ inline cluster calibrate_rank_of(int ranks, std::int64_t n = 1024, std::int64_t 
   c.flops_bf16 *= share;
   c.intra_bandwidth = c.inter_bandwidth = c.intra_bandwidth / std::max(ranks, 1);
   if (ranks > 1) {  // the ranks' collectives and messages: comm::local's own
-    const auto [latency, bandwidth] = detail::local_collectives(ranks);
-    c.intra_latency = c.inter_latency = latency;
-    c.intra_bandwidth = c.inter_bandwidth = bandwidth;
+    const auto rates = detail::local_collectives(ranks);
+    c.intra_latency = c.inter_latency = rates.latency;
+    c.intra_bandwidth = c.inter_bandwidth = rates.bandwidth;
+    c.intra_gather_bandwidth = rates.gather_bandwidth;
   }
   return c;
 }

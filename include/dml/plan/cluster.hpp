@@ -42,6 +42,7 @@ inline nlohmann::json to_json(const cluster& c) {
                       {"memory_bandwidth", c.memory_bandwidth}, {"elementwise_bandwidth", c.elementwise_bandwidth},
                       {"elementwise_bandwidth_bf16", c.elementwise_bandwidth_bf16},
                       {"block_seconds", c.block_seconds},       {"block_seconds_bf16", c.block_seconds_bf16}};
+  if (c.intra_gather_bandwidth > 0) j["intra_gather_bandwidth"] = c.intra_gather_bandwidth;  // 0: intra_bandwidth's
   if (!c.gemm_rows.empty()) j["gemm_rows"] = c.gemm_rows;  // [[rows, share], ...]
   return j;
 }
@@ -75,6 +76,7 @@ inline cluster cluster_from_json(const nlohmann::json& j, std::string_view where
                    : key == "flops_bf16" ? &c.flops_bf16 : key == "intra_bandwidth" ? &c.intra_bandwidth
                    : key == "intra_latency" ? &c.intra_latency : key == "inter_bandwidth" ? &c.inter_bandwidth
                    : key == "inter_latency" ? &c.inter_latency
+                   : key == "intra_gather_bandwidth" ? &c.intra_gather_bandwidth
                    : key == "memory_bandwidth" ? &c.memory_bandwidth
                    : key == "elementwise_bandwidth" ? &c.elementwise_bandwidth
                    : key == "elementwise_bandwidth_bf16" ? &c.elementwise_bandwidth_bf16
@@ -90,7 +92,7 @@ inline cluster cluster_from_json(const nlohmann::json& j, std::string_view where
     } else if (target) *target = value.get<double>();
     else
       fail<format_error>(where, ": unknown field '", key, "'; expected devices_per_node, memory_bytes, flops_fp32, flops_bf16, ",
-                         "intra_bandwidth, intra_latency, inter_bandwidth, inter_latency, memory_bandwidth, ",
+                         "intra_bandwidth, intra_latency, inter_bandwidth, inter_latency, intra_gather_bandwidth, memory_bandwidth, ",
                          "elementwise_bandwidth, elementwise_bandwidth_bf16, block_seconds, block_seconds_bf16 or gemm_rows");
   }
   return c;

@@ -194,6 +194,11 @@ struct cluster {
   double flops_fp32 = 60e12, flops_bf16 = 990e12;  // dense GEMM rate per device
   double intra_bandwidth = 450e9, intra_latency = 5e-6;   // within a node (per direction)
   double inter_bandwidth = 50e9, inter_latency = 10e-6;   // between nodes
+  // Within a node, the ring bytes per second of an all-gather or a reduce-scatter, where they move at another rate
+  // than an all-reduce's: comm::local's threads copy every block of an all-gather's output, their own too, and read
+  // every block of a reduce-scatter's input, where the ring they are priced as moves (t − 1)/t of them.
+  // cost::calibrate_rank_of times them. 0: intra_bandwidth, as on a ring.
+  double intra_gather_bandwidth = 0;
   // The share of the GEMM rate that products of a given number of rows (a micro-batch's tokens) reach:
   // {rows, share} in increasing rows, interpolated in log(rows) between points and held beyond the ends
   // (dml-plan --calibrate measures it). Empty: every product at the full rate.
@@ -386,6 +391,7 @@ inline std::string refusal(const model& m, const layout& l, const training& t, i
 // where pp > 1 the last one's (the busier end) is priced. A block with experts is counted as a dense one.
 struct collectives {
   double calls = 0, payload = 0, steps = 0, moved = 0;
+  double moved_gather = 0;  // the part of `moved` that all-gathers and reduce-scatters move
 };
 inline collectives gpt_tp_collectives(const model& m, const layout& l, double mb_rows, double w) {
   collectives c;
@@ -400,6 +406,7 @@ inline collectives gpt_tp_collectives(const model& m, const layout& l, double mb
     c.payload += calls * payload;
     c.steps += calls * ring * (t - 1);
     c.moved += calls * ring * payload * (t - 1) / t;
+    if (!all_reduce) c.moved_gather += calls * payload * (t - 1) / t;
   };
   if (!l.sp) {
     add(M * (4 * blocks + embedding + 1), big, true);
@@ -495,12 +502,13 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
                                             : std::pair{c.inter_bandwidth, c.inter_latency};
   };
   // Tensor parallelism: every collective of the step (gpt_tp_collectives), a latency per ring step and the bytes a
-  // rank moves.
+  // rank moves (within a node, the all-gathers' and reduce-scatters' at their own rate where the cluster has one).
   double tp_time = 0;
   if (l.tp > 1 && m.is_gpt()) {
     const auto [bw, lat] = link(l.tp);
+    const double gather_bw = l.tp <= c.devices_per_node && c.intra_gather_bandwidth > 0 ? c.intra_gather_bandwidth : bw;
     const collectives tc = gpt_tp_collectives(m, l, mb_rows, w);
-    tp_time = tc.steps * lat + tc.moved / bw;
+    tp_time = tc.steps * lat + (tc.moved - tc.moved_gather) / bw + tc.moved_gather / gather_bw;
   }
   // Data parallelism: one all-reduce (or reduce-scatter + all-gather) of the gradients per step.
   double dp_time = 0;
