@@ -240,16 +240,11 @@ result run_layout(const options& o, const layout& l) {
   return res;
 }
 
-// GFLOP/s of C[m, n] = A[m, k]·B[k, n] (A, B of type T, C f32) on one core: on `lib` (f32), or through the
-// dispatch (16-bit inputs).
-template <class T>
-double gemm_gflops(std::int64_t m, std::int64_t n, std::int64_t k, const dml::host_gemm_library* lib) {
-  std::vector<T> a(static_cast<std::size_t>(m * k), T(0.5f)), b(static_cast<std::size_t>(k * n), T(0.25f));
-  std::vector<float> c(static_cast<std::size_t>(m * n));
-  const dml::gemm_args g{.m = m, .n = n, .k = k, .a = a.data(), .lda = k, .b = b.data(), .ldb = n, .c = c.data(), .ldc = n};
-  const auto run = [&] { lib ? dml::host_gemm_on(*lib, g) : dml::gemm<dml::host>(g); };
+// GFLOP/s of `run` (`flops` each call): the fastest of five timings of at least 0.1 s, after three warm calls (other
+// processes only ever slow a timing down).
+template <class Run>
+double fastest_gflops(const Run& run, double flops) {
   for (int i = 0; i < 3; ++i) run();
-  // The fastest of five timings of at least 0.1 s: other processes only ever slow a timing down.
   double best = 0;
   for (int rep = 0; rep < 5; ++rep) {
     int iters = 0;
@@ -258,10 +253,27 @@ double gemm_gflops(std::int64_t m, std::int64_t n, std::int64_t k, const dml::ho
       run();
       ++iters;
     }
-    best = std::max(best, 2.0 * double(m) * double(n) * double(k) * iters / seconds_since(t0) / 1e9);
+    best = std::max(best, flops * iters / seconds_since(t0) / 1e9);
   }
   return best;
 }
+
+// GFLOP/s of C[m, n] = A[m, k]·B[k, n] (A, B of type T, C f32) on one core: on `lib` (f32; where rows lie a multiple
+// of 1 KiB apart, the faster of its plain and padded runs), or through the dispatch (16-bit inputs).
+template <class T>
+double gemm_gflops(std::int64_t m, std::int64_t n, std::int64_t k, const dml::host_gemm_library* lib) {
+  std::vector<T> a(static_cast<std::size_t>(m * k), T(0.5f)), b(static_cast<std::size_t>(k * n), T(0.25f));
+  std::vector<float> c(static_cast<std::size_t>(m * n));
+  const dml::gemm_args g{.m = m, .n = n, .k = k, .a = a.data(), .lda = k, .b = b.data(), .ldb = n, .c = c.data(), .ldc = n};
+  double best = 0;
+  for (const bool padded : {false, true}) {
+    if (padded && !(lib && dml::detail::host_gemm_strides_conflict(g))) continue;
+    const auto run = [&] { lib ? dml::host_gemm_on(*lib, g, padded) : dml::gemm<dml::host>(g); };
+    best = std::max(best, fastest_gflops(run, 2.0 * double(m) * double(n) * double(k)));
+  }
+  return best;
+}
+
 
 // Runs gpt_throughput_torch.py with `threads` threads; its tokens/s, or −1 (and why) if it did not run.
 double torch_tokens_per_s(const options& o, int threads, std::string& info, double& on_cpu) {

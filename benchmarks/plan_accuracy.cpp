@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // benchmarks/plan_accuracy.cpp — dml::cost's predicted step time against measured steps of nn::gpt on comm::local,
 // after calibrating this host (GEMM, memcpy, AdamW and GPT-block probes) in the same run. Prints predicted, measured and their ratio
-// per layout (the median of the timed steps); asserts nothing (timing on a shared machine is noisy).
+// per layout (the median of the timed steps, taken in rounds that go round the layouts); asserts nothing (timing on a
+// shared machine is noisy).
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,18 +18,18 @@ namespace {
 
 using namespace dml;
 
-// The median of rank 0's timed steps, of the seconds its traced GEMMs took in them, and of the seconds inside its
+// Rank 0's timed steps: each step's seconds, the seconds its traced GEMMs took in it, and the seconds inside its
 // schedule's forward and backward actions (the trainer's compute events).
 struct measured {
-  double step = 0, gemm = 0, actions = 0;
+  std::vector<double> step, gemm, actions;
 };
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
-measured measure(const nn::gpt_config& g, const cost::layout& l, std::int64_t batch, int steps) {
-  measured result;
+// Trains layout l for a warm step and `steps` timed ones, and adds rank 0's timings to `into`.
+void measure(const nn::gpt_config& g, const cost::layout& l, std::int64_t batch, int steps, measured& into) {
   const auto model = nn::gpt(g);
   comm::local::run(l.devices(), [&](comm::local& c) {
     train::trainer_options o;
@@ -48,7 +50,6 @@ measured measure(const nn::gpt_config& g, const cost::layout& l, std::int64_t ba
     auto step = [&] { t.step(tensor_view<const float>(x.data(), {rows, g.seq}), y.data(), batch); };
     step();  // warm
     c.barrier();
-    // Each step timed on rank 0; the median, since a slow spell of a shared host lengthens a few steps, not all.
     std::vector<double> each, gemm, actions;
     std::vector<gemm_call> calls;
     for (int s = 0; s < steps; ++s) {
@@ -71,23 +72,27 @@ measured measure(const nn::gpt_config& g, const cost::layout& l, std::int64_t ba
       actions.push_back(inside);
     }
     c.barrier();
-    if (c.rank() == 0) result = {median(each), median(gemm), median(actions)};
+    if (c.rank() == 0) {
+      into.step.insert(into.step.end(), each.begin(), each.end());
+      into.gemm.insert(into.gemm.end(), gemm.begin(), gemm.end());
+      into.actions.insert(into.actions.end(), actions.begin(), actions.end());
+    }
   });
-  return result;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 5;
+  int steps = 5, rounds = 3;
   std::int64_t batch = 8;
   bool quick = false;
   dml::flags cli("plan_accuracy", "Predicted (dml::cost, calibrated here) against measured step time of a small GPT.");
-  cli.add("--steps", steps, "N", "timed steps per layout").min(1);
+  cli.add("--steps", steps, "N", "timed steps per layout in each round").min(1);
+  cli.add("--rounds", rounds, "R", "rounds, each timing every layout in turn").min(1);
   cli.add("--batch", batch, "B", "global batch (sequences)").min(2);
-  cli.add_switch("--quick", quick, "one timed step, the first two layouts");
+  cli.add_switch("--quick", quick, "one round of one timed step, the first two layouts");
   if (const auto status = cli.parse_for_main(argc, argv)) return *status;
-  if (quick) steps = 1;
+  if (quick) steps = rounds = 1;
   const nn::gpt_config g{.vocab = 256, .seq = 128, .layers = 2, .d_model = 256, .heads = 4};
   const cost::model m{.layers = g.layers, .d_model = g.d_model, .heads = g.heads, .seq = g.seq, .vocab = g.vocab};
   const cost::training t{.global_batch = batch, .prec = cost::precision::fp32, .optimizer = "adamw"};
@@ -103,10 +108,12 @@ int main(int argc, char** argv) {
               dml::host_cpu_model().c_str(), static_cast<long long>(batch));
   std::printf("%-72s %12s %12s %8s %10s %10s %10s %10s %10s %10s\n", "layout", "predicted_s", "measured_s", "ratio",
               "gemm_pred", "gemm_meas", "ew_pred", "ew_meas", "out_pred", "out_meas");
+  // Ranks are threads sharing this host, each with its share of the cores (comm::local's thread budget):
+  // calibrated once per rank count, as one of them, at the model's widths.
+  std::map<int, cost::cluster> clusters;
   for (const auto& l : layouts) {
-    // Ranks are threads sharing this host, each with its share of the cores (comm::local's thread budget):
-    // calibrated as one of them, at the model's widths.
-    const cost::cluster c = cost::calibrate_gpt_rank_of(l.devices(), g.d_model, g.heads, g.seq, g.vocab);
+    if (clusters.contains(l.devices())) continue;
+    const auto& c = clusters[l.devices()] = cost::calibrate_gpt_rank_of(l.devices(), g.d_model, g.heads, g.seq, g.vocab);
     std::printf("# one of %d rank(s): fp32 GEMM %.1f GFLOP/s, %s %.1f GB/s (%.2f us per ring step; all-gathers and "
                 "reduce-scatters %.1f GB/s), AdamW update %.1f GB/s, a block's element-wise passes %.1f GB/s of its "
                 "activations and %.3f ms per block per micro-batch; share of the fp32 rate at",
@@ -115,16 +122,27 @@ int main(int argc, char** argv) {
                 c.memory_bandwidth / 1e9, c.elementwise_bandwidth / 1e9, c.block_seconds * 1e3);
     for (const auto& [rows, share] : c.gemm_rows) std::printf(" %g rows %.2f,", rows, share);
     std::printf("\n");
-    const auto e = cost::evaluate(m, l, t, c, l.devices());
-    if (!e.why.empty() && !e.fits) {
-      std::printf("%-72s refused: %s\n", cost::to_string(l).c_str(), e.why.c_str());
+  }
+  std::vector<cost::estimate> predicted;
+  for (const auto& l : layouts) predicted.push_back(cost::evaluate(m, l, t, clusters.at(l.devices()), l.devices()));
+  const auto refused = [&](std::size_t i) { return !predicted[i].why.empty() && !predicted[i].fits; };
+  // The layouts measured in turn, `rounds` times: a slow spell of a shared host then lengthens a few steps of
+  // several layouts rather than every step of one, and the median over the rounds sets it aside.
+  std::vector<measured> got(layouts.size());
+  for (int r = 0; r < rounds; ++r)
+    for (std::size_t i = 0; i < layouts.size(); ++i)
+      if (!refused(i)) measure(g, layouts[i], batch, steps, got[i]);
+  for (std::size_t i = 0; i < layouts.size(); ++i) {
+    const auto& e = predicted[i];
+    if (refused(i)) {
+      std::printf("%-72s refused: %s\n", cost::to_string(layouts[i]).c_str(), e.why.c_str());
       continue;
     }
-    const auto got = measure(g, l, batch, steps);
+    const double step = median(got[i].step), gemm = median(got[i].gemm), actions = median(got[i].actions);
     const double in_actions = e.time.elementwise + e.time.tp;
-    std::printf("%-72s %12.4g %12.4g %8.2f %10.4g %10.4g %10.4g %10.4g %10.4g %10.4g\n", cost::to_string(l).c_str(),
-                e.step_seconds, got.step, got.step / e.step_seconds, e.time.compute, got.gemm, in_actions,
-                got.actions - got.gemm, e.step_seconds - e.time.compute - in_actions, got.step - got.actions);
+    std::printf("%-72s %12.4g %12.4g %8.2f %10.4g %10.4g %10.4g %10.4g %10.4g %10.4g\n",
+                cost::to_string(layouts[i]).c_str(), e.step_seconds, step, step / e.step_seconds, e.time.compute, gemm,
+                in_actions, actions - gemm, e.step_seconds - e.time.compute - in_actions, step - actions);
   }
   std::printf("other processes used %.0f%% of the machine meanwhile\n", 100 * dml_bench::load_meter::others_since(start));
   return 0;

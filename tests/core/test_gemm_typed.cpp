@@ -38,18 +38,21 @@ struct case_spec {
   std::int64_t m, n, k;
   bool bias, relu, accumulate;
   std::int64_t pad;  // extra columns in every stored row, so that strides differ from widths
+  std::int64_t ld = 0;  // > 0: every operand's row stride instead (pad ignored)
 };
 
 // Runs C = op(A)·op(B) + beta·C + bias (ReLU) with inputs of type In and output of type Out, and
 // compares with the same formula in double on the values the kernel was given (already rounded to
 // In and Out). Bound per element: f32 accumulation (k·2^-23·Σ|a·b|, generous for any summation
 // order) plus, for a 16-bit C, half an ulp of the result (2^-8 relative for bf16, 2^-11 for fp16).
-// lib: run on that host library (f32 only) instead of through the dispatch.
+// lib: run on that host library (f32 only) instead of through the dispatch, on padded copies of A and B if padded.
 template <class In, class Out>
-diff_report run_case(const case_spec& s, std::mt19937& rng, std::optional<host_gemm_library> lib = std::nullopt) {
+diff_report run_case(const case_spec& s, std::mt19937& rng, std::optional<host_gemm_library> lib = std::nullopt,
+                     bool padded = false) {
   const std::int64_t a_rows = s.ta == trans::n ? s.m : s.k, a_cols = s.ta == trans::n ? s.k : s.m;
   const std::int64_t b_rows = s.tb == trans::n ? s.k : s.n, b_cols = s.tb == trans::n ? s.n : s.k;
-  const std::int64_t lda = a_cols + s.pad, ldb = b_cols + s.pad, ldc = s.n + s.pad;
+  const std::int64_t lda = s.ld ? s.ld : a_cols + s.pad, ldb = s.ld ? s.ld : b_cols + s.pad,
+                     ldc = s.ld ? s.ld : s.n + s.pad;
   const auto a = random_vector<In>(rng, static_cast<std::size_t>(a_rows * lda));
   const auto b = random_vector<In>(rng, static_cast<std::size_t>(b_rows * ldb));
   const auto bias = random_vector<Out>(rng, static_cast<std::size_t>(s.n));
@@ -63,7 +66,7 @@ diff_report run_case(const case_spec& s, std::mt19937& rng, std::optional<host_g
   const gemm_args g{.ta = s.ta, .tb = s.tb, .m = s.m, .n = s.n, .k = s.k, .a = a.data(), .lda = lda, .b = b.data(),
                     .ldb = ldb, .c = c.data(), .ldc = ldc, .beta = s.accumulate ? 1.f : 0.f,
                     .bias = s.bias ? bias.data() : nullptr, .ep = s.relu ? epilogue::relu : epilogue::none};
-  if (lib) host_gemm_on(*lib, g);
+  if (lib) host_gemm_on(*lib, g, padded);
   else gemm<host>(g);
 
   const double out_half_ulp = std::is_same_v<Out, bf16> ? 0x1p-8 : std::is_same_v<Out, fp16> ? 0x1p-11 : 0.0;
@@ -160,8 +163,8 @@ TEST_CASE("gemm: the host dispatch picks one library per shape for every rank th
   std::vector<float> a(96 * 80, 0.5f), b(80 * 64, 0.25f), c(96 * 64);
   const gemm_args g{.tb = trans::t, .m = 96, .n = 64, .k = 80, .a = a.data(), .lda = 80, .b = b.data(), .ldb = 80,
                     .c = c.data(), .ldc = 64};
-  const host_gemm_library first = host_gemm_choice(g);
-  std::vector<host_gemm_library> seen(4);
+  const host_gemm_pick first = host_gemm_choice(g);
+  std::vector<host_gemm_pick> seen(4);
   std::vector<std::thread> threads;
   for (std::size_t t = 0; t < seen.size(); ++t)
     threads.emplace_back([&, t] {
@@ -170,8 +173,9 @@ TEST_CASE("gemm: the host dispatch picks one library per shape for every rank th
     });
   for (auto& t : threads) t.join();
   for (auto lib : seen) CHECK(lib == first);
-  const bool loaded = std::ranges::any_of(host_gemm_libraries(), [&](const auto& l) { return l.first == first; });
+  const bool loaded = std::ranges::any_of(host_gemm_libraries(), [&](const auto& l) { return l.first == first.library; });
   CHECK(loaded);
+  CHECK(!first.padded);  // rows 320 bytes apart: nothing to pad
   // The choice is on record for later processes (unless DML_HOST_GEMM pins one or the cache is off).
   const std::string& file = detail::host_gemm_choices::get().path();
   if (!file.empty() && !std::getenv("DML_HOST_GEMM")) {
@@ -182,20 +186,50 @@ TEST_CASE("gemm: the host dispatch picks one library per shape for every rank th
   MESSAGE("96x64x80 (A·Bᵀ) runs on ", to_string(first), "; choices recorded in ", file.empty() ? "memory" : file);
 }
 
+// Rows a multiple of 1 KiB apart crowd a few cache sets, and the dispatch may multiply copies of A and B with longer
+// rows instead (detail::host_gemm_strides_conflict). Views of 29 to 53 columns in rows of 256 floats, and packed rows
+// of 256: every library's product on the copies is the reference's, bias, ReLU and beta included.
+TEST_CASE("gemm: operands whose rows lie a multiple of 1 KiB apart multiply to the reference on padded copies") {
+  const float x[16] = {};
+  const gemm_args conflicting{.m = 16, .n = 8, .k = 8, .a = x, .lda = 256, .b = x, .ldb = 8};
+  CHECK(detail::host_gemm_strides_conflict(conflicting));
+  gemm_args fewer_rows = conflicting, other_stride = conflicting, transposed = conflicting;
+  fewer_rows.m = 15;     // 15 rows: too few to crowd a set
+  other_stride.lda = 264;
+  transposed.ta = trans::t;  // A stored as k = 8 rows
+  CHECK(!detail::host_gemm_strides_conflict(fewer_rows));
+  CHECK(!detail::host_gemm_strides_conflict(other_stride));
+  CHECK(!detail::host_gemm_strides_conflict(transposed));
+  std::mt19937 rng(13);
+  for (const auto& [lib, name] : host_gemm_libraries())
+    for (auto ta : {trans::n, trans::t})
+      for (auto tb : {trans::n, trans::t})
+        for (int flags = 0; flags < 8; ++flags) {
+          const bool bias = (flags & 1) != 0, relu = (flags & 2) != 0, beta = (flags & 4) != 0;
+          for (const case_spec& s : {case_spec{ta, tb, 37, 29, 53, bias, relu, beta, 0, 256},
+                                     case_spec{ta, tb, 64, 256, 256, bias, relu, beta, 0}}) {
+            const diff_report r = run_case<float, float>(s, rng, lib, true);
+            INFO(to_string(lib), " ta=", int(ta), " tb=", int(tb), " m=", s.m, " bias=", bias, " relu=", relu,
+                 " beta=", beta, " max_abs_diff=", r.max_abs_diff);
+            CHECK(r.ok);
+          }
+        }
+}
+
 // A rank of two threads chooses between oneDNN's two forms only (OpenBLAS's and BLIS's threads are process-wide),
 // recorded apart from the one-thread choice of the same shape.
 TEST_CASE("gemm: a rank of several threads chooses between oneDNN's matmul and dnnl_sgemm, per thread count") {
   std::vector<float> a(72 * 40, 0.5f), b(72 * 56, 0.25f), c(40 * 56, 1.f);
   const gemm_args g{.ta = trans::t, .m = 40, .n = 56, .k = 72, .a = a.data(), .lda = 40, .b = b.data(), .ldb = 56,
                     .c = c.data(), .ldc = 56, .beta = 1.f};
-  host_gemm_library at_two{};
+  host_gemm_pick at_two{};
   std::thread([&] {
     set_thread_budget(2);
     at_two = host_gemm_choice(g);
   }).join();
   INFO("at two threads: ", to_string(at_two));
   if (std::getenv("DML_HOST_GEMM")) return dml_test::skip("DML_HOST_GEMM pins the library: no choice is made");
-  CHECK((at_two == host_gemm_library::onednn || at_two == host_gemm_library::onednn_sgemm));
+  CHECK((at_two.library == host_gemm_library::onednn || at_two.library == host_gemm_library::onednn_sgemm));
   const std::string& file = detail::host_gemm_choices::get().path();
   if (!file.empty()) {
     std::ifstream in(file);

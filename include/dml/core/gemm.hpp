@@ -71,8 +71,8 @@ inline namespace DML_TU_NAMESPACE {
 // copies, multiplied in f32 and rounded once into C. The copies cost O(mk + kn + mn) against the
 // product's O(mnk), and f32 holds every bf16 and fp16 value exactly, so the result equals a native
 // kernel's up to the order of the f32 accumulation. The scratch is kept per thread between calls.
-// Returns the library that multiplied the f32 copies.
-inline host_gemm_library host_gemm_widened(const gemm_args& g) {
+// Returns what multiplied the f32 copies.
+inline host_gemm_pick host_gemm_widened(const gemm_args& g) {
   thread_local std::vector<float> wa, wb, wc, wbias;
   const auto widen = [](const const_typed_ptr& src, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                         std::vector<float>& dst) {
@@ -104,26 +104,27 @@ inline host_gemm_library host_gemm_widened(const gemm_args& g) {
     f.c = wc.data();
     f.ldc = g.n;
   }
-  const host_gemm_library lib = host_gemm_choose(f);
-  host_gemm_run(lib, f);
+  const host_gemm_pick pick = host_gemm_choose(f);
+  host_gemm_run(pick, f);
   if (narrow_c)
     visit_float_like(g.c.type, "dml::gemm", [&](auto t) {
       using T = decltype(t);
       if (g.ldc == g.n) cast_n<host>(static_cast<const float*>(wc.data()), g.c.as<T>(), g.m * g.n);
       else for_each_index<host>(g.m * g.n, narrow_rows<T>{wc.data(), g.c.as<T>(), g.n, g.ldc});
     });
-  return lib;
+  return pick;
 }
 
 inline void host_gemm(const gemm_args& g) {
   const auto t0 = host_gemm_trace ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   const bool native = host_gemm_is_native(g.a.type);
-  host_gemm_library lib = host_gemm_library::onednn;
-  if (g.a.type == dtype::f32) host_gemm_run(lib = host_gemm_choose(g), g);
+  host_gemm_pick pick{};
+  if (g.a.type == dtype::f32) host_gemm_run(pick = host_gemm_choose(g), g);
   else if (native) host_gemm_onednn(g);
-  else lib = host_gemm_widened(g);
+  else pick = host_gemm_widened(g);
   if (host_gemm_trace)
-    host_gemm_trace->push_back({g, lib, native, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
+    host_gemm_trace->push_back({g, pick.library, native,
+                                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), pick.padded});
 }
 }  // namespace DML_TU_NAMESPACE
 
@@ -173,14 +174,16 @@ inline namespace DML_TU_NAMESPACE {
 // (oneDNN 2.6 has no 16-bit matmul for AVX2), f16 without AVX512-FP16.
 inline bool host_gemm_native(dtype ab) { return detail::host_gemm_is_native(ab); }
 
-// The library the host dispatch runs for this f32 problem, measuring the shape now if it is new.
-inline host_gemm_library host_gemm_choice(const gemm_args& g) {
+// The library the host dispatch runs this f32 problem on, and whether on padded copies of A and B, measuring the
+// shape now if it is new.
+inline host_gemm_pick host_gemm_choice(const gemm_args& g) {
   detail::check_gemm_args(g);
   return detail::host_gemm_choose(g);
 }
 
-// Runs g on the named library whatever the dispatch would pick (f32; benchmarks compare libraries).
-inline void host_gemm_on(host_gemm_library lib, const gemm_args& g) {
+// Runs g on the named library whatever the dispatch would pick (f32; benchmarks compare libraries), padded: with A and
+// B copied first to longer rows where theirs lie a multiple of 1 KiB apart.
+inline void host_gemm_on(host_gemm_library lib, const gemm_args& g, bool padded = false) {
   detail::check_gemm_args(g);
   if (lib != host_gemm_library::onednn && (g.a.type != dtype::f32 || g.c.type != dtype::f32))
     fail<invalid_argument>("dml::host_gemm_on: ", to_string(lib), " multiplies F32 only, found A=", g.a.type,
@@ -188,7 +191,7 @@ inline void host_gemm_on(host_gemm_library lib, const gemm_args& g) {
 #if !defined(__CUDACC__)
   if (!detail::host_gemm_available(lib)) fail("dml::host_gemm_on: ", to_string(lib), " could not be loaded here");
 #endif
-  if (g.m > 0 && g.n > 0 && g.k > 0) detail::host_gemm_run(lib, g);
+  if (g.m > 0 && g.n > 0 && g.k > 0) detail::host_gemm_run(host_gemm_pick{lib, padded}, g);
 }
 
 #if !defined(__CUDACC__)

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "dml/core/cast.hpp"
@@ -53,12 +54,25 @@ inline constexpr host_gemm_library host_gemm_all_libraries[] = {host_gemm_librar
                                                               host_gemm_library::onednn_sgemm,
                                                               host_gemm_library::openblas, host_gemm_library::blis};
 
+// What the host dispatch runs an f32 problem on: a library, and whether A and B are first copied to rows 64 bytes
+// longer than theirs (padded) because their rows lie a multiple of 1 KiB apart (detail::host_gemm_strides_conflict).
+struct host_gemm_pick {
+  host_gemm_library library = host_gemm_library::onednn;
+  bool padded = false;
+  friend bool operator==(const host_gemm_pick&, const host_gemm_pick&) = default;
+};
+// "onednn", or "onednn padded": the form the choice file records.
+inline std::string to_string(host_gemm_pick p) {
+  return std::string(to_string(p.library)) + (p.padded ? " padded" : "");
+}
+
 // One host GEMM as detail::host_gemm_trace records it.
 struct gemm_call {
   gemm_args args;                 // pointers are only meaningful during the call
   host_gemm_library library;      // the library that multiplied (the f32 copies, when widened)
   bool native = true;             // false: 16-bit inputs were widened to f32
   double seconds = 0;
+  bool padded = false;            // A and B multiplied from copies with longer rows (host_gemm_pick)
 };
 
 }  // namespace dml

@@ -76,6 +76,47 @@ inline void host_gemm_run(host_gemm_library lib, const gemm_args& g) {
   else host_gemm_blas(lib, g);
 }
 
+// Whether `rows` stored rows (16 or more) of `bytes`-wide elements lie a multiple of 1 KiB apart. Such rows fall into
+// a few of each cache's sets: on a Zen 2 EPYC, oneDNN's AVX2 kernels (gemm:jit) ran dy·W of 256 × 1024 × 1024 with
+// ldb = 1024 at 32.5 GFLOP/s on one core, and at 91-93 with 16 floats more per row (DESIGN.md §3).
+inline bool host_rows_conflict(std::int64_t rows, std::int64_t ld, std::size_t bytes) {
+  return rows >= 16 && (ld * static_cast<std::int64_t>(bytes)) % 1024 == 0;
+}
+// Whether A's or B's rows conflict so.
+inline bool host_gemm_strides_conflict(const gemm_args& g) {
+  const std::size_t bytes = dtype_size(g.a.type);
+  return host_rows_conflict(g.ta == trans::n ? g.m : g.k, g.lda, bytes) ||
+         host_rows_conflict(g.tb == trans::n ? g.k : g.n, g.ldb, bytes);
+}
+
+// g on lib, with A and B, where their rows conflict, copied first to rows of their own length plus 64 bytes (f32;
+// the copies are kept per thread between calls).
+inline void host_gemm_run_padded(host_gemm_library lib, const gemm_args& g) {
+  thread_local std::vector<float> copy_a, copy_b;
+  gemm_args p = g;
+  const auto pad = [](const float* src, std::int64_t rows, std::int64_t cols, std::int64_t ld, const float*& to,
+                      std::int64_t& to_ld, std::vector<float>& copy) {
+    if (!host_rows_conflict(rows, ld, sizeof(float))) return;
+    to_ld = cols + 16;
+    if (host_rows_conflict(rows, to_ld, sizeof(float))) to_ld += 16;
+    copy.resize(static_cast<std::size_t>(rows * to_ld));
+    for (std::int64_t i = 0; i < rows; ++i) std::copy_n(src + i * ld, cols, copy.data() + i * to_ld);
+    to = copy.data();
+  };
+  const float *a = g.a.as<float>(), *b = g.b.as<float>();
+  const bool an = g.ta == trans::n, bn = g.tb == trans::n;
+  pad(g.a.as<float>(), an ? g.m : g.k, an ? g.k : g.m, g.lda, a, p.lda, copy_a);
+  pad(g.b.as<float>(), bn ? g.k : g.n, bn ? g.n : g.k, g.ldb, b, p.ldb, copy_b);
+  p.a = a;
+  p.b = b;
+  host_gemm_run(lib, p);
+}
+
+inline void host_gemm_run(host_gemm_pick pick, const gemm_args& g) {
+  if (pick.padded) host_gemm_run_padded(pick.library, g);
+  else host_gemm_run(pick.library, g);
+}
+
 // DML_HOST_GEMM pins every f32 GEMM to one library (onednn, onednn-sgemm, openblas, blis); unset or "auto"
 // measures. Read once.
 inline std::optional<host_gemm_library> host_gemm_pinned() {
@@ -123,12 +164,12 @@ inline void host_evict(const gemm_args& g) {
 // post-op waits on a cold C (1.6x dnnl_sgemm's time at 1024 × 1024 over 128 rows, within 5% from cache), and its
 // input gradient dy·W reads W by columns, level with dnnl_sgemm from cache and 10-20% behind it in a step of two
 // ranks (DESIGN.md §3).
-inline double host_gemm_time(host_gemm_library lib, const gemm_args& g) {
+inline double host_gemm_time(host_gemm_pick pick, const gemm_args& g) {
   std::array<double, 9> t{};  // the first run builds oneDNN's primitive
   for (auto& ti : t) {
     host_evict(g);
     const auto t0 = std::chrono::steady_clock::now();
-    host_gemm_run(lib, g);
+    host_gemm_run(pick, g);
     ti = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   std::nth_element(t.begin() + 1, t.begin() + 5, t.end());
@@ -170,7 +211,7 @@ class host_gemm_choices {
 
   // The choice on record for key, else measure()'s, recorded. Callers serialise calls.
   template <class Measure>
-  host_gemm_library settle(const std::string& key, Measure&& measure) {
+  host_gemm_pick settle(const std::string& key, Measure&& measure) {
     if (auto it = known_.find(key); it != known_.end()) return it->second;
     const int fd = path_.empty() ? -1 : ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     const bool locked = fd >= 0 && ::flock(fd, LOCK_EX) == 0;
@@ -178,7 +219,7 @@ class host_gemm_choices {
     auto it = known_.find(key);
     if (it == known_.end()) {
       it = known_.emplace(key, measure()).first;
-      const std::string line = key + " " + std::string(to_string(it->second)) + "\n";
+      const std::string line = key + " " + to_string(it->second) + "\n";
       if (locked && ::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
         path_.clear();  // a file we cannot write is not used again; the choice stays in memory
     }
@@ -204,7 +245,7 @@ class host_gemm_choices {
       const char* isa = std::getenv("ONEDNN_MAX_CPU_ISA");
       const std::string id = cpu_model() + "|oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) +
                              "." + std::to_string(v->patch) + "|" + blas.openblas_name + "|" + blas.blis_name + "|" +
-                             (isa ? isa : "") + "|onednn-sgemm, A, B and C out of cache";  // records timed so, no older
+                             (isa ? isa : "") + "|onednn-sgemm, A, B and C out of cache, padded";  // records timed so, no older
       char name[64];
       std::snprintf(name, sizeof name, "host-gemm-%016zx.txt", std::hash<std::string>{}(id));
       file /= name;
@@ -213,7 +254,7 @@ class host_gemm_choices {
     if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path(), ec);
     if (!ec) path_ = file.string();
   }
-  // Lines "key library"; one that does not parse is skipped.
+  // Lines "key library" or "key library padded"; one that does not parse is skipped.
   void read_records(int fd) {
     std::string text;
     char buf[4096];
@@ -226,25 +267,29 @@ class host_gemm_choices {
       const std::size_t space = line.find(' ');
       if (space == std::string_view::npos) continue;
       for (auto lib : host_gemm_all_libraries)
-        if (line.substr(space + 1) == to_string(lib)) known_.emplace(std::string(line.substr(0, space)), lib);
+        for (const bool padded : {false, true})
+          if (const host_gemm_pick pick{lib, padded}; line.substr(space + 1) == to_string(pick))
+            known_.emplace(std::string(line.substr(0, space)), pick);
     }
   }
 
   std::string path_;
-  std::map<std::string, host_gemm_library> known_;
+  std::map<std::string, host_gemm_pick> known_;
 };
 
-// The library that runs an f32 problem: measured on a scratch copy of C the first time any process
-// on this machine meets the shape (host_gemm_choices), then kept. Every rank thread of a process
-// takes the same choice. oneDNN's matmul (which fuses bias and ReLU) keeps a shape unless another library
+// The library that runs an f32 problem, and whether on padded copies of A and B: measured on a scratch copy of C the
+// first time any process on this machine meets the shape (host_gemm_choices), then kept. Every rank thread of a
+// process takes the same choice. oneDNN's matmul (which fuses bias and ReLU) keeps a shape unless another library
 // (dnnl_sgemm, OpenBLAS, BLIS) is 5% faster. OpenBLAS's and BLIS's thread counts are process-wide while oneDNN's
 // follow each rank's budget, so a rank of one thread chooses among all four and a rank of several between oneDNN's
-// two forms, at its thread count (recorded as "shape@threads"; a one-thread record is the shape alone).
-inline host_gemm_library host_gemm_choose(const gemm_args& g) {
-  if (auto pinned = host_gemm_pinned()) return *pinned;
+// two forms, at its thread count (recorded as "shape@threads"; a one-thread record is the shape alone). Where the
+// operands' rows conflict in the caches (host_gemm_strides_conflict), each library is timed on padded copies as
+// well, the copies' time counted. DML_HOST_GEMM pins a library, unpadded.
+inline host_gemm_pick host_gemm_choose(const gemm_args& g) {
+  if (auto pinned = host_gemm_pinned()) return {*pinned, false};
   const int threads = thread_budget();
   const auto key = std::pair{threads, gemm_key(g)};
-  thread_local std::map<std::pair<int, dnnl_host_context::key>, host_gemm_library> seen;
+  thread_local std::map<std::pair<int, dnnl_host_context::key>, host_gemm_pick> seen;
   if (auto it = seen.find(key); it != seen.end()) return it->second;
   static std::mutex mutex;
   std::lock_guard lock(mutex);  // one rank measures a shape while the others wait: no contention skews it
@@ -252,31 +297,38 @@ inline host_gemm_library host_gemm_choose(const gemm_args& g) {
   std::apply([&](auto... v) { ((code += std::to_string(static_cast<long long>(v)) + ","), ...); }, key.second);
   code.pop_back();
   if (threads != 1) code += "@" + std::to_string(threads);
-  const host_gemm_library lib = host_gemm_choices::get().settle(code, [&] {
+  const host_gemm_pick pick = host_gemm_choices::get().settle(code, [&] {
     std::vector<float> scratch(static_cast<std::size_t>(g.m * g.n));
     gemm_args trial = g;
     trial.c = scratch.data();
     trial.ldc = g.n;
     for (std::int64_t i = 0; g.beta != 0.f && i < g.m; ++i)
       std::copy_n(g.c.as<float>() + i * g.ldc, g.n, scratch.data() + i * g.n);
-    auto best = host_gemm_library::onednn;
+    host_gemm_pick best{};
     double best_t = host_gemm_time(best, trial) / 1.05;
-    for (auto l : {host_gemm_library::onednn_sgemm, host_gemm_library::openblas, host_gemm_library::blis}) {
-      if (!host_gemm_available(l) || (threads != 1 && l != host_gemm_library::onednn_sgemm)) continue;
-      if (const double t = host_gemm_time(l, trial); t < best_t) {
-        best = l;
-        best_t = t;
+    const bool conflict = host_gemm_strides_conflict(g);
+    for (auto l : host_gemm_all_libraries) {
+      if (!host_gemm_available(l) || (threads != 1 && l != host_gemm_library::onednn && l != host_gemm_library::onednn_sgemm))
+        continue;
+      for (const bool padded : {false, true}) {
+        const host_gemm_pick p{l, padded};
+        if ((padded && !conflict) || p == host_gemm_pick{}) continue;
+        if (const double t = host_gemm_time(p, trial); t < best_t) {
+          best = p;
+          best_t = t;
+        }
       }
     }
     return best;
   });
-  seen.emplace(key, lib);
-  return lib;
+  seen.emplace(key, pick);
+  return pick;
 }
 
 #else
-inline host_gemm_library host_gemm_choose(const gemm_args&) { return host_gemm_library::onednn; }
+inline host_gemm_pick host_gemm_choose(const gemm_args&) { return {}; }
 inline void host_gemm_run(host_gemm_library, const gemm_args& g) { host_gemm_onednn(g); }
+inline void host_gemm_run(host_gemm_pick, const gemm_args& g) { host_gemm_onednn(g); }
 #endif
 
 }  // namespace dml::detail::DML_TU_NAMESPACE
