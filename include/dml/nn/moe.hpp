@@ -200,21 +200,21 @@ struct moe {
     // Dispatch: x rows in (expert, choice, token) order, over the expert group, into expert-major order.
     T* xe = sv.xe;
     if (P == 1) {
-      for_each_index<S>(r.sent * C, kernels::moe_gather_rows<T>{x, dp.send_token, nullptr, xe, C});
+      detail::token_rows<S>(r.sent, C, kernels::moe_gather_rows<T>{x, dp.send_token, nullptr, xe, C});
     } else {
-      for_each_index<S>(r.sent * C, kernels::moe_gather_rows<T>{x, dp.send_token, nullptr, ws.xs, C});
+      detail::token_rows<S>(r.sent, C, kernels::moe_gather_rows<T>{x, dp.send_token, nullptr, ws.xs, C});
       exchange(c, ws.xs, r.send_values, ws.xr, r.recv_values);
-      for_each_index<S>(r.received * C, kernels::moe_gather_rows<T>{ws.xr, dp.perm, nullptr, xe, C});
+      detail::token_rows<S>(r.received, C, kernels::moe_gather_rows<T>{ws.xr, dp.perm, nullptr, xe, C});
     }
     // Each local expert on its block of rows: c_fc → GELU-tanh → c_proj. With one expert rank, expert order
     // is dispatch order and the outputs land where the combine reads them.
     T* ye = P == 1 ? sv.yr : ws.ye;
     expert_forward<S>(wt, r, xe, sv.f, ws.h1, ye);
     if (P > 1) {
-      for_each_index<S>(r.received * C, kernels::moe_gather_rows<T>{ye, dp.inv, nullptr, ws.xr, C});
+      detail::token_rows<S>(r.received, C, kernels::moe_gather_rows<T>{ye, dp.inv, nullptr, ws.xr, C});
       exchange(c, ws.xr, r.recv_values, sv.yr, r.send_values);
     }
-    for_each_index<S>(N * C, kernels::moe_combine<T>{sv.yr, dp.slot, dp.gate, y, C, K, false});
+    detail::token_rows<S>(N, C, kernels::moe_combine<T>{sv.yr, dp.slot, dp.gate, y, C, K, false});
 
     if (c.routing) {
       routing_record rec;
@@ -255,17 +255,17 @@ struct moe {
 
     // gate · dy to the experts, in the order the inputs went.
     if (P == 1) {
-      for_each_index<S>(r.sent * C, kernels::moe_gather_rows<T>{dy, dp.send_token, dp.send_gate, ws.ye, C});
+      detail::token_rows<S>(r.sent, C, kernels::moe_gather_rows<T>{dy, dp.send_token, dp.send_gate, ws.ye, C});
     } else {
-      for_each_index<S>(r.sent * C, kernels::moe_gather_rows<T>{dy, dp.send_token, dp.send_gate, ws.xs, C});
+      detail::token_rows<S>(r.sent, C, kernels::moe_gather_rows<T>{dy, dp.send_token, dp.send_gate, ws.xs, C});
       exchange(c, ws.xs, r.send_values, ws.xr, r.recv_values);
-      for_each_index<S>(r.received * C, kernels::moe_gather_rows<T>{ws.xr, dp.perm, nullptr, ws.ye, C});
+      detail::token_rows<S>(r.received, C, kernels::moe_gather_rows<T>{ws.xr, dp.perm, nullptr, ws.ye, C});
     }
     expert_backward<S>(wt, gt, r, sv.xe, sv.f, ws.ye, ws.h1, ws.h2, ws.dxe, acc);
     // The input gradients go home (every rank, even one without dx: its experts' rows belong to others).
     const T* dxs = ws.dxe;
     if (P > 1) {
-      for_each_index<S>(r.received * C, kernels::moe_gather_rows<T>{ws.dxe, dp.inv, nullptr, ws.xr, C});
+      detail::token_rows<S>(r.received, C, kernels::moe_gather_rows<T>{ws.dxe, dp.inv, nullptr, ws.xr, C});
       exchange(c, ws.xr, r.recv_values, ws.xs, r.send_values);
       dxs = ws.xs;
     }
@@ -277,7 +277,7 @@ struct moe {
     detail::linear_weight_grad<S>(N, C, E, x, static_cast<const T*>(ws.dlogits), gt.router, acc);
     if (dx) {
       detail::linear_input_grad<S>(N, C, E, static_cast<const T*>(ws.dlogits), static_cast<const T*>(wt.router), dx);
-      for_each_index<S>(N * C, kernels::moe_combine<T>{dxs, dp.slot, nullptr, dx, C, K, true});
+      detail::token_rows<S>(N, C, kernels::moe_combine<T>{dxs, dp.slot, nullptr, dx, C, K, true});
     }
   }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -209,6 +210,9 @@ class host_gemm_choices {
   }
   const std::string& path() const { return path_; }
 
+  // Shapes this process has measured.
+  std::size_t measured() const { return measured_; }
+
   // The choice on record for key, else measure()'s, recorded. Callers serialise calls.
   template <class Measure>
   host_gemm_pick settle(const std::string& key, Measure&& measure) {
@@ -219,6 +223,7 @@ class host_gemm_choices {
     auto it = known_.find(key);
     if (it == known_.end()) {
       it = known_.emplace(key, measure()).first;
+      ++measured_;
       const std::string line = key + " " + to_string(it->second) + "\n";
       if (locked && ::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
         path_.clear();  // a file we cannot write is not used again; the choice stays in memory
@@ -275,20 +280,40 @@ class host_gemm_choices {
 
   std::string path_;
   std::map<std::string, host_gemm_pick> known_;
+  std::size_t measured_ = 0;
 };
 
+// v rounded up to four steps an octave (..., 256, 320, 384, 448, 512, 640, ...; exact to 8). Powers of two and their
+// 1.25, 1.5 and 1.75 multiples, the widths models use, are their own step.
+inline std::int64_t host_gemm_size_step(std::int64_t v) {
+  if (v <= 8) return v;
+  const std::int64_t step = std::int64_t{1} << (std::bit_width(static_cast<std::uint64_t>(v - 1)) - 3);
+  return (v + step - 1) / step * step;
+}
+// The shape a choice holds for: g's, with m, n and k to their step. A GEMM whose rows change from call to call (an
+// expert's tokens under MoE routing, 449 to 640 of them over a run) is then measured for the few steps it meets,
+// not for each new count: timing every library on each, under the lock that keeps the other ranks waiting, made a
+// step of a 4-expert GPT on two ranks 38x its prediction (DESIGN.md §3).
+inline dnnl_host_context::key host_gemm_choice_key(const gemm_args& g) {
+  auto key = gemm_key(g);
+  std::get<2>(key) = host_gemm_size_step(g.m);
+  std::get<3>(key) = host_gemm_size_step(g.n);
+  std::get<4>(key) = host_gemm_size_step(g.k);
+  return key;
+}
+
 // The library that runs an f32 problem, and whether on padded copies of A and B: measured on a scratch copy of C the
-// first time any process on this machine meets the shape (host_gemm_choices), then kept. Every rank thread of a
-// process takes the same choice. oneDNN's matmul (which fuses bias and ReLU) keeps a shape unless another library
-// (dnnl_sgemm, OpenBLAS, BLIS) is 5% faster. OpenBLAS's and BLIS's thread counts are process-wide while oneDNN's
-// follow each rank's budget, so a rank of one thread chooses among all four and a rank of several between oneDNN's
-// two forms, at its thread count (recorded as "shape@threads"; a one-thread record is the shape alone). Where the
-// operands' rows conflict in the caches (host_gemm_strides_conflict), each library is timed on padded copies as
-// well, the copies' time counted. DML_HOST_GEMM pins a library, unpadded.
+// first time any process on this machine meets the shape's step (host_gemm_choice_key, host_gemm_choices), then
+// kept. Every rank thread of a process takes the same choice. oneDNN's matmul (which fuses bias and ReLU) keeps a
+// shape unless another library (dnnl_sgemm, OpenBLAS, BLIS) is 5% faster. OpenBLAS's and BLIS's thread counts are
+// process-wide while oneDNN's follow each rank's budget, so a rank of one thread chooses among all four and a rank
+// of several between oneDNN's two forms, at its thread count (recorded as "shape@threads"; a one-thread record is
+// the shape alone). Where the operands' rows conflict in the caches (host_gemm_strides_conflict), each library is
+// timed on padded copies as well, the copies' time counted. DML_HOST_GEMM pins a library, unpadded.
 inline host_gemm_pick host_gemm_choose(const gemm_args& g) {
   if (auto pinned = host_gemm_pinned()) return {*pinned, false};
   const int threads = thread_budget();
-  const auto key = std::pair{threads, gemm_key(g)};
+  const auto key = std::pair{threads, host_gemm_choice_key(g)};
   thread_local std::map<std::pair<int, dnnl_host_context::key>, host_gemm_pick> seen;
   if (auto it = seen.find(key); it != seen.end()) return it->second;
   static std::mutex mutex;

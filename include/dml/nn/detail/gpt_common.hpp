@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/nn/detail/gpt_common.hpp — what nn::gpt's layers share: the element kernels (dropout keyed by the token's
 // place in the global batch, embedding lookups and their gradients) and the tensor-parallel plumbing (split_part).
-// Sits on nn/layer.hpp, nn/rank_group.hpp and core/rng.hpp; used by nn/gpt.hpp and nn/detail/gpt_block.hpp.
+// Sits on nn/layer.hpp, nn/rank_group.hpp, nn/detail/rows.hpp and core/rng.hpp; used by nn/gpt.hpp and
+// nn/detail/gpt_block.hpp.
 #pragma once
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "dml/core/algorithm.hpp"
 #include "dml/core/cast.hpp"
 #include "dml/core/rng.hpp"
+#include "dml/nn/detail/rows.hpp"
 #include "dml/nn/layer.hpp"
 #include "dml/nn/rank_group.hpp"
 
@@ -196,14 +198,6 @@ struct embed_wpe_grad {
 }  // namespace kernels
 
 namespace detail {
-// An element functor over `rows` rows of n columns that also runs a whole row (f.row(r), the same values as its
-// elements' calls): on the device an element per thread, on the host a row per call (what is found once per row,
-// a token's id, position or dropout key, is found once, and the columns vectorise).
-template <execution_space S, class F>
-void token_rows(std::int64_t rows, std::int64_t n, const F& f) {
-  if constexpr (std::same_as<S, host>) for_each_row<S>(rows, [f](std::int64_t r) { f.row(r); }, n);
-  else for_each_index<S>(rows * n, f);
-}
 // dwte: on the device a column per thread (embed_wte_grad); on the host blocks of columns, each adding the tokens'
 // rows in token order (every entry's sum runs over the tokens in the functor's order), the inner loop contiguous.
 template <execution_space S, class T>

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/nn/detail/rows.hpp — what the row-wise layers of nn/ share: a Linear's three products on row-major rows,
-// bias gradients as column sums, GELU's backward in place, and a carver of aligned scratch. Sits on core/gemm.hpp
-// and nn/activation.hpp; nn/gpt.hpp and nn/moe.hpp use it.
+// bias gradients as column sums, GELU's backward in place, element functors run a row at a time on the host
+// (token_rows), and a carver of aligned scratch. Sits on core/gemm.hpp and nn/activation.hpp; nn/gpt.hpp and
+// nn/moe.hpp use it.
 #pragma once
 
 #include <cstddef>
@@ -40,6 +41,14 @@ struct gelu_backward_inplace {
 }  // namespace kernels
 
 namespace detail {
+// An element functor over `rows` rows of n columns that also runs a whole row (f.row(r), the same values as its
+// elements' calls): on the device an element per thread, on the host a row per call (what is found once per row,
+// a token's id, position or dropout key, a routed row's source, is found once, and the columns vectorise).
+template <execution_space S, class F>
+void token_rows(std::int64_t rows, std::int64_t n, const F& f) {
+  if constexpr (std::same_as<S, host>) for_each_row<S>(rows, [f](std::int64_t r) { f.row(r); }, n);
+  else for_each_index<S>(rows * n, f);
+}
 // Carves 64-byte-aligned arrays out of one block of bytes; with a null base it only counts.
 struct carver {
   std::byte* base = nullptr;
