@@ -364,3 +364,38 @@ TEST_CASE("the step's parts add up to the step, each the term it names") {
     CHECK(f.time.dp == t.dp);
   }
 }
+
+TEST_CASE("experts: their passes in place of the dense MLP's, the routing all-reduce and ep's four all-to-alls a block") {
+  cost::model moe = small_gpt;
+  moe.experts = 4;  // top 2, every block
+  cost::cluster fast, slow;
+  fast.elementwise_bandwidth = slow.elementwise_bandwidth = unbounded;
+  fast.intra_bandwidth = slow.intra_bandwidth = 10e9;
+  fast.intra_latency = slow.intra_latency = 2e-6;
+  slow.elementwise_bandwidth = 1e9;
+  const auto one = cost::parse_layout("dp=1,schedule=single"), dp2 = cost::parse_layout("dp=2,schedule=single"),
+             ep2 = cost::parse_layout("dp=2,ep=2,schedule=single");
+  CHECK(cost::evaluate(small_gpt, dp2, fp32_batch8, fast, 2).time.ep == 0);  // no experts
+  CHECK(cost::evaluate(moe, one, fp32_batch8, fast, 1).time.ep == 0);        // one rank routes alone
+  // Data parallel: per block and micro-batch one all-reduce of the routing counts, 2(dp - 1) ring steps.
+  CHECK(cost::evaluate(moe, dp2, fp32_batch8, fast, 2).time.ep == doctest::Approx(2 * 2 * 1 * 2e-6).epsilon(1e-12));
+  // Expert parallel: four all-to-alls more per block, each a latency per peer and half of a rank's 512 tokens' 2
+  // choices of 256 floats leaving.
+  const double a2a = 512.0 * 2 * 256 * 4;
+  CHECK(cost::evaluate(moe, ep2, fp32_batch8, fast, 2).time.ep ==
+        doctest::Approx(2 * 2 * 2e-6 + 2 * 4 * (2e-6 + a2a / 2 / 10e9)).epsilon(1e-12));
+  // The passes: an expert block's MLP stands for 37 sbh per choice (41 under ep) where a dense one's is 19, twice
+  // the 2-byte figure in fp32; the rest of the step's passes as a dense GPT's.
+  const double sbh8 = 128.0 * 8 * 256;
+  for (const auto& [l, per_choice, ranks] : {std::tuple{one, 37.0, 1}, std::tuple{dp2, 37.0, 2}, std::tuple{ep2, 41.0, 2}}) {
+    CAPTURE(per_choice);
+    CAPTURE(ranks);
+    const auto passes = [&](const cost::model& m, const cost::layout& at) {
+      return cost::evaluate(m, at, fp32_batch8, slow, ranks).time.elementwise -
+             cost::evaluate(m, at, fp32_batch8, fast, ranks).time.elementwise;
+    };
+    // (a dense GPT refuses ep > 1: its dp-only twin)
+    CHECK(passes(moe, l) - passes(small_gpt, ranks == 1 ? one : dp2) == doctest::Approx(2 * 2 * sbh8 / ranks * (2 * per_choice - 19) / 1e9).epsilon(1e-9));
+  }
+  CHECK(cost::estimate::parts{.ep = 1}.named()[3] == std::pair<const char*, double>{"expert routing and all-to-alls", 1});
+}

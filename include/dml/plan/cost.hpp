@@ -48,6 +48,22 @@ inline double korthikanti_layer_bytes(double s, double b, double h, double a, do
   return sbh * (10 + 24 / t + attention / t);
 }
 
+// A block with experts: the bytes its MLP's element-wise passes stand for, in units of s·b·h as Korthikanti's 19 of
+// a dense MLP (its input 2, GELU's input and output 8 each, the dropout mask 1). Each of a token's k choices passes
+// through an expert's MLP (19 less the mask, the experts' input copy in dispatch order 2), the GELU is run again in
+// backward from its saved input rather than kept (its input read and output written: 16), and the output comes back
+// to be combined (2): 37·k; under expert parallelism the received rows are put in expert order and back, forward
+// and backward (4 per choice more).
+inline double moe_mlp_bytes_per_sbh(std::int64_t top_k, int ep) {
+  return static_cast<double>(top_k) * (37 + (ep > 1 ? 4 : 0));
+}
+// Bytes one rank sends in each of an expert block's four all-to-alls (forward the tokens to their experts and the
+// outputs back; backward the outputs' gradients out and the inputs' gradients back): every token's k rows of h
+// values, drops aside.
+inline double moe_all_to_all_bytes(double tokens, double h, double top_k, double value_bytes) {
+  return tokens * top_k * h * value_bytes;
+}
+
 // The element-wise passes of a GPT outside its blocks, in values per token of a rank: the embedding's on the first
 // stage (forward the token and position rows read and their sum written; backward the dropout's gradient, the
 // position rows' and the token rows' gradients: 9 values of width h, every token's under tensor parallelism, the
@@ -261,11 +277,11 @@ struct estimate {
   // passes, its tensor-parallel and pipeline messages, the pipeline's idle slots, the data-parallel reduction and the
   // optimizer's update.
   struct parts {
-    double compute = 0, elementwise = 0, tp = 0, pp = 0, bubble = 0, dp = 0, update = 0;
+    double compute = 0, elementwise = 0, tp = 0, ep = 0, pp = 0, bubble = 0, dp = 0, update = 0;
     // Each part with the name the bottleneck goes by.
-    std::array<std::pair<const char*, double>, 7> named() const {
+    std::array<std::pair<const char*, double>, 8> named() const {
       return {{{"compute", compute}, {"element-wise passes", elementwise}, {"tensor-parallel communication", tp},
-               {"pipeline sends", pp}, {"pipeline bubble", bubble}, {"data-parallel communication", dp},
+               {"expert routing and all-to-alls", ep}, {"pipeline sends", pp}, {"pipeline bubble", bubble}, {"data-parallel communication", dp},
                {"optimizer update", update}}};
     }
   } time;
@@ -388,7 +404,8 @@ inline std::string refusal(const model& m, const layout& l, const training& t, i
 //   row-parallel biases: 6), the final LayerNorm's (2 with bias) and the position embedding (seq·h);
 // - the vocabulary-parallel loss's max and its sums, all-reduces of T and 2T floats.
 // A pipeline stage holds ceil(layers / pp) blocks; the first stage the embedding, the last the head and loss, and
-// where pp > 1 the last one's (the busier end) is priced. A block with experts is counted as a dense one.
+// where pp > 1 the last one's (the busier end) is priced. A block with experts counts as a dense one here (its
+// experts stay whole per tensor rank; the router's all-reduce and the all-to-alls are priced apart).
 struct collectives {
   double calls = 0, payload = 0, steps = 0, moved = 0;
   double moved_gather = 0;  // the part of `moved` that all-gathers and reduce-scatters move
@@ -529,31 +546,49 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
   // where the work splits) for every micro-batch, at the element-wise rate, and each block's fixed cost
   // (cluster::block_seconds) for every micro-batch; recomputation's extra forward is not priced. The passes outside
   // the blocks are the first stage's (embedding) and the last's (final LayerNorm, loss): both on one stage, else the
-  // larger.
+  // larger. A block with experts (moe_mlp_bytes_per_sbh) trades the dense MLP's 19·sbh for its experts' passes.
   double elementwise = 0;
+  const double stage_blocks = std::ceil(static_cast<double>(m.layers) / l.pp);
+  const double stage_moe_blocks = m.experts > 0 ? stage_blocks / static_cast<double>(m.moe_every) : 0;
+  const double s_rank = static_cast<double>(m.seq) / l.cp, M = static_cast<double>(l.micro_batches);
   if (m.is_gpt()) {
-    const double rank_tokens = static_cast<double>(m.seq) / l.cp * mb_rows * static_cast<double>(l.micro_batches);
+    const double rank_tokens = s_rank * mb_rows * M;
     const auto ends = gpt_end_values_per_token(static_cast<double>(m.d_model), static_cast<double>(m.vocab), l.tp, l.sp);
     const double end_values = l.pp == 1 ? ends.embedding + ends.head : std::max(ends.embedding, ends.head);
-    elementwise = (std::ceil(static_cast<double>(m.layers) / l.pp) * static_cast<double>(l.micro_batches) *
-                       korthikanti_layer_bytes(static_cast<double>(m.seq) / l.cp, mb_rows, static_cast<double>(m.d_model),
-                                               static_cast<double>(m.heads), l.tp, l.sp, recompute::none) * (w / 2) +
-                   rank_tokens * end_values * w) /
+    const double dense_layer = korthikanti_layer_bytes(s_rank, mb_rows, static_cast<double>(m.d_model),
+                                                       static_cast<double>(m.heads), l.tp, l.sp, recompute::none);
+    // An expert block's tokens per tensor rank: every token, or a t-th of them under sequence parallelism.
+    const double moe_sbh = s_rank * mb_rows * static_cast<double>(m.d_model) / (l.sp ? l.tp : 1);
+    const double moe_extra = (moe_mlp_bytes_per_sbh(m.top_k, l.ep) - 19) * moe_sbh;
+    elementwise = (M * (stage_blocks * dense_layer + stage_moe_blocks * moe_extra) * (w / 2) + rank_tokens * end_values * w) /
                       c.elementwise(t.prec) +
-                  std::ceil(static_cast<double>(m.layers) / l.pp) * static_cast<double>(l.micro_batches) * c.block(t.prec);
+                  stage_blocks * M * c.block(t.prec);
+  }
+  // Experts: each block's routing all-reduces a few numbers over the data group (a latency per ring step) per
+  // micro-batch; under ep, the 4 all-to-alls of moe_all_to_all_bytes, a latency per peer and the bytes leaving.
+  double ep_time = 0;
+  if (stage_moe_blocks > 0) {
+    const int group = l.dp / l.cp;
+    if (group > 1) ep_time += stage_moe_blocks * M * 2 * (group - 1) * link(l.dp * l.tp * l.pp).second;
+    if (l.ep > 1) {
+      const auto [bw, lat] = link(l.ep * l.tp);
+      const double bytes = moe_all_to_all_bytes(s_rank * mb_rows / (l.sp ? l.tp : 1), static_cast<double>(m.d_model),
+                                                static_cast<double>(m.top_k), w);
+      ep_time += stage_moe_blocks * M * 4 * ((l.ep - 1) * lat + bytes * (l.ep - 1) / l.ep / bw);
+    }
   }
   // The optimizer's update, after the gradients: the rank's parameters (its shard under ZeRO), each moving
   // update_bytes_per_param at memory bandwidth.
   const double update_time = psi_rank / (l.zero >= 1 ? shard : 1) * update_bytes_per_param(t.optimizer, t.prec) /
                              c.memory_bandwidth;
-  const double busy = compute + elementwise + tp_time + pp_time;
+  const double busy = compute + elementwise + tp_time + ep_time + pp_time;
   const double units = schedule_units(l);
   const double slots_in_step = (units + l.pp - 1) / units;
   const double pipeline = busy * slots_in_step;
   e.step_seconds = pipeline + dp_time + update_time;
   e.bubble = e.step_seconds > 0 ? (pipeline - busy) / e.step_seconds : 0;
   e.mfu = e.flops_per_step / (e.step_seconds * rate * l.devices());
-  e.time = {compute, elementwise, tp_time, pp_time, pipeline - busy, dp_time, update_time};
+  e.time = {compute, elementwise, tp_time, ep_time, pp_time, pipeline - busy, dp_time, update_time};
   const auto parts = e.time.named();
   e.bottleneck =
       std::max_element(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.second < b.second; })->first;
