@@ -16,6 +16,7 @@
 #include "dml/core/math.hpp"
 #include "dml/core/space.hpp"
 #include "dml/nn/attention.hpp"
+#include "dml/nn/detail/rows.hpp"
 #include "dml/nn/layer.hpp"
 #include "dml/nn/rank_group.hpp"
 
@@ -237,6 +238,13 @@ struct ring_pack_kv {
   T* kv;
   std::int64_t w;
   DML_HOST_DEVICE void operator()(std::int64_t e) const { kv[e] = qkv[(e / (2 * w)) * 3 * w + w + e % (2 * w)]; }
+  // Token r's K and V whole (detail::token_rows: the host's form, no division per element).
+  DML_HOST_DEVICE void row(std::int64_t r) const {
+    const T* from = qkv + r * 3 * w + w;
+    T* to = kv + r * 2 * w;
+    DML_SIMD
+    for (std::int64_t j = 0; j < 2 * w; ++j) to[j] = from[j];
+  }
 };
 template <class T>
 struct ring_unpack_dkv {
@@ -244,6 +252,12 @@ struct ring_unpack_dkv {
   T* dqkv;
   std::int64_t w;
   DML_HOST_DEVICE void operator()(std::int64_t e) const { dqkv[(e / (2 * w)) * 3 * w + w + e % (2 * w)] = dkv[e]; }
+  DML_HOST_DEVICE void row(std::int64_t r) const {
+    const T* from = dkv + r * 2 * w;
+    T* to = dqkv + r * 3 * w + w;
+    DML_SIMD
+    for (std::int64_t j = 0; j < 2 * w; ++j) to[j] = from[j];
+  }
 };
 // Columns [0, cols) of rows of stride ld set to 0.
 template <class T>
@@ -251,6 +265,11 @@ struct ring_zero_columns {
   T* p;
   std::int64_t cols, ld;
   DML_HOST_DEVICE void operator()(std::int64_t e) const { p[(e / cols) * ld + e % cols] = T(0.f); }
+  DML_HOST_DEVICE void row(std::int64_t r) const {
+    T* to = p + r * ld;
+    DML_SIMD
+    for (std::int64_t j = 0; j < cols; ++j) to[j] = T(0.f);
+  }
 };
 }  // namespace kernels
 
@@ -411,7 +430,7 @@ void ring_attention_forward(const ring_attention_shape& s, const cp_layout& at, 
     detail::ring_forward_block<S>(s, n, qr, qr, qkv, qkv + w, qkv + 2 * w, 3 * w, lse, sum, acc, sc);
   } else {
     const int ranks = at.ranks, next = (at.rank + 1) % ranks, prev = (at.rank + ranks - 1) % ranks;
-    for_each_index<S>(z.kv, kernels::ring_pack_kv<T>{qkv, kv[0], w});
+    detail::token_rows<S>(z.kv / (2 * w), 2 * w, kernels::ring_pack_kv<T>{qkv, kv[0], w});
     for (int step = 0; step < ranks; ++step) {
       const int cur = step % 2;
       // The next block is on its way while this one is used: post both transfers before computing.
@@ -458,8 +477,8 @@ void ring_attention_backward(const ring_attention_shape& s, const cp_layout& at,
     return;
   }
   const int ranks = at.ranks, next = (at.rank + 1) % ranks, prev = (at.rank + ranks - 1) % ranks;
-  for_each_index<S>(s.batch * n * w, kernels::ring_zero_columns<T>{dqkv, w, 3 * w});
-  for_each_index<S>(z.kv, kernels::ring_pack_kv<T>{qkv, kv[0], w});
+  detail::token_rows<S>(s.batch * n, w, kernels::ring_zero_columns<T>{dqkv, w, 3 * w});
+  detail::token_rows<S>(z.kv / (2 * w), 2 * w, kernels::ring_pack_kv<T>{qkv, kv[0], w});
   fill_n<S>(dkv[0], z.kv, T(0.f));
   for (int step = 0; step < ranks; ++step) {
     const int cur = step % 2;
@@ -477,7 +496,7 @@ void ring_attention_backward(const ring_attention_shape& s, const cp_layout& at,
     kv_both.wait();
     dkv_both.wait();
   }
-  for_each_index<S>(z.kv, kernels::ring_unpack_dkv<T>{dkv[ranks % 2], dqkv, w});
+  detail::token_rows<S>(z.kv / (2 * w), 2 * w, kernels::ring_unpack_dkv<T>{dkv[ranks % 2], dqkv, w});
 }
 
 }  // namespace dml::nn
