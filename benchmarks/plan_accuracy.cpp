@@ -163,7 +163,7 @@ int main(int argc, char** argv) {
       continue;
     }
     const double step = median(got[i].step), gemm = median(got[i].gemm), actions = median(got[i].actions);
-    const double in_actions = e.time.elementwise + e.time.tp + e.time.ep;  // inside the layers' calls
+    const double in_actions = e.time.elementwise + e.time.tp + e.time.ep + e.time.cp;  // inside the layers' calls
     std::printf("%-76s %12.4g %12.4g %8.2f %10.4g %10.4g %10.4g %10.4g %10.4g %10.4g\n", name(cases[i]).c_str(), e.step_seconds,
                 step, step / e.step_seconds, e.time.compute, gemm, in_actions, actions - gemm,
                 e.step_seconds - e.time.compute - in_actions, step - actions);

@@ -37,7 +37,7 @@ nlohmann::json to_json(const cost::estimate& e) {
           {"step_seconds", e.step_seconds},
           {"seconds",
            {{"compute", e.time.compute}, {"elementwise", e.time.elementwise}, {"tensor_parallel", e.time.tp},
-            {"expert_parallel", e.time.ep}, {"pipeline_sends", e.time.pp}, {"bubble", e.time.bubble}, {"data_parallel", e.time.dp},
+            {"expert_parallel", e.time.ep}, {"context_parallel", e.time.cp}, {"pipeline_sends", e.time.pp}, {"bubble", e.time.bubble}, {"data_parallel", e.time.dp},
             {"update", e.time.update}}},
           {"mfu", e.mfu},
           {"bubble", e.bubble},

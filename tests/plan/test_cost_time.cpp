@@ -399,3 +399,26 @@ TEST_CASE("experts: their passes in place of the dense MLP's, the routing all-re
   }
   CHECK(cost::estimate::parts{.ep = 1}.named()[3] == std::pair<const char*, double>{"expert routing and all-to-alls", 1});
 }
+
+TEST_CASE("context parallelism: a rank's queries meet every key, the ring's passes and its 3(cp - 1) steps a block") {
+  cost::cluster fast, slow;
+  fast.elementwise_bandwidth = slow.elementwise_bandwidth = unbounded;
+  fast.intra_bandwidth = slow.intra_bandwidth = 10e9;
+  fast.intra_latency = slow.intra_latency = 2e-6;
+  slow.elementwise_bandwidth = 1e9;
+  // small_gpt on 2 ranks: dp 2 gives each 4 sequences of 128 tokens, cp 2 all 8 sequences' 64-token halves.
+  const auto dp2 = cost::parse_layout("dp=2,schedule=single"), cp2 = cost::parse_layout("dp=2,cp=2,schedule=single");
+  CHECK(cost::evaluate(small_gpt, dp2, fp32_batch8, fast, 2).time.cp == 0);
+  // Per block: one step forward and two backward, each 512 tokens' K and V (2 · 256 floats) leaving.
+  const double kv = 512.0 * 2 * 256 * 4;
+  CHECK(cost::evaluate(small_gpt, cp2, fp32_batch8, fast, 2).time.cp == doctest::Approx(2 * 3 * (2e-6 + kv / 10e9)).epsilon(1e-12));
+  // The blocks' passes: the same tokens per rank as dp 2 and the same s² bytes (64 queries by 128 keys of 8
+  // sequences, as 128 by 128 of 4), plus the ring's 30 sbh; twice the 2-byte figure in fp32. The ends are alike.
+  const auto passes = [&](const cost::layout& l) {
+    return cost::evaluate(small_gpt, l, fp32_batch8, slow, 2).time.elementwise -
+           cost::evaluate(small_gpt, l, fp32_batch8, fast, 2).time.elementwise;
+  };
+  const double sbh_rank = 512.0 * 256;
+  CHECK(passes(cp2) - passes(dp2) == doctest::Approx(2 * 2 * sbh_rank * 30 / 1e9).epsilon(1e-9));
+  CHECK(cost::estimate::parts{.cp = 1}.named()[4] == std::pair<const char*, double>{"context-parallel ring", 1});
+}

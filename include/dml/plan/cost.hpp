@@ -64,6 +64,13 @@ inline double moe_all_to_all_bytes(double tokens, double h, double top_k, double
   return tokens * top_k * h * value_bytes;
 }
 
+// A block under context parallelism (ring attention): the passes it adds, in units of s·b·h as above, s its rank's
+// tokens: K and V packed for the ring, forward and again in backward (their 2h values read and written: 8 each),
+// dQ's columns zeroed (2), dK and dV unpacked (8) and the output's dot with its gradient (y and dy read: 4).
+inline constexpr double ring_attention_bytes_per_sbh = 30;
+// Bytes one rank sends in each of the ring's steps: its tokens' K and V (backward, their gradients too).
+inline double ring_kv_bytes(double tokens, double h, double value_bytes) { return tokens * 2 * h * value_bytes; }
+
 // The element-wise passes of a GPT outside its blocks, in values per token of a rank: the embedding's on the first
 // stage (forward the token and position rows read and their sum written; backward the dropout's gradient, the
 // position rows' and the token rows' gradients: 9 values of width h, every token's under tensor parallelism, the
@@ -277,12 +284,12 @@ struct estimate {
   // passes, its tensor-parallel and pipeline messages, the pipeline's idle slots, the data-parallel reduction and the
   // optimizer's update.
   struct parts {
-    double compute = 0, elementwise = 0, tp = 0, ep = 0, pp = 0, bubble = 0, dp = 0, update = 0;
+    double compute = 0, elementwise = 0, tp = 0, ep = 0, cp = 0, pp = 0, bubble = 0, dp = 0, update = 0;
     // Each part with the name the bottleneck goes by.
-    std::array<std::pair<const char*, double>, 8> named() const {
+    std::array<std::pair<const char*, double>, 9> named() const {
       return {{{"compute", compute}, {"element-wise passes", elementwise}, {"tensor-parallel communication", tp},
-               {"expert routing and all-to-alls", ep}, {"pipeline sends", pp}, {"pipeline bubble", bubble}, {"data-parallel communication", dp},
-               {"optimizer update", update}}};
+               {"expert routing and all-to-alls", ep}, {"context-parallel ring", cp}, {"pipeline sends", pp},
+               {"pipeline bubble", bubble}, {"data-parallel communication", dp}, {"optimizer update", update}}};
     }
   } time;
   std::string bottleneck;
@@ -546,7 +553,9 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
   // where the work splits) for every micro-batch, at the element-wise rate, and each block's fixed cost
   // (cluster::block_seconds) for every micro-batch; recomputation's extra forward is not priced. The passes outside
   // the blocks are the first stage's (embedding) and the last's (final LayerNorm, loss): both on one stage, else the
-  // larger. A block with experts (moe_mlp_bytes_per_sbh) trades the dense MLP's 19·sbh for its experts' passes.
+  // larger. A block with experts (moe_mlp_bytes_per_sbh) trades the dense MLP's 19·sbh for its experts' passes;
+  // under cp a rank's queries meet every key (the s² terms at its s/cp queries by s keys) and the ring adds
+  // ring_attention_bytes_per_sbh.
   double elementwise = 0;
   const double stage_blocks = std::ceil(static_cast<double>(m.layers) / l.pp);
   const double stage_moe_blocks = m.experts > 0 ? stage_blocks / static_cast<double>(m.moe_every) : 0;
@@ -555,8 +564,10 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
     const double rank_tokens = s_rank * mb_rows * M;
     const auto ends = gpt_end_values_per_token(static_cast<double>(m.d_model), static_cast<double>(m.vocab), l.tp, l.sp);
     const double end_values = l.pp == 1 ? ends.embedding + ends.head : std::max(ends.embedding, ends.head);
-    const double dense_layer = korthikanti_layer_bytes(s_rank, mb_rows, static_cast<double>(m.d_model),
-                                                       static_cast<double>(m.heads), l.tp, l.sp, recompute::none);
+    const double h = static_cast<double>(m.d_model), a = static_cast<double>(m.heads);
+    double dense_layer = korthikanti_layer_bytes(s_rank, mb_rows, h, a, l.tp, l.sp, recompute::none);
+    if (l.cp > 1)
+      dense_layer += s_rank * mb_rows * h / l.tp * (5 * a * (static_cast<double>(m.seq) - s_rank) / h + ring_attention_bytes_per_sbh);
     // An expert block's tokens per tensor rank: every token, or a t-th of them under sequence parallelism.
     const double moe_sbh = s_rank * mb_rows * static_cast<double>(m.d_model) / (l.sp ? l.tp : 1);
     const double moe_extra = (moe_mlp_bytes_per_sbh(m.top_k, l.ep) - 19) * moe_sbh;
@@ -577,18 +588,26 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
       ep_time += stage_moe_blocks * M * 4 * ((l.ep - 1) * lat + bytes * (l.ep - 1) / l.ep / bw);
     }
   }
+  // Context parallelism: each block's ring, per micro-batch cp − 1 steps forward and 2(cp − 1) backward (K/V, then
+  // their gradients), each a latency and ring_kv_bytes of the rank's tokens (its heads' share under tp).
+  double cp_time = 0;
+  if (l.cp > 1 && m.is_gpt()) {
+    const auto [bw, lat] = link(l.cp * l.tp);
+    const double kv = ring_kv_bytes(s_rank * mb_rows, static_cast<double>(m.d_model) / l.tp, w);
+    cp_time = stage_blocks * M * 3 * (l.cp - 1) * (lat + kv / bw);
+  }
   // The optimizer's update, after the gradients: the rank's parameters (its shard under ZeRO), each moving
   // update_bytes_per_param at memory bandwidth.
   const double update_time = psi_rank / (l.zero >= 1 ? shard : 1) * update_bytes_per_param(t.optimizer, t.prec) /
                              c.memory_bandwidth;
-  const double busy = compute + elementwise + tp_time + ep_time + pp_time;
+  const double busy = compute + elementwise + tp_time + ep_time + cp_time + pp_time;
   const double units = schedule_units(l);
   const double slots_in_step = (units + l.pp - 1) / units;
   const double pipeline = busy * slots_in_step;
   e.step_seconds = pipeline + dp_time + update_time;
   e.bubble = e.step_seconds > 0 ? (pipeline - busy) / e.step_seconds : 0;
   e.mfu = e.flops_per_step / (e.step_seconds * rate * l.devices());
-  e.time = {compute, elementwise, tp_time, ep_time, pp_time, pipeline - busy, dp_time, update_time};
+  e.time = {compute, elementwise, tp_time, ep_time, cp_time, pp_time, pipeline - busy, dp_time, update_time};
   const auto parts = e.time.named();
   e.bottleneck =
       std::max_element(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.second < b.second; })->first;
