@@ -384,10 +384,10 @@ TEST_CASE("experts: their passes in place of the dense MLP's, the routing all-re
   const double a2a = 512.0 * 2 * 256 * 4;
   CHECK(cost::evaluate(moe, ep2, fp32_batch8, fast, 2).time.ep ==
         doctest::Approx(2 * 2 * 2e-6 + 2 * 4 * (2e-6 + a2a / 2 / 10e9)).epsilon(1e-12));
-  // The passes: an expert block's MLP stands for 37 sbh per choice (41 under ep) where a dense one's is 19, twice
-  // the 2-byte figure in fp32; the rest of the step's passes as a dense GPT's.
+  // The passes: an expert block's MLP stands for 37 sbh per choice (41 under ep, at the busiest rank's load, the
+  // capacity factor 1.25) where a dense one's is 19, twice the 2-byte figure in fp32; the rest as a dense GPT's.
   const double sbh8 = 128.0 * 8 * 256;
-  for (const auto& [l, per_choice, ranks] : {std::tuple{one, 37.0, 1}, std::tuple{dp2, 37.0, 2}, std::tuple{ep2, 41.0, 2}}) {
+  for (const auto& [l, per_choice, ranks] : {std::tuple{one, 37.0, 1}, std::tuple{dp2, 37.0, 2}, std::tuple{ep2, 41.0 * 1.25, 2}}) {
     CAPTURE(per_choice);
     CAPTURE(ranks);
     const auto passes = [&](const cost::model& m, const cost::layout& at) {
@@ -397,6 +397,17 @@ TEST_CASE("experts: their passes in place of the dense MLP's, the routing all-re
     // (a dense GPT refuses ep > 1: its dp-only twin)
     CHECK(passes(moe, l) - passes(small_gpt, ranks == 1 ? one : dp2) == doctest::Approx(2 * 2 * sbh8 / ranks * (2 * per_choice - 19) / 1e9).epsilon(1e-9));
   }
+  // The products: under ep the busiest rank's experts at 1.25 times their mean rows, the experts' 2 choices of
+  // 16h² FLOPs a token, three times the forward's, for a rank's 512 tokens in each of 2 blocks.
+  cost::cluster plain;
+  plain.flops_fp32 = 1e11;
+  const double expert_flops = 3 * 512.0 * 2 * 2 * 16 * 256 * 256;
+  CHECK(cost::evaluate(moe, ep2, fp32_batch8, plain, 2).time.compute - cost::evaluate(moe, dp2, fp32_batch8, plain, 2).time.compute ==
+        doctest::Approx(0.25 * expert_flops / 1e11).epsilon(1e-9));
+  CHECK(cost::busiest_expert_load(1.25, 2) == 1.25);
+  CHECK(cost::busiest_expert_load(1.25, 1) == 1);  // one rank holds every expert
+  CHECK(cost::busiest_expert_load(4, 2) == 2);     // all of the group's rows at most
+  CHECK(cost::busiest_expert_load(0, 4) == 4);     // dropless: nothing bounds it but the group
   CHECK(cost::estimate::parts{.ep = 1}.named()[3] == std::pair<const char*, double>{"expert routing and all-to-alls", 1});
 }
 

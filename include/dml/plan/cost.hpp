@@ -71,6 +71,15 @@ inline constexpr double ring_attention_bytes_per_sbh = 30;
 // Bytes one rank sends in each of the ring's steps: its tokens' K and V (backward, their gradients too).
 inline double ring_kv_bytes(double tokens, double h, double value_bytes) { return tokens * 2 * h * value_bytes; }
 
+// Under expert parallelism a rank's experts take the rows routing sends them, which differ from rank to rank: the
+// step waits for the busiest. Its rows over the mean are at most the capacity factor (each of its E/ep experts
+// takes at most capacity_factor times its mean share), or ep where nothing is dropped; the model prices that bound,
+// so it errs long where routing is balanced (1.09-1.25 measured in one step of plan_accuracy's GPT at initial weights).
+inline double busiest_expert_load(double capacity_factor, int ep) {
+  if (ep <= 1) return 1;
+  return capacity_factor > 0 ? std::min(capacity_factor, static_cast<double>(ep)) : static_cast<double>(ep);
+}
+
 // The element-wise passes of a GPT outside its blocks, in values per token of a rank: the embedding's on the first
 // stage (forward the token and position rows read and their sum written; backward the dropout's gradient, the
 // position rows' and the token rows' gradients: 9 values of width h, every token's under tensor parallelism, the
@@ -519,8 +528,14 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
   const double rate = c.flops(t.prec);
   // The busiest rank's share, no bubble, its products at the rate of a micro-batch's rows (tokens).
   const double gemm_rows = mb_rows * static_cast<double>(std::max<std::int64_t>(m.seq, 1)) / l.cp;
-  const double compute = e.hardware_flops_per_step / (l.dp * l.tp) * busiest_stage_share(m, l) /
-                         (rate * c.gemm_share(gemm_rows));
+  // Under ep the busiest rank's experts run busiest_expert_load times their mean rows.
+  const double load = m.experts > 0 ? busiest_expert_load(m.capacity_factor, l.ep) : 1;
+  const double expert_flops = m.experts > 0 ? 3 * tokens * static_cast<double>(m.layers / m.moe_every) *
+                                                  static_cast<double>(m.top_k) * 16 * static_cast<double>(m.d_model) *
+                                                  static_cast<double>(m.d_model)
+                                            : 0;
+  const double compute = (e.hardware_flops_per_step + (load - 1) * expert_flops) / (l.dp * l.tp) *
+                         busiest_stage_share(m, l) / (rate * c.gemm_share(gemm_rows));
   auto link = [&](int group_span) {  // a group of ranks spanning group_span consecutive devices
     return group_span <= c.devices_per_node ? std::pair{c.intra_bandwidth, c.intra_latency}
                                             : std::pair{c.inter_bandwidth, c.inter_latency};
@@ -570,7 +585,7 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
       dense_layer += s_rank * mb_rows * h / l.tp * (5 * a * (static_cast<double>(m.seq) - s_rank) / h + ring_attention_bytes_per_sbh);
     // An expert block's tokens per tensor rank: every token, or a t-th of them under sequence parallelism.
     const double moe_sbh = s_rank * mb_rows * static_cast<double>(m.d_model) / (l.sp ? l.tp : 1);
-    const double moe_extra = (moe_mlp_bytes_per_sbh(m.top_k, l.ep) - 19) * moe_sbh;
+    const double moe_extra = (moe_mlp_bytes_per_sbh(m.top_k, l.ep) * load - 19) * moe_sbh;
     elementwise = (M * (stage_blocks * dense_layer + stage_moe_blocks * moe_extra) * (w / 2) + rank_tokens * end_values * w) /
                       c.elementwise(t.prec) +
                   stage_blocks * M * c.block(t.prec);
