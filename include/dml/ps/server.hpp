@@ -306,7 +306,11 @@ class server {
 
   void answer(const waiting_pull& wp) {
     const int w = worker_index(wp.peer);
-    auto buffer = pool_.take();
+    // Whole values (no pull filter) have a size known before any is written.
+    std::size_t bytes = 0;
+    if (pull_filter_.kind() == comm::filter_kind::none)
+      for (auto r : wp.ranges) bytes += detail::entry_head_bytes + ranges_[r].value.size() * sizeof(float);
+    auto buffer = pool_.take(bytes);
     auto& out = *buffer;
     for (auto r : wp.ranges) {
       auto& s = ranges_[r];

@@ -96,6 +96,7 @@ inline void put_bytes(std::vector<std::byte>& b, const void* p, std::size_t byte
 }
 // An entry is (u32 range, u8 kind, u32 length, bytes): open_entry writes the head, whose length
 // close_entry fills in once the body has been appended in place.
+inline constexpr std::size_t entry_head_bytes = sizeof(std::uint32_t) + sizeof(std::uint8_t) + sizeof(std::uint32_t);
 inline std::size_t open_entry(std::vector<std::byte>& b, std::uint32_t range, std::uint8_t kind) {
   put(b, range);
   put(b, kind);
@@ -136,15 +137,19 @@ inline bytes_ptr share(std::vector<std::byte> b) { return std::make_shared<const
 
 // Payload buffers that keep their capacity: one is free again once no send or re-send record holds it, so
 // steady pushes and pulls reuse memory instead of mapping (and faulting in) fresh pages for every message.
+// take(bytes) hands out the free buffer of the largest capacity, empty, with room for `bytes` (the message's
+// size where the caller knows it): a buffer that must grow then grows once, not by doubling through a chain of
+// fresh mappings whose pages all fault in (a 32 MiB pull reply grown so took 4-8 times as long as one reused).
 class buffer_pool {
  public:
-  std::shared_ptr<std::vector<std::byte>> take() {
+  std::shared_ptr<std::vector<std::byte>> take(std::size_t bytes = 0) {
+    std::shared_ptr<std::vector<std::byte>>* best = nullptr;
     for (auto& b : all_)
-      if (b.use_count() == 1) {
-        b->clear();
-        return b;
-      }
-    return all_.emplace_back(std::make_shared<std::vector<std::byte>>());
+      if (b.use_count() == 1 && (!best || b->capacity() > (*best)->capacity())) best = &b;
+    auto& b = best ? *best : all_.emplace_back(std::make_shared<std::vector<std::byte>>());
+    b->clear();
+    b->reserve(bytes);
+    return b;
   }
 
  private:
@@ -275,8 +280,11 @@ class endpoint {
     in_[p].r = comm_.irecv(std::span<header>(&in_[p].h, 1), p, header_tag);
     in_[p].posted = true;
   }
+  // Every completed send lets go of its payload, in whatever order they completed: a reply that one slow peer
+  // has not yet read must not keep the pooled buffers of later replies held (buffer_pool would then take fresh
+  // ones, whose pages fault in on every large reply).
   void retire() {
-    while (!out_.empty() && out_.front()->hr.test() && out_.front()->pr.test()) out_.pop_front();
+    std::erase_if(out_, [](const std::unique_ptr<out_msg>& m) { return m->hr.test() && m->pr.test(); });
   }
 
   C comm_;

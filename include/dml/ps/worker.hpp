@@ -224,16 +224,26 @@ class kv_worker {
                              values.size());
     if (kind == 0) ++seq_;
     auto req = make_request(true);
+    // Each server's part, sized first where the values go whole: initial values as they are, unfiltered
+    // gradients as a dense filter message (its header, then the values).
+    const bool dense = kind == 0 && push_filter_.kind() == comm::filter_kind::none;
+    std::map<int, std::size_t> sizes;
+    if (kind != 0 || dense)
+      for (key k : keys)
+        for (const auto& r : place_.table.ranges_of(k))
+          sizes[primary(r.id)] += detail::entry_head_bytes + (dense ? comm::message_header_bytes : 0) +
+                                  std::size_t(r.length) * sizeof(float);
     std::map<int, std::shared_ptr<std::vector<std::byte>>> parts;
     std::int64_t at = 0;
     for (key k : keys) {
       for (const auto& r : place_.table.ranges_of(k)) {
         const auto v = values.subspan(std::size_t(at + r.offset), std::size_t(r.length));
-        auto& slot = parts[primary(r.id)];
-        if (!slot) slot = pool_.take();
+        const int s = primary(r.id);
+        auto& slot = parts[s];
+        if (!slot) slot = pool_.take(sizes[s]);
         auto& b = *slot;
         const auto body = detail::open_entry(b, r.id, kind);
-        if (kind == 0 && push_filter_.kind() == comm::filter_kind::none) {
+        if (dense) {
           comm::no_filter{}.encode_copy(v, b);  // sends everything: no residual to keep
         } else if (kind == 0) {
           auto res = std::span<float>(residual_).subspan(std::size_t(r.flat), std::size_t(r.length));
