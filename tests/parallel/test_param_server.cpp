@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // tests/parallel/test_param_server.cpp — the parameter server on comm::local: the key slicer and ring,
 // push/pull arithmetic, bsp against synchronous data parallel, the ssp bound from the servers' clocks,
-// filters with error feedback end to end, a server's loss under chain replication, a worker's loss, and
-// bad requests.
+// filters with error feedback end to end, a server's loss under chain replication, a worker's loss, bad
+// requests, and the payload buffers' reuse.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -87,6 +87,30 @@ TEST_CASE("split_servers: the first ranks serve, the rest work, each side a grou
     CHECK_THROWS_WITH_AS(ps::split_servers(c, 5), doctest::Contains("at least one must be a worker"),
                          invalid_argument);
   }, quick());
+}
+
+TEST_CASE("buffer_pool: a free buffer is reused, the largest first, empty and with room for the message") {
+  ps::detail::buffer_pool pool;
+  auto big = pool.take(4096);
+  CHECK(big->empty());
+  CHECK(big->capacity() >= 4096);
+  big->resize(4096);
+  auto small = pool.take(16);  // big is held: a second buffer
+  CHECK(small.get() != big.get());
+  CHECK(small->capacity() >= 16);
+  const auto* big_memory = big->data();
+  const auto* big_buffer = big.get();
+  big.reset();
+  small.reset();
+  // Both are free: the larger is handed out, emptied, its memory kept (no new mapping to fault in).
+  auto again = pool.take(1000);
+  CHECK(again.get() == big_buffer);
+  CHECK(again->empty());
+  CHECK(again->data() == big_memory);
+  // The other is free too, and grows once to the size asked for.
+  auto grown = pool.take(10000);
+  CHECK(grown.get() != big_buffer);
+  CHECK(grown->capacity() >= 10000);
 }
 
 TEST_CASE("consistent hashing: adding a server moves only ranges onto it") {
