@@ -82,9 +82,9 @@ inline dml::flags command_line(options& o) {
   f.add("--epochs", o.epochs, "N", "epochs").min(0);
   f.add("--steps", o.steps, "N", "stop after N steps; 0: no limit").min(0);
   f.add("--batch", o.batch, "N", "global batch").min(1);
-  f.add("--lr", o.lr, "X", "learning rate").default_text("the optimizer's, as PyTorch's");
+  f.add("--lr", o.lr, "X", "learning rate").default_text("the optimizer's, as PyTorch's").min(0.f);
   f.add("--optimizer", o.optimizer, "O", "optimizer").choices({"sgd", "adam", "adamw", "adagrad", "lamb", "lars"});
-  f.add("--weight-decay", o.weight_decay, "X", "weight decay").default_text("the optimizer's, as PyTorch's");
+  f.add("--weight-decay", o.weight_decay, "X", "weight decay").default_text("the optimizer's, as PyTorch's").min(0.f);
   f.add("--trust-clip", o.trust_clip, "X", "lamb, lars: upper bound on the trust ratio; 0: none").min(0.f);
   f.add("--seed", o.seed, "N", "seed of the initial weights and the shuffle");
   f.add("--lr-schedule", o.lr_schedule, "S", "constant, or linear warmup then cosine decay to 0")
@@ -443,15 +443,36 @@ int run_sharding(const options& o, Comm& comm, Model model, const dml::train::da
   return run_trainer<dml::parallel::replicate, Precision>(o, comm, model, tr, te);
 }
 
-template <class Comm, class Model>
-int run_parallel(const options& o, Comm& comm, Model model, const dml::train::dataset& tr, const dml::train::dataset& te) {
-  if (o.precision == "bf16") return run_sharding<dml::precision::bf16>(o, comm, model, tr, te);
-  if (o.precision == "fp16") return run_sharding<dml::precision::fp16>(o, comm, model, tr, te);
-  return run_sharding<dml::precision::fp32>(o, comm, model, tr, te);
-}
 
 // Depths 0 to 3 hidden layers: each is its own static model type, compiled for every sharding.
 inline constexpr std::size_t max_hidden = 3;
+
+// The trainers of one communicator and precision: every sharding and depth, 16 engines. A unit that compiles any
+// engine also compiles what all engines share (kernels, collectives, checkpoints: about 75 CPU seconds here), so the
+// MPI and Gloo paths keep their three precisions in one unit each (main_mpi.cpp, main_gloo.cpp), and the comm::local
+// ones, which the demo builds first, compile in two units (local_engines.cpp.in) beside main.cpp, for a build that
+// keeps two cores busy; the declarations below keep main.cpp from compiling them again.
+template <class Precision, class Comm>
+int run_engines(const options& o, Comm& comm, const dml::train::dataset& tr, const dml::train::dataset& te) {
+  return dml::nn::with_mlp<max_hidden>(tr.features(), o.hidden, 10,
+                                       [&](auto model) { return run_sharding<Precision>(o, comm, model, tr, te); });
+}
+#define DML_FASHION_MNIST_LOCAL_ENGINES(extern_, Precision)                                                         \
+  extern_ template int run_engines<Precision, dml::comm::local>(const options&, dml::comm::local&,                  \
+                                                                const dml::train::dataset&, const dml::train::dataset&)
+#if !defined(__CUDACC__)
+DML_FASHION_MNIST_LOCAL_ENGINES(extern, dml::precision::fp32);
+DML_FASHION_MNIST_LOCAL_ENGINES(extern, dml::precision::bf16);
+DML_FASHION_MNIST_LOCAL_ENGINES(extern, dml::precision::fp16);
+#endif
+
+// Dispatches --precision to the engines of Comm.
+template <class Comm>
+int run_parallel(const options& o, Comm& comm, const dml::train::dataset& tr, const dml::train::dataset& te) {
+  if (o.precision == "bf16") return run_engines<dml::precision::bf16>(o, comm, tr, te);
+  if (o.precision == "fp16") return run_engines<dml::precision::fp16>(o, comm, tr, te);
+  return run_engines<dml::precision::fp32>(o, comm, tr, te);
+}
 
 #if defined(DML_EXAMPLE_WITH_MPI)
 int run_mpi(const options& o, int argc, char** argv, const dml::train::dataset& tr, const dml::train::dataset& te);
@@ -525,9 +546,7 @@ int main(int argc, char** argv) {
       int status = 0;
       dml::comm::local::run(o.ranks, [&](dml::comm::local& comm) {
         dml::set_thread_budget(o.threads);
-        const int s = dml::nn::with_mlp<max_hidden>(train_set.features(), o.hidden, 10, [&](auto model) {
-          return run_parallel(chosen, comm, model, train_set, test_set);
-        });
+        const int s = run_parallel(chosen, comm, train_set, test_set);
         if (comm.rank() == 0) status = s;
       });
       return status;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // examples/fashion_mnist/main_mpi.cpp — the --comm mpi path: one rank per process, launched by mpirun.
-// A translation unit of its own so its trainers compile in parallel with the comm::local ones.
+// Its trainers compile here, in a unit of their own (fashion_mnist.hpp, run_engines).
 #include "dml/comm/mpi.hpp"
 #include "fashion_mnist.hpp"
 
@@ -15,8 +15,7 @@ int run_mpi(const options& o, int argc, char** argv, const dml::train::dataset& 
     dml::fail<dml::invalid_argument>("--ranks ", o.ranks, " with --comm mpi: the MPI world has ", comm.size(),
                                      " ranks; leave --ranks out or make them agree");
   dml::set_thread_budget(o.threads);
-  return dml::nn::with_mlp<max_hidden>(tr.features(), o.hidden, 10,
-                                       [&](auto model) { return run_parallel(o, comm, model, tr, te); });
+  return run_parallel(o, comm, tr, te);
 }
 
 }  // namespace fashion_mnist

@@ -12,7 +12,12 @@
 #include <cstdio>
 #include <vector>
 
-#include "dml/dml.hpp"
+// Each header brings what it names (dml/dml.hpp brings everything, at about twice the compile time).
+#include "dml/nn/loss.hpp"
+#include "dml/nn/network.hpp"
+#include "dml/optim/adam.hpp"
+#include "dml/train/flags.hpp"
+#include "dml/train/sampler.hpp"
 
 constexpr std::int64_t samples = 512, features = 8, classes = 4, batch = 64;
 

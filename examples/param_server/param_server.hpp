@@ -96,7 +96,7 @@ inline dml::flags command_line(options& o) {
 }
 
 // What the table cannot check alone: rules across flags, --kill-server split, and the library's parsers of
-// --consistency, --filter and --server-optimizer.
+// --consistency, --filter and --server-optimizer (with --lr: the server optimizer's rules).
 inline void check_across(options& o, const dml::flags& cli) {
   if (o.algorithm != "sandblaster")
     for (const char* flag : {"--portions", "--history", "--iterations", "--backup-tasks"})
@@ -125,6 +125,7 @@ inline void check_across(options& o, const dml::flags& cli) {
   check("--consistency", [&] { return ps::consistency::parse(o.consistency, o.n_fetch, o.n_push); });
   check("--filter", [&] { return dml::comm::any_filter::parse(o.filter); });
   check("--server-optimizer", [&] { return ps::server_optimizer::parse(o.server_optimizer, 0.f); });
+  if (o.lr) check("--lr", [&] { return ps::server_optimizer::parse(o.server_optimizer, *o.lr); });
 }
 
 // Sandblaster L-BFGS on the mean cross-entropy over the whole training set: rank 0 coordinates and prints.

@@ -169,10 +169,11 @@ TEST_CASE("lars: the fused passes match Algorithm 1, whole or cut into shards") 
 }
 
 TEST_CASE("lamb and lars: update() is one adapted tensor; a zero norm gives ratio 1") {
-  // One tensor of 4 weights, all zero: ‖w‖ = 0, so the ratio is 1 and LAMB's first step is Adam's: −lr·sign(g).
+  // One tensor of 4 weights, all zero: ‖w‖ = 0, so the ratio is 1 and LAMB's first step is Adam's: −lr·sign(g)
+  // (eps must be > 0; 1e-30 vanishes beside |g| in float).
   std::vector<float> w(4, 0.f), g{1.f, -2.f, 0.5f, 3.f};
   optim::state<optim::lamb> st(4);
-  optim::lamb{{.eps = 0.f}}.update<host>({.n = 4, .w = w.data(), .g = g.data(), .state = st.pointers(), .step = 1, .lr = 0.1f});
+  optim::lamb{{.eps = 1e-30f}}.update<host>({.n = 4, .w = w.data(), .g = g.data(), .state = st.pointers(), .step = 1, .lr = 0.1f});
   for (std::size_t i = 0; i < 4; ++i) CHECK(w[i] == doctest::Approx(g[i] > 0 ? -0.1 : 0.1));
   // A nonzero tensor: the LAMB step's norm is lr·‖w‖ (the trust ratio's point), whatever the gradient's size.
   std::vector<float> w2{3.f, 4.f, 0.f, 0.f}, w2_0 = w2;

@@ -53,6 +53,28 @@ TEST_CASE_TEMPLATE("dropout: every sharding x group size x micro-batches gives o
     }
 }
 
+TEST_CASE("trainer_options::lr is checked at the step it gives a bad rate; the optimizer where the trainer takes it") {
+  comm::local::run(1, [](comm::local& c) {
+    const auto& d = data();
+    const tensor_view<const float> x(d.x.data(), {global_batch, features});
+    auto o = options();
+    o.lr = [](std::int64_t step) { return step < 3 ? 1e-2f : -0.5f; };
+    trainer<parallel::replicate, optim::adamw> t(c, make_model(), o);
+    t.step(x, d.y.data(), global_batch);
+    t.step(x, d.y.data(), global_batch);
+    CHECK_THROWS_WITH_AS(t.step(x, d.y.data(), global_batch),
+                         "dml::trainer: trainer_options::lr at step 3: expected a finite lr >= 0, found -0.5",
+                         invalid_argument);
+    CHECK(t.steps() == 2);  // the refused step left the counters as they were
+    // A setting changed through the optimizer's public `opt` after it was built.
+    optim::adamw bad;
+    bad.opt.lr = -0.5f;
+    o.lr = {};
+    CHECK_THROWS_WITH_AS((trainer<parallel::replicate, optim::adamw>(c, make_model(), o, bad)),
+                         "dml::optim::adamw: expected lr >= 0, found -0.5", invalid_argument);
+  });
+}
+
 TEST_CASE("policies come in any order; SGD with momentum shards the same way") {
   auto o = options();
   const auto ref = train_local<optim::sgd, parallel::replicate>(1, o);

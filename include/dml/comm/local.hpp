@@ -288,8 +288,10 @@ class local {
     std::vector<int> members;
     for (int p = 0; p < g_->n; ++p)
       if (g_->slots[p].color == color) members.push_back(p);
-    std::stable_sort(members.begin(), members.end(),
-                     [&](int a, int b) { return g_->slots[a].key < g_->slots[b].key; });
+    // By key, ties by rank (what stable_sort gave: libstdc++ 12's warns under clang 18 and later).
+    std::sort(members.begin(), members.end(), [&](int a, int b) {
+      return std::pair(g_->slots[a].key, a) < std::pair(g_->slots[b].key, b);
+    });
     if (members.front() == rank_) {
       auto ng = detail::local_impl::group::make(int(members.size()), g_->w);
       for (int p : members) *g_->slots[p].out = ng;

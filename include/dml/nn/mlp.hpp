@@ -42,10 +42,10 @@ decltype(auto) with_mlp(std::int64_t in, std::span<const std::int64_t> hidden, s
   return [&]<std::size_t... H>(std::index_sequence<H...>) -> decltype(auto) {
     using result = decltype(fn(mlp<0>(in, hidden.first(0), out)));
     if constexpr (std::is_void_v<result>) {
-      ((hidden.size() == H ? (fn(mlp<H>(in, hidden, out)), true) : false) || ...);
+      (void)((hidden.size() == H ? (fn(mlp<H>(in, hidden, out)), true) : false) || ...);
     } else {
       result r{};
-      ((hidden.size() == H ? (r = fn(mlp<H>(in, hidden, out)), true) : false) || ...);
+      (void)((hidden.size() == H ? (r = fn(mlp<H>(in, hidden, out)), true) : false) || ...);
       return r;
     }
   }(std::make_index_sequence<MaxHidden + 1>{});

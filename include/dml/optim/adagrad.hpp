@@ -40,9 +40,15 @@ struct adagrad {
   options opt{};
 
   adagrad() = default;
-  explicit adagrad(options o) : opt(o) {
-    if (opt.lr < 0.f || opt.lr_decay < 0.f || opt.weight_decay < 0.f || opt.eps < 0.f)
-      fail<invalid_argument>("dml::optim::adagrad: lr, lr_decay, weight_decay and eps must be >= 0");
+  explicit adagrad(options o) : opt(o) { validate(); }
+  // PyTorch's rules, but eps > 0 where PyTorch takes 0: an element whose gradient has been 0 at every step would
+  // update by 0/0.
+  void validate() const {
+    constexpr const char* who = "dml::optim::adagrad";
+    optim::detail::expect_at_least_zero(who, "lr", opt.lr);
+    optim::detail::expect_at_least_zero(who, "lr_decay", opt.lr_decay);
+    optim::detail::expect_at_least_zero(who, "weight_decay", opt.weight_decay);
+    optim::detail::expect_above_zero(who, "eps", opt.eps);
   }
   float default_lr() const { return opt.lr; }
 

@@ -60,20 +60,26 @@ struct adam_base {
   options opt{};
 
   adam_base() = default;
-  explicit adam_base(options o) : opt(o) {
-    if (!(opt.beta1 >= 0.f && opt.beta1 < 1.f && opt.beta2 >= 0.f && opt.beta2 < 1.f))
-      fail<invalid_argument>("dml::optim::adam: betas must lie in [0, 1), found ", opt.beta1, ", ", opt.beta2);
+  explicit adam_base(options o) : opt(o) { validate(); }
+  // PyTorch's rules, but eps > 0 where PyTorch takes 0: an element whose gradient has been 0 at every step (the
+  // flat buffer's padding, an unused embedding row) would update by 0/0.
+  void validate() const {
+    constexpr const char* who = Decoupled ? "dml::optim::adamw" : "dml::optim::adam";
+    optim::detail::expect_at_least_zero(who, "lr", opt.lr);
+    optim::detail::expect_decay(who, "beta1", opt.beta1);
+    optim::detail::expect_decay(who, "beta2", opt.beta2);
+    optim::detail::expect_above_zero(who, "eps", opt.eps);
+    optim::detail::expect_at_least_zero(who, "weight_decay", opt.weight_decay);
     if (opt.freeze_variance_after < 0)
-      fail<invalid_argument>("dml::optim::adam: freeze_variance_after must be >= 0 (0: never), found ",
+      fail<invalid_argument>(who, ": expected freeze_variance_after >= 0 (0: never), found ",
                              opt.freeze_variance_after);
-    if (opt.lr < 0.f || opt.eps < 0.f || opt.weight_decay < 0.f)
-      fail<invalid_argument>("dml::optim::adam: lr, eps and weight_decay must be >= 0, found ", opt.lr, ", ", opt.eps,
-                             ", ", opt.weight_decay);
   }
   float default_lr() const { return opt.lr; }
   // Freezes the second moment after step `after` (1-bit Adam) and gives β1, β2 and eps.
   std::array<float, 3> freeze_variance(std::int64_t after) {
-    opt.freeze_variance_after = after;
+    auto next = opt;
+    next.freeze_variance_after = after;
+    opt = adam_base(next).opt;  // checked: unchanged where it fails
     return {opt.beta1, opt.beta2, opt.eps};
   }
 

@@ -29,7 +29,7 @@ struct any_of {
   any_of() = default;
   template <class X>
     requires(std::same_as<X, O> || ...)
-  any_of(X x) : chosen(std::move(x)) {}
+  any_of(X x) : chosen(std::move(x)) { validate(); }
 
   // The alternative whose name is `n` ("sgd", "adamw", ...), with its default options.
   static any_of by_name(std::string_view n) {
@@ -41,7 +41,13 @@ struct any_of {
       ((names += names.empty() ? O::name : std::string(", ") + O::name), ...);
       fail<invalid_argument>("dml::optim::any_of: expected one of ", names, ", found '", n, "'");
     }
+    out.validate();
     return out;
+  }
+
+  // The chosen alternative's checks of its settings (optim::validate): its message names it.
+  void validate() const {
+    std::visit([](const auto& o) { optim::validate(o); }, chosen);
   }
 
   const char* chosen_name() const {

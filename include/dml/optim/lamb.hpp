@@ -6,7 +6,6 @@
 #include <cmath>
 #include <span>
 #include <type_traits>
-#include <utility>
 
 #include "dml/optim/layerwise.hpp"
 
@@ -72,28 +71,30 @@ struct lamb {
   options opt{};
 
   lamb() = default;
-  explicit lamb(options o) : opt(o) {
-    if (!(opt.beta1 >= 0.f && opt.beta1 < 1.f)) fail<invalid_argument>("dml::optim::lamb: expected beta1 in [0, 1), found ", opt.beta1);
-    if (!(opt.beta2 >= 0.f && opt.beta2 < 1.f)) fail<invalid_argument>("dml::optim::lamb: expected beta2 in [0, 1), found ", opt.beta2);
-    if (!(opt.lr >= 0.f)) fail<invalid_argument>("dml::optim::lamb: expected lr >= 0, found ", opt.lr);
-    if (!(opt.eps >= 0.f)) fail<invalid_argument>("dml::optim::lamb: expected eps >= 0, found ", opt.eps);
-    if (!(opt.weight_decay >= 0.f))
-      fail<invalid_argument>("dml::optim::lamb: expected weight_decay >= 0, found ", opt.weight_decay);
-    if (!(opt.trust_clip >= 0.f))
-      fail<invalid_argument>("dml::optim::lamb: expected trust_clip >= 0 (0: no clip), found ", opt.trust_clip);
+  explicit lamb(options o) : opt(o) { validate(); }
+  // Adam's rules (eps > 0: with 0, an element whose gradient has been 0 at every step gives 0/0, and its NaN makes
+  // its whole tensor's ratio 1), and a trust_clip >= 0.
+  void validate() const {
+    constexpr const char* who = "dml::optim::lamb";
+    optim::detail::expect_at_least_zero(who, "lr", opt.lr);
+    optim::detail::expect_decay(who, "beta1", opt.beta1);
+    optim::detail::expect_decay(who, "beta2", opt.beta2);
+    optim::detail::expect_above_zero(who, "eps", opt.eps);
+    optim::detail::expect_at_least_zero(who, "weight_decay", opt.weight_decay);
+    optim::detail::expect_at_least_zero(who, "trust_clip", opt.trust_clip);
   }
   float default_lr() const { return opt.lr; }
 
   template <execution_space S>
   void prepare(const step_args& a, std::span<const tensor_piece> pieces, double* sums) const {
-    const auto [inv_bc1, inv_bc2_sqrt] = corrections(a.step);
+    const bias_scales bc = corrections(a.step);
     optim::detail::visit_grad(a, "dml::optim::lamb gradients", [&](const auto* g) {
       using G = std::remove_cvref_t<decltype(*g)>;
       for (const auto& p : pieces) {
         const auto s = transform_reduce_index<S>(
             p.end - p.begin,
             kernels::lamb_moments<G>{a.w + p.begin, g + p.begin, a.state[0] + p.begin, a.state[1] + p.begin, opt.beta1,
-                                     opt.beta2, opt.eps, a.grad_scale, inv_bc1, inv_bc2_sqrt, decay(p)},
+                                     opt.beta2, opt.eps, a.grad_scale, bc.inv_bc1, bc.inv_bc2_sqrt, decay(p)},
             optim::detail::sum2{});
         sums[2 * p.tensor] += s.w;
         sums[2 * p.tensor + 1] += s.u;
@@ -102,7 +103,7 @@ struct lamb {
   }
   template <execution_space S>
   void apply(const step_args& a, std::span<const tensor_piece> pieces, const double* sums) const {
-    const auto [inv_bc1, inv_bc2_sqrt] = corrections(a.step);
+    const bias_scales bc = corrections(a.step);
     optim::detail::visit_working(a, "dml::optim::lamb working copy", [&](auto* working) {
       using W = std::remove_pointer_t<decltype(working)>;
       for (const auto& p : pieces) {
@@ -112,7 +113,7 @@ struct lamb {
         if constexpr (!std::is_void_v<W>) out = working + p.begin;
         for_each_index<S>(p.end - p.begin,
                           kernels::lamb_apply<W>{a.w + p.begin, a.state[0] + p.begin, a.state[1] + p.begin, opt.eps,
-                                                 inv_bc1, inv_bc2_sqrt, decay(p), a.lr * ratio, out});
+                                                 bc.inv_bc1, bc.inv_bc2_sqrt, decay(p), a.lr * ratio, out});
       }
     });
   }
@@ -123,8 +124,12 @@ struct lamb {
 
  private:
   float decay(const tensor_piece& p) const { return p.adapt ? opt.weight_decay : 0.f; }
-  // Bias corrections in double, as Adam's.
-  std::pair<float, float> corrections(std::int64_t step) const {
+  // Bias corrections in double, as Adam's. A struct, not a structured binding: clang before 16 cannot capture a
+  // binding in a lambda.
+  struct bias_scales {
+    float inv_bc1, inv_bc2_sqrt;
+  };
+  bias_scales corrections(std::int64_t step) const {
     const optim::detail::bias_corrections bc(opt.beta1, opt.beta2, step);
     return {static_cast<float>(1.0 / bc.bc1), static_cast<float>(1.0 / std::sqrt(bc.bc2))};
   }

@@ -61,15 +61,14 @@ struct lars {
   options opt{};
 
   lars() = default;
-  explicit lars(options o) : opt(o) {
-    if (!(opt.lr >= 0.f)) fail<invalid_argument>("dml::optim::lars: expected lr >= 0, found ", opt.lr);
-    if (!(opt.momentum >= 0.f && opt.momentum < 1.f))
-      fail<invalid_argument>("dml::optim::lars: expected momentum in [0, 1), found ", opt.momentum);
-    if (!(opt.weight_decay >= 0.f))
-      fail<invalid_argument>("dml::optim::lars: expected weight_decay >= 0, found ", opt.weight_decay);
-    if (!(opt.eta > 0.f)) fail<invalid_argument>("dml::optim::lars: expected eta (trust coefficient) > 0, found ", opt.eta);
-    if (!(opt.trust_clip >= 0.f))
-      fail<invalid_argument>("dml::optim::lars: expected trust_clip >= 0 (0: no clip), found ", opt.trust_clip);
+  explicit lars(options o) : opt(o) { validate(); }
+  void validate() const {
+    constexpr const char* who = "dml::optim::lars";
+    optim::detail::expect_at_least_zero(who, "lr", opt.lr);
+    optim::detail::expect_decay(who, "momentum", opt.momentum);
+    optim::detail::expect_at_least_zero(who, "weight_decay", opt.weight_decay);
+    optim::detail::expect_above_zero(who, "eta (trust coefficient)", opt.eta);
+    optim::detail::expect_at_least_zero(who, "trust_clip", opt.trust_clip);
   }
   float default_lr() const { return opt.lr; }
 

@@ -11,6 +11,7 @@
 #include "dml/core/algorithm.hpp"
 #include "dml/core/buffer.hpp"
 #include "dml/core/cast.hpp"
+#include "dml/core/error.hpp"
 
 namespace dml::optim {
 
@@ -56,7 +57,33 @@ struct bias_corrections {
       : bc1(1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step))),
         bc2(1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step))) {}
 };
+
+// The checks an optimizer's validate() makes of its settings where it is built, as PyTorch's constructors do. Each
+// message names the optimizer (`who`) and the setting, the rule and the value: "dml::optim::sgd: expected lr >= 0,
+// found -0.5". NaN and infinities fail every rule: one such setting turns every weight into NaN.
+inline void expect_finite(const char* who, const char* what, float v) {
+  if (!std::isfinite(v)) fail<invalid_argument>(who, ": expected a finite ", what, ", found ", v);
+}
+inline void expect_at_least_zero(const char* who, const char* what, float v) {
+  expect_finite(who, what, v);
+  if (!(v >= 0.f)) fail<invalid_argument>(who, ": expected ", what, " >= 0, found ", v);
+}
+inline void expect_above_zero(const char* who, const char* what, float v) {
+  expect_finite(who, what, v);
+  if (!(v > 0.f)) fail<invalid_argument>(who, ": expected ", what, " > 0, found ", v);
+}
+// [0, 1): the decay of a running average (Adam's betas, LARS's momentum); 1 would never forget, above 1 diverges.
+inline void expect_decay(const char* who, const char* what, float v) {
+  if (!(v >= 0.f && v < 1.f)) fail<invalid_argument>(who, ": expected ", what, " in [0, 1), found ", v);
+}
 }  // namespace detail
+
+// Calls o.validate() where O has one (dml's optimizers do; their constructors call it): for holders of an optimizer
+// (the trainer) whose settings may have been changed through its public `opt` after it was built.
+template <class O>
+void validate(const O& o) {
+  if constexpr (requires { o.validate(); }) o.validate();
+}
 
 // The concept, in named parts so that a failure names the missing one.
 template <class O>

@@ -50,13 +50,19 @@ struct sgd {
   options opt{};
 
   sgd() = default;
-  explicit sgd(options o) : opt(o) {
+  explicit sgd(options o) : opt(o) { validate(); }
+  // PyTorch's rules, and dampening in [0, 1] (PyTorch checks none): the buffer takes (1 − dampening)·g, which
+  // climbs the gradient for dampening above 1 and magnifies it below 0.
+  void validate() const {
+    constexpr const char* who = "dml::optim::sgd";
+    optim::detail::expect_at_least_zero(who, "lr", opt.lr);
+    optim::detail::expect_at_least_zero(who, "momentum", opt.momentum);
+    if (!(opt.dampening >= 0.f && opt.dampening <= 1.f))
+      fail<invalid_argument>(who, ": expected dampening in [0, 1], found ", opt.dampening);
+    optim::detail::expect_at_least_zero(who, "weight_decay", opt.weight_decay);
     if (opt.nesterov && (opt.momentum <= 0.f || opt.dampening != 0.f))
-      fail<invalid_argument>("dml::optim::sgd: Nesterov momentum needs momentum > 0 and dampening 0, found momentum=",
-                             opt.momentum, " dampening=", opt.dampening);
-    if (opt.lr < 0.f || opt.momentum < 0.f || opt.weight_decay < 0.f)
-      fail<invalid_argument>("dml::optim::sgd: lr, momentum and weight_decay must be >= 0, found ", opt.lr, ", ",
-                             opt.momentum, ", ", opt.weight_decay);
+      fail<invalid_argument>(who, ": expected momentum > 0 and dampening 0 with nesterov, found momentum ",
+                             opt.momentum, " and dampening ", opt.dampening);
   }
   float default_lr() const { return opt.lr; }
 

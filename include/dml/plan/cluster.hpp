@@ -57,7 +57,9 @@ inline cluster cluster_from_json(const nlohmann::json& j, std::string_view where
     c.elementwise_bandwidth_bf16 = j["elementwise_bandwidth"].get<double>();
   if (!j.contains("block_seconds_bf16") && j.contains("block_seconds") && j["block_seconds"].is_number())
     c.block_seconds_bf16 = j["block_seconds"].get<double>();
-  for (const auto& [key, value] : j.items()) {
+  for (const auto& item : j.items()) {
+    const std::string& key = item.key();  // not a structured binding: clang before 16 cannot capture one
+    const nlohmann::json& value = item.value();
     if (key == "gemm_rows") {  // [[rows, share], ...], rows increasing
       auto bad = [&] {
         fail<format_error>(where, ": field 'gemm_rows' must be a list of [rows, share] pairs of positive numbers "

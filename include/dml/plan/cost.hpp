@@ -630,9 +630,25 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
   return e;
 }
 
+namespace detail {
+// std::stable_sort's order by std::sort with the position as the last key: libstdc++ 12's stable_sort calls the
+// deprecated std::get_temporary_buffer, which clang 18 and later report in every unit that instantiates it.
+template <class T, class Less>
+void stable_sort(std::vector<T>& v, Less less) {
+  std::vector<std::size_t> order(v.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return less(v[a], v[b]) || (!less(v[b], v[a]) && a < b); });
+  std::vector<T> sorted;
+  sorted.reserve(v.size());
+  for (const std::size_t i : order) sorted.push_back(std::move(v[i]));
+  v = std::move(sorted);
+}
+}  // namespace detail
+
 // Those that fit first, fastest first; then those that can run but need more memory; then the refused.
 inline void rank_estimates(std::vector<estimate>& out) {
-  std::stable_sort(out.begin(), out.end(), [](const estimate& a, const estimate& b) {
+  detail::stable_sort(out, [](const estimate& a, const estimate& b) {
     const bool ra = a.why.empty() || a.fits, rb = b.why.empty() || b.fits;
     if (a.fits != b.fits) return a.fits;
     if (ra != rb) return ra;

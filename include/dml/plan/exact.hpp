@@ -543,7 +543,7 @@ std::vector<pipeline_pick> rank_pipelines(const nn::sequential<L...>& model, int
         out.push_back({name, m, k == 0 ? std::vector<std::int64_t>{} : rows, tl.makespan, tl.bubble});
       }
     }
-  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step_seconds < b.step_seconds; });
+  detail::stable_sort(out, [](const auto& a, const auto& b) { return a.step_seconds < b.step_seconds; });
   const auto near = std::ranges::find_if(out, [&](const auto& p) { return p.step_seconds > out.front().step_seconds * 1.001; });
   const auto pick = std::min_element(out.begin(), near, [](const auto& a, const auto& b) {
     return std::pair(a.micro_batches, !a.micro_rows.empty()) < std::pair(b.micro_batches, !b.micro_rows.empty());

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/ps/transport.hpp — the parameter server's wire and shared setup: options, message framing, the polling
 // endpoint over any communicator's tagged send/recv, and the placement of key ranges every node computes alike.
-// Sits on comm/, ps/keys.hpp and ps/consistency.hpp; used by ps/server.hpp and ps/worker.hpp.
+// Sits on comm/, ps/keys.hpp, ps/consistency.hpp and optim/ (the server optimizers' rules); used by ps/server.hpp and
+// ps/worker.hpp.
 //
 // Every node is one thread of control that polls. Liveness is by silence: a peer that owes a reply and has
 // said nothing for `options::timeout` is dead to the one waiting. Nothing ever blocks on a peer without a
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -24,6 +26,8 @@
 
 #include "dml/comm/communicator.hpp"
 #include "dml/core/error.hpp"
+#include "dml/optim/adagrad.hpp"
+#include "dml/optim/sgd.hpp"
 #include "dml/ps/consistency.hpp"
 #include "dml/ps/keys.hpp"
 
@@ -39,9 +43,20 @@ struct server_optimizer {
   float initial_accumulator = 0.f;    // adagrad: Σg² starts here
 
   static server_optimizer parse(std::string_view s, float lr) {
-    if (s == "sgd") return {sgd, lr};
-    if (s == "adagrad") return {adagrad, lr};
-    fail<invalid_argument>("dml::ps: expected a server optimizer sgd or adagrad, found '", s, "'");
+    server_optimizer o{sgd, lr};
+    if (s == "adagrad") o.kind = adagrad;
+    else if (s != "sgd") fail<invalid_argument>("dml::ps: expected a server optimizer sgd or adagrad, found '", s, "'");
+    o.validate();
+    return o;
+  }
+  // The rules of the optimizer a server runs (optim::sgd's, optim::adagrad's: its message names it), and Σg²
+  // starting at 0 or above. parse() and every node's placement check them.
+  void validate() const {
+    if (kind == sgd) (void)optim::sgd({.lr = lr});
+    else (void)optim::adagrad({.lr = lr, .eps = eps});
+    if (!(initial_accumulator >= 0.f) || !std::isfinite(initial_accumulator))
+      fail<invalid_argument>("dml::ps::server_optimizer: expected a finite initial_accumulator >= 0, found ",
+                             initial_accumulator);
   }
   std::string name() const { return kind == sgd ? "sgd" : "adagrad"; }
 };
@@ -326,6 +341,7 @@ struct placement {
     if (o.replicas < 0 || o.replicas >= o.servers)
       fail<invalid_argument>("dml::ps: expected 0 <= replicas < servers (", o.servers, "), found ", o.replicas);
     if (o.servers > 62) fail<invalid_argument>("dml::ps: expected at most 62 servers, found ", o.servers);
+    o.optimizer.validate();
     for (const auto& r : table.ranges()) chains.push_back(hash_ring.chain(r, replicas));
   }
   int primary(std::uint32_t r, const std::vector<bool>& dead) const { return detail::next_live(chains[r], 0, dead); }

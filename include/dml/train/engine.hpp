@@ -63,7 +63,7 @@ class engine final : public engine_base<Space> {
 
  public:
   engine(Comm& world, const nn::sequential<Layers...>& model, trainer_options opt, Optimizer optimizer)
-      : constructing_(&account_), world_(world), opt_(std::move(opt)), optimizer_(optimizer),
+      : constructing_(&account_), world_(world), opt_(std::move(opt)), optimizer_(validated(std::move(optimizer))),
         place_(world,
                parallel::trainer_mesh(world, opt_.tensor_parallel, opt_.pipeline_stages, opt_.expert_parallel,
                                       opt_.context_parallel, opt_.replicas),
@@ -140,6 +140,7 @@ class engine final : public engine_base<Space> {
   // reductions per chunk, the tie sums and the update.
   step_result run_step(tensor_view<const float, Space> x, const std::int32_t* y, std::int64_t global_batch) {
     ++step_;
+    const float lr = step_lr();  // a bad one fails here, before any work
     const std::int64_t rows = x.shape[0];
     const bool given = !opt_.micro_batch_rows.empty();
     const std::int64_t m = given ? opt_.micro_batches : std::min(opt_.micro_batches, std::max<std::int64_t>(rows, 1));
@@ -158,7 +159,7 @@ class engine final : public engine_base<Space> {
         case k::reshard: sync_.reshard(chunk); break;
         case k::reduce_gradients: sync_.reduce(chunk, final); break;
         case k::tie_gradients: parallel::sum_ties<Space, T>(std::span(ties_), [&](std::size_t s) { return sync_.grad_piece(s); }); break;
-        case k::update: out = update(local_loss); break;
+        case k::update: out = update(local_loss, lr); break;
         case k::run:
           if (!schedule::is_compute(a.kind)) {
             if (a.kind == schedule::op::send_activation || a.kind == schedule::op::send_gradient) pipe_.send(a);
@@ -328,13 +329,29 @@ class engine final : public engine_base<Space> {
     return describe_checkpoint<Optimizer>(full_layout_, step_, opt_.seed, world_.size(), Sharding::name);
   }
 
+  // Its settings checked again: they may have changed through its public `opt` since it was built.
+  static Optimizer validated(Optimizer o) {
+    optim::validate(o);
+    return o;
+  }
+  // This step's learning rate: trainer_options::lr's, else the optimizer's (checked where it was built). A schedule
+  // that gives a negative or non-finite rate fails the step that asks for it.
+  float step_lr() const {
+    if (!opt_.lr) return optimizer_.default_lr();
+    const float lr = opt_.lr(step_);
+    if (!(lr >= 0.f) || !std::isfinite(lr))
+      fail<invalid_argument>("dml::trainer: trainer_options::lr at step ", step_, ": expected a finite lr >= 0, found ",
+                             lr);
+    return lr;
+  }
+
   // ---- the step's tail: loss over every rank, clipping, loss scaling, the update
-  step_result update(float local_loss) {
+  step_result update(float local_loss, float lr) {
     // Only clipping, loss scaling and a commit vote make the update wait on other ranks; without them a rank updates
     // before the loss's all-reduce, so a pipeline stage that finishes its backward early updates while the others
     // compute, rather than wait in the sum for the last stage and then contend with it for memory bandwidth.
     const bool gated = opt_.clip_norm > 0.f || Precision::loss_scaling || static_cast<bool>(opt_.commit);
-    if (!gated) sync_.update(optimizer_, opt_.lr ? opt_.lr(step_) : optimizer_.default_lr(), ++optimizer_step_, 1.f);
+    if (!gated) sync_.update(optimizer_, lr, ++optimizer_step_, 1.f);
     step_result out{.loss = sum(local_loss)};  // only last stages hold a loss
     float scale = 1.f;
     if (opt_.clip_norm > 0.f) {
@@ -355,7 +372,7 @@ class engine final : public engine_base<Space> {
       return out;
     }
     if (gated && !out.skipped)
-      sync_.update(optimizer_, opt_.lr ? opt_.lr(step_) : optimizer_.default_lr(), ++optimizer_step_, scale / loss_scale());
+      sync_.update(optimizer_, lr, ++optimizer_step_, scale / loss_scale());
     if constexpr (requires { sync_.gradient_bytes(); }) {
       const auto b = sync_.gradient_bytes();
       out.gradient_bytes = b.sent - bytes_.sent;

@@ -278,7 +278,7 @@ void local::send_impl(std::span<const T> data, int peer, int tag) {
       return;
     }
   }
-  detail::local_impl::message msg{rank_, tag, &detail::local_impl::type_tag<T>, nullptr, n, 0};
+  detail::local_impl::message msg{rank_, tag, &detail::local_impl::type_tag<T>, nullptr, n, 0, nullptr, nullptr};
   if (n >= detail::local_impl::group::keep_from) {
     std::lock_guard lk(g_->m);
     auto& spare = g_->spare;
@@ -317,7 +317,7 @@ request local::issend_impl(std::span<const T> data, int peer, int tag) {
     return request{};
   }
   auto sent = std::make_shared<detail::local_impl::ssend_state>();
-  detail::local_impl::message msg{rank_, tag, &detail::local_impl::type_tag<T>, nullptr, n, 0};
+  detail::local_impl::message msg{rank_, tag, &detail::local_impl::type_tag<T>, nullptr, n, 0, nullptr, nullptr};
   msg.ref = reinterpret_cast<const std::byte*>(data.data());
   msg.sent = sent;
   g_->inbox[peer].push_back(std::move(msg));
