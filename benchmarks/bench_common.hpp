@@ -15,6 +15,13 @@
 #include <unistd.h>
 
 #include "dml/dml.hpp"
+
+#if defined(DML_PROGRAMS_OPTIMIZATION)
+// A build for smoke runs (CMake's DML_PROGRAMS_OPTIMIZATION): every benchmark says so before it prints a figure.
+inline const bool dml_bench_smoke_build_noted =
+    (std::fprintf(stderr, "warning: built with DML_PROGRAMS_OPTIMIZATION=%s for smoke runs: these figures are not "
+                          "dml's (build with a preset for those)\n", DML_PROGRAMS_OPTIMIZATION), true);
+#endif
 #include "dml/train/flags.hpp"
 
 namespace dml_bench {

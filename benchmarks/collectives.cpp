@@ -28,6 +28,8 @@
 #endif
 #include "dml/train/flags.hpp"
 
+#include "bench_common.hpp"
+
 namespace {
 
 using dml::comm::collective;

@@ -12,6 +12,8 @@
 #include "dml/comm/local.hpp"
 #include "dml/parallel/compressed.hpp"
 #include "dml/train/flags.hpp"
+
+#include "bench_common.hpp"
 #if defined(DML_BENCH_MPI)
 #  include "dml/comm/mpi.hpp"
 #endif

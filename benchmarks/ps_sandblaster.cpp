@@ -23,6 +23,8 @@
 #include "dml/train/flags.hpp"
 #include "dml/train/idx.hpp"
 
+#include "bench_common.hpp"
+
 namespace {
 
 namespace ps = dml::ps;

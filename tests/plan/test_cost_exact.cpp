@@ -109,7 +109,7 @@ TEST_CASE("model states and activations of the trainer tests' MLP equal the cost
   }
 }
 
-TEST_CASE("the GPT's activation bytes README quotes (tp 1, tp 2, tp 2 + sp) follow from the layers' shapes") {
+TEST_CASE("the GPT's activation bytes (tp 1, tp 2, tp 2 + sp) follow from the layers' shapes") {
   using gpt_fixture::batch;
   using gpt_fixture::seq;
   auto split = [](nn::gpt_config g, int tp, bool sp) {
@@ -118,9 +118,9 @@ TEST_CASE("the GPT's activation bytes README quotes (tp 1, tp 2, tp 2 + sp) foll
     return m;
   };
   const auto g = gpt_fixture::config(2);
-  CHECK(cost::activation_set_bytes(split(g, 1, false), {batch, seq}, 4) == 644'096);
-  CHECK(cost::activation_set_bytes(split(g, 2, false), {batch, seq}, 4) == 406'528);
-  CHECK(cost::activation_set_bytes(split(g, 2, true), {batch, seq}, 4) == 338'432);
+  CHECK(cost::activation_set_bytes(split(g, 1, false), {batch, seq}, 4) == 582'656);
+  CHECK(cost::activation_set_bytes(split(g, 2, false), {batch, seq}, 4) == 375'808);
+  CHECK(cost::activation_set_bytes(split(g, 2, true), {batch, seq}, 4) == 307'712);
 }
 
 TEST_CASE("the GPT under dp × tp × sp, ZeRO and bf16: the trainer's memory() and peak activations equal the cost model") {

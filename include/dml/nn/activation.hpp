@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// dml/nn/activation.hpp — element-wise activations (relu, gelu in PyTorch's tanh form).
+// dml/nn/activation.hpp — element-wise activations (relu, gelu in PyTorch's tanh form) and SiLU's arithmetic.
 // Sits on core/algorithm.hpp; the arithmetic is DML_HOST_DEVICE functors shared by host and CUDA.
 #pragma once
 
@@ -44,6 +44,15 @@ struct gelu_tanh {
     const float t = fast_tanh(u);
     const float du = k0 * (1.f + 3.f * k1 * x * x);
     return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du;
+  }
+};
+// silu(x) = x·σ(x) = x / (1 + e^−x), the gate of SwiGLU (nn/swiglu.hpp); e^−x = +inf below −88 gives −0, not NaN.
+struct silu {
+  DML_HOST_DEVICE static float sigmoid(float x) { return 1.f / (1.f + fast_exp(-x)); }
+  DML_HOST_DEVICE static float value(float x) { return x * sigmoid(x); }
+  DML_HOST_DEVICE static float derivative(float x) {  // σ(x)·(1 + x·(1 − σ(x)))
+    const float s = sigmoid(x);
+    return s * (1.f + x * (1.f - s));
   }
 };
 template <class T>

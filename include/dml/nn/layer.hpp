@@ -27,7 +27,8 @@ enum class init_kind : std::uint8_t { zeros, ones, uniform, normal };
 // [rows, cols] (cols: the product of every dimension after the first), is cut along `axis` (0: rows, 1:
 // cols) into `blocks` equal blocks (3 for fused q, k, v), and each block into `ranks` equal parts; this
 // rank holds part `rank` of every block, in block order. A parameter with ranks == 1 is whole on
-// every rank of the group.
+// every rank of the group. With `lead` > 0 the first block is `lead` long along the axis and the others share
+// what remains equally (fused q, k, v of grouped-query attention: q's block holds heads/kv_heads times k's rows).
 //
 // The same description serves expert parallelism: a stack of experts' weights cut over the expert group
 // (group == expert), where rank and ranks are the expert-parallel rank and degree.
@@ -36,18 +37,31 @@ struct param_shard {
   std::int64_t rows = 0, cols = 0;  // of the whole parameter
   int axis = 0, blocks = 1, rank = 0, ranks = 1;
   shard_group group = shard_group::tensor;
+  std::int64_t lead = 0;  // the first block's length along axis (blocks > 1); 0: every block is equally long
   bool tensor_sharded() const { return ranks > 1 && group == shard_group::tensor; }
   bool expert_sharded() const { return ranks > 1 && group == shard_group::expert; }
   bool sharded() const { return ranks > 1; }
   // The element of the whole parameter that local element i is.
   DML_HOST_DEVICE std::int64_t whole_index(std::int64_t i) const {
     if (ranks == 1) return i;
+    if (lead > 0 && blocks > 1) {
+      if (axis == 0) return lead_along(i / cols, rows) * cols + i % cols;
+      const std::int64_t local = cols / ranks;
+      return (i / local) * cols + lead_along(i % local, cols);
+    }
     if (axis == 0) {
       const std::int64_t part = rows / blocks / ranks, r = i / cols;
       return ((r / part) * (rows / blocks) + rank * part + r % part) * cols + i % cols;
     }
     const std::int64_t part = cols / blocks / ranks, local = cols / ranks, c = i % local;
     return (i / local) * cols + (c / part) * (cols / blocks) + rank * part + c % part;
+  }
+  // With a lead block: the whole index along the axis (of length `along`) of local index k there.
+  DML_HOST_DEVICE std::int64_t lead_along(std::int64_t k, std::int64_t along) const {
+    const std::int64_t first = lead / ranks, rest = (along - lead) / (blocks - 1), part = rest / ranks;
+    if (k < first) return rank * first + k;
+    k -= first;
+    return lead + (k / part) * rest + rank * part + k % part;
   }
 };
 

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// dml/nn/detail/gpt_block.hpp — nn::gpt_block, GPT's pre-LayerNorm transformer block: attention (causal, or ring
-// attention under context parallelism) and an MLP or a mixture of experts, split over the tensor group.
-// Sits on nn/detail/gpt_common.hpp, nn/attention.hpp, nn/ring_attention.hpp and nn/moe.hpp; used by nn/gpt.hpp.
+// dml/nn/detail/gpt_block.hpp — nn::gpt_block, GPT's pre-LayerNorm transformer block: attention (causal tile
+// attention, or ring attention under context parallelism) and an MLP or a mixture of experts, split over the tensor
+// group. Sits on nn/detail/gpt_common.hpp, nn/tile_attention.hpp, nn/ring_attention.hpp and nn/moe.hpp; used by
+// nn/gpt.hpp.
 #pragma once
 
 #include <algorithm>
@@ -16,7 +17,6 @@
 #include "dml/core/cast.hpp"
 #include "dml/core/gemm.hpp"
 #include "dml/nn/activation.hpp"
-#include "dml/nn/attention.hpp"
 #include "dml/nn/detail/gpt_common.hpp"
 #include "dml/nn/detail/rows.hpp"
 #include "dml/nn/gpt_config.hpp"
@@ -24,6 +24,7 @@
 #include "dml/nn/layernorm.hpp"
 #include "dml/nn/moe.hpp"
 #include "dml/nn/ring_attention.hpp"
+#include "dml/nn/tile_attention.hpp"
 
 namespace dml::nn {
 
@@ -114,8 +115,9 @@ struct gpt_block : detail::split_part {
       fail<shape_error>("dml::nn::gpt_block: expected [batch, T, ", dim, "], found shape ", x);
     return x;
   }
-  // This rank's products: c_attn and c_proj (8C² per token), q·kᵀ and p·v over every key (4·T·C per token, the full
-  // T × T as computed), and the MLP's 16C², or the experts' (nn::moe::forward_flops); all over the tensor group.
+  // This rank's products: c_attn and c_proj (8C² per token), q·kᵀ and p·v over every key (4·T·C per token: the whole
+  // T × T, as model FLOPs count it, though the tiles skip most of the masked half), and the MLP's 16C², or the
+  // experts' (nn::moe::forward_flops); all over the tensor group.
   double forward_flops(dml::shape x) const {
     const gpt_dims d = dims(x);
     const double n = static_cast<double>(d.n), c = static_cast<double>(dim), p = static_cast<double>(ranks());
@@ -157,7 +159,7 @@ struct gpt_block : detail::split_part {
     if (ring())
       ring_attention_forward<S>(ring_shape(d), ring_layout(), c.cp, static_cast<const T*>(sv.qkv), sv.att, sv.lse, ws.scratch);
     else
-      causal_attention_forward<S>(attention(d), static_cast<const T*>(sv.qkv), sv.probs, sv.att);
+      tile_attention_forward<S>(attention(d), static_cast<const T*>(sv.qkv), sv.att, sv.lse);
     detail::linear_forward<S>(d.n, cp_, C, static_cast<const T*>(sv.att), w.proj_w, static_cast<const T*>(nullptr), ws.full2);
     const T* r1 = reduce(c, ws.full2, ws.part, nl * C);
     detail::token_rows<S>(nl, C, kernels::residual_dropout<T>{x.data, r1, w.proj_b, sv.x2, drop(c, d, 1)});
@@ -243,8 +245,8 @@ struct gpt_block : detail::split_part {
                                  static_cast<const T*>(sv.att), static_cast<const float*>(sv.lse),
                                  static_cast<const T*>(ws.datt), dqkv, ws.scratch);
     else
-      causal_attention_backward<S>(attention(d), static_cast<const T*>(sv.qkv), static_cast<const T*>(sv.probs),
-                                   static_cast<const T*>(ws.datt), dqkv, ws.scratch);
+      tile_attention_backward<S>(attention(d), static_cast<const T*>(sv.qkv), static_cast<const T*>(sv.att),
+                                 static_cast<const float*>(sv.lse), static_cast<const T*>(ws.datt), dqkv, ws.tiles);
     if (g.qkv_b) detail::column_sums<S>(dqkv, g.qkv_b, d.n, 3 * cp_, acc);
     if (!st) {
       const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full2, nl * C);
@@ -264,7 +266,7 @@ struct gpt_block : detail::split_part {
     const std::int64_t t = sequence() ? x[1] * ranks() : x[1];
     return {x[0], t, x[0] * t, x[0] * x[1]};
   }
-  attention_shape attention(const gpt_dims& d) const {
+  tile_attention_shape attention(const gpt_dims& d) const {
     return {.batch = d.b, .seq = d.t, .heads = heads / ranks(), .head_dim = dim / heads};
   }
   // Context parallel: d.t is this rank's chunk of each sequence, and attention is ring attention.
@@ -301,13 +303,14 @@ struct gpt_block : detail::split_part {
     return r;
   }
   // What forward keeps for backward: LayerNorm outputs of this rank's rows (re-gathered in backward under
-  // sequence parallelism, as Korthikanti et al. do), q k v, the attention probabilities and output, the
-  // residual between the halves, and c_fc's output before and after GELU.
+  // sequence parallelism, as Korthikanti et al. do), q k v, the attention's output and the log-sum-exp of each of
+  // its rows (never the T × T probabilities), the residual between the halves, and c_fc's output before and after
+  // GELU.
   template <class T>
   struct saved_set {
     kernels::row_stats *stats1, *stats2;
-    T *h1, *qkv, *probs, *att, *x2, *h2, *f, *g;
-    float* lse;      // ring attention keeps a log-sum-exp per query row instead of the probabilities
+    T *h1, *qkv, *att, *x2, *h2, *f, *g;
+    float* lse;      // a log-sum-exp per (batch, head, query row)
     std::byte* moe;  // what the experts keep, in place of f and g
   };
   template <class T>
@@ -324,7 +327,7 @@ struct gpt_block : detail::split_part {
     s.h1 = k.take<T>(d.n_local * C);
     s.qkv = k.take<T>(d.n * 3 * cw);
     if (ring()) s.lse = k.take<float>(ring_attention_saved_size(ring_shape(d), ring_layout()));
-    else s.probs = k.take<T>(attention_saved_size(attention(d)));
+    else s.lse = k.take<float>(tile_attention_saved_size(attention(d)));
     s.att = k.take<T>(d.n * cw);
     s.x2 = k.take<T>(d.n_local * C);
     s.h2 = k.take<T>(d.n_local * C);
@@ -343,7 +346,7 @@ struct gpt_block : detail::split_part {
   template <class T>
   struct work_set {
     T *full1, *full2, *full3, *part, *part_a, *part_b, *dx2, *big, *datt, *dqkv, *scratch;
-    float* moe;
+    float *moe, *tiles;
   };
   template <class T>
   work_set<T> work_parts(float* base, const gpt_dims& d) const {
@@ -364,8 +367,8 @@ struct gpt_block : detail::split_part {
     else w.big = k.take<T>(d.n * fp);
     w.datt = k.take<T>(d.n * cw);
     w.dqkv = k.take<T>(d.n * 3 * cw);
-    w.scratch = k.take<T>(ring() ? ring_attention_workspace_size(ring_shape(d), ring_layout())
-                                 : attention_scratch_size(attention(d)));
+    if (ring()) w.scratch = k.take<T>(ring_attention_workspace_size(ring_shape(d), ring_layout()));
+    else w.tiles = k.take<float>(tile_attention_workspace_size(attention(d)));
     return w;
   }
   void work_parts(detail::carver& k, const gpt_dims& d, std::size_t) const { work_parts<float>(k, d); }

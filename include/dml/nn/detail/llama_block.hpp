@@ -1,0 +1,351 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/nn/detail/llama_block.hpp — nn::llama_block, Llama's pre-RMSNorm decoder block: grouped-query causal attention
+// with rotary positions and a SwiGLU MLP, split over the tensor group as gpt_block is. Sits on
+// nn/detail/gpt_common.hpp (split_part), nn/rmsnorm.hpp, nn/rope.hpp, nn/swiglu.hpp and nn/tile_attention.hpp; used
+// by nn/llama.hpp.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dml/core/algorithm.hpp"
+#include "dml/core/buffer.hpp"
+#include "dml/core/cast.hpp"
+#include "dml/core/gemm.hpp"
+#include "dml/nn/detail/gpt_common.hpp"
+#include "dml/nn/detail/rows.hpp"
+#include "dml/nn/layer.hpp"
+#include "dml/nn/llama_config.hpp"
+#include "dml/nn/rmsnorm.hpp"
+#include "dml/nn/rope.hpp"
+#include "dml/nn/swiglu.hpp"
+#include "dml/nn/tile_attention.hpp"
+
+namespace dml::nn {
+
+namespace detail {
+// The RoPE table of a configuration: head_dim / 2 frequencies for positions [0, seq). One per model, shared by its
+// blocks (and their copies).
+inline std::shared_ptr<const rope_table> llama_rope_table(const llama_config& g) {
+  return std::make_shared<const rope_table>(g.rope, g.head_dim(), g.seq);
+}
+// Context parallelism is refused until ring attention has a grouped-query form.
+inline void refuse_context_split(const char* kind, const context_split& s) {
+  if (s.ranks > 1)
+    fail<invalid_argument>("dml::nn::", kind, ": expected context_parallel 1 (ring attention has no grouped-query form "
+                           "yet), found context_parallel ", s.ranks);
+}
+}  // namespace detail
+
+// Sizes of one call of a llama block or head on input [B, T or T/p, C].
+struct llama_dims {
+  std::int64_t b = 0, t = 0, n = 0, n_local = 0;  // sequences, tokens per sequence, tokens, this rank's token rows
+};
+
+// x → x2 = x + o_proj(attn(rope(qkv_proj(rmsnorm(x))))), y = x2 + down_proj(swiglu(gate_up_proj(rmsnorm(x2)))).
+//
+// Parameters (Hugging Face's LlamaDecoderLayer names, q, k, v and gate, up each fused into one tensor):
+//   input_layernorm.weight [C]; self_attn.qkv_proj.weight [(heads + 2·kv_heads)·head_dim, C], rows q_proj's
+//   (heads·head_dim), then k_proj's, then v_proj's (kv_heads·head_dim each); self_attn.o_proj.weight [C, C];
+//   post_attention_layernorm.weight [C]; mlp.gate_up_proj.weight [2·ffn_hidden, C], rows gate_proj's then up_proj's;
+//   mlp.down_proj.weight [C, ffn_hidden]. No biases.
+//
+// Tensor parallelism (split.ranks = p): qkv_proj is column-parallel (a rank holds heads/p query heads and the
+// kv_heads/p key/value heads they read, its rows [q part | k part | v part]), gate_up_proj column-parallel (a rank's
+// gate columns and the up columns that pair with them), o_proj and down_proj row-parallel; one all-reduce per half in
+// each pass. Sequence parallelism (split.sequence): RMSNorm and the residuals run on this rank's token rows, with
+// all-gathers before the column-parallel products and reduce-scatters after the row-parallel ones, as gpt_block.
+struct llama_block : detail::split_part {
+  static constexpr std::int64_t static_in = dynamic;
+  static constexpr std::int64_t static_out = dynamic;
+  static constexpr bool preserves_width = true;
+  // Split backward (zb): the input pass leaves the four weight products to the weight pass, keeping their output
+  // gradients, and under sequence parallelism their gathered inputs, in its stash (stash_bytes).
+  static constexpr bool splits_backward = true;
+  static constexpr const char* kind = "llama_block";
+  std::int64_t dim = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0;
+  float eps = 1e-5f;
+  std::shared_ptr<const rope_table> rope;
+
+  // table: the model's RoPE table (nn::llama shares one among its blocks); null builds this block's own.
+  explicit llama_block(const llama_config& g, std::shared_ptr<const rope_table> table = {})
+      : dim(g.d_model), heads(g.heads), kv_heads(g.kv_heads), head_dim(g.head_dim()), ffn(g.ffn_hidden),
+        eps(g.norm_eps), rope(std::move(table)) {
+    g.validate();
+    if (!rope) rope = detail::llama_rope_table(g);
+    if (rope->half != head_dim / 2)
+      fail<invalid_argument>("dml::nn::llama_block: expected a RoPE table of head_dim / 2 = ", head_dim / 2,
+                             " frequencies, found ", rope->half);
+  }
+  void set_split(tensor_split s) {
+    split = s;
+    check_split(kind);
+    check_divides(kind, "the heads", heads, s.ranks);
+    check_divides(kind, "the key/value heads", kv_heads, s.ranks);
+    check_divides(kind, "ffn_hidden", ffn, s.ranks);
+  }
+  void set_context_split(context_split s) const { detail::refuse_context_split(kind, s); }
+
+  std::vector<param_spec> parameters() const {
+    const std::int64_t c = dim, p = ranks(), q = heads * head_dim, kv = kv_heads * head_dim;
+    const bool sp = sequence();
+    param_shard qkv = shard(q + 2 * kv, c, 0, 3);
+    qkv.lead = q;
+    return {{"input_layernorm.weight", {c}, init_kind::ones, 0.f, 0.f, {}, sp},
+            {"self_attn.qkv_proj.weight", {(q + 2 * kv) / p, c}, init_kind::normal, 0.f, 0.02f, qkv},
+            {"self_attn.o_proj.weight", {c, q / p}, init_kind::normal, 0.f, 0.02f, shard(c, q, 1)},
+            {"post_attention_layernorm.weight", {c}, init_kind::ones, 0.f, 0.f, {}, sp},
+            {"mlp.gate_up_proj.weight", {2 * ffn / p, c}, init_kind::normal, 0.f, 0.02f, shard(2 * ffn, c, 0, 2)},
+            {"mlp.down_proj.weight", {c, ffn / p}, init_kind::normal, 0.f, 0.02f, shard(c, ffn, 1)}};
+  }
+  dml::shape output_shape(dml::shape x) const {
+    if (x.rank != 3 || x[2] != dim)
+      fail<shape_error>("dml::nn::llama_block: expected [batch, T, ", dim, "], found shape ", x);
+    if (dims(x).t > rope->positions)
+      fail<shape_error>("dml::nn::llama_block: expected T <= seq = ", rope->positions, ", found T = ", dims(x).t);
+    return x;
+  }
+  // This rank's products per token: qkv_proj 2·C·(heads + 2·kv_heads)·head_dim, o_proj 2·C², q·kᵀ and p·v over every
+  // key 4·T·C (the whole T × T, as model FLOPs count it), gate_up_proj 4·C·F and down_proj 2·F·C; all over the group.
+  double forward_flops(dml::shape x) const {
+    const llama_dims d = dims(x);
+    const double n = static_cast<double>(d.n), c = static_cast<double>(dim), p = static_cast<double>(ranks());
+    const double qkv = static_cast<double>((heads + 2 * kv_heads) * head_dim), f = static_cast<double>(ffn);
+    const double t = static_cast<double>(d.t);
+    return n * (2 * c * qkv + 2 * c * c + 4 * t * c + 6 * c * f) / p;
+  }
+  std::int64_t saved_bytes(dml::shape x, std::size_t value_bytes) const {
+    detail::carver k;
+    if (value_bytes == 2) saved_parts<bf16>(k, dims(x));
+    else saved_parts<float>(k, dims(x));
+    return k.used;
+  }
+  std::int64_t stash_bytes(dml::shape x, std::size_t value_bytes) const {
+    detail::carver k;
+    if (value_bytes == 2) stash_parts<bf16>(k, dims(x));
+    else stash_parts<float>(k, dims(x));
+    return k.used;
+  }
+  std::int64_t workspace_size(dml::shape x) const {
+    detail::carver k;
+    work_parts<float>(k, dims(x));  // floats: enough for any working type
+    return k.used / 4;
+  }
+
+  template <execution_space S, class T>
+  void forward(const context& c, layer_params<T> p, tensor_view<const T, S> x, tensor_view<T, S> y) const {
+    check_group(kind, c, ranks());
+    const llama_dims d = dims(x.shape);
+    const std::int64_t C = dim, nl = d.n_local, qw = heads * head_dim / ranks(), qkv_w = width(), fp = ffn / ranks();
+    const auto sv = saved_parts<T>(c.saved, d);
+    const auto ws = work_parts<T>(c.workspace, d);
+    const auto w = weights(p.w);
+    // attention half: x2 = x + o_proj(attn(rope(qkv_proj(rmsnorm(x)))))
+    rmsnorm_forward<S>(x.data, w.ln1, sv.h1, sv.rrms1, nl, C, eps);
+    const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full1, nl * C);
+    detail::linear_forward<S>(d.n, C, qkv_w, h1, w.qkv, static_cast<const T*>(nullptr), sv.qkv);
+    rope_forward<S>(rope_dims(d), sv.qkv, table<S>(ws));
+    tile_attention_forward<S>(attention(d), static_cast<const T*>(sv.qkv), sv.att, sv.lse);
+    // The row-parallel product's partial sums land where their sum goes (in place, or reduce-scattered there).
+    T* o = sequence() ? ws.full2 : sv.x2;
+    detail::linear_forward<S>(d.n, qw, C, static_cast<const T*>(sv.att), w.o, static_cast<const T*>(nullptr), o);
+    reduce(c, o, sv.x2, nl * C);
+    residual_rmsnorm_forward<S>(sv.x2, x.data, w.ln2, sv.h2, sv.rrms2, nl, C, eps);
+    // MLP half: y = x2 + down_proj(silu(gate) ⊙ up), [gate | up] = gate_up_proj(rmsnorm(x2))
+    const T* h2 = gather(c, static_cast<const T*>(sv.h2), ws.full1, nl * C);
+    detail::linear_forward<S>(d.n, C, 2 * fp, h2, w.gate_up, static_cast<const T*>(nullptr), sv.gu);
+    swiglu_forward<S>(static_cast<const T*>(sv.gu), sv.a, d.n, fp);
+    T* m = sequence() ? ws.full2 : y.data;
+    detail::linear_forward<S>(d.n, fp, C, static_cast<const T*>(sv.a), w.down, static_cast<const T*>(nullptr), m);
+    const T* r2 = reduce(c, m, ws.part, nl * C);
+    detail::token_rows<S>(nl, C, kernels::residual_dropout<T>{sv.x2, r2, nullptr, y.data, no_dropout()});
+  }
+
+  template <execution_space S, class T>
+  void backward(const context& c, layer_params<T> p, tensor_view<const T, S> x, tensor_view<const T, S>,
+                tensor_view<const T, S> dy, tensor_view<T, S> dx) const {
+    const llama_dims d = dims(x.shape);
+    const std::int64_t C = dim, nl = d.n_local, qw = heads * head_dim / ranks(), qkv_w = width(), fp = ffn / ranks();
+    const auto sv = saved_parts<T>(c.saved, d);
+    const auto ws = work_parts<T>(c.workspace, d);
+    const auto w = weights(p.w);
+    const auto g = weights(p.g);
+    const bool acc = c.accumulate, sp = sequence();
+    if (c.stash && c.weight_grads) {  // the weight pass: the products the input pass left, from its stash
+      const auto st = stash_parts<T>(c.stash, d);
+      detail::linear_weight_grad<S>(d.n, fp, C, static_cast<const T*>(sv.a), static_cast<const T*>(st.dm), g.down, acc);
+      detail::linear_weight_grad<S>(d.n, C, 2 * fp, static_cast<const T*>(sp ? st.h2 : sv.h2),
+                                    static_cast<const T*>(st.dgu), g.gate_up, acc);
+      detail::linear_weight_grad<S>(d.n, qw, C, static_cast<const T*>(sv.att), static_cast<const T*>(st.dp), g.o, acc);
+      detail::linear_weight_grad<S>(d.n, C, qkv_w, static_cast<const T*>(sp ? st.h1 : sv.h1),
+                                    static_cast<const T*>(st.dqkv), g.qkv, acc);
+      return;
+    }
+    // The input pass of a split backward writes what the weight pass reads straight into the stash.
+    const stash_set<T> parts = c.stash ? stash_parts<T>(c.stash, d) : stash_set<T>{};
+    const stash_set<T>* const st = c.stash ? &parts : nullptr;
+    // MLP half. The branch's output gradient is dy itself (gathered under sequence parallelism).
+    const T* dm = dy.data;
+    if (sp) {
+      dm = gather(c, dy.data, st ? st->dm : ws.full1, nl * C);
+    } else if (st) {
+      dml::copy_n(dy.data, static_cast<std::size_t>(nl * C), st->dm);
+      dm = st->dm;
+    }
+    if (!st) detail::linear_weight_grad<S>(d.n, fp, C, static_cast<const T*>(sv.a), dm, g.down, acc);
+    detail::linear_input_grad<S>(d.n, fp, C, dm, w.down, ws.da);
+    T* const dgu = st ? st->dgu : ws.dgu;
+    swiglu_backward<S>(static_cast<const T*>(sv.gu), static_cast<const T*>(ws.da), dgu, d.n, fp);
+    if (!st) {
+      const T* h2 = gather(c, static_cast<const T*>(sv.h2), ws.full2, nl * C);
+      detail::linear_weight_grad<S>(d.n, C, 2 * fp, h2, static_cast<const T*>(dgu), g.gate_up, acc);
+    } else if (sp) {
+      gather(c, static_cast<const T*>(sv.h2), st->h2, nl * C);
+    }
+    detail::linear_input_grad<S>(d.n, C, 2 * fp, static_cast<const T*>(dgu), w.gate_up, ws.full3);
+    const T* dh2 = reduce(c, ws.full3, ws.part, nl * C);
+    // dx2 = dy + rmsnorm's input gradient: the residual stream's gradient, and the attention branch's output gradient.
+    T* const dx2 = st && !sp ? st->dp : ws.dx2;
+    rmsnorm_backward<S>(static_cast<const T*>(sv.x2), static_cast<const T*>(w.ln2), static_cast<const float*>(sv.rrms2),
+                        dh2, dy.data, dx2, g.ln2, nl, C, acc);
+    // attention half
+    const T* dp = gather(c, static_cast<const T*>(dx2), st ? st->dp : ws.full1, nl * C);
+    if (!st) detail::linear_weight_grad<S>(d.n, qw, C, static_cast<const T*>(sv.att), dp, g.o, acc);
+    detail::linear_input_grad<S>(d.n, qw, C, dp, w.o, ws.datt);
+    T* const dqkv = st ? st->dqkv : ws.dqkv;
+    tile_attention_backward<S>(attention(d), static_cast<const T*>(sv.qkv), static_cast<const T*>(sv.att),
+                               static_cast<const float*>(sv.lse), static_cast<const T*>(ws.datt), dqkv, ws.tiles);
+    rope_backward<S>(rope_dims(d), dqkv, table<S>(ws));
+    if (!st) {
+      const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full2, nl * C);
+      detail::linear_weight_grad<S>(d.n, C, qkv_w, h1, static_cast<const T*>(dqkv), g.qkv, acc);
+    } else if (sp) {
+      gather(c, static_cast<const T*>(sv.h1), st->h1, nl * C);
+    }
+    detail::linear_input_grad<S>(d.n, C, qkv_w, static_cast<const T*>(dqkv), w.qkv, ws.full3);
+    const T* dh1 = reduce(c, ws.full3, ws.part, nl * C);
+    rmsnorm_backward<S>(x.data, static_cast<const T*>(w.ln1), static_cast<const float*>(sv.rrms1), dh1,
+                        static_cast<const T*>(dx2), dx.data, g.ln1, nl, C, acc);
+  }
+
+ private:
+  llama_dims dims(const dml::shape& x) const {
+    const std::int64_t t = sequence() ? x[1] * ranks() : x[1];
+    return {x[0], t, x[0] * t, x[0] * x[1]};
+  }
+  // A qkv row of this rank: its query heads, then the key and value heads they read.
+  std::int64_t width() const { return (heads + 2 * kv_heads) * head_dim / ranks(); }
+  tile_attention_shape attention(const llama_dims& d) const {
+    return {.batch = d.b, .seq = d.t, .heads = heads / ranks(), .kv_heads = kv_heads / ranks(), .head_dim = head_dim,
+            .causal = true};
+  }
+  rope_shape rope_dims(const llama_dims& d) const {
+    return {.batch = d.b, .seq = d.t, .heads = heads / ranks(), .kv_heads = kv_heads / ranks(), .head_dim = head_dim};
+  }
+  kernels::token_dropout no_dropout() const { return {rng_stream{0, 0}, 1.f, 0, dim}; }
+  // The table in space S: the host's as it is; on a device, copied into the workspace's share for it.
+  template <execution_space S, class W>
+  rope_table_view table(const W& ws) const {
+    if constexpr (std::same_as<S, host>) {
+      return rope->view();
+    } else {
+      dml::copy_n(rope->values.data(), rope->values.size(), ws.rope);
+      return {ws.rope, ws.rope + rope->positions * rope->half, rope->positions, rope->half};
+    }
+  }
+  // The parameters (or gradients) by role.
+  template <class T>
+  struct roles {
+    T *ln1, *qkv, *o, *ln2, *gate_up, *down;
+  };
+  template <class T>
+  roles<T> weights(T* const* v) const {
+    return {v[0], v[1], v[2], v[3], v[4], v[5]};
+  }
+  // What forward keeps for backward: the RMSNorm outputs of this rank's rows and their 1/rms (re-gathered in
+  // backward under sequence parallelism), q k v after RoPE, the attention's output and the log-sum-exp of each of its
+  // rows, the residual between the halves, and [gate | up] with SwiGLU's output.
+  template <class T>
+  struct saved_set {
+    float *rrms1, *rrms2, *lse;
+    T *h1, *qkv, *att, *x2, *h2, *gu, *a;
+  };
+  template <class T>
+  saved_set<T> saved_parts(std::byte* base, const llama_dims& d) const {
+    detail::carver k{base};
+    return saved_parts<T>(k, d);
+  }
+  template <class T>
+  saved_set<T> saved_parts(detail::carver& k, const llama_dims& d) const {
+    const std::int64_t C = dim, fp = ffn / ranks();
+    saved_set<T> s{};
+    s.rrms1 = k.take<float>(d.n_local);
+    s.rrms2 = k.take<float>(d.n_local);
+    s.h1 = k.take<T>(d.n_local * C);
+    s.qkv = k.take<T>(d.n * width());
+    s.lse = k.take<float>(tile_attention_saved_size(attention(d)));
+    s.att = k.take<T>(d.n * heads * head_dim / ranks());
+    s.x2 = k.take<T>(d.n_local * C);
+    s.h2 = k.take<T>(d.n_local * C);
+    s.gu = k.take<T>(d.n * 2 * fp);
+    s.a = k.take<T>(d.n * fp);
+    return s;
+  }
+  template <class T>
+  struct work_set {
+    T *full1, *full2, *full3, *part, *dx2, *da, *dgu, *datt, *dqkv;
+    float *tiles, *rope;
+  };
+  template <class T>
+  work_set<T> work_parts(float* base, const llama_dims& d) const {
+    detail::carver k{reinterpret_cast<std::byte*>(base)};
+    return work_parts<T>(k, d);
+  }
+  template <class T>
+  work_set<T> work_parts(detail::carver& k, const llama_dims& d) const {
+    const std::int64_t C = dim, fp = ffn / ranks();
+    work_set<T> w{};
+    w.full1 = k.take<T>(d.n * C);
+    w.full2 = k.take<T>(d.n * C);
+    w.full3 = k.take<T>(d.n * C);
+    w.part = k.take<T>(d.n_local * C);
+    w.dx2 = k.take<T>(d.n_local * C);
+    w.da = k.take<T>(d.n * fp);
+    w.dgu = k.take<T>(d.n * 2 * fp);
+    w.datt = k.take<T>(d.n * heads * head_dim / ranks());
+    w.dqkv = k.take<T>(d.n * width());
+    w.tiles = k.take<float>(tile_attention_workspace_size(attention(d)));
+    w.rope = k.take<float>(2 * rope->positions * rope->half);
+    return w;
+  }
+  // What a split backward's input pass keeps for its weight pass: the output gradients of down_proj, gate_up_proj,
+  // o_proj and qkv_proj (gathered over the tensor group; qkv's after RoPE's backward), and under sequence parallelism
+  // the gathered RMSNorm outputs that gate_up_proj and qkv_proj multiply (the weight pass then needs no collective).
+  template <class T>
+  struct stash_set {
+    T *dm, *dgu, *h2, *dp, *dqkv, *h1;
+  };
+  template <class T>
+  stash_set<T> stash_parts(std::byte* base, const llama_dims& d) const {
+    detail::carver k{base};
+    return stash_parts<T>(k, d);
+  }
+  template <class T>
+  stash_set<T> stash_parts(detail::carver& k, const llama_dims& d) const {
+    const std::int64_t C = dim, fp = ffn / ranks();
+    stash_set<T> s{};
+    s.dm = k.take<T>(d.n * C);
+    s.dgu = k.take<T>(d.n * 2 * fp);
+    if (sequence()) s.h2 = k.take<T>(d.n * C);
+    s.dp = k.take<T>(d.n * C);
+    s.dqkv = k.take<T>(d.n * width());
+    if (sequence()) s.h1 = k.take<T>(d.n * C);
+    return s;
+  }
+};
+
+}  // namespace dml::nn

@@ -1,0 +1,57 @@
+// SPDX-License-Identifier: Apache-2.0
+// dml/nn/llama_config.hpp — the configuration of nn::llama: sizes, grouped-query heads, the SwiGLU width, RMSNorm's
+// epsilon, RoPE (theta and Llama 3.1's frequency scaling) and a tied LM head; validate() names the first rule broken.
+// Sits on nn/rope.hpp (rope_config); used by nn/llama.hpp and nn/detail/llama_block.hpp, and by code that only fills
+// one in.
+#pragma once
+
+#include <cstdint>
+
+#include "dml/core/error.hpp"
+#include "dml/nn/rope.hpp"
+
+namespace dml::nn {
+
+// Field names follow Hugging Face's LlamaConfig where one exists: vocab_size, max_position_embeddings (seq),
+// hidden_size (d_model), num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size
+// (ffn_hidden), rms_norm_eps, rope_theta and rope_scaling (rope), tie_word_embeddings.
+struct llama_config {
+  std::int64_t vocab = 256;       // byte-level text: 256
+  std::int64_t seq = 256;         // the longest sequence (RoPE's table has this many positions)
+  std::int64_t d_model = 128;
+  std::int64_t layers = 2;
+  std::int64_t heads = 4;         // query heads; head_dim = d_model / heads
+  std::int64_t kv_heads = 4;      // key/value heads: heads is multi-head attention, 1 multi-query, between grouped-query
+  std::int64_t ffn_hidden = 352;  // SwiGLU's width (gate and up each)
+  float norm_eps = 1e-5f;
+  rope_config rope{};             // theta 10000; scaling: none, or Llama 3.1's (rope_scaling{})
+  bool tie_embeddings = false;    // lm_head.weight tied to model.embed_tokens.weight
+
+  std::int64_t head_dim() const { return heads > 0 ? d_model / heads : 0; }
+
+  // Throws invalid_argument naming the first rule broken, what it expected and what it found.
+  void validate() const {
+    constexpr const char* what = "dml::nn::llama_config";
+    const auto positive = [&](const char* name, std::int64_t v) {
+      if (v <= 0) fail<invalid_argument>(what, ": expected ", name, " > 0, found ", name, " = ", v);
+    };
+    positive("vocab", vocab);
+    positive("seq", seq);
+    positive("d_model", d_model);
+    positive("layers", layers);
+    positive("heads", heads);
+    positive("kv_heads", kv_heads);
+    positive("ffn_hidden", ffn_hidden);
+    if (d_model % heads != 0)
+      fail<invalid_argument>(what, ": expected d_model divisible by heads = ", heads, ", found d_model = ", d_model);
+    if (heads % kv_heads != 0)
+      fail<invalid_argument>(what, ": expected kv_heads dividing heads = ", heads, ", found kv_heads = ", kv_heads);
+    if (head_dim() % 2 != 0)
+      fail<invalid_argument>(what, ": expected an even head_dim = d_model / heads (RoPE rotates pairs), found head_dim = ",
+                             head_dim(), " (d_model ", d_model, ", heads ", heads, ")");
+    if (!(norm_eps > 0.f)) fail<invalid_argument>(what, ": expected norm_eps > 0, found norm_eps = ", norm_eps);
+    if (!(rope.theta > 0)) fail<invalid_argument>(what, ": expected rope.theta > 0, found rope.theta = ", rope.theta);
+  }
+};
+
+}  // namespace dml::nn
