@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   cli.add("--threads", o.threads, "N", "threads (dml::set_thread_budget)").min(1);
   cli.add("--repeats", o.repeats, "R", "timed calls per figure; the fastest is kept").min(1);
   cli.add_switch("--quick", o.quick, "short sequences, one timed call (a smoke run)");
-  if (const auto status = cli.parse_for_main(argc, argv)) return *status;
+  if (const auto status = dml_bench::parse_for_main(cli, argc, argv)) return *status;
   if (o.quick) o.min_seq = 64, o.max_seq = 256, o.repeats = 1;
   dml::set_thread_budget(o.threads);
   const auto start = dml_bench::load_meter::now();

@@ -10,21 +10,29 @@
 #include <string>
 #include <string_view>
 #include <vector>
+#include <utility>
 
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include "dml/dml.hpp"
 
-#if defined(DML_PROGRAMS_OPTIMIZATION)
-// A build for smoke runs (CMake's DML_PROGRAMS_OPTIMIZATION): every benchmark says so before it prints a figure.
-inline const bool dml_bench_smoke_build_noted =
-    (std::fprintf(stderr, "warning: built with DML_PROGRAMS_OPTIMIZATION=%s for smoke runs: these figures are not "
-                          "dml's (build with a preset for those)\n", DML_PROGRAMS_OPTIMIZATION), true);
-#endif
 #include "dml/train/flags.hpp"
 
 namespace dml_bench {
+
+// cli.parse_for_main, and then, in a build for smoke runs (CMake's DML_PROGRAMS_OPTIMIZATION), a warning that the
+// figures to come are not dml's; nothing is added to --help or to a flag's error.
+template <class Flags, class... Check>
+auto parse_for_main(Flags& cli, int argc, char** argv, Check&&... check) {
+  auto status = cli.parse_for_main(argc, argv, std::forward<Check>(check)...);
+#if defined(DML_PROGRAMS_OPTIMIZATION)
+  if (!status)
+    std::fprintf(stderr, "warning: built with DML_PROGRAMS_OPTIMIZATION=%s for smoke runs: these figures are not "
+                         "dml's (build with a preset for those)\n", DML_PROGRAMS_OPTIMIZATION);
+#endif
+  return status;
+}
 
 // The kinds of a rank's compute actions in its schedule list, in order. The k-th compute_begin of a step is the k-th
 // of them: an event's bucket is its index in the lowered program, which also holds unshard and reduction steps.

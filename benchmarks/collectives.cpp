@@ -459,7 +459,7 @@ int run_local(const config& cfg) {
 int main(int argc, char** argv) {
   config cfg;
   auto cli = command_line(cfg);
-  if (const auto status = cli.parse_for_main(argc, argv, [&] { check_across(cfg); })) return *status;
+  if (const auto status = dml_bench::parse_for_main(cli, argc, argv, [&] { check_across(cfg); })) return *status;
   try {
     return cfg.comm == "mpi" ? run_mpi(cfg, argc, argv) : run_local(cfg);
   } catch (const std::exception& e) {

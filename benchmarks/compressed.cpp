@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
       .check(dml::parallel::gradient_compression::spec_problem);
   f.add("--mib", cfg.mib, "M,M", "gradient sizes in MiB").min(1);
   f.add("--iters", cfg.iters, "N", "timed calls per size; the fastest is kept").min(1);
-  if (const auto status = f.parse_for_main(argc, argv, [] {})) return *status;
+  if (const auto status = dml_bench::parse_for_main(f, argc, argv, [] {})) return *status;
   if (cfg.comm == "mpi") {
 #if defined(DML_BENCH_MPI)
     dml::comm::mpi::environment env(&argc, &argv);

@@ -416,7 +416,7 @@ precision_pick pick_precision(const options& o) {
 int main(int argc, char** argv) try {
   options o;
   auto cli = command_line(o);
-  if (const auto status = cli.parse_for_main(argc, argv, [&] { check_across(o); })) return *status;
+  if (const auto status = dml_bench::parse_for_main(cli, argc, argv, [&] { check_across(o); })) return *status;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<layout> layouts;
   for (const auto& l : known_layouts()) {

@@ -131,7 +131,7 @@ int main(int argc, char** argv) {
   cli.add("--threads", o.threads, "T", "threads (dml::set_thread_budget)").min(1);
   cli.add("--repeats", o.repeats, "R", "timed calls per figure; the fastest is kept").min(1);
   cli.add_switch("--quick", o.quick, "small shapes, one timed call (a smoke run)");
-  if (const auto status = cli.parse_for_main(argc, argv)) return *status;
+  if (const auto status = dml_bench::parse_for_main(cli, argc, argv)) return *status;
   if (o.quick) {
     o.tokens = 256, o.seq = 64, o.xent_rows = 8, o.vocab = 1000, o.repeats = 1;
   }

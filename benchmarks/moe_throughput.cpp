@@ -200,7 +200,7 @@ void check_across(options& o) {
 int main(int argc, char** argv) try {
   options o;
   auto cli = command_line(o);
-  if (const auto status = cli.parse_for_main(argc, argv, [&] { check_across(o); })) return *status;
+  if (const auto status = dml_bench::parse_for_main(cli, argc, argv, [&] { check_across(o); })) return *status;
   std::FILE* json = o.json.empty() ? nullptr : std::fopen(o.json.c_str(), "w");
   if (!o.json.empty() && !json) dml::fail("--json: cannot write ", o.json);
   std::printf("# moe_throughput on %s, %d hardware threads; 1 thread per rank\n", dml::host_cpu_model().c_str(),

@@ -120,7 +120,7 @@ dml::flags command_line(options& o) {
 int main(int argc, char** argv) try {
   options o;
   auto cli = command_line(o);
-  if (const auto status = cli.parse_for_main(argc, argv, [&] {
+  if (const auto status = dml_bench::parse_for_main(cli, argc, argv, [&] {
         if (o.quick) o.width = 64, o.steps = 2, o.warmup = 1, o.bucket_mb = 0.01;
       }))
     return *status;

@@ -360,7 +360,7 @@ std::string model_name(const options& o) {
 int main(int argc, char** argv) try {
   options o;
   auto cli = command_line(o);
-  if (const auto status = cli.parse_for_main(argc, argv, [&] { check_across(o); })) return *status;
+  if (const auto status = dml_bench::parse_for_main(cli, argc, argv, [&] { check_across(o); })) return *status;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int ranks = o.pp * o.dp;
   const std::string cpu = dml::host_cpu_model(), model = model_name(o);

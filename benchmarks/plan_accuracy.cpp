@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
   cli.add("--batch", batch, "B", "global batch (sequences)").min(2);
   cli.add("--only", only, "TEXT", "only the layouts whose name (\"moe dp=2,...\") contains TEXT");
   cli.add_switch("--quick", quick, "one round of one timed step, the first two layouts");
-  if (const auto status = cli.parse_for_main(argc, argv)) return *status;
+  if (const auto status = dml_bench::parse_for_main(cli, argc, argv)) return *status;
   if (quick) steps = rounds = 1;
   const nn::gpt_config g{.vocab = 256, .seq = 128, .layers = 2, .d_model = 256, .heads = 4};
   const cost::model m{.layers = g.layers, .d_model = g.d_model, .heads = g.heads, .seq = g.seq, .vocab = g.vocab};

@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
           "the workers outnumber the cores)").min(0);
   cli.add("--repeats", o.repeats, "N", "runs per case; the table shows the median time").min(1);
   cli.add_switch("--quick", o.quick, "a smoke run: 2 iterations");
-  if (const auto status = cli.parse_for_main(argc, argv, [] {})) return *status;
+  if (const auto status = dml_bench::parse_for_main(cli, argc, argv, [] {})) return *status;
   if (o.quick) o.iterations = 2, o.repeats = 1;
   dml::train::dataset train, test;
   try {

@@ -617,7 +617,7 @@ void part_raw(const options& o) {
 int main(int argc, char** argv) try {
   options o;
   auto cli = command_line(o);
-  if (const auto status = cli.parse_for_main(argc, argv, [&] { check_across(o, cli); })) return *status;
+  if (const auto status = dml_bench::parse_for_main(cli, argc, argv, [&] { check_across(o, cli); })) return *status;
   const std::string cpu = dml::host_cpu_model();
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   json.on = o.json;

@@ -255,7 +255,7 @@ void check_across(const options& o) {
 int main(int argc, char** argv) try {
   options o;
   auto cli = command_line(o);
-  if (const auto status = cli.parse_for_main(argc, argv, [&] { check_across(o); })) return *status;
+  if (const auto status = dml_bench::parse_for_main(cli, argc, argv, [&] { check_across(o); })) return *status;
   // 2 FLOPs per multiply-add forward, 4 backward (input and weight gradients): 6 per weight per sample.
   double weights = 0, biases = 10;
   std::int64_t width = 784;
