@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// dml/nn/tile_attention.hpp — attention that never holds T×T: softmax(q·kᵀ/√d, masked)·v over tiles of 64 queries
-// by 64 keys with an online softmax (FlashAttention-2's scheme), grouped-query heads, causal and document masks.
+// dml/nn/tile_attention.hpp — attention that never holds T×T: softmax(q·kᵀ/√d, masked)·v over tiles of 128 queries
+// by 128 keys with an online softmax (FlashAttention-2's scheme), grouped-query heads, causal and document masks.
 // Forward keeps one float per (batch, head, query), the log-sum-exp of its row; backward recomputes each tile's
 // probabilities from it. Sits on core/algorithm.hpp and core/math.hpp; GPT and Llama blocks call it.
 #pragma once
@@ -36,13 +36,14 @@ struct tile_attention_shape {
 // Floats forward keeps for backward: the log-sum-exp of every (batch, head, query) row.
 inline std::int64_t tile_attention_saved_size(const tile_attention_shape& s) { return s.batch * s.heads * s.seq; }
 // Floats of workspace backward needs: dQ's float sums [batch, seq, width] and D = rowsum(dy ⊙ y) per row.
-// Forward needs none. Each host thread also keeps tiles of its own, about 9·64·head_dim floats.
+// Forward needs none. Each host thread also keeps tiles of its own, 6·128·head_dim + 2·128² floats (the CUDA
+// kernels tile by 32, in shared memory).
 inline std::int64_t tile_attention_workspace_size(const tile_attention_shape& s) {
   return s.batch * s.seq * s.width() + s.batch * s.heads * s.seq;
 }
 
 namespace kernels {
-inline constexpr std::int64_t attention_tile = 64;  // queries and keys per tile
+inline constexpr std::int64_t attention_tile = 128;  // queries and keys per tile
 inline constexpr float attention_no_key = -HUGE_VALF;  // the log-sum-exp of a row that sees no key
 
 // The keys query t of sequence b may see: [first, last], by the causal mask and its document. doc, when given,
