@@ -2,7 +2,9 @@
 // benchmarks/attention_throughput.cpp — causal attention forward + backward on the host, the tile attention
 // (nn/tile_attention.hpp) beside the T×T attention (nn/attention.hpp) in the same run, for sequence lengths from
 // --min-seq to --max-seq: milliseconds per call, their ratio, and the bytes each keeps for backward plus the
-// scratch it needs. Both read the same q, k, v and write the same gradients.
+// scratch it needs. Both read the same q, k, v and write the same gradients. The tiles' GFLOP/s (the products
+// they run) stand beside the roofline of one tile's product, measured in the same run.
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -58,6 +60,31 @@ figures tiles(const options& o, std::int64_t seq, const std::vector<float>& qkv,
   return {1e3 * sec, 4.0 * static_cast<double>(lse.size() + ws.size())};
 }
 
+// FLOPs of the products the tiles run in forward + backward: 2 a visible tile pair forward (q·kᵀ, p·v) and 5
+// backward (q·kᵀ again, dO·vᵀ, dV, dK, dQ), each 2·rows·keys·head_dim, over the causal pairs of tiles.
+double tile_flops(const options& o, std::int64_t seq) {
+  const std::int64_t n = dml::nn::kernels::attention_tile;
+  double pairs = 0;  // Σ rows·keys over the visible pairs
+  for (std::int64_t q0 = 0; q0 < seq; q0 += n)
+    pairs += static_cast<double>(std::min(n, seq - q0)) * static_cast<double>(std::min(seq, q0 + n));
+  return 7 * 2 * pairs * static_cast<double>(o.head_dim * o.batch * o.heads);
+}
+
+// The roofline of those products: one tile's q·kᵀ (128 × 128 × head_dim) by oneDNN's sgemm on this thread, GFLOP/s.
+double tile_gemm_gflops(const options& o) {
+  const std::int64_t n = dml::nn::kernels::attention_tile;
+  const auto a = random_values(static_cast<std::size_t>(n * o.head_dim), 3), b = random_values(a.size(), 4);
+  std::vector<float> c(static_cast<std::size_t>(n * n));
+  const double sec = dml::cost::detail::seconds_per_call(
+      [&] {
+        dml::detail::host_gemm_sgemm(dml::gemm_args{.ta = dml::trans::n, .tb = dml::trans::t, .m = n, .n = n,
+                                                    .k = o.head_dim, .a = a.data(), .lda = o.head_dim, .b = b.data(),
+                                                    .ldb = o.head_dim, .c = c.data(), .ldc = n});
+      },
+      std::max(o.repeats, 20));
+  return 2.0 * n * n * static_cast<double>(o.head_dim) / sec / 1e9;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -79,19 +106,25 @@ int main(int argc, char** argv) {
   std::printf("# %s; %d thread(s); batch %lld, %lld heads of %lld; f32; each figure the fastest of %d calls after a "
               "warm one\n", dml::host_cpu_model().c_str(), o.threads, static_cast<long long>(o.batch),
               static_cast<long long>(o.heads), static_cast<long long>(o.head_dim), o.repeats);
-  std::printf("%7s %12s %12s %8s %14s %14s\n", "T", "T×T ms", "tiles ms", "speedup", "T×T MiB", "tiles MiB");
+  const double roof = tile_gemm_gflops(o);
+  std::printf("# roofline of the tiles' products: one %lld × %lld × %lld sgemm at %.1f GFLOP/s on one thread\n",
+              static_cast<long long>(dml::nn::kernels::attention_tile),
+              static_cast<long long>(dml::nn::kernels::attention_tile), static_cast<long long>(o.head_dim), roof);
+  std::printf("%7s %12s %12s %8s %14s %14s %12s %9s\n", "T", "T×T ms", "tiles ms", "speedup", "T×T MiB", "tiles MiB",
+              "tiles GF/s", "of roof");
   for (std::int64_t seq = o.min_seq; seq <= o.max_seq; seq *= 2) {
     const std::int64_t w = o.heads * o.head_dim;
     const auto qkv = random_values(static_cast<std::size_t>(o.batch * seq * 3 * w), 1);
     const auto dy = random_values(static_cast<std::size_t>(o.batch * seq * w), 2);
     const figures t = tiles(o, seq, qkv, dy);
+    const double gflops = tile_flops(o, seq) / (t.ms * 1e-3) / 1e9, share = gflops / (roof * o.threads);
     if (seq <= o.max_dense_seq) {
       const figures d = dense(o, seq, qkv, dy);
-      std::printf("%7lld %12.2f %12.2f %7.2fx %14.1f %14.1f\n", static_cast<long long>(seq), d.ms, t.ms, d.ms / t.ms,
-                  d.bytes / (1 << 20), t.bytes / (1 << 20));
+      std::printf("%7lld %12.2f %12.2f %7.2fx %14.1f %14.1f %12.1f %8.0f%%\n", static_cast<long long>(seq), d.ms, t.ms,
+                  d.ms / t.ms, d.bytes / (1 << 20), t.bytes / (1 << 20), gflops, 100 * share);
     } else {
-      std::printf("%7lld %12s %12.2f %8s %14s %14.1f\n", static_cast<long long>(seq), "-", t.ms, "-", "-",
-                  t.bytes / (1 << 20));
+      std::printf("%7lld %12s %12.2f %8s %14s %14.1f %12.1f %8.0f%%\n", static_cast<long long>(seq), "-", t.ms, "-",
+                  "-", t.bytes / (1 << 20), gflops, 100 * share);
     }
   }
   std::printf("# other processes used %.0f%% of the machine meanwhile\n", 100 * dml_bench::load_meter::others_since(start));
