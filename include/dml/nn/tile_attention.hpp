@@ -2,7 +2,8 @@
 // dml/nn/tile_attention.hpp — attention that never holds T×T: softmax(q·kᵀ/√d, masked)·v over tiles of 128 queries
 // by 128 keys with an online softmax (FlashAttention-2's scheme), grouped-query heads, causal and document masks.
 // Forward keeps one float per (batch, head, query), the log-sum-exp of its row; backward recomputes each tile's
-// probabilities from it. Sits on core/algorithm.hpp and core/math.hpp; GPT and Llama blocks call it.
+// probabilities from it. Sits on core/algorithm.hpp, core/gemm.hpp, core/math.hpp and nn/attention.hpp (its
+// argument checks); GPT and Llama blocks call it.
 #pragma once
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "dml/core/gemm.hpp"
 #include "dml/core/math.hpp"
 #include "dml/core/space.hpp"
+#include "dml/nn/attention.hpp"
 
 namespace dml::nn {
 
@@ -67,21 +69,13 @@ struct attention_mask {
 namespace dml::nn {
 
 namespace detail {
+// The T×T attention's checks (nn/attention.hpp), and the grouping and masks of this one.
 inline void check_tile_attention(const char* what, const tile_attention_shape& s, const std::int64_t* doc) {
-  const auto positive = [&](const char* name, std::int64_t v) {
-    if (v <= 0) fail<invalid_argument>(what, ": expected ", name, " > 0, found ", name, " = ", v);
-  };
-  positive("batch", s.batch);
-  positive("seq", s.seq);
-  positive("heads", s.heads);
-  positive("head_dim", s.head_dim);
+  check_attention_shape(what, attention_shape{s.batch, s.seq, s.heads, s.head_dim});
   if (s.kv_heads < 0 || s.heads % s.kv() != 0)
     fail<invalid_argument>(what, ": expected kv_heads dividing heads = ", s.heads, ", found kv_heads = ", s.kv_heads);
   if (doc && !s.causal)
     fail<invalid_argument>(what, ": document masks need the causal mask (a document's keys end at its query)");
-}
-inline void check_pointer(const char* what, const char* name, const void* p) {
-  if (p == nullptr) fail<invalid_argument>(what, ": expected a pointer to ", name, ", found null");
 }
 
 // One thread's tiles, grown once to the largest head_dim it has seen. Float whatever T is: the products and the
@@ -336,9 +330,9 @@ void tile_attention_forward(const tile_attention_shape& s, const T* qkv, T* y, f
                             const std::int64_t* doc = nullptr) {
   constexpr const char* what = "dml::nn::tile_attention_forward";
   detail::check_tile_attention(what, s, doc);
-  detail::check_pointer(what, "qkv", qkv);
-  detail::check_pointer(what, "y", y);
-  detail::check_pointer(what, "lse", lse);
+  detail::check_attention_pointer(what, "qkv", qkv);
+  detail::check_attention_pointer(what, "y", y);
+  detail::check_attention_pointer(what, "lse", lse);
   const kernels::attention_mask mask{doc, s.seq, s.causal};
 #if DML_HAS_CUDA
   if constexpr (std::same_as<S, cuda>) {
@@ -360,12 +354,12 @@ void tile_attention_backward(const tile_attention_shape& s, const T* qkv, const 
                              T* dqkv, float* workspace, const std::int64_t* doc = nullptr) {
   constexpr const char* what = "dml::nn::tile_attention_backward";
   detail::check_tile_attention(what, s, doc);
-  detail::check_pointer(what, "qkv", qkv);
-  detail::check_pointer(what, "y", y);
-  detail::check_pointer(what, "lse", lse);
-  detail::check_pointer(what, "dy", dy);
-  detail::check_pointer(what, "dqkv", dqkv);
-  detail::check_pointer(what, "workspace", workspace);
+  detail::check_attention_pointer(what, "qkv", qkv);
+  detail::check_attention_pointer(what, "y", y);
+  detail::check_attention_pointer(what, "lse", lse);
+  detail::check_attention_pointer(what, "dy", dy);
+  detail::check_attention_pointer(what, "dqkv", dqkv);
+  detail::check_attention_pointer(what, "workspace", workspace);
   const kernels::attention_mask mask{doc, s.seq, s.causal};
   float* dq = workspace;
   float* dot = workspace + s.batch * s.seq * s.width();
