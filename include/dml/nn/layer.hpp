@@ -102,6 +102,9 @@ struct context {
   // holds rows [row_offset, row_offset + n) sets it, so per-row randomness matches one rank's.
   std::int64_t row_offset = 0;
   bool accumulate = false;   // add parameter gradients to what is there (micro-batches)
+  // Packed sequences: for every token (row, t) of the input, the position its document starts at; attention sees
+  // only its own document's keys (nn/tile_attention.hpp). In the layer's space; null: one document per row.
+  const std::int64_t* doc_start = nullptr;
   // false: a layer that declares `splits_backward` computes only its input gradient (split backward;
   // the weight pass calls it again with dx.data null and this true).
   bool weight_grads = true;

@@ -99,6 +99,7 @@ class pipeline {
   struct batch {
     tensor_view<const float, Space> x{};
     const std::int32_t* y = nullptr;
+    const std::int64_t* doc_start = nullptr;  // per token of x: where its document starts (null: one per row)
     std::int64_t global_batch = 0, rows = 0, micro_batches = 1;
     std::span<const std::int64_t> micro_rows{};  // each micro-batch's rows, in order; empty: rows split evenly
     std::int64_t first_row = 0;
@@ -376,6 +377,7 @@ class pipeline {
     c.seed = run_.seed;
     c.step = run_.step;
     c.row_offset = run_.first_row + rows_of(m).first;
+    c.doc_start = run_.doc_start ? run_.doc_start + rows_of(m).first * run_.x.shape[1] : nullptr;
     c.accumulate = accumulate;
     c.tp = tp_;
     c.gradients_complete = complete;

@@ -32,7 +32,8 @@ namespace detail {
 template <class Space>
 struct engine_base {
   virtual ~engine_base() = default;
-  virtual step_result step(tensor_view<const float, Space> x, const std::int32_t* y, std::int64_t global_batch) = 0;
+  virtual step_result step(tensor_view<const float, Space> x, const std::int32_t* y, std::int64_t global_batch,
+                           const std::int64_t* doc_start) = 0;
   virtual state_snapshot snapshot() = 0;
   virtual void restore(const state_snapshot&) = 0;
   virtual state_pieces export_pieces() = 0;
@@ -116,10 +117,12 @@ class engine final : public engine_base<Space> {
   // A step that throws (a failed collective, a failed write of offloaded optimizer state) or that
   // trainer_options::commit abandons leaves the step counters and the loss scale as they were, so that it can run
   // again: the update has not run (offload: the state it read is still on disk; restore the parameters).
-  step_result step(tensor_view<const float, Space> x, const std::int32_t* y, std::int64_t global_batch) override {
+  step_result step(tensor_view<const float, Space> x, const std::int32_t* y, std::int64_t global_batch,
+                   const std::int64_t* doc_start) override {
     if (x.shape.rank < 1 || global_batch <= 0)
       fail<invalid_argument>("dml::trainer::step: expected a batch of rows and global_batch > 0, found shape ",
                              x.shape, " and global_batch ", global_batch);
+    if (doc_start) check_documents(x.shape, doc_start);
     const memory_account::charging charge(&account_);
     const auto counters = std::pair{step_, optimizer_step_};
     const auto scaler = scaler_;
@@ -128,7 +131,7 @@ class engine final : public engine_base<Space> {
       scaler_ = scaler;
     };
     try {
-      auto out = run_step(x, y, global_batch);
+      auto out = run_step(x, y, global_batch, doc_start);
       if (!out.committed) undo();
       return out;
     } catch (...) {
@@ -138,13 +141,14 @@ class engine final : public engine_base<Space> {
   }
   // Runs this rank's program: the schedule's compute and transfers, the sharding's unshard, reshard and
   // reductions per chunk, the tie sums and the update.
-  step_result run_step(tensor_view<const float, Space> x, const std::int32_t* y, std::int64_t global_batch) {
+  step_result run_step(tensor_view<const float, Space> x, const std::int32_t* y, std::int64_t global_batch,
+                       const std::int64_t* doc_start) {
     ++step_;
     const float lr = step_lr();  // a bad one fails here, before any work
     const std::int64_t rows = x.shape[0];
     const bool given = !opt_.micro_batch_rows.empty();
     const std::int64_t m = given ? opt_.micro_batches : std::min(opt_.micro_batches, std::max<std::int64_t>(rows, 1));
-    pipe_.begin_step({.x = x, .y = y, .global_batch = global_batch, .rows = rows, .micro_batches = m,
+    pipe_.begin_step({.x = x, .y = y, .doc_start = doc_start, .global_batch = global_batch, .rows = rows, .micro_batches = m,
                       .micro_rows = opt_.micro_batch_rows, .first_row = first_row(rows),
                       .seed = opt_.seed, .step = static_cast<std::uint64_t>(step_), .loss_scale = loss_scale(),
                       .table = &place_.table(m)});
@@ -312,6 +316,24 @@ class engine final : public engine_base<Space> {
             .schedule = o.schedule, .sequence_parallel = o.sequence_parallel, .cp_zigzag = o.cp_zigzag,
             .streams_gradients = sync_type::streams_gradients,
             .micro_batch_residency = o.micro_batch_residency};
+  }
+  // Document starts per token: [rows, T] positions, each token's its own or its predecessor's (a document is a run of
+  // tokens); sequences whole on this rank (context parallelism cuts them: refused).
+  void check_documents(const dml::shape& x, const std::int64_t* doc) const {
+    if (place_.shape().cp > 1)
+      fail<invalid_argument>("dml::trainer::step: document masks: expected whole sequences on each rank, found context "
+                             "parallelism over ", place_.shape().cp, " ranks");
+    if (x.rank != 2) fail<invalid_argument>("dml::trainer::step: document masks: expected token ids [rows, T], found ", x);
+    if constexpr (std::same_as<Space, host>) {
+      for (std::int64_t r = 0; r < x[0]; ++r)
+        for (std::int64_t t = 0; t < x[1]; ++t) {
+          const std::int64_t d = doc[r * x[1] + t];
+          if (d != t && (t == 0 || d != doc[r * x[1] + t - 1]))
+            fail<invalid_argument>("dml::trainer::step: document masks: expected token ", t, " of row ", r,
+                                   " to start a document (", t, ") or continue its predecessor's (",
+                                   t == 0 ? std::string("none") : std::to_string(doc[r * x[1] + t - 1]), "), found ", d);
+        }
+    }
   }
   // Where this rank's rows start in the global batch: only models whose layers read row indices ask.
   std::int64_t first_row(std::int64_t rows) {

@@ -60,9 +60,11 @@ class trainer {
 
   // One optimizer step. x and y are this rank's rows of the global batch (the trainer's loss divides by
   // global_batch, so ranks may hold different row counts; pipeline stages of one data-parallel rank
-  // pass the same rows). Collective: every rank calls it.
-  train::step_result step(tensor_view<const float, space> x, const std::int32_t* y, std::int64_t global_batch) {
-    return engine_->step(x, y, global_batch);
+  // pass the same rows). Collective: every rank calls it. doc_start, for packed sequences of token ids x [rows, T]:
+  // for every token the position its document starts at (in x's space), so that attention stays within documents.
+  train::step_result step(tensor_view<const float, space> x, const std::int32_t* y, std::int64_t global_batch,
+                          const std::int64_t* doc_start = nullptr) {
+    return engine_->step(x, y, global_batch, doc_start);
   }
   // Rows of x whose largest logit is the label (inference; collective under zero<3> and across pipeline
   // stages, where the last stage counts and the others return 0).

@@ -159,7 +159,7 @@ struct gpt_block : detail::split_part {
     if (ring())
       ring_attention_forward<S>(ring_shape(d), ring_layout(), c.cp, static_cast<const T*>(sv.qkv), sv.att, sv.lse, ws.scratch);
     else
-      tile_attention_forward<S>(attention(d), static_cast<const T*>(sv.qkv), sv.att, sv.lse);
+      tile_attention_forward<S>(attention(d), static_cast<const T*>(sv.qkv), sv.att, sv.lse, c.doc_start);
     detail::linear_forward<S>(d.n, cp_, C, static_cast<const T*>(sv.att), w.proj_w, static_cast<const T*>(nullptr), ws.full2);
     const T* r1 = reduce(c, ws.full2, ws.part, nl * C);
     detail::token_rows<S>(nl, C, kernels::residual_dropout<T>{x.data, r1, w.proj_b, sv.x2, drop(c, d, 1)});
@@ -246,7 +246,7 @@ struct gpt_block : detail::split_part {
                                  static_cast<const T*>(ws.datt), dqkv, ws.scratch);
     else
       tile_attention_backward<S>(attention(d), static_cast<const T*>(sv.qkv), static_cast<const T*>(sv.att),
-                                 static_cast<const float*>(sv.lse), static_cast<const T*>(ws.datt), dqkv, ws.tiles);
+                                 static_cast<const float*>(sv.lse), static_cast<const T*>(ws.datt), dqkv, ws.tiles, c.doc_start);
     if (g.qkv_b) detail::column_sums<S>(dqkv, g.qkv_b, d.n, 3 * cp_, acc);
     if (!st) {
       const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full2, nl * C);

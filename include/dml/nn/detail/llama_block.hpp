@@ -149,7 +149,7 @@ struct llama_block : detail::split_part {
     const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full1, nl * C);
     detail::linear_forward<S>(d.n, C, qkv_w, h1, w.qkv, static_cast<const T*>(nullptr), sv.qkv);
     rope_forward<S>(rope_dims(d), sv.qkv, table<S>(ws));
-    tile_attention_forward<S>(attention(d), static_cast<const T*>(sv.qkv), sv.att, sv.lse);
+    tile_attention_forward<S>(attention(d), static_cast<const T*>(sv.qkv), sv.att, sv.lse, c.doc_start);
     // The row-parallel product's partial sums land where their sum goes (in place, or reduce-scattered there).
     T* o = sequence() ? ws.full2 : sv.x2;
     detail::linear_forward<S>(d.n, qw, C, static_cast<const T*>(sv.att), w.o, static_cast<const T*>(nullptr), o);
@@ -218,7 +218,7 @@ struct llama_block : detail::split_part {
     detail::linear_input_grad<S>(d.n, qw, C, dp, w.o, ws.datt);
     T* const dqkv = st ? st->dqkv : ws.dqkv;
     tile_attention_backward<S>(attention(d), static_cast<const T*>(sv.qkv), static_cast<const T*>(sv.att),
-                               static_cast<const float*>(sv.lse), static_cast<const T*>(ws.datt), dqkv, ws.tiles);
+                               static_cast<const float*>(sv.lse), static_cast<const T*>(ws.datt), dqkv, ws.tiles, c.doc_start);
     rope_backward<S>(rope_dims(d), dqkv, table<S>(ws));
     if (!st) {
       const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full2, nl * C);
