@@ -61,6 +61,7 @@
 #include "dml/ps/split.hpp"
 #include "dml/train/flags.hpp"
 #include "dml/train/hf_llama.hpp"
+#include "dml/train/llama2c.hpp"
 #include "dml/train/idx.hpp"
 #include "dml/train/progress.hpp"
 #include "dml/train/safetensors.hpp"
