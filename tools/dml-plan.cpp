@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// tools/dml-plan.cpp — dml-plan: ranks the layouts of a GPT (or a model known by its parameter count) on N devices
-// by dml::cost's predicted step time, with per-rank memory by category, MFU, bubble and bottleneck, and says why
-// the rejected ones were rejected; --layout evaluates one; --calibrate measures this host's GEMM, copy, memory and element-wise rates.
+// tools/dml-plan.cpp — dml-plan: ranks the layouts of a GPT or a Llama (or a model known by its parameter count) on N
+// devices by dml::cost's predicted step time, with per-rank memory by category, MFU, bubble and bottleneck, and says
+// why the rejected ones were rejected; --preset names a published Llama 3; --layout evaluates one; --calibrate
+// measures this host's GEMM, copy, memory and element-wise rates.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -58,18 +60,25 @@ void print(const cost::estimate& e, int rank) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_kind = "gpt", precision = "bf16", optimizer = "adamw", memory = "80GiB", cluster_file, layout,
-              calibrate_file, bytes_from = "dml";
+  std::string model_kind = "gpt", preset, precision = "bf16", optimizer = "adamw", memory = "80GiB", cluster_file,
+              layout, calibrate_file, bytes_from = "dml";
   cost::model m{.layers = 12, .d_model = 768, .heads = 12, .seq = 1024, .vocab = 50304};
   double params = 0;
   std::int64_t batch = 8, micro_batch = 1;
   int devices = 1, show = 10;
   bool json = false;
   dml::flags cli("dml-plan", "Ranks the layouts of a model on N devices by predicted step time (dml::cost).");
-  cli.add("--model", model_kind, "KIND", "gpt, or params (a model known by --params alone)").choices({"gpt", "params"});
+  cli.add("--model", model_kind, "KIND", "gpt, llama, or params (a model known by --params alone)")
+      .choices({"gpt", "llama", "params"});
+  cli.add("--preset", preset, "NAME",
+          "a published model, its sizes the defaults of the flags below: llama3-8b, llama3-70b or llama3-405b "
+          "(Llama 3, sequence 8,192)")
+      .choices(cost::preset_names());
   cli.add("--layers", m.layers, "L", "transformer blocks").min(1);
   cli.add("--d-model", m.d_model, "H", "hidden size").min(1);
   cli.add("--heads", m.heads, "A", "attention heads").min(1);
+  cli.add("--kv-heads", m.kv_heads, "K", "a Llama's key/value heads (0: --heads)").min(0);
+  cli.add("--ffn-hidden", m.ffn_hidden, "F", "a Llama's SwiGLU width (gate and up each)").min(0);
   cli.add("--seq", m.seq, "S", "sequence length").min(1);
   cli.add("--vocab", m.vocab, "V", "vocabulary size").min(1);
   cli.add_switch("--bias", m.bias, "biases in every Linear and LayerNorm");
@@ -131,6 +140,24 @@ int main(int argc, char** argv) {
       c = cost::cluster_from_json(j, cluster_file);
     }
     c.memory_bytes = cost::parse_bytes(memory);
+    if (!preset.empty()) {  // the preset's sizes where no flag gives them
+      const cost::model p = cost::preset(preset);
+      const auto keep = [&](const char* flag, auto& field, auto value) {
+        if (!cli.given(flag)) field = value;
+      };
+      keep("--layers", m.layers, p.layers);
+      keep("--d-model", m.d_model, p.d_model);
+      keep("--heads", m.heads, p.heads);
+      keep("--kv-heads", m.kv_heads, p.kv_heads);
+      keep("--ffn-hidden", m.ffn_hidden, p.ffn_hidden);
+      keep("--seq", m.seq, p.seq);
+      keep("--vocab", m.vocab, p.vocab);
+      keep("--model", model_kind, cost::to_string(p.arch));
+    }
+    if (model_kind == "llama") {
+      if (m.ffn_hidden < 1) dml::fail<dml::invalid_argument>("--model llama needs --ffn-hidden F > 0 (or a --preset)");
+      m.arch = cost::architecture::llama;
+    }
     if (params > 0 || model_kind == "params") {
       if (!(params > 0)) dml::fail<dml::invalid_argument>("--model params needs --params N > 0");
       m = cost::model{.seq = m.seq, .params_only = params};
@@ -150,6 +177,12 @@ int main(int argc, char** argv) {
     if (json) {
       for (const auto& e : all) std::printf("%s\n", to_json(e).dump().c_str());
       return 0;
+    }
+    if (m.is_transformer()) {
+      const double n = cost::count_layers(m).total(m);
+      const int exponent = static_cast<int>(std::floor(std::log10(n)));
+      std::printf("%s: %.0f parameters (%.2fe%d)\n", (preset.empty() ? cost::to_string(m.arch) : preset).c_str(), n,
+                  n / std::pow(10.0, exponent), exponent);
     }
     int rank = 0;
     const auto fits = std::count_if(all.begin(), all.end(), [](const auto& e) { return e.fits; });

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// examples/gpt/train_gpt.hpp — train a byte-level GPT on a text file, then sample from it.
+// examples/gpt/train_gpt.hpp — train a byte-level GPT or Llama on a text file, then sample from it.
 // Flags: see command_line() below, or run it with --help. Prints a progress line every few steps and ends with final_loss=... tokens_per_s=...
+// The trainers are instantiated per architecture (gpt_arch here, llama_arch in train_llama.hpp) and per communicator
+// (comm::local in main.cpp, MPI and Gloo in units of their own).
 #pragma once
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 
 #include "dml/dml.hpp"
 #include "dml/nn/gpt.hpp"
+#include "dml/nn/llama_config.hpp"
 #include "dml/plan/calibrate.hpp"
 #include "dml/plan/cluster.hpp"
 #include "dml/plan/exact.hpp"
@@ -29,7 +32,15 @@ namespace gpt_example {
 
 struct options {
   // model
+  std::string arch = "gpt";  // gpt | llama
   std::int64_t layers = 2, d_model = 128, heads = 4, seq = 64, vocab = 256;
+  // llama: key/value heads (0: --heads), SwiGLU's width (0: 8/3 of d_model rounded up to a multiple of 32), RoPE's
+  // base and RMSNorm's epsilon
+  std::int64_t kv_heads = 0, ffn_hidden = 0;
+  double rope_theta = 10000;
+  float norm_eps = 1e-5f;
+  std::optional<dml::nn::rope_scaling> rope_scaling;  // Llama 3.1's, from --load-hf's config.json
+  bool documents = false;  // the text's paragraphs (split at blank lines) as documents: attention stays within each
   float dropout = 0.f;
   bool bias = false;
   bool tie = false;  // lm_head.weight tied to wte.weight
@@ -69,6 +80,7 @@ struct options {
   std::string text;  // empty: dml::train::default_text_path
   double holdout = 0.1;  // the text's tail kept for val_loss; 0: none
   std::string init, save, log;
+  std::string save_hf, load_hf, export_llama2c;  // llama: Hugging Face's layout (a directory), llama2.c's .bin
   std::string checkpoint, resume;               // sharded checkpoints: save into / continue from a directory
   std::string offload;  // optimizer[,master]:disk:DIR keeps the optimizer state (and master weights) in files in DIR
   std::optional<std::int64_t> checkpoint_every;  // absent: save after the last step only
@@ -88,7 +100,7 @@ struct options {
 // --help prints this table between the lines below.
 inline dml::flags command_line(options& o) {
   dml::flags f(
-      "gpt", "Trains a byte-level GPT on a text file, then samples from it.",
+      "gpt", "Trains a byte-level GPT or Llama on a text file, then samples from it.",
       "Trains a GPT on the bytes of a text file (default: the GNU GPL version 3 that Debian ships in\n"
       "/usr/share/common-licenses/GPL-3), one byte per token. --batch is the global number of sequences of\n"
       "--seq bytes per step; the ranks are tp x dp x pp (tensor-parallel ranks fastest), and every layout\n"
@@ -108,12 +120,19 @@ inline dml::flags command_line(options& o) {
       "--checkpoint DIR saves a sharded checkpoint (weights, optimizer state, step) after the last step, and\n"
       "after every N-th with --checkpoint-every N. --resume DIR loads the newest checkpoint in DIR before\n"
       "training, in any layout and sharding, and continues from its step to --steps (the learning-rate\n"
-      "schedule and the batches follow the step, so the run goes on as if never stopped).");
+      "schedule and the batches follow the step, so the run goes on as if never stopped).\n"
+      "--arch llama trains a Llama instead (RMSNorm, rotary positions, grouped-query attention with --kv-heads,\n"
+      "SwiGLU of --ffn-hidden; no biases or dropout) on comm::local ranks, in every layout but --cp and --experts.\n"
+      "--save-hf DIR writes its weights in Hugging Face's Llama layout (config.json, model.safetensors), --load-hf\n"
+      "DIR starts from such a checkpoint (its config.json gives the model's shape: the model flags are not used)\n"
+      "and --export-llama2c FILE writes llama2.c's checkpoint. --documents packs the text's paragraphs (split at\n"
+      "blank lines) as documents: a token attends only within its own.");
   const auto probability = [](const char* what) {
     return [what](auto p) { return p >= 0 && p < 1 ? std::string() : std::string(what) + " in [0, 1)"; };
   };
   // model
   f.add("--text", o.text, "FILE", "the text to train on").default_text(dml::train::default_text_path);
+  f.add("--arch", o.arch, "A", "architecture").choices({"gpt", "llama"});
   f.add("--layers", o.layers, "N", "transformer blocks").min(1);
   f.add("--d-model", o.d_model, "N", "model width, a multiple of --heads").min(1);
   f.add("--heads", o.heads, "N", "attention heads").min(1);
@@ -122,6 +141,12 @@ inline dml::flags command_line(options& o) {
   f.add("--dropout", o.dropout, "X", "dropout probability").check(probability("a probability"), "in [0, 1)");
   f.add_switch("--bias", o.bias, "biases in the linear layers and layer norms");
   f.add_switch("--tie", o.tie, "tie the LM head's weight to the token embedding's");
+  f.add("--kv-heads", o.kv_heads, "N", "llama: key/value heads, dividing --heads").min(0).default_text("--heads");
+  f.add("--ffn-hidden", o.ffn_hidden, "N", "llama: SwiGLU's width").min(0).default_text("8/3 of --d-model, to 32");
+  f.add("--rope-theta", o.rope_theta, "X", "llama: RoPE's base").min(1.0);
+  f.add("--norm-eps", o.norm_eps, "X", "llama: RMSNorm's epsilon").check(
+      [](float e) { return e > 0.f ? std::string() : std::string("a positive number"); }, "> 0");
+  f.add_switch("--documents", o.documents, "the text's paragraphs as documents: attention stays within each");
   // training
   f.add("--batch", o.batch, "N", "global sequences per step").min(1);
   f.add("--steps", o.steps, "N", "optimizer steps").min(0);
@@ -176,6 +201,9 @@ inline dml::flags command_line(options& o) {
   // files and output
   f.add("--init", o.init, "FILE", "initial weights, .safetensors");
   f.add("--save", o.save, "FILE", "save the trained weights, .safetensors");
+  f.add("--save-hf", o.save_hf, "DIR", "llama: save the trained weights in Hugging Face's layout");
+  f.add("--load-hf", o.load_hf, "DIR", "llama: start from a Hugging Face checkpoint (its config gives the model)");
+  f.add("--export-llama2c", o.export_llama2c, "FILE", "llama: save the trained weights as llama2.c's .bin");
   f.add("--log", o.log, "FILE", "write the losses per step, .csv");
   f.add("--holdout", o.holdout, "X", "the text's tail kept for val_loss; 0: none")
       .check(probability("a fraction"), "in [0, 1)");
@@ -209,6 +237,31 @@ inline dml::flags command_line(options& o) {
 inline void check_across(options& o) {
   if (o.d_model % o.heads != 0)
     dml::fail<dml::invalid_argument>("--d-model: expected a multiple of --heads ", o.heads, ", found ", o.d_model);
+  const bool llama = o.arch == "llama";
+  const auto only = [&](bool given, const char* flag, const char* arch) {
+    if (given)
+      dml::fail<dml::invalid_argument>(flag, " belongs to --arch ", arch, ": expected it left out with --arch ", o.arch);
+  };
+  only(!llama && o.kv_heads != 0, "--kv-heads", "llama");
+  only(!llama && o.ffn_hidden != 0, "--ffn-hidden", "llama");
+  only(!llama && o.rope_theta != 10000, "--rope-theta", "llama");
+  only(!llama && o.norm_eps != 1e-5f, "--norm-eps", "llama");
+  only(!llama && !o.save_hf.empty(), "--save-hf", "llama");
+  only(!llama && !o.load_hf.empty(), "--load-hf", "llama");
+  only(!llama && !o.export_llama2c.empty(), "--export-llama2c", "llama");
+  only(llama && o.bias, "--bias", "gpt");
+  only(llama && o.dropout > 0.f, "--dropout", "gpt");
+  only(llama && o.experts > 0, "--experts", "gpt");
+  if (llama && o.cp > 1)
+    dml::fail<dml::invalid_argument>("--cp with --arch llama: expected --cp 1 (ring attention has no grouped-query "
+                                     "form yet), found --cp ", o.cp);
+  if (llama && (o.comm != "local" || o.elastic))
+    dml::fail<dml::invalid_argument>("--arch llama: this example trains Llama on comm::local ranks: expected --comm "
+                                     "local without --elastic, found --comm ", o.comm, o.elastic ? " --elastic" : "");
+  if (o.documents && o.cp > 1)
+    dml::fail<dml::invalid_argument>("--documents: expected whole sequences on each rank, found --cp ", o.cp);
+  if (!o.load_hf.empty() && (!o.init.empty() || !o.resume.empty()))
+    dml::fail<dml::invalid_argument>("--load-hf gives the initial weights: expected no --init or --resume with it");
   if (o.ep > 1 && o.experts == 0)
     dml::fail<dml::invalid_argument>("--ep shares out experts: expected --experts > 0, found 0");
   if (o.sp && o.tp == 1)
@@ -251,6 +304,12 @@ inline int data_parallel(const options& o, int world) {
   return dp;
 }
 
+// A Llama's SwiGLU width: --ffn-hidden, or 8/3 of --d-model rounded up to a multiple of 32 (0 for a GPT).
+inline std::int64_t ffn_hidden(const options& o) {
+  if (o.arch != "llama") return 0;
+  return o.ffn_hidden > 0 ? o.ffn_hidden : (8 * o.d_model + 95) / 96 * 32;
+}
+
 // --plan auto: of the layouts of `world` ranks dml::cost ranks (DESIGN.md §7), the fastest whose largest rank fits
 // in --memory, by the bytes the trainer will hold (cost::search_dml; 1F1B or zb on a pipeline; every micro-batch count
 // that divides a rank's sequences), replaces the layout flags; it is printed before training. --precision auto: the
@@ -264,7 +323,9 @@ inline void apply_plan(options& o, int world) {
   namespace cost = dml::cost;
   const cost::model m{.layers = o.layers, .d_model = o.d_model, .heads = o.heads, .seq = o.seq, .vocab = o.vocab,
                       .bias = o.bias, .tie = o.tie, .experts = o.experts, .top_k = o.top_k, .moe_every = o.moe_every,
-                      .capacity_factor = o.capacity_factor};
+                      .capacity_factor = o.capacity_factor,
+                      .arch = o.arch == "llama" ? cost::architecture::llama : cost::architecture::gpt,
+                      .kv_heads = o.kv_heads, .ffn_hidden = ffn_hidden(o)};
   const cost::training t{.global_batch = o.batch, .prec = o.precision == "bf16" ? cost::precision::bf16 : cost::precision::fp32};
   const std::vector<cost::precision> precisions =
       o.precision == "auto" ? std::vector{cost::precision::fp32, cost::precision::bf16} : std::vector{t.prec};
@@ -358,6 +419,33 @@ inline dml::nn::gpt_config model_config(const options& o) {
   return g;
 }
 
+// What run_trainer needs of an architecture: its config from the flags, its model, its whole network on one rank,
+// the model line it prints, and what it reads before training and writes after (Llama: train_llama.hpp).
+struct gpt_arch {
+  using config = dml::nn::gpt_config;
+  using network = dml::nn::network<dml::host, dml::nn::gpt_embedding, dml::nn::stack<dml::nn::gpt_block>,
+                                   dml::nn::gpt_head>;
+  static config make_config(const options& o) { return model_config(o); }
+  static auto model(const config& g) { return dml::nn::gpt(g); }
+  static std::string describe(const options& o) {
+    return dml::detail::cat("gpt, ", o.layers, " layers, d_model ", o.d_model, ", ", o.heads, " heads, seq ", o.seq);
+  }
+  static void load(const options&, const config&, const dml::nn::param_layout&, std::span<float>) {}
+  static void save(const options&, const config&, const dml::nn::param_layout&, std::span<const float>) {}
+};
+
+// The token each of `rows` windows of `seq` tokens starts its documents at (--documents): a document starts at the
+// window's first token and at each token after a blank line ("\n\n") that is not itself a newline.
+inline void document_starts(const std::vector<float>& x, std::int64_t rows, std::int64_t seq, std::vector<std::int64_t>& doc) {
+  doc.resize(x.size());
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* w = x.data() + r * seq;
+    std::int64_t* d = doc.data() + r * seq;
+    for (std::int64_t t = 0; t < seq; ++t)
+      d[t] = t >= 2 && w[t - 1] == '\n' && w[t - 2] == '\n' && w[t] != '\n' ? t : t == 0 ? 0 : d[t - 1];
+  }
+}
+
 // Linear warmup, then cosine decay to a tenth of --lr at the last step.
 inline float learning_rate(const options& o, std::int64_t step) {
   const std::int64_t warmup = o.warmup >= 0 ? o.warmup : std::min<std::int64_t>(100, o.steps / 10);
@@ -366,13 +454,13 @@ inline float learning_rate(const options& o, std::int64_t step) {
 
 // The whole model on one rank, for what comes after training: val_loss and sampling. Parameters are
 // copied by name, so the trainer's layout (its padding, its stages) does not matter.
+template <class Arch>
 class inference_model {
  public:
-  using network = dml::nn::network<dml::host, dml::nn::gpt_embedding, dml::nn::stack<dml::nn::gpt_block>,
-                                   dml::nn::gpt_head>;
+  using network = typename Arch::network;
 
-  inference_model(const dml::nn::gpt_config& g, const dml::nn::param_layout& from, std::span<const float> full)
-      : vocab_(g.vocab), seq_(g.seq), net_(dml::nn::gpt(g), 0) {
+  inference_model(const typename Arch::config& g, const dml::nn::param_layout& from, std::span<const float> full)
+      : vocab_(g.vocab), seq_(g.seq), net_(Arch::model(g), 0) {
     for (const auto& s : net_.layout().slots) {
       const auto& f = from.find(s.name);
       if (!(f.shape == s.shape))
@@ -438,7 +526,7 @@ inline std::int64_t checkpoint_number(const std::map<std::string, std::string>& 
 }
 
 // Every rank runs this with its communicator; rank 0 prints and writes files.
-template <class Precision, class Sharding, class Comm>
+template <class Arch, class Precision, class Sharding, class Comm>
 int run_trainer(const options& o, Comm& comm, const corpus& text) {
   const int world = comm.size(), rank = comm.rank();
   const int dp = data_parallel(o, world);
@@ -446,8 +534,8 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   // so do the cp consecutive dp ranks of a context-parallel group (each trains on its chunk of the positions).
   const int data_rank = (rank / o.tp) % dp / o.cp, data_ranks = dp / o.cp;
   const std::int64_t first = o.batch * data_rank / data_ranks, rows = o.batch * (data_rank + 1) / data_ranks - first;
-  const auto config = model_config(o);
-  const auto model = dml::nn::gpt(config);
+  const auto config = Arch::make_config(o);
+  const auto model = Arch::model(config);
 
   dml::train::trainer_options to;
   to.seed = o.seed;
@@ -465,9 +553,10 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   to.offload = o.offload;
   to.lr = [&o](std::int64_t s) { return learning_rate(o, s); };
   dml::trainer<Sharding, dml::optim::adamw, Precision> trainer(comm, model, to, dml::optim::adamw({.lr = o.lr}));
-  if (!o.init.empty()) {
+  if (!o.init.empty() || !o.load_hf.empty()) {
     std::vector<float> full(static_cast<std::size_t>(trainer.layout().total));
-    dml::train::load_weights(trainer.layout(), full, o.init);
+    if (!o.init.empty()) dml::train::load_weights(trainer.layout(), full, o.init);
+    else Arch::load(o, config, trainer.layout(), full);
     trainer.load_full_parameters(full);
   }
   // Resuming: the weights, optimizer state and step of the checkpoint, whatever layout wrote it. The batches,
@@ -497,10 +586,11 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
     std::printf("text: %s, %lld bytes (%lld trained on, %lld held out), byte tokens, vocabulary %lld\n",
                 text.path.c_str(), static_cast<long long>(text.all.size()), static_cast<long long>(text.train.size()),
                 static_cast<long long>(text.val ? text.val->size() : 0), static_cast<long long>(o.vocab));
-    std::printf("model: gpt, %lld layers, d_model %lld, %lld heads, seq %lld, %lld parameters%s%s%s\n",
-                static_cast<long long>(o.layers), static_cast<long long>(o.d_model), static_cast<long long>(o.heads),
-                static_cast<long long>(o.seq), static_cast<long long>(trainer.layout().numel), o.bias ? ", biases" : "",
-                o.tie ? ", lm_head tied to wte" : "", o.init.empty() ? "" : (", from " + o.init).c_str());
+    const std::string from = !o.init.empty() ? o.init : o.load_hf;
+    std::printf("model: %s, %lld parameters%s%s%s%s\n", Arch::describe(o).c_str(),
+                static_cast<long long>(trainer.layout().numel), o.bias ? ", biases" : "",
+                o.tie ? ", lm_head tied to the token embedding" : "", from.empty() ? "" : (", from " + from).c_str(),
+                o.documents ? ", paragraphs as documents" : "");
     char clip[32] = "no clipping";
     if (o.clip > 0.f) std::snprintf(clip, sizeof clip, "clip %g", static_cast<double>(o.clip));
     std::printf("training: %lld steps of %lld sequences (%lld tokens), adamw lr=%g (warmup, cosine to lr/10), %s, "
@@ -539,6 +629,7 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
 
   std::vector<float> x(static_cast<std::size_t>(rows * o.seq));
   std::vector<std::int32_t> y(x.size());
+  std::vector<std::int64_t> doc;
   const std::int64_t every = o.print_every > 0 ? o.print_every : std::max<std::int64_t>(1, o.steps / 20);
   const auto start = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
@@ -555,7 +646,9 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   };
   for (std::int64_t step = resumed_at + 1; step <= o.steps; ++step) {
     text.train.batch(o.seed, static_cast<std::uint64_t>(step), first, rows, o.seq, x.data(), y.data());
-    const auto r = trainer.step(dml::tensor_view<const float>(x.data(), {rows, o.seq}), y.data(), o.batch);
+    if (o.documents) document_starts(x, rows, o.seq, doc);
+    const auto r = trainer.step(dml::tensor_view<const float>(x.data(), {rows, o.seq}), y.data(), o.batch,
+                                o.documents ? doc.data() : nullptr);
     loss = r.loss;
     const auto& moe = r.routing;
     std::int64_t dropped = 0;
@@ -597,13 +690,15 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   std::printf("memory per rank (rank 0): params %.2f MiB, grads %.2f, optimizer %.2f, activations at peak %.2f\n",
               mem.params / 1048576.0, mem.grads / 1048576.0, mem.optimizer / 1048576.0, mem.activations / 1048576.0);
   if (!o.save.empty()) dml::train::save_weights(trainer.layout(), full, o.save);
-  inference_model net(config, trainer.layout(), full);
+  Arch::save(o, config, trainer.layout(), full);
+  inference_model<Arch> net(config, trainer.layout(), full);
   std::printf("final_loss=%.4f", static_cast<double>(loss));
   if (text.val) std::printf(" val_loss=%.4f", net.loss(*text.val, val_rows));
   std::printf(" tokens_per_s=%.0f seconds=%.1f\n",
               train_seconds > 0 ? static_cast<double>((o.steps - resumed_at) * o.batch * o.seq) / train_seconds : 0.0,
               train_seconds);
-  if (!o.save.empty()) std::printf("saved %s\n", o.save.c_str());
+  for (const auto& f : {o.save, o.save_hf, o.export_llama2c})
+    if (!f.empty()) std::printf("saved %s\n", f.c_str());
   if (o.sample > 0) {
     const auto head = text.all.bytes().first(std::min<std::size_t>(16, text.all.bytes().size()));
     const std::string prompt = o.prompt ? *o.prompt : std::string(head.begin(), head.end());
@@ -629,20 +724,25 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
 }
 
 // zeroN is always hybrid<zero<N>>: with --replicas 1 that is plain ZeRO, and it halves the trainers compiled.
-template <class Precision, class Comm>
+template <class Arch, class Precision, class Comm>
 int run_sharding(const options& o, Comm& comm, const corpus& text) {
   using dml::parallel::hybrid, dml::parallel::zero;
-  if (o.parallel == "zero1") return run_trainer<Precision, hybrid<zero<1>>>(o, comm, text);
-  if (o.parallel == "zero2") return run_trainer<Precision, hybrid<zero<2>>>(o, comm, text);
-  if (o.parallel == "zero3") return run_trainer<Precision, hybrid<zero<3>>>(o, comm, text);
-  return run_trainer<Precision, dml::parallel::replicate>(o, comm, text);
+  if (o.parallel == "zero1") return run_trainer<Arch, Precision, hybrid<zero<1>>>(o, comm, text);
+  if (o.parallel == "zero2") return run_trainer<Arch, Precision, hybrid<zero<2>>>(o, comm, text);
+  if (o.parallel == "zero3") return run_trainer<Arch, Precision, hybrid<zero<3>>>(o, comm, text);
+  return run_trainer<Arch, Precision, dml::parallel::replicate>(o, comm, text);
 }
 
-template <class Comm>
+template <class Arch = gpt_arch, class Comm>
 int run(const options& o, Comm& comm, const corpus& text) {
-  if (o.precision == "bf16") return run_sharding<dml::precision::bf16>(o, comm, text);
-  return run_sharding<dml::precision::fp32>(o, comm, text);
+  if (o.precision == "bf16") return run_sharding<Arch, dml::precision::bf16>(o, comm, text);
+  return run_sharding<Arch, dml::precision::fp32>(o, comm, text);
 }
+
+// train_llama.hpp (main.cpp): the Llama trainers on comm::local ranks, and --load-hf's config.json read into the
+// model flags.
+int run_llama(const options& o, dml::comm::local& comm, const corpus& text);
+void read_hf_config(options& o);
 
 #if defined(DML_EXAMPLE_WITH_MPI)
 int run_mpi(const options& o, const corpus& text);
@@ -672,12 +772,13 @@ inline int main(int argc, char** argv) {
 #endif
     }
     options chosen = o;
+    if (!o.load_hf.empty()) read_hf_config(chosen);
     apply_plan(chosen, o.ranks);
     data_parallel(chosen, o.ranks);  // a bad layout fails here, before any rank starts
     int status = 0;
     dml::comm::local::run(o.ranks, [&](dml::comm::local& comm) {
       dml::set_thread_budget(o.threads);
-      const int s = run(chosen, comm, text);
+      const int s = chosen.arch == "llama" ? run_llama(chosen, comm, text) : run(chosen, comm, text);
       if (comm.rank() == 0) status = s;
     });
     return status;

@@ -13,6 +13,9 @@
 #            losses; resuming past --steps fails
 #   moe      a mixture of experts prints and logs its per-step accounting: tokens and drops per expert, all-to-all
 #            bytes, load imbalance, and the auxiliary losses
+#   llama    --arch llama with grouped-query attention and --documents learns; its weights saved in Hugging Face's
+#            layout (--save-hf) load back (--load-hf) to the same val_loss, llama2.c's checkpoint has its size, and
+#            GPT-only and Llama-only flags are refused
 # Usage: cmake -DEXE=... -DWORK=... -DMODE=... [-DLAYOUT="--ranks 2 --dp 2"] [-DLAUNCH="mpirun -np 2"] [-DMODEL=...]
 #        -P gpt_example.cmake
 file(REMOVE_RECURSE ${WORK})
@@ -257,11 +260,57 @@ elseif(MODE STREQUAL "moe")
     message(FATAL_ERROR "expected 512 assignments per step (8 × 32 tokens, top-2), found ${total} in '${last}'")
   endif()
   message(STATUS "${last}")
+elseif(MODE STREQUAL "llama")
+  set(llama --arch llama --layers 2 --d-model 32 --heads 4 --kv-heads 2 --seq 32 --batch 8 --documents)
+  run_gpt(out ${llama} --steps 60 --log ${WORK}/log.csv --save-hf ${WORK}/hf --export-llama2c ${WORK}/m.bin)
+  if(NOT out MATCHES "model: llama, 2 layers, d_model 32, 4 heads \\(2 key/value\\), ffn 96, seq 32, rope theta 10000, ")
+    message(FATAL_ERROR "expected the Llama's model line, found:\n${out}")
+  endif()
+  read_log(losses ${WORK}/log.csv 60)
+  list(GET losses 0 first)
+  list(GET losses 59 last)
+  micro(f ${first})
+  micro(l ${last})
+  # 2 × 32 × 32 parameters per block and 60 steps: from ln 256 = 5.55 to below 3.8, as the GPT.
+  if(f LESS 5400000 OR f GREATER 5700000 OR l GREATER 3800000)
+    message(FATAL_ERROR "expected the loss to fall from about 5.55 to below 3.8, found ${first} -> ${last}")
+  endif()
+  string(REGEX MATCH "val_loss=[0-9.]+" a "${out}")
+  run_gpt(reloaded --arch llama --seq 32 --batch 8 --steps 0 --load-hf ${WORK}/hf)
+  string(REGEX MATCH "val_loss=[0-9.]+" b "${reloaded}")
+  if(NOT a OR NOT a STREQUAL b)
+    message(FATAL_ERROR "expected the weights loaded from ${WORK}/hf to score ${a}, found '${b}'")
+  endif()
+  # llama2.c's legacy file: 7 int32, then 32·256 (embedding) + per layer 2·32 (norms) + 32·32·2 + 16·32·2 (q, o, k, v)
+  # + 3·96·32 (w1, w2, w3), the final norm, 2 × 32 × 4 (RoPE's legacy cos and sin tables) and the 256 × 32 classifier, in floats.
+  file(SIZE ${WORK}/m.bin size)
+  math(EXPR expected "4 * (7 + 8192 + 2 * (64 + 2048 + 1024 + 9216) + 32 + 256 + 8192)")
+  if(NOT size EQUAL expected)
+    message(FATAL_ERROR "expected llama2.c's checkpoint of ${expected} bytes, found ${size}")
+  endif()
+  message(STATUS "loss ${first} -> ${last}, ${a} saved and loaded, llama2.c ${size} bytes")
+  expect_error("--dropout belongs to --arch gpt: expected it left out with --arch llama" ${llama} --dropout 0.1)
+  expect_error("--experts belongs to --arch gpt" ${llama} --experts 4)
+  expect_error("--save-hf belongs to --arch llama: expected it left out with --arch gpt" --save-hf ${WORK}/x)
+  expect_error("--kv-heads belongs to --arch llama" --kv-heads 2)
+  expect_error("expected --comm local without --elastic, found --comm mpi" ${llama} --comm mpi)
+  expect_error("expected --cp 1 \\(ring attention has no grouped-query form yet\\), found --cp 2" ${llama} --ranks 2 --cp 2)
+  expect_error("kv_heads dividing heads = 4, found kv_heads = 3" ${llama} --kv-heads 3)
+  expect_error("--load-hf gives the initial weights: expected no --init or --resume" ${llama} --load-hf ${WORK}/hf --init x)
+  expect_error("config.json" --arch llama --load-hf ${WORK}/none)
+  expect_error("rope.theta: llama2.c expects 10000, found 500000" ${llama} --rope-theta 500000 --export-llama2c ${WORK}/t.bin)
+  if(EXISTS ${WORK}/t.bin)
+    message(FATAL_ERROR "expected no llama2.c file after the refusal, found ${WORK}/t.bin")
+  endif()
 elseif(MODE STREQUAL "layout")
   separate_arguments(LAYOUT UNIX_COMMAND "${LAYOUT}")
   separate_arguments(LAUNCH UNIX_COMMAND "${LAUNCH}")
   separate_arguments(MODEL UNIX_COMMAND "${MODEL}")
-  set(common ${small} --steps 12 --dropout 0.1 ${MODEL})
+  set(dropout --dropout 0.1)
+  if(MODEL MATCHES "--arch;llama")  # no dropout in a Llama
+    set(dropout "")
+  endif()
+  set(common ${small} --steps 12 ${dropout} ${MODEL})
   run_gpt(out ${common} --log ${WORK}/one.csv)
   if(LAUNCH)
     execute_process(COMMAND ${LAUNCH} ${EXE} ${common} ${LAYOUT} --log ${WORK}/many.csv

@@ -2,10 +2,13 @@
 // tests/plan/test_cost_exact.cpp — dml::cost's bytes for layouts dml runs here equal the trainer's, on every rank:
 // model states (memory(), from allocated sizes; ZeRO's staging, gather and resident buffers included) and peak
 // activation bytes, for MLPs and the GPT under replicate and ZeRO-1/2/3, fp32 and bf16, AdamW and SGD, dp × tp × sp,
-// pipelines (every schedule, recompute), experts (ep, tied or not) and context parallelism.
+// pipelines (every schedule, recompute), experts (ep, tied or not) and context parallelism; nn::llama (grouped-query
+// heads, SwiGLU, RMSNorm, tied or not) under tp, sp, pipelines and ZeRO-3, its counts and the Llama 3 presets.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
+#include <utility>
 
 #include "../train/gpt_fixture.hpp"
 #include "dml/plan/exact.hpp"
@@ -43,7 +46,8 @@ std::vector<observed> run_ranks(const Model& model, int ranks, train::trainer_op
     const auto built = t.memory();
     std::vector<float> x(static_cast<std::size_t>(rows_shape.numel()));
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7);
-    const std::int64_t labels = std::is_same_v<Model, nn::gpt_model> ? rows_shape.numel() : rows_shape[0];
+    constexpr bool per_token = std::is_same_v<Model, nn::gpt_model> || std::is_same_v<Model, nn::llama_model>;
+    const std::int64_t labels = per_token ? rows_shape.numel() : rows_shape[0];
     std::vector<std::int32_t> y(static_cast<std::size_t>(labels));
     for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int32_t>(i % 5);
     for (int s = 0; s < steps; ++s) t.step(tensor_view<const float>(x.data(), rows_shape), y.data(), global);
@@ -324,9 +328,10 @@ TEST_CASE("context parallelism (cp 2 and 4): every rank's bytes equal the cost m
 
 namespace {
 
-// The largest rank's bytes of a GPT layout as the trainer holds them after a step, against cost::evaluate_dml's.
-template <class Sharding, class Precision>
-cost::bytes held(const nn::gpt_config& g, const cost::layout& l, std::int64_t batch) {
+// The largest rank's bytes of a layout of `model` (nn::gpt or nn::llama, sequences of seq tokens) as the trainer
+// holds them after a step, against cost::evaluate_dml's.
+template <class Sharding, class Precision, class Model>
+cost::bytes held(const Model& model, std::int64_t seq, const cost::layout& l, std::int64_t batch) {
   train::trainer_options o;
   o.tensor_parallel = l.tp;
   o.sequence_parallel = l.sp;
@@ -337,8 +342,7 @@ cost::bytes held(const nn::gpt_config& g, const cost::layout& l, std::int64_t ba
   o.expert_parallel = l.ep;
   o.context_parallel = l.cp;
   o.replicas = l.replicas;
-  const auto got = run_ranks<Sharding, Precision, optim::adamw>(nn::gpt(g), l.devices(), o,
-                                                                 {batch / (l.dp / l.cp), g.seq}, batch);
+  const auto got = run_ranks<Sharding, Precision, optim::adamw>(model, l.devices(), o, {batch / (l.dp / l.cp), seq}, batch);
   cost::bytes most;
   for (const auto& r : got) {
     const bool mixed = !std::is_same_v<Precision, precision::fp32>;
@@ -355,11 +359,21 @@ cost::bytes held(const nn::gpt_config& g, const cost::layout& l, std::int64_t ba
 template <class Precision>
 cost::bytes held(const nn::gpt_config& g, const cost::layout& l, std::int64_t batch) {
   switch (l.zero) {
-    case 0: return held<parallel::replicate, Precision>(g, l, batch);
-    case 1: return held<parallel::hybrid<parallel::zero<1>>, Precision>(g, l, batch);
-    case 2: return held<parallel::hybrid<parallel::zero<2>>, Precision>(g, l, batch);
-    default: return held<parallel::hybrid<parallel::zero<3>>, Precision>(g, l, batch);
+    case 0: return held<parallel::replicate, Precision>(nn::gpt(g), g.seq, l, batch);
+    case 1: return held<parallel::hybrid<parallel::zero<1>>, Precision>(nn::gpt(g), g.seq, l, batch);
+    case 2: return held<parallel::hybrid<parallel::zero<2>>, Precision>(nn::gpt(g), g.seq, l, batch);
+    default: return held<parallel::hybrid<parallel::zero<3>>, Precision>(nn::gpt(g), g.seq, l, batch);
   }
+}
+
+void check_held(const cost::bytes& got, const cost::estimate& e) {
+  CHECK(got.params == e.per_rank.params);
+  CHECK(got.grads == e.per_rank.grads);
+  CHECK(got.optimizer == e.per_rank.optimizer);
+  CHECK(got.master == e.per_rank.master);
+  CHECK(got.activations == e.per_rank.activations);
+  CHECK(got.buffers == e.per_rank.buffers);
+  CHECK(got.workspace == e.per_rank.workspace);
 }
 
 }  // namespace
@@ -394,14 +408,7 @@ TEST_CASE("cost::evaluate_dml: a GPT layout's largest rank holds what the cost m
     REQUIRE(e.why.empty());
     auto g = cost::gpt_config_of(*c.m);
     g.dropout = c.dropout;  // masks follow the seed: dropout keeps no byte
-    const auto got = c.p == cost::precision::fp32 ? held<precision::fp32>(g, l, batch) : held<precision::bf16>(g, l, batch);
-    CHECK(got.params == e.per_rank.params);
-    CHECK(got.grads == e.per_rank.grads);
-    CHECK(got.optimizer == e.per_rank.optimizer);
-    CHECK(got.master == e.per_rank.master);
-    CHECK(got.activations == e.per_rank.activations);
-    CHECK(got.buffers == e.per_rank.buffers);
-    CHECK(got.workspace == e.per_rank.workspace);
+    check_held(c.p == cost::precision::fp32 ? held<precision::fp32>(g, l, batch) : held<precision::bf16>(g, l, batch), e);
   }
   // Selective recomputation is Megatron's, not dml's: refused with the reason.
   const auto sel = cost::evaluate_dml(dense, cost::parse_layout("dp=2,recompute=selective"), {.global_batch = batch},
@@ -409,6 +416,47 @@ TEST_CASE("cost::evaluate_dml: a GPT layout's largest rank holds what the cost m
   CHECK_FALSE(sel.fits);
   CHECK(sel.why.find("selective recompute is not one of dml's") != std::string::npos);
 }
+
+namespace {
+
+// Of a second step of `model` (token ids of gpt_fixture's batch × seq) under o's tensor × pipeline layout: each rank's
+// tensor-parallel calls, forward and backward, and their bytes, as its group counts them.
+template <class Model>
+std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>> tp_counted(const Model& model, const train::trainer_options& o) {
+  using gpt_fixture::batch;
+  using gpt_fixture::seq;
+  const int ranks = o.tensor_parallel * o.pipeline_stages;
+  std::vector<std::int64_t> calls(static_cast<std::size_t>(ranks)), bytes(calls.size());
+  comm::local::run(ranks, [&](comm::local& c) {
+    trainer<parallel::replicate, optim::adamw> t(c, model, o);
+    std::vector<float> x(static_cast<std::size_t>(batch * seq));
+    std::vector<std::int32_t> y(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7), y[i] = static_cast<std::int32_t>(i % 5);
+    const tensor_view<const float> xv(x.data(), {batch, seq});
+    const nn::rank_group* group = t.tensor_parallel_group();
+    REQUIRE(group != nullptr);
+    const auto counted = [&] { return std::pair{group->calls(nn::pass::forward) + group->calls(nn::pass::backward), group->bytes()}; };
+    t.step(xv, y.data(), batch);
+    const auto before = counted();  // the second step's alone
+    t.step(xv, y.data(), batch);
+    const auto after = counted();
+    calls[static_cast<std::size_t>(c.rank())] = after.first - before.first;
+    bytes[static_cast<std::size_t>(c.rank())] = after.second - before.second;
+  });
+  return {calls, bytes};
+}
+
+// The priced rank: every rank of one stage, the last stage's (the head's end) of a pipeline.
+void check_tp_collectives(const std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>& got,
+                          const cost::collectives& want) {
+  const auto& [calls, bytes] = got;
+  const std::size_t last = calls.size() - 1;
+  CHECK(static_cast<double>(calls[last]) == want.calls);
+  CHECK(static_cast<double>(bytes[last]) == want.payload);
+  for (std::size_t r = 0; r < calls.size(); ++r) CHECK(calls[r] <= calls[last]);
+}
+
+}  // namespace
 
 TEST_CASE("the GPT's tensor-parallel collectives per step, counted by its group, equal cost::gpt_tp_collectives") {
   using gpt_fixture::batch;
@@ -440,30 +488,153 @@ TEST_CASE("the GPT's tensor-parallel collectives per step, counted by its group,
     const cost::model m{.layers = l.layers, .d_model = g.d_model, .heads = g.heads, .seq = seq, .vocab = g.vocab,
                         .bias = l.bias};
     const cost::layout cl{.tp = l.tp, .pp = l.pp, .sp = l.sp, .micro_batches = l.micro};
-    const auto want = cost::gpt_tp_collectives(m, cl, static_cast<double>(batch / l.micro), 4);
-    std::vector<std::int64_t> calls(static_cast<std::size_t>(l.tp * l.pp)), bytes(calls.size());
-    comm::local::run(l.tp * l.pp, [&](comm::local& c) {
-      trainer<parallel::replicate, optim::adamw> t(c, nn::gpt(g), o);
-      std::vector<float> x(static_cast<std::size_t>(batch * seq));
-      std::vector<std::int32_t> y(x.size());
-      for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7), y[i] = static_cast<std::int32_t>(i % 5);
-      const tensor_view<const float> xv(x.data(), {batch, seq});
-      const nn::rank_group* group = t.tensor_parallel_group();
-      REQUIRE(group != nullptr);
-      const auto counted = [&] { return std::pair{group->calls(nn::pass::forward) + group->calls(nn::pass::backward), group->bytes()}; };
-      t.step(xv, y.data(), batch);
-      const auto before = counted();  // the second step's alone
-      t.step(xv, y.data(), batch);
-      const auto after = counted();
-      calls[static_cast<std::size_t>(c.rank())] = after.first - before.first;
-      bytes[static_cast<std::size_t>(c.rank())] = after.second - before.second;
-    });
-    // The priced rank: every rank of one stage, the last stage's (the head's end) of a pipeline.
-    const std::size_t last = calls.size() - 1;
-    CHECK(static_cast<double>(calls[last]) == want.calls);
-    CHECK(static_cast<double>(bytes[last]) == want.payload);
-    for (std::size_t r = 0; r < calls.size(); ++r) CHECK(calls[r] <= calls[last]);
+    check_tp_collectives(tp_counted(nn::gpt(g), o), cost::gpt_tp_collectives(m, cl, static_cast<double>(batch / l.micro), 4));
     ++checked;
   }
   CHECK(checked == 10);
+}
+
+namespace {
+
+// A small Llama: 4 query heads reading 2 key/value heads, a SwiGLU of 48, four blocks.
+cost::model small_llama(bool tie, std::int64_t layers = 4) {
+  return {.layers = layers, .d_model = 32, .heads = 4, .seq = gpt_fixture::seq, .vocab = 32, .tie = tie,
+          .arch = cost::architecture::llama, .kv_heads = 2, .ffn_hidden = 48};
+}
+
+}  // namespace
+
+TEST_CASE("cost::evaluate_dml: a Llama layout's largest rank holds what the cost model says, category by category") {
+  constexpr std::int64_t batch = 8;
+  for (bool tie : {false, true}) {
+    CAPTURE(tie);
+    const auto m = small_llama(tie);
+    const auto model = nn::llama(cost::llama_config_of(m));
+    auto priced = [&](const char* layout, cost::precision p) {
+      const auto l = cost::parse_layout(layout);
+      const auto e = cost::evaluate_dml(m, l, {.global_batch = batch, .prec = p}, cost::cluster{}, l.devices());
+      REQUIRE(e.why.empty());
+      return std::pair{l, e};
+    };
+    for (const char* layout : {"dp=1", "tp=2", "tp=2,sp=1", "pp=2,mb=4", "pp=2,schedule=zb,mb=4",
+                               "pp=2,schedule=gpipe,mb=4,recompute=full"}) {
+      CAPTURE(layout);
+      const auto [l, e] = priced(layout, cost::precision::fp32);
+      check_held(held<parallel::replicate, precision::fp32>(model, m.seq, l, batch), e);
+    }
+    for (const char* layout : {"dp=2,zero=3", "dp=2,tp=2,sp=1,zero=3,mb=2"}) {
+      CAPTURE(layout);
+      const auto [l, e] = priced(layout, cost::precision::bf16);
+      check_held(held<parallel::hybrid<parallel::zero<3>>, precision::bf16>(model, m.seq, l, batch), e);
+    }
+  }
+  // What nn::llama cannot run is refused with its reason, in a search too.
+  const auto m = small_llama(false);
+  auto why = [&](const char* layout) {
+    const auto l = cost::parse_layout(layout);
+    return cost::evaluate_dml(m, l, {.global_batch = batch}, cost::cluster{}, l.devices()).why;
+  };
+  CHECK(why("tp=4") == "tp 4 does not divide the 2 key/value heads");
+  CHECK(why("dp=2,cp=2").find("nn::llama refuses context parallelism") == 0);
+  CHECK(why("dp=2,ep=2") == "a Llama has no experts (ep 2, experts 0)");
+  const auto all = cost::search_dml(m, {.global_batch = batch}, cost::cluster{}, 8, 1);
+  CHECK(std::ranges::any_of(all, [](const cost::estimate& e) { return e.fits; }));
+  for (const auto& e : all) CHECK((e.fits || !e.why.empty()));
+}
+
+TEST_CASE("the Llama's tensor-parallel collectives per step, counted by its group, equal cost::gpt_tp_collectives") {
+  using gpt_fixture::batch;
+  struct lay {
+    int pp;
+    bool sp;
+    std::int64_t micro;
+  };
+  for (const lay l : {lay{1, false, 1}, lay{1, true, 2}, lay{2, true, 2}, lay{2, false, 2}}) {
+    CAPTURE(l.pp);
+    CAPTURE(l.sp);
+    CAPTURE(l.micro);
+    const auto m = small_llama(false);
+    train::trainer_options o;
+    o.tensor_parallel = 2;
+    o.sequence_parallel = l.sp;
+    o.pipeline_stages = l.pp;
+    o.schedule = l.pp > 1 ? "1f1b" : "gpipe";
+    o.micro_batches = l.micro;
+    const cost::layout cl{.tp = 2, .pp = l.pp, .sp = l.sp, .micro_batches = l.micro};
+    check_tp_collectives(tp_counted(nn::llama(cost::llama_config_of(m)), o),
+                         cost::gpt_tp_collectives(m, cl, static_cast<double>(batch / l.micro), 4));
+  }
+}
+
+TEST_CASE("a Llama's parameters, FLOPs, stage cut and block bytes in dml::cost are its layers'; the Llama 3 presets") {
+  auto declared = [](const auto& model) {
+    double n = 0;
+    model.for_each_layer([&](std::size_t, const auto& l) {
+      for (const auto& p : l.parameters()) n += static_cast<double>(p.shape.numel());
+    });
+    return n;
+  };
+  // The published counts of Llama 3's Hugging Face checkpoints (untied), from cost's arithmetic and nn::llama's shapes.
+  const std::pair<const char*, double> published[] = {
+      {"llama3-8b", 8'030'261'248.0}, {"llama3-70b", 70'553'706'496.0}, {"llama3-405b", 405'853'388'800.0}};
+  for (const auto& [name, count] : published) {
+    CAPTURE(name);
+    const auto m = cost::preset(name);
+    CHECK(cost::count_layers(m).total(m) == count);
+    CHECK(declared(nn::llama(cost::llama_config_of(m))) == count);
+  }
+  CHECK_THROWS_WITH_AS(cost::preset("llama3-7b"),
+                       "dml::cost::preset: expected llama3-8b, llama3-70b or llama3-405b, found 'llama3-7b'",
+                       invalid_argument);
+  // Tied, the LM head is a parameter of its own that the count takes once.
+  const auto tied = small_llama(true);
+  CHECK(cost::count_layers(tied).total(tied) ==
+        declared(nn::llama(cost::llama_config_of(tied))) - static_cast<double>(tied.vocab * tied.d_model));
+
+  // FLOPs per token: the blocks' and the head's products as they count them (the embedding is a lookup).
+  const auto m = small_llama(false, 6);
+  const auto model = nn::llama(cost::llama_config_of(m));
+  double flops = 0;
+  dml::shape x{2, m.seq};
+  model.for_each_layer([&](std::size_t i, const auto& l) {
+    if (i > 0) flops += nn::forward_flops(l, x);
+    x = l.output_shape(x);
+  });
+  CHECK(cost::gpt_forward_flops_per_token(m) == doctest::Approx(flops / static_cast<double>(2 * m.seq)).epsilon(1e-12));
+
+  // The busiest pipeline rank's share under the trainer's own cut.
+  const auto cost_of = parallel::layer_training_flops(model, 64);
+  double total = 0;
+  for (const double f : cost_of) total += f;
+  for (const char* sched : {"1f1b", "interleaved:2"}) {
+    CAPTURE(sched);
+    const cost::layout l{.pp = 2, .schedule = sched};
+    double busiest = 0;
+    for (int r = 0; r < 2; ++r) {
+      double mine = 0;
+      for (const auto& c : cost::stage_chunks(model, 2, std::max(1, cost::interleaved_chunks(sched)), r))
+        for (std::size_t i = c.first; i < c.end; ++i) mine += cost_of[i];
+      busiest = std::max(busiest, mine);
+    }
+    CHECK(cost::busiest_stage_share(m, l) == doctest::Approx(busiest / total).epsilon(1e-12));
+  }
+
+  // llama_layer_bytes: what a block keeps and its output, to the byte (sizes that leave no 64-byte padding).
+  const auto g = cost::llama_config_of(m);
+  for (const int tp : {1, 2})
+    for (const bool sp : {false, true})
+      for (const std::int64_t w : {4, 2}) {
+        if (sp && tp == 1) continue;
+        CAPTURE(tp);
+        CAPTURE(sp);
+        CAPTURE(w);
+        nn::llama_block block(g);
+        if (tp > 1) block.set_split({.ranks = tp, .rank = 0, .sequence = sp});
+        const dml::shape in{2, sp ? m.seq / tp : m.seq, m.d_model};
+        const double kept = static_cast<double>(block.saved_bytes(in, static_cast<std::size_t>(w)) + in.numel() * w);
+        CHECK(cost::llama_layer_bytes(static_cast<double>(m.seq), 2, 32, 4, 2, 48, tp, static_cast<double>(w), sp,
+                                      cost::recompute::none) == kept);
+        CHECK(cost::llama_layer_bytes(static_cast<double>(m.seq), 2, 32, 4, 2, 48, tp, static_cast<double>(w), sp,
+                                      cost::recompute::selective) == kept);
+      }
 }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/plan/cost.hpp — the cost model: per-rank bytes (parameters, gradients, optimizer state, master weights,
-// activations), FLOPs and a step time of a GPT (or a model known by its parameter count) under a layout.
+// activations), FLOPs and a step time of a GPT or a Llama (or a model known by its parameter count) under a layout.
 // Sits on core/error.hpp and the standard library; used by plan/exact.hpp, tools/dml-plan and the examples. See
 // DESIGN.md §7 (namespace dml::cost: parallel::plan names the kinds of parallelism, this prices a layout of them).
 #pragma once
@@ -89,8 +89,25 @@ inline double busiest_expert_load(double capacity_factor, int ep) {
 struct gpt_end_values {
   double embedding = 0, head = 0;
 };
-inline gpt_end_values gpt_end_values_per_token(double h, double V, double t, bool sequence_parallel) {
-  return {9 * h, 10 * h / (sequence_parallel ? t : 1) + 5 * V / t};
+// A Llama's embedding has no positions: its token rows read and written forward, their gradient read and the rows'
+// gradients read and written backward (positions false: 5 values of width h); its final RMSNorm is priced as the
+// LayerNorm.
+inline gpt_end_values gpt_end_values_per_token(double h, double V, double t, bool sequence_parallel,
+                                               bool positions = true) {
+  return {(positions ? 9 : 5) * h, 10 * h / (sequence_parallel ? t : 1) + 5 * V / t};
+}
+
+// One nn::llama block's activation bytes as it keeps them (nn::llama_block's saved set, and its output), for sequence
+// s, micro-batch b, hidden h, heads a, key/value heads k, SwiGLU width f, tensor-parallel degree t, w bytes a value:
+// of each token row (a t-th of them under sequence parallelism) the two RMSNorms' outputs, the residual between the
+// halves and the output, 4h values, and two floats of 1/rms; of each token this rank's q, k and v ((a + 2k)·h/a / t),
+// the attention's output (h/t), [gate | up] and SwiGLU's output (3f/t), and a float log-sum-exp per head (a/t). The
+// tile attention keeps nothing of s², so selective recompute keeps as much as none; full keeps the input alone.
+inline double llama_layer_bytes(double s, double b, double h, double a, double k, double f, double t, double w,
+                                bool sequence_parallel, recompute r) {
+  const double tokens = s * b, rows = sequence_parallel ? tokens / t : tokens;
+  if (r == recompute::full) return rows * h * w;
+  return rows * (4 * h * w + 8) + tokens * (((a + 2 * k) * h / a + h + 3 * f) * w + 4 * a) / t;
 }
 
 // Narayanan et al. 2021, eq. (3): FLOPs per iteration of a GPT with full recomputation (one extra forward),
@@ -105,14 +122,43 @@ inline double megatron_params(double l, double h, double V, double s) {
 
 // ---- what is priced --------------------------------------------------------------------------------
 
+// nn::gpt's blocks (LayerNorm, multi-head attention, a GELU MLP of 4·d_model) or nn::llama's (RMSNorm, RoPE,
+// grouped-query attention, a SwiGLU MLP of ffn_hidden; no biases, no positions, no experts).
+enum class architecture { gpt, llama };
+inline std::string to_string(architecture a) { return a == architecture::gpt ? "gpt" : "llama"; }
+
 struct model {
   std::int64_t layers = 0, d_model = 0, heads = 0, seq = 0, vocab = 0;
   bool bias = false, tie = false;
   std::int64_t experts = 0, top_k = 2, moe_every = 1;
   float capacity_factor = 1.25f;  // tokens an expert takes: factor · tokens · top_k / experts (<= 0: all)
   double params_only = 0;  // > 0: a model known by its parameter count (model states only, no activations)
-  bool is_gpt() const { return params_only <= 0; }
+  architecture arch = architecture::gpt;
+  std::int64_t kv_heads = 0;    // a Llama's key/value heads (0: heads)
+  std::int64_t ffn_hidden = 0;  // a Llama's SwiGLU width (gate and up each)
+  bool is_transformer() const { return params_only <= 0; }  // its layers known, not only its parameter count
+  bool is_gpt() const { return is_transformer() && arch == architecture::gpt; }
+  bool is_llama() const { return is_transformer() && arch == architecture::llama; }
+  std::int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
 };
+
+// The published Llama 3 models (Meta's configurations, as Hugging Face's config.json gives them) at sequence 8,192:
+// llama3-8b, llama3-70b and llama3-405b; 8 key/value heads, vocabulary 128,256, LM head untied. Their RoPE theta
+// (500,000) changes no byte and no FLOP, so model has no field for it.
+inline const std::vector<std::string>& preset_names() {
+  static const std::vector<std::string> names{"llama3-8b", "llama3-70b", "llama3-405b"};
+  return names;
+}
+inline model preset(std::string_view name) {
+  const auto llama3 = [](std::int64_t layers, std::int64_t d_model, std::int64_t ffn_hidden, std::int64_t heads) {
+    return model{.layers = layers, .d_model = d_model, .heads = heads, .seq = 8192, .vocab = 128256,
+                 .arch = architecture::llama, .kv_heads = 8, .ffn_hidden = ffn_hidden};
+  };
+  if (name == "llama3-8b") return llama3(32, 4096, 14336, 32);
+  if (name == "llama3-70b") return llama3(80, 8192, 28672, 64);
+  if (name == "llama3-405b") return llama3(126, 16384, 53248, 128);
+  fail<invalid_argument>("dml::cost::preset: expected llama3-8b, llama3-70b or llama3-405b, found '", name, "'");
+}
 
 enum class precision { fp32, bf16, fp16 };
 inline int value_bytes(precision p) { return p == precision::fp32 ? 4 : 2; }
@@ -238,11 +284,11 @@ struct cluster {
   // Bytes per second a streaming pass reaches on one device: what the optimizer's update runs at
   // (update_bytes_per_param); dml-plan --calibrate times dml's own AdamW update.
   double memory_bandwidth = 2.5e12;
-  // Bytes of a layer's saved activations (korthikanti_layer_bytes at the working type) per second that its
-  // element-wise passes (LayerNorms, softmax, GELU, dropout, residual adds), forward and backward together, get
-  // through; the passes outside the blocks (gpt_end_values_per_token, at the working type's bytes) at the same rate.
-  // The default takes four passes over those bytes at memory bandwidth (written in forward; read, with their
-  // gradients written and read, in backward); cost::elementwise_bandwidth_of measures dml's own on a host.
+  // Bytes of a layer's saved activations (korthikanti_layer_bytes at the working type; a Llama's llama_layer_bytes)
+  // per second that its element-wise passes (LayerNorms, softmax, GELU, dropout, residual adds), forward and backward
+  // together, get through; the passes outside the blocks (gpt_end_values_per_token, at the working type's bytes) at
+  // the same rate. The default takes four passes over those bytes at memory bandwidth (written in forward; read, with
+  // their gradients written and read, in backward); cost::elementwise_bandwidth_of measures dml's own on a host.
   double elementwise_bandwidth = 2.5e12 / 4;
   // The same for 16-bit working types (bf16 and fp16), in bytes at 2 per value. The default takes the passes as
   // bandwidth-bound (the same bytes per second); dml's host kernels, which convert around float arithmetic, are not:
@@ -306,7 +352,7 @@ struct estimate {
   std::string why;  // empty when it fits
 };
 
-// ---- the GPT's counts (nn::gpt's parameters, as its layers declare them) ------------------------------
+// ---- the GPT's and the Llama's counts (their parameters, as their layers declare them) ----------------
 
 struct gpt_counts {
   double embedding = 0, block = 0, moe_block = 0, head = 0;  // parameters
@@ -326,28 +372,51 @@ inline gpt_counts count_gpt(const model& m) {
   c.head = h * (1 + b) + (m.tie ? 0 : static_cast<double>(m.vocab) * h);
   return c;
 }
+// nn::llama's: the token embedding; per block two RMSNorm weights, q, k and v (heads·head_dim + 2·kv·head_dim rows),
+// o_proj, gate and up (2·ffn_hidden rows) and down_proj; the final RMSNorm and the LM head (untied). No bias.
+inline gpt_counts count_llama(const model& m) {
+  const double h = static_cast<double>(m.d_model), v = static_cast<double>(m.vocab), f = static_cast<double>(m.ffn_hidden);
+  const double kv = static_cast<double>(m.kv()) * (h / static_cast<double>(m.heads));
+  gpt_counts c;
+  c.embedding = v * h;
+  c.block = c.moe_block = 2 * h + (h + 2 * kv) * h + h * h + 3 * f * h;
+  c.head = h + (m.tie ? 0 : v * h);
+  return c;
+}
+inline gpt_counts count_layers(const model& m) { return m.is_llama() ? count_llama(m) : count_gpt(m); }
+
+// Forward FLOPs per token of a dense block: its attention's products (q·kᵀ and p·v over all seq keys included) and
+// its MLP's; a Llama's as nn::llama_block::forward_flops counts them.
+struct block_flops {
+  double attention = 0, mlp = 0;
+};
+inline block_flops block_forward_flops(const model& m) {
+  const double h = static_cast<double>(m.d_model), s = static_cast<double>(m.seq);
+  if (!m.is_llama()) return {2 * (4 * h * h) + 2 * (2 * s * h), 2 * 8 * h * h};  // qkv + proj, QK^T and AV
+  const double kv = static_cast<double>(m.kv()) * (h / static_cast<double>(m.heads));
+  return {2 * h * (h + 2 * kv) + 2 * h * h + 4 * s * h, 6 * h * static_cast<double>(m.ffn_hidden)};
+}
 
 // Model FLOPs of one step (forward and backward: 3 × forward GEMMs; attention's two batched GEMMs included),
 // tokens = global batch × seq; with full recompute, hardware FLOPs add one forward of the blocks.
 inline double gpt_forward_flops_per_token(const model& m, bool blocks_only = false) {
-  const double h = static_cast<double>(m.d_model), s = static_cast<double>(m.seq), v = static_cast<double>(m.vocab);
+  const double h = static_cast<double>(m.d_model), v = static_cast<double>(m.vocab);
   const double moe_blocks = m.experts > 0 ? static_cast<double>(m.layers / m.moe_every) : 0;
   const double dense = static_cast<double>(m.layers) - moe_blocks;
-  const double attn = 2 * (4 * h * h) + 2 * (2 * s * h);  // qkv + proj, QK^T and AV
-  const double mlp = 2 * 8 * h * h;
+  const auto [attn, mlp] = block_forward_flops(m);
   const double blocks = dense * (attn + mlp) + moe_blocks * (attn + static_cast<double>(m.top_k) * mlp);
   return blocks + (blocks_only ? 0 : 2 * h * v);
 }
 
-// The share of a step's FLOPs that the busiest pipeline rank computes when the GPT's layers (embedding, blocks, head)
+// The share of a step's FLOPs that the busiest pipeline rank computes when the model's layers (embedding, blocks, head)
 // are cut where their training FLOPs balance, as the trainer cuts them (parallel::stage_chunks over
 // parallel::layer_training_flops: the embedding's lookup and the blocks' and head's products, three times the forward's with
 // their gradients); 1/pp for a model known by its parameter count. The pipeline runs at this rank's pace.
 inline double busiest_stage_share(const model& m, const layout& l) {
   if (l.pp <= 1) return 1;
-  if (!m.is_gpt()) return 1.0 / l.pp;
+  if (!m.is_transformer()) return 1.0 / l.pp;
   const double h = static_cast<double>(m.d_model), s = static_cast<double>(m.seq) / l.cp;
-  const double attn = 8 * h * h + 4 * static_cast<double>(m.seq) * h, mlp = 16 * h * h;
+  const auto [attn, mlp] = block_forward_flops(m);
   std::vector<double> cost{2 * h * s};  // per sequence: the embedding's lookup and its weight gradient
   for (std::int64_t i = 0; i < m.layers; ++i) {
     const bool moe = m.experts > 0 && (i + 1) % m.moe_every == 0;
@@ -390,10 +459,23 @@ inline std::string refusal(const model& m, const layout& l, const training& t, i
     return "a rank's " + str(t.global_batch / data) + " sequences do not split into mb = " + str(l.micro_batches);
   if (l.pp > 1 && l.micro_batches < l.pp)
     return "mb = " + str(l.micro_batches) + " is fewer than pp = " + str(l.pp) + " stages";
-  if (!m.is_gpt()) return {};
+  if (!m.is_transformer()) return {};
   if (m.heads % l.tp != 0) return "tp " + str(l.tp) + " does not divide the " + str(m.heads) + " heads";
   if (m.vocab % l.tp != 0) return "tp " + str(l.tp) + " does not divide the vocabulary " + str(m.vocab);
   if (m.d_model % m.heads != 0) return "heads " + str(m.heads) + " do not divide d_model " + str(m.d_model);
+  if (m.is_llama()) {  // what nn::llama_config::validate and the Llama's layers refuse
+    if (m.ffn_hidden < 1) return "a Llama needs ffn_hidden >= 1, found " + str(m.ffn_hidden);
+    if (m.heads % m.kv() != 0) return "kv_heads " + str(m.kv()) + " do not divide the " + str(m.heads) + " heads";
+    if (m.d_model / m.heads % 2 != 0)
+      return "a Llama's head_dim " + str(m.d_model / m.heads) + " is odd (RoPE rotates pairs)";
+    if (m.kv() % l.tp != 0) return "tp " + str(l.tp) + " does not divide the " + str(m.kv()) + " key/value heads";
+    if (m.ffn_hidden % l.tp != 0) return "tp " + str(l.tp) + " does not divide ffn_hidden " + str(m.ffn_hidden);
+    if (m.bias) return "a Llama has no biases";
+    if (m.experts > 0 || l.ep > 1)
+      return "a Llama has no experts (ep " + str(l.ep) + ", experts " + str(m.experts) + ")";
+    if (l.cp > 1)
+      return "nn::llama refuses context parallelism (ring attention has no grouped-query form yet); cp is " + str(l.cp);
+  }
   if (l.pp > m.layers) return "pp " + str(l.pp) + " is more than the " + str(m.layers) + " layers";
   if (const int v = interleaved_chunks(l.schedule); v > 0 && l.pp * v > m.layers)
     return "interleaved:" + str(v) + " on pp " + str(l.pp) + " needs " + str(l.pp * v) + " stages of layers, more than the " +
@@ -406,9 +488,9 @@ inline std::string refusal(const model& m, const layout& l, const training& t, i
   return {};
 }
 
-// One step's collectives in a tensor-parallel group of nn::gpt, as each of its ranks makes them: calls, their payload
-// in bytes as nn::rank_group::bytes counts it (an all-gather's or reduce-scatter's whole tensor), and in a ring the
-// steps each waits a link's latency (an all-reduce 2(t − 1), an all-gather or reduce-scatter t − 1) and the bytes
+// One step's collectives in a tensor-parallel group of nn::gpt (or nn::llama), as each of its ranks makes them: calls,
+// their payload in bytes as nn::rank_group::bytes counts it (an all-gather's or reduce-scatter's whole tensor), and in
+// a ring the steps each waits a link's latency (an all-reduce 2(t − 1), an all-gather or reduce-scatter t − 1) and the bytes
 // each rank moves (2(t − 1)/t and (t − 1)/t of the payload). Per
 // micro-batch of T tokens (seq/cp · rows), hidden h, at the working type's w bytes:
 // - without sp: each block's 2 all-reduces forward and 2 backward of T·h values; the embedding's sum (forward) and
@@ -417,7 +499,8 @@ inline std::string refusal(const model& m, const layout& l, const training& t, i
 //   outputs) and 2 reduce-scatters backward; the embedding's reduce-scatter and its gradient's all-gather, the head's
 //   input all-gather and its gradient's reduce-scatter; and once a step, in fp32, an all-reduce of each weight whose
 //   gradient is partial over the group: a block's 2 LayerNorm weights (with bias also their biases and the two
-//   row-parallel biases: 6), the final LayerNorm's (2 with bias) and the position embedding (seq·h);
+//   row-parallel biases: 6), the final LayerNorm's (2 with bias) and the position embedding (seq·h); a Llama's are
+//   the same but for the position embedding, which it has not (its RMSNorms have no bias);
 // - the vocabulary-parallel loss's max and its sums, all-reduces of T and 2T floats.
 // A pipeline stage holds ceil(layers / pp) blocks; the first stage the embedding, the last the head and loss, and
 // where pp > 1 the last one's (the busier end) is priced. A block with experts counts as a dense one here (its
@@ -428,7 +511,7 @@ struct collectives {
 };
 inline collectives gpt_tp_collectives(const model& m, const layout& l, double mb_rows, double w) {
   collectives c;
-  if (l.tp <= 1 || !m.is_gpt()) return c;
+  if (l.tp <= 1 || !m.is_transformer()) return c;
   const double t = l.tp, h = static_cast<double>(m.d_model), M = static_cast<double>(l.micro_batches);
   const double T = static_cast<double>(m.seq) / l.cp * mb_rows, blocks = std::ceil(static_cast<double>(m.layers) / l.pp);
   const double big = T * h * w, f32 = 4, bias = m.bias ? 1 : 0;
@@ -447,7 +530,7 @@ inline collectives gpt_tp_collectives(const model& m, const layout& l, double mb
     add(M * (10 * blocks + 2 * embedding + 2), big, false);
     add(blocks * (2 + 4 * bias), h * f32, true);
     add(1 + bias, h * f32, true);
-    add(embedding, static_cast<double>(m.seq) * h * f32, true);
+    if (m.is_gpt()) add(embedding, static_cast<double>(m.seq) * h * f32, true);
   }
   add(M, T * f32, true);
   add(M, 2 * T * f32, true);
@@ -476,8 +559,8 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
   // Parameters held by the largest rank: the first stage's blocks plus the embedding (and, on one stage,
   // the head), over tp; experts over ep.
   double psi_rank = 0;
-  if (m.is_gpt()) {
-    const auto g = count_gpt(m);
+  if (m.is_transformer()) {
+    const auto g = count_layers(m);
     e.params = g.total(m);
     const double blocks = std::ceil(static_cast<double>(m.layers) / l.pp);
     const double moe_frac = m.experts > 0 ? 1.0 / static_cast<double>(m.moe_every) : 0;
@@ -493,19 +576,25 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
   b.optimizer = psi_rank * 4 * slots / (l.zero >= 1 ? shard : 1);
   b.master = mixed ? psi_rank * 4 / (l.zero >= 1 ? shard : 1) : 0;
 
-  if (m.is_gpt()) {
-    // Activations: Korthikanti's per-layer bytes scaled to the working type (their 2-byte tensors), times the
-    // layers of a stage and the micro-batches in flight on the first stage.
+  // A layer's activation bytes at v bytes a value of sequence s: Korthikanti's for a GPT (their 2-byte tensors,
+  // scaled), llama_layer_bytes for a Llama.
+  const auto layer_bytes = [&](double s, double v, recompute r) {
+    const double h = static_cast<double>(m.d_model), a = static_cast<double>(m.heads);
+    if (m.is_llama())
+      return llama_layer_bytes(s, mb_rows, h, a, static_cast<double>(m.kv()), static_cast<double>(m.ffn_hidden), l.tp,
+                               v, l.sp, r);
+    return korthikanti_layer_bytes(s, mb_rows, h, a, l.tp, l.sp, r) * (v / 2);
+  };
+  if (m.is_transformer()) {
+    // Activations: a layer's bytes at the working type, times the layers of a stage and the micro-batches in flight
+    // on the first stage.
     const double s = static_cast<double>(m.seq) / l.cp;
-    const double per_layer = korthikanti_layer_bytes(s, mb_rows, static_cast<double>(m.d_model),
-                                                      static_cast<double>(m.heads), l.tp, l.sp, l.recomp) * (w / 2);
+    const double per_layer = layer_bytes(s, w, l.recomp);
     const double layers = std::ceil(static_cast<double>(m.layers) / l.pp);
     const double in_flight = l.schedule == "gpipe" ? static_cast<double>(l.micro_batches)
                            : l.pp > 1 ? std::min<double>(static_cast<double>(l.micro_batches), l.pp) : 1;
     // Full recompute holds one layer's activations at a time on top of every layer's input.
-    const double full_layer = l.recomp == recompute::full
-        ? korthikanti_layer_bytes(s, mb_rows, static_cast<double>(m.d_model), static_cast<double>(m.heads), l.tp, l.sp, recompute::none) * (w / 2)
-        : 0;
+    const double full_layer = l.recomp == recompute::full ? layer_bytes(s, w, recompute::none) : 0;
     // Interleaving holds (1 + (p − 1)/(p·V)) times 1F1B's micro-batches on the first stage (Narayanan et al. 2021).
     const int chunks = interleaved_chunks(l.schedule);
     const double interleave = chunks > 0 ? 1 + static_cast<double>(l.pp - 1) / (l.pp * chunks) : 1;
@@ -516,7 +605,7 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
 
   // FLOPs and time.
   const double tokens = static_cast<double>(t.global_batch) * static_cast<double>(m.seq);
-  if (m.is_gpt()) {
+  if (m.is_transformer()) {
     e.flops_per_step = 3 * tokens * gpt_forward_flops_per_token(m);
     const double extra = l.recomp == recompute::full ? tokens * gpt_forward_flops_per_token(m, true)
                        : l.recomp == recompute::selective ? tokens * static_cast<double>(m.layers) * 2 * (2 * static_cast<double>(m.seq) * m.d_model)
@@ -543,7 +632,7 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
   // Tensor parallelism: every collective of the step (gpt_tp_collectives), a latency per ring step and the bytes a
   // rank moves (within a node, the all-gathers' and reduce-scatters' at their own rate where the cluster has one).
   double tp_time = 0;
-  if (l.tp > 1 && m.is_gpt()) {
+  if (l.tp > 1 && m.is_transformer()) {
     const auto [bw, lat] = link(l.tp);
     const double gather_bw = l.tp <= c.devices_per_node && c.intra_gather_bandwidth > 0 ? c.intra_gather_bandwidth : bw;
     const collectives tc = gpt_tp_collectives(m, l, mb_rows, w);
@@ -559,15 +648,15 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
   // Pipeline: the schedule's bubble, (p − 1)/(units + p − 1) of the step (schedule_units); sends of s·b·h each
   // way, per micro-batch and chunk.
   double pp_time = 0;
-  if (l.pp > 1 && m.is_gpt()) {
+  if (l.pp > 1 && m.is_transformer()) {
     const auto [bw, lat] = link(l.tp * l.pp);
     const double msg = static_cast<double>(m.seq) / l.cp * mb_rows * static_cast<double>(m.d_model) * w / (l.sp ? l.tp : 1);
     pp_time = 2 * static_cast<double>(l.micro_batches) * std::max(1, interleaved_chunks(l.schedule)) * (msg / bw + lat);
   }
   // The blocks' element-wise passes: their saved activation bytes (Korthikanti et al.'s, which shrink with tp only
-  // where the work splits) for every micro-batch, at the element-wise rate, and each block's fixed cost
-  // (cluster::block_seconds) for every micro-batch; recomputation's extra forward is not priced. The passes outside
-  // the blocks are the first stage's (embedding) and the last's (final LayerNorm, loss): both on one stage, else the
+  // where the work splits; a Llama's llama_layer_bytes) for every micro-batch, at the element-wise rate, and each
+  // block's fixed cost (cluster::block_seconds) for every micro-batch; recomputation's extra forward is not priced.
+  // The passes outside the blocks are the first stage's (embedding) and the last's (final LayerNorm, loss): both on one stage, else the
   // larger. A block with experts (moe_mlp_bytes_per_sbh) trades the dense MLP's 19·sbh for its experts' passes;
   // under cp a rank's queries meet every key (the s² terms at its s/cp queries by s keys) and the ring adds
   // ring_attention_bytes_per_sbh.
@@ -575,12 +664,13 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
   const double stage_blocks = std::ceil(static_cast<double>(m.layers) / l.pp);
   const double stage_moe_blocks = m.experts > 0 ? stage_blocks / static_cast<double>(m.moe_every) : 0;
   const double s_rank = static_cast<double>(m.seq) / l.cp, M = static_cast<double>(l.micro_batches);
-  if (m.is_gpt()) {
+  if (m.is_transformer()) {
     const double rank_tokens = s_rank * mb_rows * M;
-    const auto ends = gpt_end_values_per_token(static_cast<double>(m.d_model), static_cast<double>(m.vocab), l.tp, l.sp);
+    const auto ends = gpt_end_values_per_token(static_cast<double>(m.d_model), static_cast<double>(m.vocab), l.tp, l.sp,
+                                               m.is_gpt());
     const double end_values = l.pp == 1 ? ends.embedding + ends.head : std::max(ends.embedding, ends.head);
     const double h = static_cast<double>(m.d_model), a = static_cast<double>(m.heads);
-    double dense_layer = korthikanti_layer_bytes(s_rank, mb_rows, h, a, l.tp, l.sp, recompute::none);
+    double dense_layer = layer_bytes(s_rank, 2, recompute::none);
     if (l.cp > 1)
       dense_layer += s_rank * mb_rows * h / l.tp * (5 * a * (static_cast<double>(m.seq) - s_rank) / h + ring_attention_bytes_per_sbh);
     // An expert block's tokens per tensor rank: every token, or a t-th of them under sequence parallelism.
@@ -606,7 +696,7 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
   // Context parallelism: each block's ring, per micro-batch cp − 1 steps forward and 2(cp − 1) backward (K/V, then
   // their gradients), each a latency and ring_kv_bytes of the rank's tokens (its heads' share under tp).
   double cp_time = 0;
-  if (l.cp > 1 && m.is_gpt()) {
+  if (l.cp > 1 && m.is_transformer()) {
     const auto [bw, lat] = link(l.cp * l.tp);
     const double kv = ring_kv_bytes(s_rank * mb_rows, static_cast<double>(m.d_model) / l.tp, w);
     cp_time = stage_blocks * M * 3 * (l.cp - 1) * (lat + kv / bw);
@@ -672,7 +762,7 @@ inline std::vector<estimate> search(const model& m, const training& t, const clu
       for (int zero = 0; zero <= 3; ++zero) {
         if (dp == 1 && zero > 0) continue;
         for (recompute r : {recompute::none, recompute::selective, recompute::full}) {
-          if (!m.is_gpt() && r != recompute::none) continue;
+          if (!m.is_transformer() && r != recompute::none) continue;
           for (const auto& sched : schedules) {
             layout l{.dp = dp, .tp = tp, .pp = pp, .zero = zero, .sp = tp > 1, .schedule = sched, .recomp = r};
             const std::int64_t rows = t.global_batch / dp;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dml/nn/gpt.hpp"
+#include "dml/nn/llama.hpp"
 #include "dml/nn/network.hpp"
 #include "dml/nn/param_layout.hpp"
 #include "dml/nn/sequential.hpp"
@@ -349,20 +350,23 @@ inline nn::gpt_config gpt_config_of(const model& m) {
           .moe_every = m.moe_every};
 }
 
-// dml's own bytes for its GPT under layout l: of the ranks the trainer places (every pipeline stage; the ranks of
-// a tensor, expert or context group hold equal parts), the one holding the most, as its memory() and activation
-// peak will report them after a step: model states, ZeRO's buffers and the schedule's in-flight activations.
-// Throws dml::error where the trainer would refuse the layout.
-inline bytes gpt_rank_bytes(const model& m, const layout& l, const training& t) {
-  const auto g = gpt_config_of(m);
+// nn::llama's configuration for a Llama that dml::cost describes (RoPE's theta and norm_eps change no byte).
+inline nn::llama_config llama_config_of(const model& m) {
+  return {.vocab = m.vocab, .seq = m.seq, .d_model = m.d_model, .layers = m.layers, .heads = m.heads,
+          .kv_heads = m.kv(), .ffn_hidden = m.ffn_hidden, .tie_embeddings = m.tie};
+}
+
+namespace detail {
+// rank_bytes for the whole model `part` (nn::gpt or nn::llama), split here as the trainer splits it.
+template <class... L>
+bytes rank_bytes(nn::sequential<L...> part, std::int64_t seq, const layout& l, const training& t) {
   const std::int64_t w = value_bytes(t.prec);
   const int shard = l.dp / l.replicas;
-  auto part = nn::gpt(g);
   if (l.tp > 1) nn::set_tensor_split(part, {.ranks = l.tp, .rank = 0, .sequence = l.sp});
   if (l.ep > 1) nn::set_expert_split(part, l.ep, 0);
   if (l.cp > 1) nn::set_context_split(part, {.ranks = l.cp, .rank = 0, .zigzag = true});
   const auto table = schedule::make(l.schedule, l.pp, static_cast<int>(l.micro_batches));
-  const dml::shape rows{t.global_batch / (l.dp / l.cp), g.seq};
+  const dml::shape rows{t.global_batch / (l.dp / l.cp), seq};
   bytes most;
   for (int s = 0; s < l.pp; ++s) {
     const auto chunks = stage_chunks(part, l.pp, table.virtual_stages, s);
@@ -383,21 +387,35 @@ inline bytes gpt_rank_bytes(const model& m, const layout& l, const training& t) 
   }
   return most;
 }
+}  // namespace detail
 
-// evaluate() with dml's own bytes (gpt_rank_bytes) in place of the papers' formulas, for a GPT: what the trainer
-// will hold, to the byte. Selective recomputation is Megatron's; dml recomputes a whole stage or nothing, so a
+// dml's own bytes for its GPT (nn::gpt) or Llama (nn::llama) under layout l: of the ranks the trainer places (every
+// pipeline stage; the ranks of a tensor, expert or context group hold equal parts), the one holding the most, as its
+// memory() and activation peak will report them after a step: model states, ZeRO's buffers and the schedule's
+// in-flight activations. Throws dml::error where the trainer would refuse the layout.
+inline bytes rank_bytes(const model& m, const layout& l, const training& t) {
+  if (m.is_llama()) return detail::rank_bytes(nn::llama(llama_config_of(m)), m.seq, l, t);
+  return detail::rank_bytes(nn::gpt(gpt_config_of(m)), m.seq, l, t);
+}
+[[deprecated("dml::cost::gpt_rank_bytes is rank_bytes")]] inline bytes gpt_rank_bytes(const model& m, const layout& l,
+                                                                                   const training& t) {
+  return rank_bytes(m, l, t);
+}
+
+// evaluate() with dml's own bytes (rank_bytes) in place of the papers' formulas, for a GPT or a Llama: what the
+// trainer will hold, to the byte. Selective recomputation is Megatron's; dml recomputes a whole stage or nothing, so a
 // layout that asks for it is refused, as one the trainer refuses is. A model known by its parameter count keeps
 // evaluate()'s model states.
 inline estimate evaluate_dml(const model& m, const layout& l, const training& t, const cluster& c, int devices = 0) {
   estimate e = evaluate(m, l, t, c, devices);
-  if (!m.is_gpt() || !refusal(m, l, t, devices).empty()) return e;
+  if (!m.is_transformer() || !refusal(m, l, t, devices).empty()) return e;
   e.fits = false;
   if (l.recomp == recompute::selective) {
     e.why = "selective recompute is not one of dml's: it recomputes a whole stage (recompute=full) or nothing";
     return e;
   }
   try {
-    e.per_rank = gpt_rank_bytes(m, l, t);
+    e.per_rank = rank_bytes(m, l, t);
   } catch (const dml::error& x) {
     e.why = x.what();
     return e;
