@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   cost::model m{.layers = 12, .d_model = 768, .heads = 12, .seq = 1024, .vocab = 50304};
   double params = 0;
   std::int64_t batch = 8, micro_batch = 1;
-  int devices = 1, show = 10;
+  int devices = 1, show = 10, max_cp = 1;
   bool json = false;
   dml::flags cli("dml-plan", "Ranks the layouts of a model on N devices by predicted step time (dml::cost).");
   cli.add("--model", model_kind, "KIND", "gpt, llama, or params (a model known by --params alone)")
@@ -97,6 +97,7 @@ int main(int argc, char** argv) {
       .choices({"fp32", "bf16", "fp16", "auto"});
   cli.add("--optimizer", optimizer, "O", "optimizer").choices({"adamw", "adam", "sgd", "adagrad"});
   cli.add("--devices", devices, "N", "devices (ranks)").min(1);
+  cli.add("--max-cp", max_cp, "C", "the search also cuts sequences over cp = 2, 4, ... up to C ranks (long context)").min(1);
   cli.add("--memory", memory, "BYTES", "memory per device (80GiB, 40GB, ...)").check([](const std::string& s) {
     try {
       cost::parse_bytes(s);
@@ -172,7 +173,8 @@ int main(int argc, char** argv) {
         const auto l = cost::parse_layout(layout);
         return std::vector{bytes_from == "dml" ? cost::evaluate_dml(m, l, u, c, l.devices()) : cost::evaluate(m, l, u, c, l.devices())};
       }
-      return bytes_from == "dml" ? cost::search_dml(m, u, c, devices, micro_batch) : cost::search(m, u, c, devices, micro_batch);
+      return bytes_from == "dml" ? cost::search_dml(m, u, c, devices, micro_batch, max_cp)
+                                 : cost::search(m, u, c, devices, micro_batch, max_cp);
     });
     if (json) {
       for (const auto& e : all) std::printf("%s\n", to_json(e).dump().c_str());

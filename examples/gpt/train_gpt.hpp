@@ -122,7 +122,7 @@ inline dml::flags command_line(options& o) {
       "training, in any layout and sharding, and continues from its step to --steps (the learning-rate\n"
       "schedule and the batches follow the step, so the run goes on as if never stopped).\n"
       "--arch llama trains a Llama instead (RMSNorm, rotary positions, grouped-query attention with --kv-heads,\n"
-      "SwiGLU of --ffn-hidden; no biases or dropout) on comm::local ranks, in every layout but --cp and --experts.\n"
+      "SwiGLU of --ffn-hidden; no biases or dropout) on comm::local ranks, in every layout but --experts.\n"
       "--save-hf DIR writes its weights in Hugging Face's Llama layout (config.json, model.safetensors), --load-hf\n"
       "DIR starts from such a checkpoint (its config.json gives the model's shape: the model flags are not used)\n"
       "and --export-llama2c FILE writes llama2.c's checkpoint. --documents packs the text's paragraphs (split at\n"
@@ -252,9 +252,6 @@ inline void check_across(options& o) {
   only(llama && o.bias, "--bias", "gpt");
   only(llama && o.dropout > 0.f, "--dropout", "gpt");
   only(llama && o.experts > 0, "--experts", "gpt");
-  if (llama && o.cp > 1)
-    dml::fail<dml::invalid_argument>("--cp with --arch llama: expected --cp 1 (ring attention has no grouped-query "
-                                     "form yet), found --cp ", o.cp);
   if (llama && (o.comm != "local" || o.elastic))
     dml::fail<dml::invalid_argument>("--arch llama: this example trains Llama on comm::local ranks: expected --comm "
                                      "local without --elastic, found --comm ", o.comm, o.elastic ? " --elastic" : "");

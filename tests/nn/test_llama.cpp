@@ -2,8 +2,8 @@
 // tests/nn/test_llama.cpp — the Llama layers: gradients against central finite differences (a block alone, the
 // whole model through the cross-entropy, multi-head, grouped-query and multi-query attention, tied and untied heads),
 // names, shapes, errors, the fused q/k/v parameter's tensor-parallel parts; through the trainer, tensor (and sequence)
-// parallelism against one rank, checkpoints across tensor-parallel degrees, the collectives a block makes, and
-// dml::cost's exact bytes.
+// parallelism and context parallelism (ring attention, zig-zag and contiguous) against one rank, checkpoints across
+// tensor-parallel degrees, the collectives a block makes, and dml::cost's exact bytes.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -213,13 +213,16 @@ TEST_CASE("llama: configuration and split errors name what was expected and what
   nn::llama_embedding e(tiny(2));
   CHECK_THROWS_WITH_AS(e.set_split({.ranks = 2}), doctest::Contains("the vocabulary divisible by 2, found 11"),
                        invalid_argument);
-  // Context parallelism is refused by every layer.
+  // Context parallelism: a rank's chunks of each sequence, which must cut into 2·cp chunks (zig-zag) or cp.
   auto model = nn::llama(tiny(2));
-  CHECK_THROWS_WITH_AS(nn::set_context_split(model, {.ranks = 2}),
-                       doctest::Contains("expected context_parallel 1 (ring attention has no grouped-query form yet), "
-                                         "found context_parallel 2"),
-                       invalid_argument);
-  CHECK_NOTHROW(nn::set_context_split(model, {.ranks = 1}));
+  nn::set_context_split(model, {.ranks = 2, .rank = 1});
+  CHECK(std::get<0>(model.layers).output_shape({3, 4}) == shape{3, 2, 16});
+  CHECK(model.output_shape({3, 4}) == shape{3, 2, 11});
+  CHECK_THROWS_WITH_AS(model.output_shape({3, 6}),
+                       doctest::Contains("context parallelism over 2 ranks (zig-zag) needs T divisible by 4, found T = 6"),
+                       shape_error);
+  nn::set_context_split(model, {.ranks = 2, .rank = 1, .zigzag = false});
+  CHECK(model.output_shape({3, 6}) == shape{3, 3, 11});
   // Token ids outside the vocabulary.
   llama_net net(nn::llama(tiny(2)), 1);
   const std::vector<float> ids{1, 2, 11, 0};
@@ -268,7 +271,9 @@ struct run_layout {
   bool sp = false;
   std::string schedule{};
   bool documents = false;  // packed rows: each row cut into documents (document_starts)
-  int size() const { return tp * pp; }
+  int cp = 1;              // context parallel: cp ranks (the whole data-parallel group) hold chunks of every row
+  bool zigzag = true;
+  int size() const { return tp * pp * cp; }
 };
 constexpr std::int64_t train_batch = 4, train_seq = 16;
 constexpr int train_steps = 20;
@@ -300,6 +305,8 @@ run_result train_layout(const run_layout& l, const nn::llama_config& g, int firs
     o.tensor_parallel = l.tp;
     o.sequence_parallel = l.sp;
     o.pipeline_stages = l.pp;
+    o.context_parallel = l.cp;
+    o.cp_zigzag = l.zigzag;
     o.schedule = l.schedule;
     o.micro_batches = l.pp > 1 ? 2 : 1;
     o.clip_norm = 0.5f;
@@ -369,13 +376,16 @@ TEST_CASE("llama under tensor parallelism (and sequence parallelism, and a split
   check_same(tied, train_layout({.tp = 2}, train_config(true)), "tied, tp 2");
 }
 
-TEST_CASE("llama under tp and sp: the trainer's model states and peak activations equal dml::cost's exact bytes") {
+TEST_CASE("llama under tp, sp and cp: the trainer's model states and peak activations equal dml::cost's exact bytes") {
   const auto g = train_config();
-  for (const run_layout& l : {run_layout{}, run_layout{.tp = 2}, run_layout{.tp = 2, .sp = true}}) {
+  for (const run_layout& l : {run_layout{}, run_layout{.tp = 2}, run_layout{.tp = 2, .sp = true}, run_layout{.cp = 2},
+                              run_layout{.tp = 2, .sp = true, .cp = 2}}) {
     CAPTURE(l.tp);
     CAPTURE(l.sp);
+    CAPTURE(l.cp);
     auto part = nn::llama(g);
     if (l.tp > 1) nn::set_tensor_split(part, {.ranks = l.tp, .rank = 0, .sequence = l.sp});
+    if (l.cp > 1) nn::set_context_split(part, {.ranks = l.cp, .rank = 0});
     const auto want = cost::model_states(part, {.zero = 0, .shards = {1, 1}});
     train::memory_report got;
     std::int64_t activations = 0;
@@ -383,6 +393,7 @@ TEST_CASE("llama under tp and sp: the trainer's model states and peak activation
       train::trainer_options o;
       o.tensor_parallel = l.tp;
       o.sequence_parallel = l.sp;
+      o.context_parallel = l.cp;
       trainer<parallel::replicate, optim::adamw> t(c, nn::llama(g), o);
       std::vector<float> x(static_cast<std::size_t>(train_batch * train_seq));
       std::vector<std::int32_t> y(x.size());
@@ -425,18 +436,27 @@ TEST_CASE("llama checkpoints written under tensor parallelism resume on one rank
   }
 }
 
-TEST_CASE("llama: a trainer refuses context parallelism and a tensor-parallel degree that does not split kv_heads") {
+TEST_CASE("llama: a trainer refuses a tensor-parallel degree that does not split kv_heads") {
   const auto build = [](int ranks, train::trainer_options o, const nn::llama_config& g) {
     comm::local::run(ranks, [&](comm::local& c) { trainer<parallel::replicate, optim::adamw> t(c, nn::llama(g), o); });
   };
-  train::trainer_options cp;
-  cp.context_parallel = 2;
-  CHECK_THROWS_WITH_AS(build(2, cp, train_config()), doctest::Contains("ring attention has no grouped-query form yet"),
-                       invalid_argument);
   train::trainer_options tp;
   tp.tensor_parallel = 4;
   CHECK_THROWS_WITH_AS(build(4, tp, train_config()), doctest::Contains("the key/value heads divisible by 4, found 2"),
                        invalid_argument);
+}
+
+TEST_CASE("llama under context parallelism (ring attention, zig-zag and contiguous, and with tp) gives one rank's training") {
+  // Grouped-query heads (8 query heads, 2 key/value heads): the ring passes K/V of the 2, RoPE turns each token by
+  // its place in the whole sequence. Seen: losses to 1.0e-7 relative, gradient norms 1.1e-7, parameters 8.5e-7.
+  const auto g = train_config();
+  const auto one = train_layout({}, g);
+  check_same(one, train_layout({.cp = 2}, g), "cp 2 zig-zag");
+  check_same(one, train_layout({.cp = 2, .zigzag = false}, g), "cp 2 contiguous");
+  check_same(one, train_layout({.tp = 2, .cp = 2}, g), "cp 2 tp 2 zig-zag");
+  check_same(one, train_layout({.tp = 2, .sp = true, .cp = 2, .zigzag = false}, g), "cp 2 tp 2 sp contiguous");
+  const auto tied = train_layout({}, train_config(true));
+  check_same(tied, train_layout({.cp = 2}, train_config(true)), "tied, cp 2");
 }
 
 TEST_CASE("llama with document masks: layouts give one rank's training, and masks change what is trained") {

@@ -12,8 +12,10 @@
 // parameter of its own tied to model.embed_tokens.weight (param_spec::tied_to), as nn::gpt's is.
 //
 // Tensor parallelism: the embedding and LM head are vocabulary-parallel, the blocks split heads (query and key/value
-// alike: tensor_parallel must divide kv_heads) and ffn_hidden. Sequence parallelism as nn::gpt. Context parallelism
-// is refused (ring attention has no grouped-query form yet).
+// alike: tensor_parallel must divide kv_heads) and ffn_hidden. Sequence and context parallelism as nn::gpt: under
+// context parallelism the embedding hands each rank its chunks of the sequences, the blocks rotate q and k by each
+// token's position in the whole sequence and attend through the ring (grouped-query K/V blocks), and the head works on
+// the rank's tokens.
 #pragma once
 
 #include <concepts>
@@ -37,9 +39,10 @@
 
 namespace dml::nn {
 
-// Token embedding: ids [B, T] (floats) → [B, T, C] ([B, T/p, C] sequence-parallel); no positions (the blocks rotate
-// q and k instead). model.embed_tokens.weight is vocabulary-parallel: a rank holds rows [r·V/p, (r+1)·V/p), looks
-// up the ids it holds and the group sums (one all-reduce, or reduce-scatter under sequence parallelism).
+// Token embedding: ids [B, T] (floats) → [B, T, C] ([B, T/p, C] sequence-parallel; T/cp of each sequence, the
+// rank's chunks, under context parallelism); no positions (the blocks rotate q and k instead).
+// model.embed_tokens.weight is vocabulary-parallel: a rank holds rows [r·V/p, (r+1)·V/p), looks up the ids it holds
+// and the group sums (one all-reduce, or reduce-scatter under sequence parallelism).
 struct llama_embedding : detail::split_part {
   static constexpr std::int64_t static_in = dynamic;
   static constexpr std::int64_t static_out = dynamic;
@@ -47,6 +50,7 @@ struct llama_embedding : detail::split_part {
   static constexpr bool float_input = true;
   std::string prefix;  // parameters are "model.embed_tokens.weight"
   std::int64_t vocab = 0, seq = 0, dim = 0;
+  context_split cp{};  // context parallel: the ids are whole sequences, the output this rank's chunks of them
 
   explicit llama_embedding(const llama_config& g) : vocab(g.vocab), seq(g.seq), dim(g.d_model) { g.validate(); }
   void set_split(tensor_split s) {
@@ -54,7 +58,7 @@ struct llama_embedding : detail::split_part {
     check_split(kind);
     check_divides(kind, "the vocabulary", vocab, s.ranks);
   }
-  void set_context_split(context_split s) const { detail::refuse_context_split(kind, s); }
+  void set_context_split(context_split s) { cp = s; }
   std::int64_t input_width() const { return seq; }
 
   std::vector<param_spec> parameters() const {
@@ -63,20 +67,25 @@ struct llama_embedding : detail::split_part {
   dml::shape output_shape(dml::shape x) const {
     if (x.rank != 2 || x[1] < 1 || x[1] > seq)
       fail<shape_error>("dml::nn::llama_embedding: expected token ids [batch, T] with 1 <= T <= ", seq, ", found shape ", x);
-    if (sequence() && x[1] % ranks() != 0)
-      fail<shape_error>("dml::nn::llama_embedding: sequence parallelism over ", ranks(), " ranks needs T divisible by ",
-                        ranks(), ", found ", x[1]);
-    return {x[0], sequence() ? x[1] / ranks() : x[1], dim};
+    const std::int64_t chunks = cp.ranks * (cp.zigzag && cp.ranks > 1 ? 2 : 1);
+    if (x[1] % chunks != 0)
+      fail<shape_error>("dml::nn::llama_embedding: context parallelism over ", cp.ranks, " ranks",
+                        cp.zigzag ? " (zig-zag)" : "", " needs T divisible by ", chunks, ", found T = ", x[1]);
+    const std::int64_t t = x[1] / cp.ranks;
+    if (sequence() && t % ranks() != 0)
+      fail<shape_error>("dml::nn::llama_embedding: sequence parallelism over ", ranks(), " ranks needs T",
+                        cp.ranks > 1 ? " / cp" : "", " divisible by ", ranks(), ", found ", t);
+    return {x[0], sequence() ? t / ranks() : t, dim};
   }
-  // Under sequence parallelism every token's lookups (forward) and every token's gradient (backward).
-  std::int64_t workspace_size(dml::shape x) const { return sequence() ? x.numel() * dim : 0; }
+  // Under sequence parallelism every local token's lookups (forward) and every local token's gradient (backward).
+  std::int64_t workspace_size(dml::shape x) const { return sequence() ? x.numel() / cp.ranks * dim : 0; }
 
   template <execution_space S, class Id, class T>
   void forward(const context& c, layer_params<T> p, tensor_view<const Id, S> x, tensor_view<T, S> y) const {
     static_assert(std::same_as<Id, float>, "dml::nn::llama_embedding: ids arrive as floats");
     check_group(kind, c, ranks());
     if constexpr (std::same_as<S, host>) check_ids(x);
-    const std::int64_t tokens = x.numel(), held = vocab / ranks();
+    const std::int64_t tokens = x.numel() / cp.ranks, held = vocab / ranks();
     T* all = sequence() ? reinterpret_cast<T*>(c.workspace) : y.data;
     detail::token_rows<S>(tokens, dim, kernels::embed_tokens<T>{x.data, p.w[0], nullptr, all, dim, held * split.rank, held,
                                                                 0, place(x.shape[1])});
@@ -87,12 +96,12 @@ struct llama_embedding : detail::split_part {
                 tensor_view<const T, S> dy, tensor_view<Dx, S>) const {
     const std::int64_t held = vocab / ranks();
     const T* all = gather(c, dy.data, reinterpret_cast<T*>(c.workspace), dy.rows() * dim);
-    detail::embed_wte_grad_rows<S>(kernels::embed_wte_grad<T>{x.data, all, p.g[0], x.numel(), dim, held * split.rank,
-                                                              held, c.accumulate, place(x.shape[1])});
+    detail::embed_wte_grad_rows<S>(kernels::embed_wte_grad<T>{x.data, all, p.g[0], x.numel() / cp.ranks, dim,
+                                                              held * split.rank, held, c.accumulate, place(x.shape[1])});
   }
 
  private:
-  static kernels::token_place place(std::int64_t t) { return {t, t}; }
+  kernels::token_place place(std::int64_t t) const { return {t, t / cp.ranks, cp}; }
   template <class Id>
   void check_ids(tensor_view<const Id, host> x) const {
     for (std::int64_t t = 0; t < x.numel(); ++t) {
@@ -124,7 +133,6 @@ struct llama_head : detail::split_part {
     check_split(kind);
     check_divides(kind, "the vocabulary", vocab, s.ranks);
   }
-  void set_context_split(context_split s) const { detail::refuse_context_split(kind, s); }
   std::vector<param_spec> parameters() const {
     return {{"model.norm.weight", {dim}, init_kind::ones, 0.f, 0.f, {}, sequence()},
             {"lm_head.weight", {vocab / ranks(), dim}, init_kind::normal, 0.f, 0.02f, shard(vocab, dim, 0), false,

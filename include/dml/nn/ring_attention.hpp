@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// dml/nn/ring_attention.hpp — ring attention for context parallelism: K/V blocks travel a ring of ranks, each
-// rank attends its own queries to every block with an online softmax. Sits on nn/attention.hpp and nn/rank_group.hpp.
+// dml/nn/ring_attention.hpp — ring attention for context parallelism: K/V blocks (of the key/value heads alone, under
+// grouped-query attention) travel a ring of ranks; each rank attends its own queries to every block with tile
+// attention's kernels and merges the blocks' outputs by their log-sum-exps. Sits on nn/tile_attention.hpp and
+// nn/rank_group.hpp.
 #pragma once
 
 #include <cmath>
@@ -12,13 +14,12 @@
 #include "dml/core/cast.hpp"
 #include "dml/core/dtype.hpp"
 #include "dml/core/error.hpp"
-#include "dml/core/gemm.hpp"
-#include "dml/core/math.hpp"
 #include "dml/core/space.hpp"
 #include "dml/nn/attention.hpp"
 #include "dml/nn/detail/rows.hpp"
 #include "dml/nn/layer.hpp"
 #include "dml/nn/rank_group.hpp"
+#include "dml/nn/tile_attention.hpp"
 
 namespace dml::nn {
 
@@ -43,24 +44,28 @@ inline void check_cp_layout(const cp_layout& at, std::int64_t seq) {
 }
 
 // One ring attention call. seq is the whole sequence (T); each rank holds seq / ranks tokens of each of batch
-// sequences. Without `causal` every query sees every key.
+// sequences. Grouped-query heads as tile attention's (nn/tile_attention.hpp): query head h reads key/value head
+// h / (heads / kv_heads); kv_heads = 0 means heads. Without `causal` every query sees every key.
 struct ring_attention_shape {
-  std::int64_t batch = 0, seq = 0, heads = 0, head_dim = 0;
+  std::int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
   bool causal = true;
-  std::int64_t width() const { return heads * head_dim; }
+  std::int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
+  std::int64_t width() const { return heads * head_dim; }                // y's row width
+  std::int64_t row() const { return (heads + 2 * kv()) * head_dim; }    // qkv's row stride
 };
 
 namespace detail {
-// What the sizes below are made of, in elements: kv, one travelling K|V block [batch, seq_local, 2·width];
-// rows, one float per (batch, head, local query); acc, the float output accumulator [batch, seq_local, width];
-// block, one (batch, head)'s scores of the local queries against a key block.
+// What the sizes below are made of, in elements: local, a rank's tokens of a sequence; kv, one travelling K|V block
+// [batch, local, 2·kv_heads·head_dim]; rows, one float per (batch, head, local query); out, [batch, local, width];
+// qkv, [batch, local, row]: a step's queries beside the key block it attends to.
 struct ring_parts {
-  std::int64_t local, kv, rows, acc, block;
+  std::int64_t local, kv, rows, out, qkv;
   bool ring;
 };
 inline ring_parts ring_parts_of(const ring_attention_shape& s, const cp_layout& at) {
-  const std::int64_t ranks = at.ranks < 1 ? 1 : at.ranks, n = s.seq / ranks, w = s.heads * s.head_dim;
-  return {n, s.batch * n * 2 * w, s.batch * s.heads * n, s.batch * n * w, n * n, ranks > 1};
+  const std::int64_t ranks = at.ranks < 1 ? 1 : at.ranks, n = s.seq / ranks;
+  return {n, s.batch * n * 2 * s.kv() * s.head_dim, s.batch * s.heads * n, s.batch * n * s.width(), s.batch * n * s.row(),
+          ranks > 1};
 }
 // Float parts live in the T workspace at two elements each (exact for a 16-bit T, spare for float), so one
 // size serves every T; the slack covers aligning them when a 16-bit T's workspace starts off a 4-byte boundary.
@@ -74,37 +79,23 @@ inline std::int64_t ring_attention_saved_size(const ring_attention_shape& s, con
 }
 
 // Elements of T scratch that forward and backward each need (the larger of the two, enough for any float_like
-// T). Forward: the running softmax sums and the float output accumulator, two K/V receive buffers (double
-// buffering; none on one rank) and one block of scores. Backward: D = rowsum(dy ⊙ y), two K/V and two dK/dV
-// travelling buffers (none on one rank) and two blocks (P and dP, then dS).
+// T); linear in the local tokens, as tile attention's. On one rank: tile attention's backward workspace. On a
+// ring, forward: the running output in float, a step's output and log-sum-exp, two K/V receive buffers (double
+// buffering) and a step's q|k|v rows; backward: D = rowsum(dy ⊙ y) and the tiles' dQ sums in float, two K/V and two
+// dK/dV travelling buffers, a step's q|k|v rows and their gradients.
 inline std::int64_t ring_attention_workspace_size(const ring_attention_shape& s, const cp_layout& at) {
   const auto p = detail::ring_parts_of(s, at);
   const std::int64_t f = detail::ring_float_elements;
-  const std::int64_t forward = f * (p.rows + p.acc) + (p.ring ? 2 * p.kv : 0) + p.block;
-  const std::int64_t backward = f * p.rows + (p.ring ? 4 * p.kv : 0) + 2 * p.block;
+  const std::int64_t tiles = f * (p.rows + p.out);
+  const std::int64_t forward = p.ring ? tiles + p.out + 2 * p.kv + p.qkv : 0;
+  const std::int64_t backward = tiles + (p.ring ? 4 * p.kv + 2 * p.qkv : 0);
   return (forward > backward ? forward : backward) + detail::ring_align_slack;
 }
 
 namespace kernels {
-// A rank's local tokens as at most two runs of consecutive positions (the zig-zag's two chunks), each `length`
-// long: local indices local[s]..local[s]+length hold positions global[s]... Masks and block skipping work on runs.
-struct cp_runs {
-  int count = 1;
-  std::int64_t length = 0;
-  std::int64_t local[2] = {0, 0}, global[2] = {0, 0};
-  DML_HOST_DEVICE std::int64_t position(std::int64_t i) const {
-    const int r = (count == 2 && i >= local[1]) ? 1 : 0;
-    return global[r] + (i - local[r]);
-  }
-  // How many keys of run r (from its start) a query at position q sees.
-  DML_HOST_DEVICE std::int64_t visible(int r, std::int64_t q, bool causal) const {
-    if (!causal) return length;
-    const std::int64_t c = q - global[r] + 1;
-    return c < 0 ? 0 : (c > length ? length : c);
-  }
-};
-DML_HOST_DEVICE cp_runs cp_runs_of(const cp_layout& at, std::int64_t seq) {
-  cp_runs r;
+// Where a rank's local tokens sit in each sequence: the zig-zag's two chunks, or one.
+DML_HOST_DEVICE position_runs cp_runs_of(const cp_layout& at, std::int64_t seq) {
+  position_runs r;
   const std::int64_t ranks = at.ranks < 1 ? 1 : at.ranks, n = seq / ranks;
   if (ranks > 1 && at.zigzag) {
     r.count = 2;
@@ -119,157 +110,57 @@ DML_HOST_DEVICE cp_runs cp_runs_of(const cp_layout& at, std::int64_t seq) {
   return r;
 }
 
-inline constexpr float ring_no_max = -3.0e38f;  // running max of a row that has seen no key yet
-
-// One row of the online softmax, for local query i of one (batch, head), against one key block. On entry the
-// row of s holds the raw scores q·kᵀ where some key is visible (elsewhere anything); on exit it holds
-// p = exp(scale·score − m_new), 0 where masked. The running max and sum move to m_new, and the row's output
-// accumulator is rescaled by exp(m_old − m_new) so that acc += P·V keeps it consistent.
+// Folds one key block's attention (y, lse of the step) into the running one (acc in float, lse) of row
+// r = (b·heads + h)·n + i: both are softmax-weighted means, so their mix by the exponentials of the log-sum-exps is
+// the attention over the keys of both. A row that sees no key of the block (lse −inf) keeps what it has.
 template <class T>
-struct ring_forward_row {
-  T* s;
-  float *mx, *sum, *acc;
-  std::int64_t n, ld_acc, hd;
-  cp_runs q, k;
-  bool causal;
-  float scale;
-  DML_HOST_DEVICE void operator()(std::int64_t i) const {
-    T* row = s + i * n;
-    const std::int64_t pos = q.position(i);
-    std::int64_t vis[2] = {0, 0};
-    float blk = ring_no_max;
-    for (int r = 0; r < k.count; ++r) {
-      vis[r] = k.visible(r, pos, causal);
-      const T* kr = row + k.local[r];
-      const std::int64_t v = vis[r];
-      DML_SIMD_MAX(blk)
-      for (std::int64_t j = 0; j < v; ++j) blk = attention_max(blk, scale * static_cast<float>(kr[j]));
-    }
-    if (vis[0] + vis[1] == 0) {  // nothing visible in this block: the row takes no part in acc += P·V
-      for (std::int64_t j = 0; j < n; ++j) row[j] = T(0.f);
-      return;
-    }
-    const float old_sum = sum[i], old_max = mx[i];
-    const float m = old_sum > 0.f ? attention_max(old_max, blk) : blk;
-    const float alpha = old_sum > 0.f ? fast_exp(old_max - m) : 0.f;
-    float add = 0.f;
-    for (int r = 0; r < k.count; ++r) {
-      T* kr = row + k.local[r];
-      const std::int64_t v = vis[r];
-      DML_SIMD_SUM(add)
-      for (std::int64_t j = 0; j < v; ++j) {
-        const float p = static_cast<float>(round_to<T>(fast_exp(scale * static_cast<float>(kr[j]) - m)));
-        kr[j] = round_to<T>(p);  // exact: p is a T's value (a float, not a T, so that the loop vectorises)
-        add += p;  // the sum of what P·V multiplies, so y = acc / sum is a convex mix
-      }
-      for (std::int64_t j = v; j < k.length; ++j) kr[j] = T(0.f);
-    }
-    mx[i] = m;
-    sum[i] = old_sum * alpha + add;
-    float* a = acc + i * ld_acc;
-    DML_SIMD
-    for (std::int64_t d = 0; d < hd; ++d) a[d] *= alpha;
-  }
-};
-
-// y = acc / sum and lse = max + log(sum), for row r = (b·heads + h)·n + i; lse holds the running max on entry.
-template <class T>
-struct ring_forward_finish {
-  const float *acc, *sum;
-  float* lse;
-  T* y;
+struct ring_merge {
+  const T* y;
+  const float* step_lse;
+  float *acc, *lse;
   std::int64_t n, heads, hd;
   DML_HOST_DEVICE void operator()(std::int64_t r) const {
-    const std::int64_t i = r % n, h = (r / n) % heads, b = r / (n * heads), w = heads * hd;
-    const std::int64_t at = (b * n + i) * w + h * hd;
-    const float l = sum[r], inv = l > 0.f ? 1.f / l : 0.f;
-    for (std::int64_t d = 0; d < hd; ++d) y[at + d] = T(acc[at + d] * inv);
-    lse[r] = l > 0.f ? lse[r] + logf(l) : ring_no_max;
+    const float b = step_lse[r], a = lse[r];
+    if (!(b > attention_no_key)) return;
+    const float m = a > b ? a : b, l = m + logf(expf(a - m) + expf(b - m));
+    const float wa = expf(a - l), wb = expf(b - l);
+    const std::int64_t i = r % n, h = (r / n) % heads, at = (r / (n * heads) * n + i) * heads * hd + h * hd;
+    for (std::int64_t d = 0; d < hd; ++d) acc[at + d] = wa * acc[at + d] + wb * static_cast<float>(y[at + d]);
+    lse[r] = l;
   }
 };
 
-// D[r] = Σ_d dy·y over row r's head: the softmax backward's row term, computed once instead of per block.
+// Columns [0, cols) of rows of stride from_ld copied (or added) onto rows of stride to_ld.
 template <class T>
-struct ring_backward_dot {
-  const T *y, *dy;
-  float* dot;
-  std::int64_t n, heads, hd;
-  DML_HOST_DEVICE void operator()(std::int64_t r) const {
-    const std::int64_t i = r % n, h = (r / n) % heads, b = r / (n * heads);
-    const std::int64_t at = (b * n + i) * heads * hd + h * hd;
-    float acc = 0.f;
-    for (std::int64_t d = 0; d < hd; ++d) acc += static_cast<float>(dy[at + d]) * static_cast<float>(y[at + d]);
-    dot[r] = acc;
+struct ring_columns {
+  const T* from;
+  T* to;
+  std::int64_t cols, from_ld, to_ld;
+  bool add;
+  DML_HOST_DEVICE void operator()(std::int64_t e) const {
+    const std::int64_t r = e / cols, j = e % cols;
+    T& x = to[r * to_ld + j];
+    x = add ? round_to<T>(static_cast<float>(x) + static_cast<float>(from[r * from_ld + j])) : from[r * from_ld + j];
   }
-};
-
-// One row for backward: p holds the recomputed scores, d holds dP = dy·vᵀ; on exit p = exp(scale·s − lse) and
-// d = dS = p·(dP − D)·scale, both 0 where masked (masked entries are never read: they may hold anything).
-template <class T>
-struct ring_backward_row {
-  T *p, *d;
-  const float *lse, *dot;
-  std::int64_t n;
-  cp_runs q, k;
-  bool causal;
-  float scale;
-  DML_HOST_DEVICE void operator()(std::int64_t i) const {
-    const std::int64_t pos = q.position(i);
-    const float l = lse[i], D = dot[i];
-    for (int r = 0; r < k.count; ++r) {
-      T* pr = p + i * n + k.local[r];
-      T* dr = d + i * n + k.local[r];
-      const std::int64_t v = k.visible(r, pos, causal);
+  // Row r whole (detail::token_rows: the host's form, no division per element).
+  DML_HOST_DEVICE void row(std::int64_t r) const {
+    const T* a = from + r * from_ld;
+    T* b = to + r * to_ld;
+    if (add) {
       DML_SIMD
-      for (std::int64_t j = 0; j < v; ++j) {
-        const float pj = static_cast<float>(round_to<T>(fast_exp(scale * static_cast<float>(pr[j]) - l)));
-        pr[j] = round_to<T>(pj);  // exact, as in ring_forward_block
-        dr[j] = round_to<T>(attention_softmax_grad(pj, static_cast<float>(dr[j]), D, scale));
-      }
-      for (std::int64_t j = v; j < k.length; ++j) pr[j] = dr[j] = T(0.f);
+      for (std::int64_t j = 0; j < cols; ++j) b[j] = round_to<T>(static_cast<float>(b[j]) + static_cast<float>(a[j]));
+    } else {
+      DML_SIMD
+      for (std::int64_t j = 0; j < cols; ++j) b[j] = a[j];
     }
   }
 };
-
-// The k|v columns of qkv rows (stride 3w) packed into rows of 2w, and dK|dV back into dqkv's k|v columns.
+// y = the running output, rounded to T.
 template <class T>
-struct ring_pack_kv {
-  const T* qkv;
-  T* kv;
-  std::int64_t w;
-  DML_HOST_DEVICE void operator()(std::int64_t e) const { kv[e] = qkv[(e / (2 * w)) * 3 * w + w + e % (2 * w)]; }
-  // Token r's K and V whole (detail::token_rows: the host's form, no division per element).
-  DML_HOST_DEVICE void row(std::int64_t r) const {
-    const T* from = qkv + r * 3 * w + w;
-    T* to = kv + r * 2 * w;
-    DML_SIMD
-    for (std::int64_t j = 0; j < 2 * w; ++j) to[j] = from[j];
-  }
-};
-template <class T>
-struct ring_unpack_dkv {
-  const T* dkv;
-  T* dqkv;
-  std::int64_t w;
-  DML_HOST_DEVICE void operator()(std::int64_t e) const { dqkv[(e / (2 * w)) * 3 * w + w + e % (2 * w)] = dkv[e]; }
-  DML_HOST_DEVICE void row(std::int64_t r) const {
-    const T* from = dkv + r * 2 * w;
-    T* to = dqkv + r * 3 * w + w;
-    DML_SIMD
-    for (std::int64_t j = 0; j < 2 * w; ++j) to[j] = from[j];
-  }
-};
-// Columns [0, cols) of rows of stride ld set to 0.
-template <class T>
-struct ring_zero_columns {
-  T* p;
-  std::int64_t cols, ld;
-  DML_HOST_DEVICE void operator()(std::int64_t e) const { p[(e / cols) * ld + e % cols] = T(0.f); }
-  DML_HOST_DEVICE void row(std::int64_t r) const {
-    T* to = p + r * ld;
-    DML_SIMD
-    for (std::int64_t j = 0; j < cols; ++j) to[j] = T(0.f);
-  }
+struct ring_to_t {
+  const float* acc;
+  T* y;
+  DML_HOST_DEVICE void operator()(std::int64_t e) const { y[e] = T(acc[e]); }
 };
 }  // namespace kernels
 
@@ -301,6 +192,8 @@ inline void check_ring_call(const char* what, const ring_attention_shape& s, con
   positive("seq", s.seq);
   positive("heads", s.heads);
   positive("head_dim", s.head_dim);
+  if (s.kv_heads < 0 || s.heads % s.kv() != 0)
+    fail<invalid_argument>(what, ": expected kv_heads dividing heads = ", s.heads, ", found kv_heads = ", s.kv_heads);
   check_cp_layout(at, s.seq);
   if (at.ranks > ring_max_ranks)
     fail<invalid_argument>(what, ": expected at most ", ring_max_ranks, " context-parallel ranks, found ", at.ranks);
@@ -312,100 +205,41 @@ inline void check_ring_call(const char* what, const ring_attention_shape& s, con
 }
 
 // Query run a against key run b of one block: skipped when the causal mask hides all of it.
-inline bool ring_pair_visible(const kernels::cp_runs& q, int a, const kernels::cp_runs& k, int b, bool causal) {
+inline bool ring_pair_visible(const kernels::position_runs& q, int a, const kernels::position_runs& k, int b, bool causal) {
   return !causal || k.global[b] <= q.global[a] + q.length - 1;
 }
-inline bool ring_block_visible(const kernels::cp_runs& q, const kernels::cp_runs& k, bool causal) {
+inline bool ring_block_visible(const kernels::position_runs& q, const kernels::position_runs& k, bool causal) {
   for (int a = 0; a < q.count; ++a)
     for (int b = 0; b < k.count; ++b)
       if (ring_pair_visible(q, a, k, b, causal)) return true;
   return false;
 }
 
-// Attends every local query to one key block (keys at k + j·ldk, values at v + j·ldk, laid out as the runs of
-// kr), updating the running max (in lse), sum and accumulator. sc: one block of scratch.
-template <execution_space S, class T>
-void ring_forward_block(const ring_attention_shape& s, std::int64_t n, const kernels::cp_runs& qr,
-                        const kernels::cp_runs& kr, const T* qkv, const T* k, const T* v, std::int64_t ldk, float* lse,
-                        float* sum, float* acc, T* sc) {
-  if (!ring_block_visible(qr, kr, s.causal)) return;
-  const std::int64_t hd = s.head_dim, w = s.width(), ld = 3 * w, L = qr.length;
-  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
-  for (std::int64_t b = 0; b < s.batch; ++b)
-    for (std::int64_t h = 0; h < s.heads; ++h) {
-      const T* qb = qkv + b * n * ld + h * hd;
-      const T* kb = k + b * n * ldk + h * hd;
-      const T* vb = v + b * n * ldk + h * hd;
-      float* ab = acc + b * n * w + h * hd;
-      const std::int64_t row0 = (b * s.heads + h) * n;
-      // Scores of the visible run pairs only; q and k are read in place through their row strides.
-      for (int x = 0; x < qr.count; ++x)
-        for (int y = 0; y < kr.count; ++y)
-          if (ring_pair_visible(qr, x, kr, y, s.causal))
-            gemm<S>(gemm_args{.ta = trans::n, .tb = trans::t, .m = L, .n = kr.length, .k = hd,
-                              .a = qb + qr.local[x] * ld, .lda = ld, .b = kb + kr.local[y] * ldk, .ldb = ldk,
-                              .c = sc + qr.local[x] * n + kr.local[y], .ldc = n});
-      for_each_row<S>(n, kernels::ring_forward_row<T>{sc, lse + row0, sum + row0, ab, n, w, hd, qr, kr, s.causal, scale});
-      for (int x = 0; x < qr.count; ++x)
-        for (int y = 0; y < kr.count; ++y)
-          if (ring_pair_visible(qr, x, kr, y, s.causal))
-            gemm<S>(gemm_args{.m = L, .n = hd, .k = kr.length, .a = sc + qr.local[x] * n + kr.local[y], .lda = n,
-                              .b = vb + kr.local[y] * ldk, .ldb = ldk, .c = ab + qr.local[x] * w, .ldc = w,
-                              .beta = 1.f});
-    }
+// The tile shape of one step: the local queries against a key block of as many tokens.
+inline tile_attention_shape ring_step_shape(const ring_attention_shape& s, std::int64_t n) {
+  return {.batch = s.batch, .seq = n, .heads = s.heads, .kv_heads = s.kv(), .head_dim = s.head_dim, .causal = s.causal};
 }
-
-// Backward against one key block: dQ (in dqkv's q columns, stride 3w) and this block's dK|dV (at dk + j·lddk,
-// dv likewise) accumulate. p, d: two blocks of scratch.
+inline kernels::attention_mask ring_step_mask(const ring_attention_shape& s, std::int64_t n, const kernels::position_runs& q,
+                                              const kernels::position_runs& k) {
+  return {.doc = nullptr, .seq = n, .causal = s.causal, .runs = true, .q = q, .k = k};
+}
+// A step's q|k|v rows: the local queries (copied when `queries`, once a pass), beside the key block kv.
 template <execution_space S, class T>
-void ring_backward_block(const ring_attention_shape& s, std::int64_t n, const kernels::cp_runs& qr,
-                         const kernels::cp_runs& kr, const T* qkv, const T* dy, const float* lse, const float* dot,
-                         const T* k, const T* v, std::int64_t ldk, T* dqkv, T* dk, T* dv, std::int64_t lddk, T* p, T* d) {
-  if (!ring_block_visible(qr, kr, s.causal)) return;
-  const std::int64_t hd = s.head_dim, w = s.width(), ld = 3 * w, L = qr.length, M = kr.length;
-  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
-  for (std::int64_t b = 0; b < s.batch; ++b)
-    for (std::int64_t h = 0; h < s.heads; ++h) {
-      const T* qb = qkv + b * n * ld + h * hd;
-      const T* kb = k + b * n * ldk + h * hd;
-      const T* vb = v + b * n * ldk + h * hd;
-      const T* gb = dy + b * n * w + h * hd;
-      T* dqb = dqkv + b * n * ld + h * hd;
-      T* dkb = dk + b * n * lddk + h * hd;
-      T* dvb = dv + b * n * lddk + h * hd;
-      const std::int64_t row0 = (b * s.heads + h) * n;
-      for (int x = 0; x < qr.count; ++x)
-        for (int y = 0; y < kr.count; ++y)
-          if (ring_pair_visible(qr, x, kr, y, s.causal)) {
-            const std::int64_t qo = qr.local[x], ko = kr.local[y];
-            gemm<S>(gemm_args{.ta = trans::n, .tb = trans::t, .m = L, .n = M, .k = hd, .a = qb + qo * ld, .lda = ld,
-                              .b = kb + ko * ldk, .ldb = ldk, .c = p + qo * n + ko, .ldc = n});
-            gemm<S>(gemm_args{.ta = trans::n, .tb = trans::t, .m = L, .n = M, .k = hd, .a = gb + qo * w, .lda = w,
-                              .b = vb + ko * ldk, .ldb = ldk, .c = d + qo * n + ko, .ldc = n});
-          }
-      for_each_row<S>(n, kernels::ring_backward_row<T>{p, d, lse + row0, dot + row0, n, qr, kr, s.causal, scale});
-      for (int x = 0; x < qr.count; ++x)
-        for (int y = 0; y < kr.count; ++y)
-          if (ring_pair_visible(qr, x, kr, y, s.causal)) {
-            const std::int64_t qo = qr.local[x], ko = kr.local[y];
-            // dQ += dS·K, dK += dSᵀ·Q, dV += Pᵀ·dY
-            gemm<S>(gemm_args{.m = L, .n = hd, .k = M, .a = d + qo * n + ko, .lda = n, .b = kb + ko * ldk,
-                              .ldb = ldk, .c = dqb + qo * ld, .ldc = ld, .beta = 1.f});
-            gemm<S>(gemm_args{.ta = trans::t, .m = M, .n = hd, .k = L, .a = d + qo * n + ko, .lda = n,
-                              .b = qb + qo * ld, .ldb = ld, .c = dkb + ko * lddk, .ldc = lddk, .beta = 1.f});
-            gemm<S>(gemm_args{.ta = trans::t, .m = M, .n = hd, .k = L, .a = p + qo * n + ko, .lda = n,
-                              .b = gb + qo * w, .ldb = w, .c = dvb + ko * lddk, .ldc = lddk, .beta = 1.f});
-          }
-    }
+void ring_stage(const ring_attention_shape& s, std::int64_t n, const T* qkv, const T* kv, T* stage, bool queries) {
+  const std::int64_t rows = s.batch * n, qw = s.width(), kw = 2 * s.kv() * s.head_dim, ld = s.row();
+  if (queries) token_rows<S>(rows, qw, kernels::ring_columns<T>{qkv, stage, qw, ld, ld, false});
+  token_rows<S>(rows, kw, kernels::ring_columns<T>{kv, stage + qw, kw, kw, ld, false});
 }
 }  // namespace detail
 
-// y[b, i, h·hd + d] = Σ_s softmax_s(q·k / √hd, masked) · v[b, s, h·hd + d] over all seq positions s of the ring,
-// for this rank's local tokens i (positions cp_position(at, seq, i)); masked: key position > query position
-// when causal. qkv: [batch, seq/ranks, 3·width] as causal_attention_forward's; y: [batch, seq/ranks, width];
-// lse: ring_attention_saved_size floats [batch, heads, seq/ranks], for backward; workspace:
-// ring_attention_workspace_size elements. cp: the ring (null or one rank: the whole sequence is local).
-// Collective over cp: every rank of the ring calls it with the same shape.
+// y[b, i, h·hd + d] = Σ_s softmax_s(q·k / √hd, masked) · v[b, s, kvh·hd + d] over all seq positions s of the ring,
+// kvh = h / (heads / kv_heads), for this rank's local tokens i (positions cp_position(at, seq, i)); masked: key
+// position > query position when causal. qkv: [batch, seq/ranks, row()] as tile_attention_forward's; y: [batch,
+// seq/ranks, width]; lse: ring_attention_saved_size floats [batch, heads, seq/ranks], for backward; workspace:
+// ring_attention_workspace_size elements. cp: the ring (null or one rank: the whole sequence is local, and this is
+// tile attention). Each step attends the local queries to the key block at hand with tile attention's kernels and
+// folds its output into the running one by the log-sum-exps. Collective over cp: every rank of the ring calls it
+// with the same shape.
 template <execution_space S, float_like T>
 void ring_attention_forward(const ring_attention_shape& s, const cp_layout& at, rank_group* cp, const T* qkv, T* y,
                             float* lse, T* workspace) {
@@ -416,39 +250,50 @@ void ring_attention_forward(const ring_attention_shape& s, const cp_layout& at, 
   detail::check_attention_pointer(what, "lse", lse);
   detail::check_attention_pointer(what, "workspace", workspace);
   const auto z = detail::ring_parts_of(s, at);
-  const std::int64_t n = z.local, w = s.width();
-  detail::ring_carver carve{reinterpret_cast<std::byte*>(workspace)};
-  float* sum = carve.take<float>(z.rows);
-  float* acc = carve.take<float>(z.acc);
-  T* kv[2] = {z.ring ? carve.take<T>(z.kv) : nullptr, z.ring ? carve.take<T>(z.kv) : nullptr};
-  T* sc = carve.take<T>(z.block);
-  fill_n<S>(lse, z.rows, kernels::ring_no_max);  // the running max until finish turns it into the log-sum-exp
-  fill_n<S>(sum, z.rows, 0.f);
-  fill_n<S>(acc, z.acc, 0.f);
-  const auto qr = kernels::cp_runs_of(at, s.seq);
+  const std::int64_t n = z.local, ld = s.row(), kw = 2 * s.kv() * s.head_dim;
+  const auto ts = detail::ring_step_shape(s, n);
   if (!z.ring) {
-    detail::ring_forward_block<S>(s, n, qr, qr, qkv, qkv + w, qkv + 2 * w, 3 * w, lse, sum, acc, sc);
-  } else {
-    const int ranks = at.ranks, next = (at.rank + 1) % ranks, prev = (at.rank + ranks - 1) % ranks;
-    detail::token_rows<S>(z.kv / (2 * w), 2 * w, kernels::ring_pack_kv<T>{qkv, kv[0], w});
-    for (int step = 0; step < ranks; ++step) {
-      const int cur = step % 2;
-      // The next block is on its way while this one is used: post both transfers before computing.
-      group_request both;
-      if (step + 1 < ranks)
-        both = cp->isendrecv(static_cast<const T*>(kv[cur]), next, kv[1 - cur], prev, z.kv, detail::ring_forward_tag + step);
-      const cp_layout from{.ranks = ranks, .rank = (at.rank - step + ranks) % ranks, .zigzag = at.zigzag};
-      detail::ring_forward_block<S>(s, n, qr, kernels::cp_runs_of(from, s.seq), qkv, kv[cur], kv[cur] + w, 2 * w,
-                                    lse, sum, acc, sc);
-      both.wait();
-    }
+    detail::tile_forward<S>(ts, qkv, y, lse, kernels::attention_mask{nullptr, n, s.causal});
+    return;
   }
-  for_each_row<S>(z.rows, kernels::ring_forward_finish<T>{acc, sum, lse, y, n, s.heads, s.head_dim});
+  detail::ring_carver carve{reinterpret_cast<std::byte*>(workspace)};
+  float* acc = carve.take<float>(z.out);
+  float* step_lse = carve.take<float>(z.rows);
+  T* step_y = carve.take<T>(z.out);
+  T* kv[2] = {carve.take<T>(z.kv), carve.take<T>(z.kv)};
+  T* stage = carve.take<T>(z.qkv);
+  fill_n<S>(lse, z.rows, kernels::attention_no_key);
+  fill_n<S>(acc, z.out, 0.f);
+  const auto qr = kernels::cp_runs_of(at, s.seq);
+  const int ranks = at.ranks, next = (at.rank + 1) % ranks, prev = (at.rank + ranks - 1) % ranks;
+  detail::token_rows<S>(s.batch * n, kw, kernels::ring_columns<T>{qkv + s.width(), kv[0], kw, ld, kw, false});
+  bool staged = false;  // the stage's q columns hold the local queries
+  for (int step = 0; step < ranks; ++step) {
+    const int cur = step % 2;
+    // The next block is on its way while this one is used: post both transfers before computing.
+    group_request both;
+    if (step + 1 < ranks)
+      both = cp->isendrecv(static_cast<const T*>(kv[cur]), next, kv[1 - cur], prev, z.kv, detail::ring_forward_tag + step);
+    const cp_layout from{.ranks = ranks, .rank = (at.rank - step + ranks) % ranks, .zigzag = at.zigzag};
+    const auto kr = kernels::cp_runs_of(from, s.seq);
+    if (detail::ring_block_visible(qr, kr, s.causal)) {
+      if (step > 0) {
+        detail::ring_stage<S>(s, n, qkv, kv[cur], stage, !staged);
+        staged = true;
+      }
+      detail::tile_forward<S>(ts, step == 0 ? qkv : static_cast<const T*>(stage), step_y, step_lse,
+                              detail::ring_step_mask(s, n, qr, kr));
+      for_each_row<S>(z.rows, kernels::ring_merge<T>{step_y, step_lse, acc, lse, n, s.heads, s.head_dim}, s.head_dim);
+    }
+    both.wait();
+  }
+  for_each_index<S>(z.out, kernels::ring_to_t<T>{acc, y});
 }
 
-// Gradients of ring_attention_forward, recomputing each block's probabilities from lse (flash-attention style).
-// dy: [batch, seq/ranks, width]; writes (overwrites) dqkv [batch, seq/ranks, 3·width]. K/V travel the ring again
-// with their dK/dV accumulators, which come back to their owner after a full turn; dQ accumulates in place.
+// Gradients of ring_attention_forward, recomputing each step's probabilities from lse (tile attention's backward
+// with D = rowsum(dy ⊙ y) of the whole rows). dy: [batch, seq/ranks, width]; writes (overwrites) dqkv [batch,
+// seq/ranks, row()]. K/V travel the ring again with their dK/dV accumulators, which come back to their owner after a
+// full turn; dQ accumulates in place.
 template <execution_space S, float_like T>
 void ring_attention_backward(const ring_attention_shape& s, const cp_layout& at, rank_group* cp, const T* qkv,
                              const T* y, const float* lse, const T* dy, T* dqkv, T* workspace) {
@@ -461,25 +306,27 @@ void ring_attention_backward(const ring_attention_shape& s, const cp_layout& at,
   detail::check_attention_pointer(what, "dqkv", dqkv);
   detail::check_attention_pointer(what, "workspace", workspace);
   const auto z = detail::ring_parts_of(s, at);
-  const std::int64_t n = z.local, w = s.width();
+  const std::int64_t n = z.local, ld = s.row(), qw = s.width(), kw = 2 * s.kv() * s.head_dim;
+  const auto ts = detail::ring_step_shape(s, n);
   detail::ring_carver carve{reinterpret_cast<std::byte*>(workspace)};
   float* dot = carve.take<float>(z.rows);
-  T* kv[2] = {z.ring ? carve.take<T>(z.kv) : nullptr, z.ring ? carve.take<T>(z.kv) : nullptr};
-  T* dkv[2] = {z.ring ? carve.take<T>(z.kv) : nullptr, z.ring ? carve.take<T>(z.kv) : nullptr};
-  T* p = carve.take<T>(z.block);
-  T* d = carve.take<T>(z.block);
-  for_each_row<S>(z.rows, kernels::ring_backward_dot<T>{y, dy, dot, n, s.heads, s.head_dim});
-  const auto qr = kernels::cp_runs_of(at, s.seq);
+  float* dq = carve.take<float>(z.out);
+  for_each_row<S>(z.rows, detail::tile_backward_dot<T>{ts, y, dy, dot}, s.head_dim);
   if (!z.ring) {
-    fill_n<S>(dqkv, s.batch * n * 3 * w, T(0.f));
-    detail::ring_backward_block<S>(s, n, qr, qr, qkv, dy, lse, dot, qkv + w, qkv + 2 * w, 3 * w, dqkv, dqkv + w,
-                                   dqkv + 2 * w, 3 * w, p, d);
+    detail::tile_backward<S>(ts, qkv, lse, dot, dy, dqkv, dq, kernels::attention_mask{nullptr, n, s.causal});
     return;
   }
+  T* kv[2] = {carve.take<T>(z.kv), carve.take<T>(z.kv)};
+  T* dkv[2] = {carve.take<T>(z.kv), carve.take<T>(z.kv)};
+  T* stage = carve.take<T>(z.qkv);
+  T* dstage = carve.take<T>(z.qkv);
+  const auto qr = kernels::cp_runs_of(at, s.seq);
   const int ranks = at.ranks, next = (at.rank + 1) % ranks, prev = (at.rank + ranks - 1) % ranks;
-  detail::token_rows<S>(s.batch * n, w, kernels::ring_zero_columns<T>{dqkv, w, 3 * w});
-  detail::token_rows<S>(z.kv / (2 * w), 2 * w, kernels::ring_pack_kv<T>{qkv, kv[0], w});
+  const std::int64_t rows = s.batch * n;
+  fill_n<S>(dqkv, rows * ld, T(0.f));
+  detail::token_rows<S>(rows, kw, kernels::ring_columns<T>{qkv + qw, kv[0], kw, ld, kw, false});
   fill_n<S>(dkv[0], z.kv, T(0.f));
+  bool staged = false;  // the stage's q columns hold the local queries
   for (int step = 0; step < ranks; ++step) {
     const int cur = step % 2;
     const int kv_tag = detail::ring_backward_tag + 2 * step, dkv_tag = kv_tag + 1;
@@ -490,13 +337,22 @@ void ring_attention_backward(const ring_attention_shape& s, const cp_layout& at,
     if (step + 1 < ranks)
       kv_both = cp->isendrecv(static_cast<const T*>(kv[cur]), next, kv[1 - cur], prev, z.kv, kv_tag);
     const cp_layout from{.ranks = ranks, .rank = (at.rank - step + ranks) % ranks, .zigzag = at.zigzag};
-    detail::ring_backward_block<S>(s, n, qr, kernels::cp_runs_of(from, s.seq), qkv, dy, lse, dot, kv[cur],
-                                   kv[cur] + w, 2 * w, dqkv, dkv[cur], dkv[cur] + w, 2 * w, p, d);
+    const auto kr = kernels::cp_runs_of(from, s.seq);
+    if (detail::ring_block_visible(qr, kr, s.causal)) {
+      if (step > 0) {
+        detail::ring_stage<S>(s, n, qkv, kv[cur], stage, !staged);
+        staged = true;
+      }
+      detail::tile_backward<S>(ts, step == 0 ? qkv : static_cast<const T*>(stage), lse, dot, dy, dstage, dq,
+                               detail::ring_step_mask(s, n, qr, kr));
+      detail::token_rows<S>(rows, qw, kernels::ring_columns<T>{dstage, dqkv, qw, ld, ld, true});
+      detail::token_rows<S>(rows, kw, kernels::ring_columns<T>{dstage + qw, dkv[cur], kw, ld, kw, true});
+    }
     group_request dkv_both = cp->isendrecv(static_cast<const T*>(dkv[cur]), next, dkv[1 - cur], prev, z.kv, dkv_tag);
     kv_both.wait();
     dkv_both.wait();
   }
-  detail::token_rows<S>(z.kv / (2 * w), 2 * w, kernels::ring_unpack_dkv<T>{dkv[ranks % 2], dqkv, w});
+  detail::token_rows<S>(rows, kw, kernels::ring_columns<T>{dkv[ranks % 2], dqkv + qw, kw, kw, ld, false});
 }
 
 }  // namespace dml::nn

@@ -3,7 +3,8 @@
 // by 128 keys with an online softmax (FlashAttention-2's scheme), grouped-query heads, causal and document masks.
 // Forward keeps one float per (batch, head, query), the log-sum-exp of its row; backward recomputes each tile's
 // probabilities from it. Sits on core/algorithm.hpp, core/gemm.hpp, core/math.hpp and nn/attention.hpp (its
-// argument checks); GPT and Llama blocks call it.
+// argument checks); GPT and Llama blocks call it, and ring attention (nn/ring_attention.hpp) runs each of its steps,
+// a block of queries against a block of keys elsewhere in the sequence, on its kernels.
 #pragma once
 
 #include <algorithm>
@@ -48,15 +49,55 @@ namespace kernels {
 inline constexpr std::int64_t attention_tile = 128;  // queries and keys per tile
 inline constexpr float attention_no_key = -HUGE_VALF;  // the log-sum-exp of a row that sees no key
 
+// Where the tokens of a block of each sequence sit in it: at most two runs of consecutive positions, in order of
+// position, each `length` long (a context-parallel rank's chunks, nn/ring_attention.hpp): local indices
+// local[r]..local[r]+length hold positions global[r]...
+struct position_runs {
+  int count = 1;
+  std::int64_t length = 0;
+  std::int64_t local[2] = {0, 0}, global[2] = {0, 0};
+  DML_HOST_DEVICE std::int64_t position(std::int64_t i) const {
+    const int r = (count == 2 && i >= local[1]) ? 1 : 0;
+    return global[r] + (i - local[r]);
+  }
+  // How many of the tokens sit at positions <= p: they are the first that many, the runs being in order.
+  DML_HOST_DEVICE std::int64_t upto(std::int64_t p) const {
+    std::int64_t n = 0;
+    for (int r = 0; r < count; ++r) {
+      const std::int64_t c = p - global[r] + 1;
+      n += c < 0 ? 0 : (c > length ? length : c);
+    }
+    return n;
+  }
+  // The first local index at a position >= p (count·length where there is none).
+  DML_HOST_DEVICE std::int64_t first_from(std::int64_t p) const {
+    for (int r = 0; r < count; ++r)
+      if (p < global[r] + length) return local[r] + (p > global[r] ? p - global[r] : 0);
+    return count * length;
+  }
+};
+
 // The keys query t of sequence b may see: [first, last], by the causal mask and its document. doc, when given,
 // holds for every token (b, t) the position its document starts at (packed sequences: a token attends only within
-// its own document).
+// its own document). With `runs`, queries and keys are blocks of a longer sequence whose positions q and k give
+// (ring attention's local queries against a key block; no documents): a query sees the keys at positions up to its
+// own, a prefix of the key block.
 struct attention_mask {
   const std::int64_t* doc;
   std::int64_t seq;
   bool causal;
+  bool runs = false;
+  position_runs q{}, k{};
   DML_HOST_DEVICE std::int64_t first(std::int64_t b, std::int64_t t) const { return doc ? doc[b * seq + t] : 0; }
-  DML_HOST_DEVICE std::int64_t last(std::int64_t t) const { return causal ? t : seq - 1; }
+  DML_HOST_DEVICE std::int64_t last(std::int64_t t) const {
+    if (!causal) return seq - 1;
+    return runs ? k.upto(q.position(t)) - 1 : t;
+  }
+  // The first query that may see key j (later ones see it too, but for documents).
+  DML_HOST_DEVICE std::int64_t first_query(std::int64_t j) const {
+    if (!causal) return 0;
+    return runs ? q.first_from(k.position(j)) : j;
+  }
 };
 }  // namespace kernels
 
@@ -273,7 +314,7 @@ struct tile_backward_item {
       std::fill(t.dk, t.dk + bc * hd, 0.f);
       std::fill(t.dv, t.dv + bc * hd, 0.f);
       for (std::int64_t h = kvh * s.group(); h < (kvh + 1) * s.group(); ++h)
-        for (std::int64_t q0 = s.causal ? k0 / n * n : 0; q0 < L; q0 += n) {
+        for (std::int64_t q0 = mask.first_query(k0) / n * n; q0 < L; q0 += n) {
           const std::int64_t br = std::min(n, L - q0);
           visible_span vis[n];
           bool any = false;
@@ -321,6 +362,43 @@ struct tile_write_dq {
 };
 }  // namespace detail
 
+namespace detail {
+// Forward and backward on an explicit mask, unchecked: the public calls below, and ring attention's steps (a block
+// of queries against a block of keys, nn/ring_attention.hpp). Backward reads D = rowsum(dy ⊙ y) from dot and
+// overwrites dqkv; dq: [batch, seq, width] floats of workspace (the host's dQ sums).
+template <execution_space S, class T>
+void tile_forward(const tile_attention_shape& s, const T* qkv, T* y, float* lse, const kernels::attention_mask& mask) {
+#if DML_HAS_CUDA
+  if constexpr (std::same_as<S, cuda>) {
+    tile_attention_forward_cuda(s, qkv, y, lse, mask);
+    return;
+  }
+#endif
+  if constexpr (std::same_as<S, host>) {
+    const std::int64_t tiles = (s.seq + kernels::attention_tile - 1) / kernels::attention_tile;
+    for_each_row<S>(s.batch * s.heads * tiles, tile_forward_item<T>{s, qkv, y, lse, mask},
+                    kernels::attention_tile * s.seq * s.head_dim);
+  }
+}
+template <execution_space S, class T>
+void tile_backward(const tile_attention_shape& s, const T* qkv, const float* lse, const float* dot, const T* dy,
+                   T* dqkv, float* dq, const kernels::attention_mask& mask) {
+#if DML_HAS_CUDA
+  if constexpr (std::same_as<S, cuda>) {
+    tile_attention_backward_cuda(s, qkv, lse, dot, dy, dqkv, mask);
+    return;
+  }
+#endif
+  if constexpr (std::same_as<S, host>) {
+    fill_n<S>(dq, s.batch * s.seq * s.width(), 0.f);
+    for_each_row<S>(s.batch * s.kv(), tile_backward_item<T>{s, qkv, dy, lse, dot, dqkv, dq, mask},
+                    s.seq * s.seq * s.head_dim);
+    for_each_row<S>(s.batch * s.seq, tile_write_dq<T>{s, dq, dqkv, 1.f / std::sqrt(static_cast<float>(s.head_dim))},
+                    s.width());
+  }
+}
+}  // namespace detail
+
 // y[b, t, h·hd + d] = Σ_s softmax_s(q·k / √hd over the keys t sees) · v[b, s, kvh·hd + d], kvh = h / group.
 // qkv: [batch, seq, (heads + 2·kv_heads)·head_dim]; y: [batch, seq, heads·head_dim]; lse:
 // tile_attention_saved_size(s) floats, written and read by backward. doc: null, or [batch, seq] positions where each
@@ -333,18 +411,7 @@ void tile_attention_forward(const tile_attention_shape& s, const T* qkv, T* y, f
   detail::check_attention_pointer(what, "qkv", qkv);
   detail::check_attention_pointer(what, "y", y);
   detail::check_attention_pointer(what, "lse", lse);
-  const kernels::attention_mask mask{doc, s.seq, s.causal};
-#if DML_HAS_CUDA
-  if constexpr (std::same_as<S, cuda>) {
-    detail::tile_attention_forward_cuda(s, qkv, y, lse, mask);
-    return;
-  }
-#endif
-  if constexpr (std::same_as<S, host>) {
-    const std::int64_t tiles = (s.seq + kernels::attention_tile - 1) / kernels::attention_tile;
-    for_each_row<S>(s.batch * s.heads * tiles, detail::tile_forward_item<T>{s, qkv, y, lse, mask},
-                    kernels::attention_tile * s.seq * s.head_dim);
-  }
+  detail::tile_forward<S>(s, qkv, y, lse, kernels::attention_mask{doc, s.seq, s.causal});
 }
 
 // dy: [batch, seq, heads·head_dim]; y and lse as forward left them; writes dqkv (overwrites, never accumulates).
@@ -360,24 +427,10 @@ void tile_attention_backward(const tile_attention_shape& s, const T* qkv, const 
   detail::check_attention_pointer(what, "dy", dy);
   detail::check_attention_pointer(what, "dqkv", dqkv);
   detail::check_attention_pointer(what, "workspace", workspace);
-  const kernels::attention_mask mask{doc, s.seq, s.causal};
   float* dq = workspace;
   float* dot = workspace + s.batch * s.seq * s.width();
-  const std::int64_t rows = s.batch * s.heads * s.seq;
-  for_each_row<S>(rows, detail::tile_backward_dot<T>{s, y, dy, dot}, s.head_dim);
-#if DML_HAS_CUDA
-  if constexpr (std::same_as<S, cuda>) {
-    detail::tile_attention_backward_cuda(s, qkv, lse, dot, dy, dqkv, mask);
-    return;
-  }
-#endif
-  if constexpr (std::same_as<S, host>) {
-    fill_n<S>(dq, s.batch * s.seq * s.width(), 0.f);
-    for_each_row<S>(s.batch * s.kv(), detail::tile_backward_item<T>{s, qkv, dy, lse, dot, dqkv, dq, mask},
-                    s.seq * s.seq * s.head_dim);
-    for_each_row<S>(s.batch * s.seq, detail::tile_write_dq<T>{s, dq, dqkv, 1.f / std::sqrt(static_cast<float>(s.head_dim))},
-                    s.width());
-  }
+  for_each_row<S>(s.batch * s.heads * s.seq, detail::tile_backward_dot<T>{s, y, dy, dot}, s.head_dim);
+  detail::tile_backward<S>(s, qkv, lse, dot, dy, dqkv, dq, kernels::attention_mask{doc, s.seq, s.causal});
 }
 
 }  // namespace dml::nn

@@ -473,8 +473,6 @@ inline std::string refusal(const model& m, const layout& l, const training& t, i
     if (m.bias) return "a Llama has no biases";
     if (m.experts > 0 || l.ep > 1)
       return "a Llama has no experts (ep " + str(l.ep) + ", experts " + str(m.experts) + ")";
-    if (l.cp > 1)
-      return "nn::llama refuses context parallelism (ring attention has no grouped-query form yet); cp is " + str(l.cp);
   }
   if (l.pp > m.layers) return "pp " + str(l.pp) + " is more than the " + str(m.layers) + " layers";
   if (const int v = interleaved_chunks(l.schedule); v > 0 && l.pp * v > m.layers)
@@ -658,8 +656,8 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
   // block's fixed cost (cluster::block_seconds) for every micro-batch; recomputation's extra forward is not priced.
   // The passes outside the blocks are the first stage's (embedding) and the last's (final LayerNorm, loss): both on one stage, else the
   // larger. A block with experts (moe_mlp_bytes_per_sbh) trades the dense MLP's 19·sbh for its experts' passes;
-  // under cp a rank's queries meet every key (the s² terms at its s/cp queries by s keys) and the ring adds
-  // ring_attention_bytes_per_sbh.
+  // under cp a rank's queries meet every key (a GPT's s² terms at its s/cp queries by s keys; a Llama's have none, as
+  // llama_layer_bytes) and the ring adds ring_attention_bytes_per_sbh.
   double elementwise = 0;
   const double stage_blocks = std::ceil(static_cast<double>(m.layers) / l.pp);
   const double stage_moe_blocks = m.experts > 0 ? stage_blocks / static_cast<double>(m.moe_every) : 0;
@@ -672,7 +670,8 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
     const double h = static_cast<double>(m.d_model), a = static_cast<double>(m.heads);
     double dense_layer = layer_bytes(s_rank, 2, recompute::none);
     if (l.cp > 1)
-      dense_layer += s_rank * mb_rows * h / l.tp * (5 * a * (static_cast<double>(m.seq) - s_rank) / h + ring_attention_bytes_per_sbh);
+      dense_layer += s_rank * mb_rows * h / l.tp *
+                     ((m.is_llama() ? 0 : 5 * a * (static_cast<double>(m.seq) - s_rank) / h) + ring_attention_bytes_per_sbh);
     // An expert block's tokens per tensor rank: every token, or a t-th of them under sequence parallelism.
     const double moe_sbh = s_rank * mb_rows * static_cast<double>(m.d_model) / (l.sp ? l.tp : 1);
     const double moe_extra = (moe_mlp_bytes_per_sbh(m.top_k, l.ep) * load - 19) * moe_sbh;
@@ -694,11 +693,13 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
     }
   }
   // Context parallelism: each block's ring, per micro-batch cp − 1 steps forward and 2(cp − 1) backward (K/V, then
-  // their gradients), each a latency and ring_kv_bytes of the rank's tokens (its heads' share under tp).
+  // their gradients), each a latency and ring_kv_bytes of the rank's tokens (its key/value heads' share under tp: a
+  // Llama's grouped-query blocks send kv_heads' columns, not d_model).
   double cp_time = 0;
   if (l.cp > 1 && m.is_transformer()) {
     const auto [bw, lat] = link(l.cp * l.tp);
-    const double kv = ring_kv_bytes(s_rank * mb_rows, static_cast<double>(m.d_model) / l.tp, w);
+    const double kv_width = static_cast<double>(m.d_model) * static_cast<double>(m.kv()) / static_cast<double>(m.heads);
+    const double kv = ring_kv_bytes(s_rank * mb_rows, kv_width / l.tp, w);
     cp_time = stage_blocks * M * 3 * (l.cp - 1) * (lat + kv / bw);
   }
   // The optimizer's update, after the gradients: the rank's parameters (its shard under ZeRO), each moving
@@ -749,13 +750,15 @@ inline void rank_estimates(std::vector<estimate>& out) {
 // Every layout of `devices` ranks (tp, pp powers of two, zero 0 to 3, recompute none/selective/full, a pipeline
 // under 1F1B or zb, micro-batches of `micro_batch` sequences, or with micro_batch 0 every micro-batch count that
 // divides a rank's sequences), evaluated; the ones that fit first, fastest first. Interleaved and GPipe are left
-// out: at equal micro-batches zb's bubble is the smaller and GPipe's activations the larger.
+// out: at equal micro-batches zb's bubble is the smaller and GPipe's activations the larger. max_cp > 1 also cuts each
+// sequence over cp = 2, 4, ... up to max_cp of the data-parallel ranks (long context; the rows then split over dp/cp).
 inline std::vector<estimate> search(const model& m, const training& t, const cluster& c, int devices,
-                                    std::int64_t micro_batch) {
+                                    std::int64_t micro_batch, int max_cp = 1) {
   std::vector<estimate> out;
   for (int tp = 1; tp <= devices; tp *= 2)
-    for (int pp = 1; tp * pp <= devices; pp *= 2) {
-      if (devices % (tp * pp) != 0) continue;
+    for (int pp = 1; tp * pp <= devices; pp *= 2)
+     for (int cp = 1; cp <= max_cp && tp * pp * cp <= devices; cp *= 2) {
+      if (devices % (tp * pp * cp) != 0) continue;
       const int dp = devices / (tp * pp);
       const std::vector<std::string> schedules = pp > 1 ? std::vector<std::string>{"1f1b", "zb"}
                                                         : std::vector<std::string>{"single"};
@@ -764,8 +767,8 @@ inline std::vector<estimate> search(const model& m, const training& t, const clu
         for (recompute r : {recompute::none, recompute::selective, recompute::full}) {
           if (!m.is_transformer() && r != recompute::none) continue;
           for (const auto& sched : schedules) {
-            layout l{.dp = dp, .tp = tp, .pp = pp, .zero = zero, .sp = tp > 1, .schedule = sched, .recomp = r};
-            const std::int64_t rows = t.global_batch / dp;
+            layout l{.dp = dp, .tp = tp, .pp = pp, .cp = cp, .zero = zero, .sp = tp > 1, .schedule = sched, .recomp = r};
+            const std::int64_t rows = t.global_batch / (dp / cp);
             if (micro_batch > 0) {
               l.micro_batches = rows % micro_batch == 0 ? std::max<std::int64_t>(1, rows / micro_batch) : 1;
               out.push_back(evaluate(m, l, t, c, devices));

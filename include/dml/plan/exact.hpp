@@ -426,8 +426,8 @@ inline estimate evaluate_dml(const model& m, const layout& l, const training& t,
 
 // search() with evaluate_dml's bytes: the layouts dml runs, ranked by what they will hold.
 inline std::vector<estimate> search_dml(const model& m, const training& t, const cluster& c, int devices,
-                                        std::int64_t micro_batch) {
-  auto out = search(m, t, c, devices, micro_batch);
+                                        std::int64_t micro_batch, int max_cp = 1) {
+  auto out = search(m, t, c, devices, micro_batch, max_cp);
   for (auto& e : out) e = evaluate_dml(m, e.lay, t, c, devices);
   rank_estimates(out);
   return out;

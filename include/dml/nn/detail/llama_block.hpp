@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/nn/detail/llama_block.hpp — nn::llama_block, Llama's pre-RMSNorm decoder block: grouped-query causal attention
-// with rotary positions and a SwiGLU MLP, split over the tensor group as gpt_block is. Sits on
-// nn/detail/gpt_common.hpp (split_part), nn/rmsnorm.hpp, nn/rope.hpp, nn/swiglu.hpp and nn/tile_attention.hpp; used
-// by nn/llama.hpp.
+// with rotary positions and a SwiGLU MLP, split over the tensor group and over a context-parallel ring (ring
+// attention) as gpt_block is. Sits on nn/detail/gpt_common.hpp (split_part), nn/rmsnorm.hpp, nn/rope.hpp,
+// nn/swiglu.hpp, nn/tile_attention.hpp and nn/ring_attention.hpp; used by nn/llama.hpp.
 #pragma once
 
 #include <concepts>
@@ -20,6 +20,7 @@
 #include "dml/nn/detail/rows.hpp"
 #include "dml/nn/layer.hpp"
 #include "dml/nn/llama_config.hpp"
+#include "dml/nn/ring_attention.hpp"
 #include "dml/nn/rmsnorm.hpp"
 #include "dml/nn/rope.hpp"
 #include "dml/nn/swiglu.hpp"
@@ -33,13 +34,16 @@ namespace detail {
 inline std::shared_ptr<const rope_table> llama_rope_table(const llama_config& g) {
   return std::make_shared<const rope_table>(g.rope, g.head_dim(), g.seq);
 }
-// Context parallelism is refused until ring attention has a grouped-query form.
-inline void refuse_context_split(const char* kind, const context_split& s) {
-  if (s.ranks > 1)
-    fail<invalid_argument>("dml::nn::", kind, ": expected context_parallel 1 (ring attention has no grouped-query form "
-                           "yet), found context_parallel ", s.ranks);
-}
 }  // namespace detail
+
+namespace kernels {
+// The position in its sequence of each token row (b, i) of a context-parallel rank's chunks: RoPE's angles.
+struct token_positions {
+  std::int64_t* out;
+  token_place at;
+  DML_HOST_DEVICE void operator()(std::int64_t t) const { out[t] = at.position(t); }
+};
+}  // namespace kernels
 
 // Sizes of one call of a llama block or head on input [B, T or T/p, C].
 struct llama_dims {
@@ -59,6 +63,9 @@ struct llama_dims {
 // gate columns and the up columns that pair with them), o_proj and down_proj row-parallel; one all-reduce per half in
 // each pass. Sequence parallelism (split.sequence): RMSNorm and the residuals run on this rank's token rows, with
 // all-gathers before the column-parallel products and reduce-scatters after the row-parallel ones, as gpt_block.
+// Context parallelism (set_context_split): the block holds the rank's chunks of each sequence, RoPE turns each token
+// by its position in the whole sequence (nn::cp_position), and attention is ring attention over the context group;
+// K/V blocks of the kv_heads travel it.
 struct llama_block : detail::split_part {
   static constexpr std::int64_t static_in = dynamic;
   static constexpr std::int64_t static_out = dynamic;
@@ -70,6 +77,7 @@ struct llama_block : detail::split_part {
   std::int64_t dim = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0;
   float eps = 1e-5f;
   std::shared_ptr<const rope_table> rope;
+  context_split cp{};  // context parallel: attention is ring attention over the context group
 
   // table: the model's RoPE table (nn::llama shares one among its blocks); null builds this block's own.
   explicit llama_block(const llama_config& g, std::shared_ptr<const rope_table> table = {})
@@ -88,7 +96,7 @@ struct llama_block : detail::split_part {
     check_divides(kind, "the key/value heads", kv_heads, s.ranks);
     check_divides(kind, "ffn_hidden", ffn, s.ranks);
   }
-  void set_context_split(context_split s) const { detail::refuse_context_split(kind, s); }
+  void set_context_split(context_split s) { cp = s; }
 
   std::vector<param_spec> parameters() const {
     const std::int64_t c = dim, p = ranks(), q = heads * head_dim, kv = kv_heads * head_dim;
@@ -105,8 +113,8 @@ struct llama_block : detail::split_part {
   dml::shape output_shape(dml::shape x) const {
     if (x.rank != 3 || x[2] != dim)
       fail<shape_error>("dml::nn::llama_block: expected [batch, T, ", dim, "], found shape ", x);
-    if (dims(x).t > rope->positions)
-      fail<shape_error>("dml::nn::llama_block: expected T <= seq = ", rope->positions, ", found T = ", dims(x).t);
+    if (dims(x).t * cp.ranks > rope->positions)
+      fail<shape_error>("dml::nn::llama_block: expected T <= seq = ", rope->positions, ", found T = ", dims(x).t * cp.ranks);
     return x;
   }
   // This rank's products per token: qkv_proj 2·C·(heads + 2·kv_heads)·head_dim, o_proj 2·C², q·kᵀ and p·v over every
@@ -115,7 +123,7 @@ struct llama_block : detail::split_part {
     const llama_dims d = dims(x);
     const double n = static_cast<double>(d.n), c = static_cast<double>(dim), p = static_cast<double>(ranks());
     const double qkv = static_cast<double>((heads + 2 * kv_heads) * head_dim), f = static_cast<double>(ffn);
-    const double t = static_cast<double>(d.t);
+    const double t = static_cast<double>(d.t * cp.ranks);
     return n * (2 * c * qkv + 2 * c * c + 4 * t * c + 6 * c * f) / p;
   }
   std::int64_t saved_bytes(dml::shape x, std::size_t value_bytes) const {
@@ -139,6 +147,7 @@ struct llama_block : detail::split_part {
   template <execution_space S, class T>
   void forward(const context& c, layer_params<T> p, tensor_view<const T, S> x, tensor_view<T, S> y) const {
     check_group(kind, c, ranks());
+    check_ring(c);
     const llama_dims d = dims(x.shape);
     const std::int64_t C = dim, nl = d.n_local, qw = heads * head_dim / ranks(), qkv_w = width(), fp = ffn / ranks();
     const auto sv = saved_parts<T>(c.saved, d);
@@ -148,8 +157,11 @@ struct llama_block : detail::split_part {
     rmsnorm_forward<S>(x.data, w.ln1, sv.h1, sv.rrms1, nl, C, eps);
     const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full1, nl * C);
     detail::linear_forward<S>(d.n, C, qkv_w, h1, w.qkv, static_cast<const T*>(nullptr), sv.qkv);
-    rope_forward<S>(rope_dims(d), sv.qkv, table<S>(ws));
-    tile_attention_forward<S>(attention(d), static_cast<const T*>(sv.qkv), sv.att, sv.lse, c.doc_start);
+    rope_forward<S>(rope_dims(d), sv.qkv, table<S>(ws), positions<S>(ws, d));
+    if (ring())
+      ring_attention_forward<S>(ring_shape(d), cp, c.cp, static_cast<const T*>(sv.qkv), sv.att, sv.lse, ws.scratch);
+    else
+      tile_attention_forward<S>(attention(d), static_cast<const T*>(sv.qkv), sv.att, sv.lse, c.doc_start);
     // The row-parallel product's partial sums land where their sum goes (in place, or reduce-scattered there).
     T* o = sequence() ? ws.full2 : sv.x2;
     detail::linear_forward<S>(d.n, qw, C, static_cast<const T*>(sv.att), w.o, static_cast<const T*>(nullptr), o);
@@ -217,9 +229,14 @@ struct llama_block : detail::split_part {
     if (!st) detail::linear_weight_grad<S>(d.n, qw, C, static_cast<const T*>(sv.att), dp, g.o, acc);
     detail::linear_input_grad<S>(d.n, qw, C, dp, w.o, ws.datt);
     T* const dqkv = st ? st->dqkv : ws.dqkv;
-    tile_attention_backward<S>(attention(d), static_cast<const T*>(sv.qkv), static_cast<const T*>(sv.att),
-                               static_cast<const float*>(sv.lse), static_cast<const T*>(ws.datt), dqkv, ws.tiles, c.doc_start);
-    rope_backward<S>(rope_dims(d), dqkv, table<S>(ws));
+    if (ring())
+      ring_attention_backward<S>(ring_shape(d), cp, c.cp, static_cast<const T*>(sv.qkv), static_cast<const T*>(sv.att),
+                                 static_cast<const float*>(sv.lse), static_cast<const T*>(ws.datt), dqkv, ws.scratch);
+    else
+      tile_attention_backward<S>(attention(d), static_cast<const T*>(sv.qkv), static_cast<const T*>(sv.att),
+                                 static_cast<const float*>(sv.lse), static_cast<const T*>(ws.datt), dqkv, ws.tiles,
+                                 c.doc_start);
+    rope_backward<S>(rope_dims(d), dqkv, table<S>(ws), positions<S>(ws, d));
     if (!st) {
       const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full2, nl * C);
       detail::linear_weight_grad<S>(d.n, C, qkv_w, h1, static_cast<const T*>(dqkv), g.qkv, acc);
@@ -245,6 +262,25 @@ struct llama_block : detail::split_part {
   }
   rope_shape rope_dims(const llama_dims& d) const {
     return {.batch = d.b, .seq = d.t, .heads = heads / ranks(), .kv_heads = kv_heads / ranks(), .head_dim = head_dim};
+  }
+  // Context parallel: d.t is this rank's chunks of each sequence, and attention is ring attention.
+  bool ring() const { return cp.ranks > 1; }
+  ring_attention_shape ring_shape(const llama_dims& d) const {
+    return {.batch = d.b, .seq = d.t * cp.ranks, .heads = heads / ranks(), .kv_heads = kv_heads / ranks(),
+            .head_dim = head_dim, .causal = true};
+  }
+  void check_ring(const context& c) const {
+    if (ring() && (!c.cp || c.cp->size() != cp.ranks || c.cp->rank() != cp.rank))
+      fail<invalid_argument>("dml::nn::llama_block: split over ", cp.ranks, " context-parallel ranks but the context's "
+                             "group has ", c.cp ? c.cp->size() : 0, " (a trainer with context_parallel sets it)");
+  }
+  // RoPE's positions: null (a token's index in its sequence), or under context parallelism each local token's
+  // position in the whole sequence, written into the workspace.
+  template <execution_space S, class W>
+  const std::int64_t* positions(const W& ws, const llama_dims& d) const {
+    if (!ring()) return nullptr;
+    for_each_index<S>(d.n, kernels::token_positions{ws.positions, {d.t * cp.ranks, d.t, cp}});
+    return ws.positions;
   }
   kernels::token_dropout no_dropout() const { return {rng_stream{0, 0}, 1.f, 0, dim}; }
   // The table in space S: the host's as it is; on a device, copied into the workspace's share for it.
@@ -287,7 +323,7 @@ struct llama_block : detail::split_part {
     s.rrms2 = k.take<float>(d.n_local);
     s.h1 = k.take<T>(d.n_local * C);
     s.qkv = k.take<T>(d.n * width());
-    s.lse = k.take<float>(tile_attention_saved_size(attention(d)));
+    s.lse = k.take<float>(ring() ? ring_attention_saved_size(ring_shape(d), cp) : tile_attention_saved_size(attention(d)));
     s.att = k.take<T>(d.n * heads * head_dim / ranks());
     s.x2 = k.take<T>(d.n_local * C);
     s.h2 = k.take<T>(d.n_local * C);
@@ -297,8 +333,9 @@ struct llama_block : detail::split_part {
   }
   template <class T>
   struct work_set {
-    T *full1, *full2, *full3, *part, *dx2, *da, *dgu, *datt, *dqkv;
+    T *full1, *full2, *full3, *part, *dx2, *da, *dgu, *datt, *dqkv, *scratch;
     float *tiles, *rope;
+    std::int64_t* positions;
   };
   template <class T>
   work_set<T> work_parts(float* base, const llama_dims& d) const {
@@ -318,7 +355,12 @@ struct llama_block : detail::split_part {
     w.dgu = k.take<T>(d.n * 2 * fp);
     w.datt = k.take<T>(d.n * heads * head_dim / ranks());
     w.dqkv = k.take<T>(d.n * width());
-    w.tiles = k.take<float>(tile_attention_workspace_size(attention(d)));
+    if (ring()) {
+      w.scratch = k.take<T>(ring_attention_workspace_size(ring_shape(d), cp));
+      w.positions = k.take<std::int64_t>(d.n);
+    } else {
+      w.tiles = k.take<float>(tile_attention_workspace_size(attention(d)));
+    }
     w.rope = k.take<float>(2 * rope->positions * rope->half);
     return w;
   }

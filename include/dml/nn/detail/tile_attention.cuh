@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(cuda_key_rows)
   for (int d = 0; d < hd; ++d) dks[j * hp + d] = dvs[j * hp + d] = 0.f;
   const float scale = rsqrtf(static_cast<float>(hd));
   for (std::int64_t h = kvh * s.group(); h < (kvh + 1) * s.group(); ++h)
-    for (std::int64_t q0 = s.causal ? k0 / qn * qn : 0; q0 < L; q0 += qn) {
+    for (std::int64_t q0 = mask.first_query(k0) / qn * qn; q0 < L; q0 += qn) {
       __syncthreads();
       tile_load(qs, hp, base + h * hd, ld, q0, qn, L, hd, scale);
       tile_load(dos, hp, dy + b * L * w + h * hd, w, q0, qn, L, hd, 1.f);
