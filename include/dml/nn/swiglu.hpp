@@ -40,6 +40,7 @@ struct swiglu_forward {
 };
 
 // d gate = dh · up · silu'(gate), d up = dh · silu(gate); both read before either is stored, so dgu may be gu.
+// σ(gate) is found once for both (as two calls, GCC 12 leaves the row's loop unvectorised: "control flow in loop").
 template <class T>
 struct swiglu_backward {
   const T *gu, *dh;
@@ -47,8 +48,9 @@ struct swiglu_backward {
   std::int64_t ff;
   DML_HOST_DEVICE static void at(const T* g, const T* d, T* out, std::int64_t ff, std::int64_t j) {
     const float gate = static_cast<float>(g[j]), up = static_cast<float>(g[ff + j]), dy = static_cast<float>(d[j]);
-    out[j] = round_to<T>(dy * up * silu::derivative(gate));
-    out[ff + j] = round_to<T>(dy * silu::value(gate));
+    const float s = silu::sigmoid(gate);
+    out[j] = round_to<T>(dy * up * (s * (1.f + gate * (1.f - s))));  // silu::derivative
+    out[ff + j] = round_to<T>(dy * (gate * s));                      // silu::value
   }
   DML_HOST_DEVICE void operator()(std::int64_t e) const {
     const std::int64_t r = e / ff;
