@@ -29,6 +29,8 @@
 #include "suite.hpp"
 #include "temp_dir.hpp"
 
+namespace gloo_test {
+
 // dml::comm::gloo beside Gloo's own namespace ::gloo.
 using comm_gloo = dml::comm::gloo;
 using dml::comm::reduce_op;
@@ -342,6 +344,8 @@ TEST_CASE("comm::gloo: bad arguments name the setting") {
   CHECK_THROWS_WITH_AS(comm_gloo(store, 0, 1, {.timeout = 0ms}), doctest::Contains("expected a timeout > 0 ms, found 0"),
                        dml::invalid_argument);
 }
+
+}  // namespace gloo_test
 
 #else
 

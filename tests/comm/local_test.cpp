@@ -17,6 +17,8 @@
 #include "dml/comm/local.hpp"
 #include "suite.hpp"
 
+namespace local_test {
+
 using dml::comm::local;
 using dml::comm::reduce_op;
 
@@ -303,3 +305,5 @@ TEST_CASE("comm::local: an issend waiting for a peer that throws fails, and a bo
                   dml::comm_error);
   CHECK(message.find("recv") != std::string::npos);
 }
+
+}  // namespace local_test

@@ -20,6 +20,8 @@
 #include "dml/comm/compression.hpp"
 #include "support.hpp"
 
+namespace test_compression {
+
 namespace {
 
 using dml::comm::any_filter;
@@ -609,3 +611,5 @@ TEST_CASE("any_filter::parse reads the five forms and rejects everything else") 
                          invalid_argument);
   }
 }
+
+}  // namespace test_compression

@@ -8,6 +8,8 @@
 
 #include "dml/core/buffer.hpp"
 
+namespace test_buffer {
+
 using dml::buffer;
 using dml::memory_account;
 
@@ -97,3 +99,5 @@ TEST_CASE("charging::end restores the account before it; threads have accounts o
   CHECK(b.live() == 0);
   CHECK(a.live() == 0);
 }
+
+}  // namespace test_buffer

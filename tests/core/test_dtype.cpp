@@ -16,6 +16,8 @@
 
 #include "dml/core/dtype.hpp"
 
+namespace test_dtype {
+
 namespace {
 
 float from_bits32(std::uint32_t u) { return dml::detail::bits_float(u); }
@@ -278,3 +280,5 @@ TEST_CASE("rounding matches PyTorch bit for bit" * doctest::test_suite("python")
   std::remove(in_path.c_str());
   std::remove(out_path.c_str());
 }
+
+}  // namespace test_dtype

@@ -21,6 +21,8 @@
 #include "dml/core/gemm.hpp"
 #include "support.hpp"
 
+namespace test_gemm_typed {
+
 using namespace dml;
 
 namespace {
@@ -445,3 +447,5 @@ TEST_CASE("gemm: bf16 and f32 throughput on one thread (printed, not checked)") 
           " GFLOP/s [", host_gemm_impl(m, n, k, dtype::bf16), "]");
   set_thread_budget(budget);
 }
+
+}  // namespace test_gemm_typed

@@ -9,6 +9,8 @@
 #include "dml/core/algorithm.hpp"
 #include "dml/core/math.hpp"
 
+namespace test_math {
+
 namespace {
 struct exp_of {
   const float* x;
@@ -52,3 +54,5 @@ TEST_CASE("fast_exp and fast_tanh at the edges: saturation, infinities and NaN")
   MESSAGE("fast_tanh max_abs_err=" << worst);
   CHECK(worst < 3e-7);
 }
+
+}  // namespace test_math

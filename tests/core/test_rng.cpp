@@ -11,6 +11,8 @@
 #include "dml/core/algorithm.hpp"
 #include "dml/core/rng.hpp"
 
+namespace test_rng {
+
 namespace {
 
 constexpr int n_draws = 1000000;
@@ -205,3 +207,5 @@ TEST_CASE("a value depends on its index only, not on the order or the threads th
     differ += forward[i] != backward[i] || forward[i] != parallel[i] || forward[i] != strided[i];
   CHECK(differ == 0);
 }
+
+}  // namespace test_rng

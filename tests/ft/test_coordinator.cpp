@@ -15,6 +15,8 @@
 #include "dml/ft/session.hpp"
 #include "temp_dir.hpp"
 
+namespace test_coordinator {
+
 using namespace dml;
 using namespace dml::ft;
 using namespace std::chrono_literals;
@@ -438,3 +440,5 @@ TEST_CASE("steps lost are the steps members ran past the last committed one") {
   join_all({&a, &b}, {2, 2});
   CHECK(s.stats().steps_lost == 3);
 }
+
+}  // namespace test_coordinator

@@ -9,6 +9,8 @@
 #include "dml/comm/local.hpp"
 #include "dml/ft/elastic.hpp"
 
+namespace test_pieces {
+
 using namespace dml;
 using ft::detail::held_pieces;
 
@@ -105,3 +107,5 @@ TEST_CASE("without a copy of some rank's pieces, restoring names what is missing
                          doctest::Contains("elements [20, 30) of 'param/w' are held by none"), invalid_argument);
   });
 }
+
+}  // namespace test_pieces

@@ -12,6 +12,8 @@
 #include "dml/nn/gradcheck.hpp"
 #include "support.hpp"
 
+namespace test_attention {
+
 using dml::nn::attention_shape;
 
 namespace {
@@ -255,3 +257,5 @@ TEST_CASE("causal attention rejects bad sizes and null pointers, saying what it 
   CHECK(dml::nn::attention_saved_size({3, 5, 2, 8}) == 3 * 2 * 5 * 5);
   CHECK(dml::nn::attention_scratch_size({3, 5, 2, 8}) >= 5 * 5);
 }
+
+}  // namespace test_attention

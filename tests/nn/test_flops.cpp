@@ -18,6 +18,8 @@
 #include "dml/plan/exact.hpp"
 #include "support.hpp"
 
+namespace test_flops {
+
 using namespace dml;
 
 namespace {
@@ -330,3 +332,5 @@ TEST_CASE("the bf16 probe and the precision probe: each precision timed, the fas
   CHECK_THROWS_WITH_AS(cost::probe_precisions(mlp, 0), "dml::cost::probe_precisions: expected rows >= 1, found 0",
                        invalid_argument);
 }
+
+}  // namespace test_flops

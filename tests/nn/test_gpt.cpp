@@ -14,6 +14,8 @@
 #include "dml/nn/network.hpp"
 #include "support.hpp"
 
+namespace test_gpt {
+
 namespace {
 
 using namespace dml;
@@ -266,3 +268,5 @@ TEST_CASE("position embedding gradient: a row per call gives the bits of an elem
         CHECK(by_row != start);
       }
 }
+
+}  // namespace test_gpt

@@ -17,6 +17,8 @@
 #include "dml/nn/gpt.hpp"
 #include "support.hpp"
 
+namespace test_gpt_parity {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -191,3 +193,5 @@ void check_parity(bool bias) {
 TEST_CASE("GPT parity with PyTorch: 2 layers without biases, 20 AdamW steps") { check_parity(false); }
 
 TEST_CASE("GPT parity with PyTorch: 2 layers with biases, 20 AdamW steps") { check_parity(true); }
+
+}  // namespace test_gpt_parity

@@ -16,6 +16,8 @@
 #include "dml/nn/network.hpp"
 #include "support.hpp"
 
+namespace test_gradcheck {
+
 namespace {
 
 using dml_test::random_vector;
@@ -162,3 +164,5 @@ TEST_CASE("softmax cross-entropy: loss and logit gradients match finite differen
   MESSAGE("softmax_xent max_rel_diff=" << max_rel);
   CHECK(max_rel < 5e-3);
 }
+
+}  // namespace test_gradcheck

@@ -23,6 +23,8 @@
 #include "dml/plan/exact.hpp"
 #include "support.hpp"
 
+namespace test_llama {
+
 namespace {
 
 using namespace dml;
@@ -516,3 +518,5 @@ TEST_CASE("document masks: a trainer refuses starts that are not runs of tokens,
                          invalid_argument);
   });
 }
+
+}  // namespace test_llama

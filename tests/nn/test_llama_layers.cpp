@@ -20,6 +20,8 @@
 #include "dml/nn/swiglu.hpp"
 #include "support.hpp"
 
+namespace test_llama_layers {
+
 namespace {
 
 using dml::bf16;
@@ -533,3 +535,5 @@ TEST_CASE("swiglu argument checks name what was expected and what was found") {
   CHECK_THROWS_WITH_AS(nn::swiglu_backward<host>(a.data(), b.data(), static_cast<float*>(nullptr), 2, 2),
                        "dml::nn::swiglu_backward: expected a pointer to dgu, found null", dml::invalid_argument);
 }
+
+}  // namespace test_llama_layers

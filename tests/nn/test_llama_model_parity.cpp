@@ -19,6 +19,8 @@
 #include "dml/nn/llama.hpp"
 #include "support.hpp"
 
+namespace test_llama_model_parity {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -192,3 +194,5 @@ TEST_CASE("Llama parity with PyTorch: 2 layers, 8 heads over 2 key/value heads, 
 TEST_CASE("Llama parity with PyTorch: 2 layers, 8 heads over 2 key/value heads, tied head, 20 AdamW steps") {
   check_parity(true);
 }
+
+}  // namespace test_llama_model_parity

@@ -17,6 +17,8 @@
 #include "dml/nn/swiglu.hpp"
 #include "support.hpp"
 
+namespace test_llama_parity {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -121,3 +123,5 @@ TEST_CASE("parity with PyTorch: RMSNorm, fused residual RMSNorm, RoPE (Llama 3.1
   for (double e : rot) CHECK(e <= 2e-6);
   for (double e : glu) CHECK(e <= 2e-6);
 }
+
+}  // namespace test_llama_parity

@@ -8,6 +8,8 @@
 
 #include "dml/dml.hpp"
 
+namespace test_mixed_network {
+
 using namespace dml;
 
 namespace {
@@ -77,3 +79,5 @@ TEST_CASE("embedding ids stay exact under bf16: the first layer reads the float 
   auto single = again.forward(tensor_view<const float>(one.data(), {1, 1}));
   for (int j = 0; j < 3; ++j) CHECK(out.data[j] == single.data[j]);
 }
+
+}  // namespace test_mixed_network

@@ -8,6 +8,8 @@
 
 #include "dml/dml.hpp"
 
+namespace test_model {
+
 using namespace dml;
 
 TEST_CASE("sequential names parameters as PyTorch's nn.Sequential state dict") {
@@ -191,3 +193,5 @@ TEST_CASE("backward accumulates with context.accumulate, as micro-batches need")
   CHECK(once[16] == 1.f);
   CHECK(once[17] == 1.f);
 }
+
+}  // namespace test_model

@@ -19,6 +19,8 @@
 #include "dml/parallel/tensor.hpp"
 #include "support.hpp"
 
+namespace test_moe {
+
 namespace {
 
 using namespace dml;
@@ -542,3 +544,5 @@ TEST_CASE("moe: parameter names, shapes and expert shards") {
   CHECK_THROWS_AS(m.output_shape({2, 3, 9}), shape_error);
   static_assert(nn::layer<nn::moe>);
 }
+
+}  // namespace test_moe

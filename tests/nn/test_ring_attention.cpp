@@ -18,6 +18,8 @@
 #include "dml/parallel/tensor.hpp"
 #include "support.hpp"
 
+namespace test_ring_attention {
+
 using dml::comm::local;
 using dml::nn::attention_shape;
 using dml::nn::cp_layout;
@@ -400,3 +402,5 @@ TEST_CASE("memory: ring attention keeps one float per local row; its scratch is 
   CHECK(bytes[1] == 536'584);
   CHECK(bytes[2] == 268'296);
 }
+
+}  // namespace test_ring_attention

@@ -14,6 +14,8 @@
 #include "dml/nn/tile_attention.hpp"
 #include "support.hpp"
 
+namespace test_tile_attention {
+
 using dml::nn::tile_attention_shape;
 using dml_test::random_vector;
 
@@ -238,3 +240,5 @@ TEST_CASE("tile attention checks its arguments") {
                        "dml::nn::tile_attention_backward: expected a pointer to workspace, found null",
                        dml::invalid_argument);
 }
+
+}  // namespace test_tile_attention

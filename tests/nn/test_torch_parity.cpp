@@ -13,6 +13,8 @@
 #include "dml/dml.hpp"
 #include "support.hpp"
 
+namespace test_torch_parity {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -107,3 +109,5 @@ TEST_CASE("parity with PyTorch: Adam with L2 weight decay, 50 steps") {
 TEST_CASE("parity with PyTorch: Adagrad with learning-rate decay and weight decay, 50 steps") {
   check_parity(dml::optim::adagrad{{.lr = 0.02f, .lr_decay = 0.01f, .weight_decay = 1e-3f}}, "adagrad");
 }
+
+}  // namespace test_torch_parity

@@ -13,6 +13,8 @@
 #include "dml/optim/lars.hpp"
 #include "support.hpp"
 
+namespace test_layerwise {
+
 using namespace dml;
 
 namespace {
@@ -228,3 +230,5 @@ TEST_CASE("lamb and lars: bad settings fail at construction, naming the setting"
   says([] { optim::lars{{.weight_decay = -1.f}}; }, "weight_decay");
   says([] { optim::lars{{.lr = -1.f}}; }, "lr");
 }
+
+}  // namespace test_layerwise

@@ -14,6 +14,8 @@
 #include "dml/optim/sgd.hpp"
 #include "support.hpp"
 
+namespace test_mixed_precision {
+
 using namespace dml;
 
 namespace {
@@ -187,3 +189,5 @@ TEST_CASE("fused step: without a working copy nothing else is written") {
   optim::adamw{}.update<host>({.n = 1, .w = w.data(), .g = g.data(), .state = st.pointers(), .step = 1, .lr = 0.01f});
   CHECK(w[0] == doctest::Approx(1 * (1 - 0.01 * 0.01) - 0.01));
 }
+
+}  // namespace test_mixed_precision

@@ -18,6 +18,8 @@
 #include "dml/optim/sgd.hpp"
 #include "dml/ps/transport.hpp"
 
+namespace test_optim {
+
 using namespace dml;
 
 template <class O>
@@ -218,3 +220,5 @@ TEST_CASE("the parameter server's optimizers follow optim's rules; every node's 
   o.optimizer = {ps::server_optimizer::adagrad, 0.f, 1e-10f, 0.f};
   CHECK_NOTHROW(ps::placement({8}, o));
 }
+
+}  // namespace test_optim

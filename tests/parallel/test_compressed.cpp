@@ -14,6 +14,8 @@
 #include "dml/parallel/compressed.hpp"
 #include "support.hpp"
 
+namespace test_compressed {
+
 using namespace dml;
 using parallel::compressed_reducer;
 using parallel::gradient_compression;
@@ -183,3 +185,5 @@ TEST_CASE("bad compress settings throw naming the setting") {
   CHECK(gradient_compression::parse("topk:1").on());
   CHECK(gradient_compression::parse("onebit:64").name() == "onebit:64");
 }
+
+}  // namespace test_compressed

@@ -14,6 +14,8 @@
 #include "dml/parallel/mesh.hpp"
 #include "mesh_check.hpp"
 
+namespace test_mesh {
+
 using dml::comm::local;
 using dml::parallel::mesh;
 using dml::parallel::mesh_shape;
@@ -182,3 +184,5 @@ TEST_CASE("parallel::mesh: hybrid sharding's shard, expert shard and replicate g
   CHECK(error_of(8, {.dp = 8, .ep = 8, .replicas = 2}) ==
         "dml::parallel::mesh: expected ep and cp to divide a replica's 4 data-parallel ranks, found ep 8 and cp 1");
 }
+
+}  // namespace test_mesh

@@ -18,6 +18,8 @@
 #include "support.hpp"
 #include "ps_fixture.hpp"
 
+namespace test_param_server {
+
 using namespace dml;
 namespace ps = dml::ps;
 
@@ -436,3 +438,5 @@ TEST_CASE("bad requests get clear errors and the server keeps serving") {
     });
   }, quick());
 }
+
+}  // namespace test_param_server

@@ -17,6 +17,8 @@
 
 #include "dml/parallel/partition.hpp"
 
+namespace test_partition {
+
 using dml::parallel::balance_stages;
 using dml::parallel::check_cuts;
 using dml::parallel::parse_cuts;
@@ -236,3 +238,5 @@ TEST_CASE("balance_stages: a few hundred layers over many stages stays quick and
   CHECK(many.size() == 64);
   CHECK(max_of(stage_costs(cost, many)) == 100);
 }
+
+}  // namespace test_partition

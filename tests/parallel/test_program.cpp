@@ -12,6 +12,8 @@
 #include "dml/parallel/program.hpp"
 #include "dml/parallel/schedule.hpp"
 
+namespace test_program {
+
 using namespace dml;
 using parallel::instruction;
 using k = instruction::kind;
@@ -90,3 +92,5 @@ TEST_CASE("broken programs are refused, naming the instruction") {
   CHECK(parallel::check(parallel::lower(zb, 0, {.per_micro_batch = true}), 1, {.per_micro_batch = true})
             .find("cannot split backward") != std::string::npos);
 }
+
+}  // namespace test_program

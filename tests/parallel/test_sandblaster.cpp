@@ -17,6 +17,8 @@
 #include "ps_fixture.hpp"
 #include "support.hpp"
 
+namespace test_sandblaster {
+
 using namespace dml;
 using comm_t = comm::local;
 
@@ -277,3 +279,5 @@ TEST_CASE("sandblaster: bad settings fail before any message, naming the setting
     });
   }
 }
+
+}  // namespace test_sandblaster

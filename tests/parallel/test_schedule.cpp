@@ -19,6 +19,8 @@
 #include "support.hpp"
 
 
+namespace test_schedule {
+
 using namespace dml::schedule;
 
 namespace {
@@ -603,3 +605,5 @@ TEST_CASE("which schedules keep the messages between two ranks in order (for com
   std::iter_swap(first, second);
   CHECK(verify_in_order(t));
 }
+
+}  // namespace test_schedule

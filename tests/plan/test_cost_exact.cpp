@@ -13,6 +13,8 @@
 #include "../train/gpt_fixture.hpp"
 #include "dml/plan/exact.hpp"
 
+namespace test_cost_exact {
+
 namespace {
 
 using namespace dml;
@@ -638,3 +640,5 @@ TEST_CASE("a Llama's parameters, FLOPs, stage cut and block bytes in dml::cost a
                                       cost::recompute::selective) == kept);
       }
 }
+
+}  // namespace test_cost_exact

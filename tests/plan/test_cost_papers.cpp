@@ -8,6 +8,8 @@
 
 #include "dml/plan/cost.hpp"
 
+namespace test_cost_papers {
+
 using namespace dml;
 
 namespace {
@@ -115,3 +117,5 @@ TEST_CASE("Narayanan et al. Table 1: parameter counts, and FLOPs per iteration e
     CHECK(rel(e.flops_per_step, 72 * r.batch * s * r.l * r.h * r.h * (1 + s / (6 * r.h)) + 6 * r.batch * s * r.h * V) < 1e-12);
   }
 }
+
+}  // namespace test_cost_papers

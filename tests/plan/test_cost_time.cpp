@@ -12,6 +12,8 @@
 #include "dml/plan/cluster.hpp"
 #include "dml/plan/cost.hpp"
 
+namespace test_cost_time {
+
 using namespace dml;
 
 namespace {
@@ -433,3 +435,5 @@ TEST_CASE("context parallelism: a rank's queries meet every key, the ring's pass
   CHECK(passes(cp2) - passes(dp2) == doctest::Approx(2 * 2 * sbh_rank * 30 / 1e9).epsilon(1e-9));
   CHECK(cost::estimate::parts{.cp = 1}.named()[4] == std::pair<const char*, double>{"context-parallel ring", 1});
 }
+
+}  // namespace test_cost_time

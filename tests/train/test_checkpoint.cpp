@@ -22,6 +22,8 @@
 #include "support.hpp"
 #include "trainer_fixture.hpp"
 
+namespace test_checkpoint {
+
 using namespace dml;
 namespace fs = std::filesystem;
 
@@ -560,3 +562,5 @@ TEST_CASE("parse_checkpoint_index: integers must be JSON integers in range; size
   empty["optimizer"]["state_slots"] = 2147483647;
   CHECK(train::parse_checkpoint_index(empty.dump(), path).info.state_slots == 2147483647);
 }
+
+}  // namespace test_checkpoint

@@ -20,6 +20,8 @@
 #include "support.hpp"
 #include "gpt_fixture.hpp"
 
+namespace test_compose {
+
 namespace {
 
 using namespace gpt_fixture;
@@ -228,3 +230,5 @@ TEST_CASE("compose: checkpoints of zero3·pp2·ep2, hybrid zero2·tp2 and replic
     CHECK(resumed == 9);
   }
 }
+
+}  // namespace test_compose

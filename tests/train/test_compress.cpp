@@ -9,6 +9,8 @@
 #include "support.hpp"
 #include "trainer_fixture.hpp"
 
+namespace test_compress {
+
 using namespace trainer_fixture;
 
 namespace {
@@ -135,3 +137,4 @@ TEST_CASE("compress: bad settings fail at construction naming the setting") {
   });
 }
 
+}  // namespace test_compress

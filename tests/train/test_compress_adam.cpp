@@ -11,6 +11,8 @@
 #include "support.hpp"
 #include "trainer_fixture.hpp"
 
+namespace test_compress_adam {
+
 using namespace trainer_fixture;
 
 namespace {
@@ -194,3 +196,5 @@ TEST_CASE("onebit-adam reducer: an entry whose warm-up gradient was tiny does no
     }
   });
 }
+
+}  // namespace test_compress_adam

@@ -8,6 +8,8 @@
 
 #include "gpt_fixture.hpp"
 
+namespace test_context_parallel {
+
 namespace {
 
 using namespace gpt_fixture;
@@ -62,3 +64,5 @@ TEST_CASE("context parallelism must divide the data-parallel ranks") {
                          dml::invalid_argument);
   });
 }
+
+}  // namespace test_context_parallel

@@ -13,6 +13,8 @@
 
 #include "gpt_fixture.hpp"
 
+namespace test_expert_parallel {
+
 namespace {
 
 using namespace gpt_fixture;
@@ -139,3 +141,5 @@ TEST_CASE("experts under zero<1/2/3>, and checkpoints of experts loaded into oth
   check_same(one, joined(run_sharded<parallel::zero<2>>(ep2dp2, g, rest, {.load = dir})), "zero3 ep 2 saved, zero2 " + ep2dp2.name() + " resumed");
   std::filesystem::remove_all(dir);
 }
+
+}  // namespace test_expert_parallel

@@ -10,6 +10,8 @@
 
 #include "dml/train/flags.hpp"
 
+namespace test_flags {
+
 namespace {
 
 // Every kind of flag the examples use, bound to one struct.
@@ -236,3 +238,5 @@ TEST_CASE("parse_number: the shared reader of numbers stored as text") {
   CHECK_THROWS_WITH_AS(dml::parse_number<float>("x", "nan"), "x: expected a finite number, found 'nan'",
                        dml::invalid_argument);
 }
+
+}  // namespace test_flags

@@ -26,6 +26,8 @@
 #include "dml/train/hf_llama.hpp"
 #include "support.hpp"
 
+namespace test_hf_llama {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -646,3 +648,5 @@ TEST_CASE("Python: Hugging Face's loader reads the files, and LlamaForCausalLM's
   INFO(cmd);
   REQUIRE(std::system(cmd.c_str()) == 0);
 }
+
+}  // namespace test_hf_llama

@@ -20,6 +20,8 @@
 #include "dml/train/sampler.hpp"
 #include "support.hpp"
 
+namespace test_idx {
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -325,3 +327,5 @@ TEST_CASE("sampler: rank slices cover each global batch once, and gather copies 
   CHECK(s.order(0) != s.order(1));
   CHECK(s.order(1) == dml::train::sampler(n, batch, 3).order(1));
 }
+
+}  // namespace test_idx

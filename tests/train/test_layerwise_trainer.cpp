@@ -10,6 +10,8 @@
 #include "support.hpp"
 #include "trainer_fixture.hpp"
 
+namespace test_layerwise_trainer {
+
 using namespace trainer_fixture;
 
 namespace {
@@ -117,3 +119,5 @@ TEST_CASE("layer-wise optimizers refuse offload, naming it, and leave no state f
   });
   CHECK(std::filesystem::is_empty(dir.path));
 }
+
+}  // namespace test_layerwise_trainer

@@ -25,6 +25,8 @@
 #include "dml/train/llama2c.hpp"
 #include "support.hpp"
 
+namespace test_llama2c {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -219,3 +221,5 @@ TEST_CASE("Python: run.c's forward in numpy from the exported file gives dml's l
   }
   REQUIRE(rc == 0);
 }
+
+}  // namespace test_llama2c

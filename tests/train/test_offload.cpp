@@ -23,6 +23,8 @@
 #include "support.hpp"
 #include "trainer_fixture.hpp"
 
+namespace test_offload {
+
 using namespace dml;
 namespace fs = std::filesystem;
 using trainer_fixture::on_ranks;
@@ -410,3 +412,5 @@ TEST_CASE("offload: a write that fails mid-step loses nothing: the current file 
     CHECK(losses == ref);
   });
 }
+
+}  // namespace test_offload

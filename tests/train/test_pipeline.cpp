@@ -9,6 +9,8 @@
 #include "support.hpp"
 #include "trainer_fixture.hpp"
 
+namespace test_pipeline {
+
 using namespace trainer_fixture;
 
 namespace {
@@ -229,3 +231,5 @@ TEST_CASE("pipeline: checkpoints load into any dp x pp layout") {
     CHECK(worst.value <= fp32_bound);
   }
 }
+
+}  // namespace test_pipeline

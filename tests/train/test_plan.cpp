@@ -11,6 +11,8 @@
 
 #include "gpt_fixture.hpp"
 
+namespace test_plan {
+
 using namespace gpt_fixture;
 namespace pl = dml::parallel;
 
@@ -177,3 +179,5 @@ TEST_CASE("a communicator without tags refuses a schedule that reorders the mess
                       "no tags), and the schedule for 5 micro-batches reorders them: rank 0 sends RG0.0's message as "
                       "its 7th to rank 1") != std::string::npos);
 }
+
+}  // namespace test_plan

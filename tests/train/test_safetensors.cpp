@@ -19,6 +19,8 @@
 #include "dml/train/safetensors.hpp"
 #include "support.hpp"
 
+namespace test_safetensors {
+
 namespace fs = std::filesystem;
 namespace dt = dml::train;
 
@@ -381,3 +383,5 @@ TEST_CASE("safetensors_file::from_bytes reads a file's contents as open reads th
   const auto msg = error_of<dml::format_error>([&] { (void)dt::safetensors_file::from_bytes(bytes, "cut"); });
   CHECK(msg.find("cut: not a valid safetensors file") != std::string::npos);
 }
+
+}  // namespace test_safetensors

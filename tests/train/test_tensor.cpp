@@ -11,6 +11,8 @@
 #include "support.hpp"
 #include "gpt_fixture.hpp"
 
+namespace test_tensor {
+
 namespace {
 
 using namespace gpt_fixture;
@@ -168,3 +170,5 @@ TEST_CASE("a tied LM head and token embedding stay one parameter in every layout
   check_same(one, run_layout<parallel::zero<2>, optim::adamw>(layout{.pp = 2, .dp = 2}, g), "tied, zero2 pp 2 dp 2");
   check_same(one, run_layout<parallel::zero<3>, optim::adamw>(layout{.tp = 2, .dp = 2}, g), "tied, zero3 tp 2 dp 2");
 }
+
+}  // namespace test_tensor

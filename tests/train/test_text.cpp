@@ -14,6 +14,8 @@
 #include "dml/train/text.hpp"
 #include "support.hpp"
 
+namespace test_text {
+
 namespace fs = std::filesystem;
 using dml::train::text_corpus;
 
@@ -180,3 +182,5 @@ TEST_CASE("text_corpus: the default text loads where Debian ships it") {
   c.batch(0, 1, 0, 4, 64, x.data(), y.data());
   CHECK(std::all_of(y.begin(), y.end(), [](std::int32_t t) { return t >= 0 && t < text_corpus::vocab; }));
 }
+
+}  // namespace test_text

@@ -8,6 +8,8 @@
 #include "support.hpp"
 #include "trainer_fixture.hpp"
 
+namespace test_trainer {
+
 using namespace trainer_fixture;
 
 namespace {
@@ -304,3 +306,5 @@ TEST_CASE_TEMPLATE("mixed precision: a checkpoint resumes exactly (master weight
   REQUIRE(straight.size() == resumed.size());
   for (std::size_t i = 0; i < straight.size(); ++i) CHECK(straight[i] == resumed[i]);
 }
+
+}  // namespace test_trainer

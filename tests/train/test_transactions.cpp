@@ -11,6 +11,8 @@
 #include "dml/dml.hpp"
 #include "trainer_fixture.hpp"
 
+namespace test_transactions {
+
 using namespace dml;
 using trainer_fixture::on_ranks;
 
@@ -243,3 +245,5 @@ TEST_CASE("a snapshot of another layout is refused") {
     CHECK_THROWS_WITH_AS(t.restore(snap), doctest::Contains("the snapshot has"), invalid_argument);
   });
 }
+
+}  // namespace test_transactions
