@@ -448,10 +448,10 @@ int run_sharding(const options& o, Comm& comm, Model model, const dml::train::da
 inline constexpr std::size_t max_hidden = 3;
 
 // The trainers of one communicator and precision: every sharding and depth, 16 engines. A unit that compiles any
-// engine also compiles what all engines share (kernels, collectives, checkpoints: about 75 CPU seconds here), so the
-// MPI and Gloo paths keep their three precisions in one unit each (main_mpi.cpp, main_gloo.cpp), and the comm::local
-// ones, which the demo builds first, compile in two units (local_engines.cpp.in) beside main.cpp, for a build that
-// keeps two cores busy; the declarations below keep main.cpp from compiling them again.
+// engine also compiles what all engines share (kernels, collectives, checkpoints: about 75 CPU seconds here), so
+// the program compiles as two units (CMakeLists.txt): local_engines.cpp's comm::local engines of every precision
+// with main_mpi.cpp's, and main.cpp with the Gloo ones; the declarations below keep main.cpp from compiling the
+// comm::local ones again.
 template <class Precision, class Comm>
 int run_engines(const options& o, Comm& comm, const dml::train::dataset& tr, const dml::train::dataset& te) {
   return dml::nn::with_mlp<max_hidden>(tr.features(), o.hidden, 10,
