@@ -449,8 +449,8 @@ inline constexpr std::size_t max_hidden = 3;
 
 // The trainers of one communicator and precision: every sharding and depth, 16 engines. A unit that compiles any
 // engine also compiles what all engines share (kernels, collectives, checkpoints: about 75 CPU seconds here), so
-// the program compiles as two units (CMakeLists.txt): main.cpp with local_engines.cpp's comm::local engines of
-// every precision, and the MPI and Gloo ones together; the declarations below keep main.cpp's dispatch from
+// the program compiles as two units (CMakeLists.txt): local_engines.cpp's comm::local engines of every precision
+// with the MPI ones, and main.cpp with the Gloo ones; the declarations below keep main.cpp's dispatch from
 // compiling the comm::local ones a second time.
 template <class Precision, class Comm>
 int run_engines(const options& o, Comm& comm, const dml::train::dataset& tr, const dml::train::dataset& te) {
