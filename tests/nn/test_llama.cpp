@@ -199,13 +199,25 @@ TEST_CASE("llama: configuration and split errors name what was expected and what
   throws(bad([](auto& g) { g.rope.theta = 0; }), "expected rope.theta > 0");
   CHECK_NOTHROW(tiny(1).validate());
 
-  // Tensor parallelism splits key/value heads too: MQA does not split.
+  // Tensor parallelism splits key/value heads, or where there are fewer than ranks, shares each among
+  // ranks / kv_heads ranks that hold a slice of its columns each.
   nn::llama_block mqa(tiny(1));
-  CHECK_THROWS_WITH_AS(mqa.set_split({.ranks = 2}),
-                       doctest::Contains("llama_block: tensor parallelism over 2 ranks needs the key/value heads divisible by 2, found 1"),
+  CHECK_NOTHROW(mqa.set_split({.ranks = 2}));
+  CHECK_NOTHROW(mqa.set_split({.ranks = 4}));
+  auto narrow = tiny(1);
+  narrow.heads = 8;  // head_dim 2
+  nn::llama_block mqa8(narrow);
+  CHECK_THROWS_WITH_AS(mqa8.set_split({.ranks = 4}),
+                       doctest::Contains("llama_block: tensor parallelism over 4 ranks needs the key/value heads' "
+                                         "columns kv_heads·head_dim divisible by 4, found 2"),
                        invalid_argument);
-  nn::llama_block gqa(tiny(2));
-  CHECK_THROWS_WITH_AS(gqa.set_split({.ranks = 4}), doctest::Contains("needs the key/value heads divisible by 4, found 2"),
+  auto six = tiny(2);
+  six.heads = 6;
+  six.d_model = 24;
+  nn::llama_block gqa(six);
+  CHECK_THROWS_WITH_AS(gqa.set_split({.ranks = 3}),
+                       doctest::Contains("tensor parallelism over 3 ranks needs the key/value heads divisible by 3 or "
+                                         "dividing it, found 2"),
                        invalid_argument);
   auto odd_ffn = tiny(2);
   odd_ffn.ffn_hidden = 9;
@@ -438,14 +450,40 @@ TEST_CASE("llama checkpoints written under tensor parallelism resume on one rank
   }
 }
 
-TEST_CASE("llama: a trainer refuses a tensor-parallel degree that does not split kv_heads") {
+TEST_CASE("llama: a trainer refuses a tensor-parallel degree that cannot share out the key/value heads") {
   const auto build = [](int ranks, train::trainer_options o, const nn::llama_config& g) {
     comm::local::run(ranks, [&](comm::local& c) { trainer<parallel::replicate, optim::adamw> t(c, nn::llama(g), o); });
   };
   train::trainer_options tp;
-  tp.tensor_parallel = 4;
-  CHECK_THROWS_WITH_AS(build(4, tp, train_config()), doctest::Contains("the key/value heads divisible by 4, found 2"),
-                       invalid_argument);
+  tp.tensor_parallel = 8;
+  auto mqa = train_config();
+  mqa.kv_heads = 1;  // one head of 4 columns over 8 ranks
+  CHECK_THROWS_WITH_AS(build(8, tp, mqa), doctest::Contains("kv_heads·head_dim divisible by 8, found 4"), invalid_argument);
+}
+
+TEST_CASE("llama with more tensor ranks than key/value heads (each shared by tp / kv_heads ranks) gives one rank's training") {
+  // tp 4 over 2 key/value heads, and multi-query attention over tp 2 and 4: a rank holds a slice of its head's k and
+  // v rows; forward all-gathers the slices and backward reduce-scatters their gradients, each once a block.
+  const auto g = train_config();
+  const auto one = train_layout({}, g);
+  check_same(one, train_layout({.tp = 4}, g), "kv 2, tp 4");
+  check_same(one, train_layout({.tp = 4, .sp = true}, g), "kv 2, tp 4 sp");
+  check_same(one, train_layout({.tp = 4, .pp = 2, .schedule = "zb"}, g), "kv 2, tp 4 pp 2 zb");
+  auto mqa = train_config();
+  mqa.kv_heads = 1;
+  const auto one_mqa = train_layout({}, mqa);
+  check_same(one_mqa, train_layout({.tp = 2}, mqa), "kv 1, tp 2");
+  check_same(one_mqa, train_layout({.tp = 4, .cp = 2}, mqa), "kv 1, tp 4 cp 2");
+  check_same(one_mqa, train_layout({.tp = 4, .sp = true}, mqa), "kv 1, tp 4 sp");
+  // A checkpoint written with shared heads resumes on one rank: every slice goes to its place in the whole tensor.
+  const auto whole = train_layout({}, g, 0, 12);
+  const dml_test::temp_dir dir("dml-llama-shared-kv");
+  train_layout({.tp = 4}, g, 0, 6, {}, dir.path.string());
+  auto resumed = train_layout({}, g, 6, 6, dir.path.string());
+  auto tail = whole;
+  tail.losses.erase(tail.losses.begin(), tail.losses.begin() + 6);
+  tail.grad_norms.erase(tail.grad_norms.begin(), tail.grad_norms.begin() + 6);
+  check_same(tail, resumed, "tp 4 -> tp 1");
 }
 
 TEST_CASE("llama under context parallelism (ring attention, zig-zag and contiguous, and with tp) gives one rank's training") {

@@ -518,7 +518,7 @@ TEST_CASE("cost::evaluate_dml: a Llama layout's largest rank holds what the cost
       REQUIRE(e.why.empty());
       return std::pair{l, e};
     };
-    for (const char* layout : {"dp=1", "tp=2", "tp=2,sp=1", "pp=2,mb=4", "pp=2,schedule=zb,mb=4",
+    for (const char* layout : {"dp=1", "tp=2", "tp=2,sp=1", "tp=4", "tp=4,sp=1", "pp=2,mb=4", "pp=2,schedule=zb,mb=4",
                                "pp=2,schedule=gpipe,mb=4,recompute=full", "dp=2,cp=2", "dp=2,tp=2,sp=1,cp=2"}) {
       CAPTURE(layout);
       const auto [l, e] = priced(layout, cost::precision::fp32);
@@ -536,7 +536,18 @@ TEST_CASE("cost::evaluate_dml: a Llama layout's largest rank holds what the cost
     const auto l = cost::parse_layout(layout);
     return cost::evaluate_dml(m, l, {.global_batch = batch}, cost::cluster{}, l.devices()).why;
   };
-  CHECK(why("tp=4") == "tp 4 does not divide the 2 key/value heads");
+  CHECK(why("tp=4").empty());  // two ranks share each key/value head
+  auto odd = m;
+  odd.heads = 6;
+  odd.d_model = 36;
+  odd.vocab = 48;
+  CHECK(cost::evaluate_dml(odd, cost::parse_layout("tp=3"), {.global_batch = batch}, cost::cluster{}, 3).why ==
+        "tp 3 neither divides the 2 key/value heads nor is a multiple of them");
+  auto narrow = m;
+  narrow.heads = 16;
+  narrow.kv_heads = 1;
+  CHECK(cost::evaluate_dml(narrow, cost::parse_layout("tp=4"), {.global_batch = batch}, cost::cluster{}, 4).why ==
+        "tp 4 does not divide the key/value heads' 2 columns");
   CHECK(why("dp=2,cp=2").empty());  // ring attention with grouped-query heads
   CHECK(why("dp=2,ep=2") == "a Llama has no experts (ep 2, experts 0)");
   const auto all = cost::search_dml(m, {.global_batch = batch}, cost::cluster{}, 8, 1);
@@ -547,22 +558,26 @@ TEST_CASE("cost::evaluate_dml: a Llama layout's largest rank holds what the cost
 TEST_CASE("the Llama's tensor-parallel collectives per step, counted by its group, equal cost::gpt_tp_collectives") {
   using gpt_fixture::batch;
   struct lay {
-    int pp;
+    int tp, pp;
     bool sp;
     std::int64_t micro;
   };
-  for (const lay l : {lay{1, false, 1}, lay{1, true, 2}, lay{2, true, 2}, lay{2, false, 2}}) {
+  // tp 4 over its 2 key/value heads: each block also all-gathers their k and v slices and reduce-scatters their
+  // gradients.
+  for (const lay l : {lay{2, 1, false, 1}, lay{2, 1, true, 2}, lay{2, 2, true, 2}, lay{2, 2, false, 2}, lay{4, 1, false, 1},
+                      lay{4, 1, true, 2}}) {
+    CAPTURE(l.tp);
     CAPTURE(l.pp);
     CAPTURE(l.sp);
     CAPTURE(l.micro);
     const auto m = small_llama(false);
     train::trainer_options o;
-    o.tensor_parallel = 2;
+    o.tensor_parallel = l.tp;
     o.sequence_parallel = l.sp;
     o.pipeline_stages = l.pp;
     o.schedule = l.pp > 1 ? "1f1b" : "gpipe";
     o.micro_batches = l.micro;
-    const cost::layout cl{.tp = 2, .pp = l.pp, .sp = l.sp, .micro_batches = l.micro};
+    const cost::layout cl{.tp = l.tp, .pp = l.pp, .sp = l.sp, .micro_batches = l.micro};
     check_tp_collectives(tp_counted(nn::llama(cost::llama_config_of(m)), o),
                          cost::gpt_tp_collectives(m, cl, static_cast<double>(batch / l.micro), 4));
   }
@@ -623,10 +638,10 @@ TEST_CASE("a Llama's parameters, FLOPs, stage cut and block bytes in dml::cost a
 
   // llama_layer_bytes: what a block keeps and its output, to the byte (sizes that leave no 64-byte padding).
   const auto g = cost::llama_config_of(m);
-  for (const int tp : {1, 2})
+  for (const int tp : {1, 2, 4})  // at 4 two ranks share each of the 2 key/value heads
     for (const bool sp : {false, true})
       for (const std::int64_t w : {4, 2}) {
-        if (sp && tp == 1) continue;
+        if (sp && tp != 2) continue;  // tp 4 sp: a rank's 1/rms floats would pad to 64 bytes
         CAPTURE(tp);
         CAPTURE(sp);
         CAPTURE(w);

@@ -12,7 +12,8 @@
 // parameter of its own tied to model.embed_tokens.weight (param_spec::tied_to), as nn::gpt's is.
 //
 // Tensor parallelism: the embedding and LM head are vocabulary-parallel, the blocks split heads (query and key/value
-// alike: tensor_parallel must divide kv_heads) and ffn_hidden. Sequence and context parallelism as nn::gpt: under
+// alike; where tensor_parallel exceeds kv_heads, a multiple of it, tensor_parallel / kv_heads ranks share each
+// key/value head, each holding a slice of its rows) and ffn_hidden. Sequence and context parallelism as nn::gpt: under
 // context parallelism the embedding hands each rank its chunks of the sequences, the blocks rotate q and k by each
 // token's position in the whole sequence and attend through the ring (grouped-query K/V blocks), and the head works on
 // the rank's tokens.

@@ -100,14 +100,15 @@ inline gpt_end_values gpt_end_values_per_token(double h, double V, double t, boo
 // One nn::llama block's activation bytes as it keeps them (nn::llama_block's saved set, and its output), for sequence
 // s, micro-batch b, hidden h, heads a, key/value heads k, SwiGLU width f, tensor-parallel degree t, w bytes a value:
 // of each token row (a t-th of them under sequence parallelism) the two RMSNorms' outputs, the residual between the
-// halves and the output, 4h values, and two floats of 1/rms; of each token this rank's q, k and v ((a + 2k)·h/a / t),
+// halves and the output, 4h values, and two floats of 1/rms; of each token this rank's q, k and v ((a + 2k)·h/a / t;
+// where t exceeds k, t / k ranks share each key/value head and attention keeps a whole one: (a/t + 2)·h/a),
 // the attention's output (h/t), [gate | up] and SwiGLU's output (3f/t), and a float log-sum-exp per head (a/t). The
 // tile attention keeps nothing of s², so selective recompute keeps as much as none; full keeps the input alone.
 inline double llama_layer_bytes(double s, double b, double h, double a, double k, double f, double t, double w,
                                 bool sequence_parallel, recompute r) {
   const double tokens = s * b, rows = sequence_parallel ? tokens / t : tokens;
   if (r == recompute::full) return rows * h * w;
-  return rows * (4 * h * w + 8) + tokens * (((a + 2 * k) * h / a + h + 3 * f) * w + 4 * a) / t;
+  return rows * (4 * h * w + 8) + tokens * (((a + 2 * std::max(k, t)) * h / a + h + 3 * f) * w + 4 * a) / t;
 }
 
 // Narayanan et al. 2021, eq. (3): FLOPs per iteration of a GPT with full recomputation (one extra forward),
@@ -468,7 +469,10 @@ inline std::string refusal(const model& m, const layout& l, const training& t, i
     if (m.heads % m.kv() != 0) return "kv_heads " + str(m.kv()) + " do not divide the " + str(m.heads) + " heads";
     if (m.d_model / m.heads % 2 != 0)
       return "a Llama's head_dim " + str(m.d_model / m.heads) + " is odd (RoPE rotates pairs)";
-    if (m.kv() % l.tp != 0) return "tp " + str(l.tp) + " does not divide the " + str(m.kv()) + " key/value heads";
+    if (l.tp > m.kv() ? l.tp % m.kv() != 0 : m.kv() % l.tp != 0)
+      return "tp " + str(l.tp) + " neither divides the " + str(m.kv()) + " key/value heads nor is a multiple of them";
+    if (l.tp > m.kv() && m.kv() * (m.d_model / m.heads) % l.tp != 0)
+      return "tp " + str(l.tp) + " does not divide the key/value heads' " + str(m.kv() * (m.d_model / m.heads)) + " columns";
     if (m.ffn_hidden % l.tp != 0) return "tp " + str(l.tp) + " does not divide ffn_hidden " + str(m.ffn_hidden);
     if (m.bias) return "a Llama has no biases";
     if (m.experts > 0 || l.ep > 1)
@@ -498,7 +502,9 @@ inline std::string refusal(const model& m, const layout& l, const training& t, i
 //   input all-gather and its gradient's reduce-scatter; and once a step, in fp32, an all-reduce of each weight whose
 //   gradient is partial over the group: a block's 2 LayerNorm weights (with bias also their biases and the two
 //   row-parallel biases: 6), the final LayerNorm's (2 with bias) and the position embedding (seq·h); a Llama's are
-//   the same but for the position embedding, which it has not (its RMSNorms have no bias);
+//   the same but for the position embedding, which it has not (its RMSNorms have no bias); and where t exceeds a
+//   Llama's key/value heads, each block's all-gather of their k and v slices forward and reduce-scatter backward,
+//   2·kv_heads·head_dim values a token;
 // - the vocabulary-parallel loss's max and its sums, all-reduces of T and 2T floats.
 // A pipeline stage holds ceil(layers / pp) blocks; the first stage the embedding, the last the head and loss, and
 // where pp > 1 the last one's (the busier end) is priced. A block with experts counts as a dense one here (its
@@ -530,6 +536,8 @@ inline collectives gpt_tp_collectives(const model& m, const layout& l, double mb
     add(1 + bias, h * f32, true);
     if (m.is_gpt()) add(embedding, static_cast<double>(m.seq) * h * f32, true);
   }
+  if (m.is_llama() && l.tp > m.kv())
+    add(M * 2 * blocks, T * 2 * static_cast<double>(m.kv() * (m.d_model / m.heads)) * w, false);
   add(M, T * f32, true);
   add(M, 2 * T * f32, true);
   return c;

@@ -43,6 +43,64 @@ struct token_positions {
   token_place at;
   DML_HOST_DEVICE void operator()(std::int64_t t) const { out[t] = at.position(t); }
 };
+
+// Key/value heads shared by tensor ranks (tp > kv_heads, rep = tp / kv_heads ranks a head): a rank's qkv_proj rows
+// are its query heads' (qw columns of its qkv row, `width` wide) and a slice of s = head_dim / rep columns of one key
+// head and of one value head; the ranks group_first .. group_first + rep − 1 hold that head's slices, in order.
+struct kv_share {
+  std::int64_t n, width, qw, s, head_dim, rep, group_first;
+  DML_HOST_DEVICE std::int64_t att() const { return qw + 2 * head_dim; }  // a row attention reads: q heads, k, v
+};
+// The rank's k and v slices as [n, 2s] rows, for the all-gather.
+template <class T>
+struct kv_pack {
+  const T* qkv;
+  T* out;
+  kv_share k;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    out[i] = qkv[i / (2 * k.s) * k.width + k.qw + i % (2 * k.s)];
+  }
+};
+// Attention's rows: the rank's query heads, then its whole key and value head from the gathered slices [tp, n, 2s].
+template <class T>
+struct kv_assemble {
+  const T *qkv, *all;
+  T* out;
+  kv_share k;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    const std::int64_t t = i / k.att(), c = i % k.att();
+    if (c < k.qw) {
+      out[i] = qkv[t * k.width + c];
+      return;
+    }
+    const std::int64_t part = (c - k.qw) / k.head_dim, e = (c - k.qw) % k.head_dim;  // part 0: k, 1: v
+    out[i] = all[((k.group_first + e / k.s) * k.n + t) * 2 * k.s + part * k.s + e % k.s];
+  }
+};
+// Backward: the gradients of attention's key and value columns laid out [tp, n, 2s] for the reduce-scatter, each
+// slice under the rank that holds it (zero under the ranks of other heads).
+template <class T>
+struct kv_spread {
+  const T* datt;
+  T* out;
+  kv_share k;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    const std::int64_t j = i / (k.n * 2 * k.s) - k.group_first, t = i / (2 * k.s) % k.n, c = i % (2 * k.s);
+    out[i] = j < 0 || j >= k.rep ? T(0.f) : datt[t * k.att() + k.qw + c / k.s * k.head_dim + j * k.s + c % k.s];
+  }
+};
+// The gradient of the rank's qkv rows: its query columns from attention's, its k and v slices summed over the ranks
+// of its head ([n, 2s], reduce-scattered).
+template <class T>
+struct kv_unpack {
+  const T *datt, *sums;
+  T* dqkv;
+  kv_share k;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    const std::int64_t t = i / k.width, c = i % k.width;
+    dqkv[i] = c < k.qw ? datt[t * k.att() + c] : sums[t * 2 * k.s + c - k.qw];
+  }
+};
 }  // namespace kernels
 
 // Sizes of one call of a llama block or head on input [B, T or T/p, C].
@@ -61,7 +119,10 @@ struct llama_dims {
 // Tensor parallelism (split.ranks = p): qkv_proj is column-parallel (a rank holds heads/p query heads and the
 // kv_heads/p key/value heads they read, its rows [q part | k part | v part]), gate_up_proj column-parallel (a rank's
 // gate columns and the up columns that pair with them), o_proj and down_proj row-parallel; one all-reduce per half in
-// each pass. Sequence parallelism (split.sequence): RMSNorm and the residuals run on this rank's token rows, with
+// each pass. Where p exceeds kv_heads (a multiple of it), p / kv_heads ranks share each key/value head and each
+// holds head_dim·kv_heads / p of its k and of its v rows, so every weight is still held once: forward all-gathers
+// the group's k and v slices (n·2·kv_heads·head_dim values) and each rank attends with its whole head; backward
+// reduce-scatters their gradients back to the slices' ranks. Sequence parallelism (split.sequence): RMSNorm and the residuals run on this rank's token rows, with
 // all-gathers before the column-parallel products and reduce-scatters after the row-parallel ones, as gpt_block.
 // Context parallelism (set_context_split): the block holds the rank's chunks of each sequence, RoPE turns each token
 // by its position in the whole sequence (nn::cp_position), and attention is ring attention over the context group;
@@ -93,7 +154,12 @@ struct llama_block : detail::split_part {
     split = s;
     check_split(kind);
     check_divides(kind, "the heads", heads, s.ranks);
-    check_divides(kind, "the key/value heads", kv_heads, s.ranks);
+    if (s.ranks > kv_heads && s.ranks % kv_heads == 0)  // key/value heads shared by ranks: each holds a slice
+      check_divides(kind, "the key/value heads' columns kv_heads·head_dim", kv_heads * head_dim, s.ranks);
+    else if (s.ranks > 1 && kv_heads % s.ranks != 0)
+      fail<invalid_argument>("dml::nn::", kind, ": tensor parallelism over ", s.ranks,
+                             " ranks needs the key/value heads divisible by ", s.ranks, " or dividing it, found ",
+                             kv_heads);
     check_divides(kind, "ffn_hidden", ffn, s.ranks);
   }
   void set_context_split(context_split s) { cp = s; }
@@ -156,7 +222,9 @@ struct llama_block : detail::split_part {
     // attention half: x2 = x + o_proj(attn(rope(qkv_proj(rmsnorm(x)))))
     rmsnorm_forward<S>(x.data, w.ln1, sv.h1, sv.rrms1, nl, C, eps);
     const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full1, nl * C);
-    detail::linear_forward<S>(d.n, C, qkv_w, h1, w.qkv, static_cast<const T*>(nullptr), sv.qkv);
+    T* const qkv = shares_kv() ? ws.qkv : sv.qkv;
+    detail::linear_forward<S>(d.n, C, qkv_w, h1, w.qkv, static_cast<const T*>(nullptr), qkv);
+    if (shares_kv()) gather_kv<S>(c, d, static_cast<const T*>(qkv), ws, sv.qkv);
     rope_forward<S>(rope_dims(d), sv.qkv, table<S>(ws), positions<S>(ws, d));
     if (ring())
       ring_attention_forward<S>(ring_shape(d), cp, c.cp, static_cast<const T*>(sv.qkv), sv.att, sv.lse, ws.scratch);
@@ -229,14 +297,16 @@ struct llama_block : detail::split_part {
     if (!st) detail::linear_weight_grad<S>(d.n, qw, C, static_cast<const T*>(sv.att), dp, g.o, acc);
     detail::linear_input_grad<S>(d.n, qw, C, dp, w.o, ws.datt);
     T* const dqkv = st ? st->dqkv : ws.dqkv;
+    T* const datt = shares_kv() ? ws.dqkv_att : dqkv;  // attention's q, k, v gradients (whole key/value heads)
     if (ring())
       ring_attention_backward<S>(ring_shape(d), cp, c.cp, static_cast<const T*>(sv.qkv), static_cast<const T*>(sv.att),
-                                 static_cast<const float*>(sv.lse), static_cast<const T*>(ws.datt), dqkv, ws.scratch);
+                                 static_cast<const float*>(sv.lse), static_cast<const T*>(ws.datt), datt, ws.scratch);
     else
       tile_attention_backward<S>(attention(d), static_cast<const T*>(sv.qkv), static_cast<const T*>(sv.att),
-                                 static_cast<const float*>(sv.lse), static_cast<const T*>(ws.datt), dqkv, ws.tiles,
+                                 static_cast<const float*>(sv.lse), static_cast<const T*>(ws.datt), datt, ws.tiles,
                                  c.doc_start);
-    rope_backward<S>(rope_dims(d), dqkv, table<S>(ws), positions<S>(ws, d));
+    rope_backward<S>(rope_dims(d), datt, table<S>(ws), positions<S>(ws, d));
+    if (shares_kv()) scatter_kv<S>(c, d, static_cast<const T*>(datt), ws, dqkv);
     if (!st) {
       const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full2, nl * C);
       detail::linear_weight_grad<S>(d.n, C, qkv_w, h1, static_cast<const T*>(dqkv), g.qkv, acc);
@@ -254,19 +324,47 @@ struct llama_block : detail::split_part {
     const std::int64_t t = sequence() ? x[1] * ranks() : x[1];
     return {x[0], t, x[0] * t, x[0] * x[1]};
   }
-  // A qkv row of this rank: its query heads, then the key and value heads they read.
+  // A row of this rank's qkv_proj: its query heads, then the key and value heads they read (or, where ranks share
+  // them, its slices of one key and one value head).
   std::int64_t width() const { return (heads + 2 * kv_heads) * head_dim / ranks(); }
+  // More ranks than key/value heads: ranks() / kv_heads ranks share each one.
+  bool shares_kv() const { return ranks() > kv_heads; }
+  // The key/value heads this rank's attention reads, and its row of q, k, v there.
+  std::int64_t local_kv() const { return shares_kv() ? 1 : kv_heads / ranks(); }
+  std::int64_t attention_width() const { return (heads / ranks() + 2 * local_kv()) * head_dim; }
+  kernels::kv_share kv_geometry(const llama_dims& d) const {
+    const std::int64_t rep = ranks() / kv_heads;
+    return {.n = d.n, .width = width(), .qw = heads / ranks() * head_dim, .s = head_dim / rep, .head_dim = head_dim,
+            .rep = rep, .group_first = split.rank / rep * rep};
+  }
+  // Attention's q, k, v rows from this rank's qkv_proj rows: one all-gather of the group's k and v slices.
+  template <execution_space S, class T, class W>
+  void gather_kv(const context& c, const llama_dims& d, const T* qkv, const W& ws, T* out) const {
+    const kernels::kv_share k = kv_geometry(d);
+    for_each_index<S>(d.n * 2 * k.s, kernels::kv_pack<T>{qkv, ws.kv_part, k});
+    c.tp->all_gather(const_typed_ptr(static_cast<const T*>(ws.kv_part)), typed_ptr(ws.kv_all), d.n * 2 * k.s);
+    for_each_index<S>(d.n * k.att(), kernels::kv_assemble<T>{qkv, ws.kv_all, out, k});
+  }
+  // Back: the gradient of this rank's qkv_proj rows, its k and v slices summed over the ranks of its head (one
+  // reduce-scatter).
+  template <execution_space S, class T, class W>
+  void scatter_kv(const context& c, const llama_dims& d, const T* datt, const W& ws, T* dqkv) const {
+    const kernels::kv_share k = kv_geometry(d);
+    for_each_index<S>(ranks() * d.n * 2 * k.s, kernels::kv_spread<T>{datt, ws.kv_all, k});
+    c.tp->reduce_scatter(const_typed_ptr(static_cast<const T*>(ws.kv_all)), typed_ptr(ws.kv_part), d.n * 2 * k.s);
+    for_each_index<S>(d.n * width(), kernels::kv_unpack<T>{datt, ws.kv_part, dqkv, k});
+  }
   tile_attention_shape attention(const llama_dims& d) const {
-    return {.batch = d.b, .seq = d.t, .heads = heads / ranks(), .kv_heads = kv_heads / ranks(), .head_dim = head_dim,
+    return {.batch = d.b, .seq = d.t, .heads = heads / ranks(), .kv_heads = local_kv(), .head_dim = head_dim,
             .causal = true};
   }
   rope_shape rope_dims(const llama_dims& d) const {
-    return {.batch = d.b, .seq = d.t, .heads = heads / ranks(), .kv_heads = kv_heads / ranks(), .head_dim = head_dim};
+    return {.batch = d.b, .seq = d.t, .heads = heads / ranks(), .kv_heads = local_kv(), .head_dim = head_dim};
   }
   // Context parallel: d.t is this rank's chunks of each sequence, and attention is ring attention.
   bool ring() const { return cp.ranks > 1; }
   ring_attention_shape ring_shape(const llama_dims& d) const {
-    return {.batch = d.b, .seq = d.t * cp.ranks, .heads = heads / ranks(), .kv_heads = kv_heads / ranks(),
+    return {.batch = d.b, .seq = d.t * cp.ranks, .heads = heads / ranks(), .kv_heads = local_kv(),
             .head_dim = head_dim, .causal = true};
   }
   void check_ring(const context& c) const {
@@ -304,7 +402,8 @@ struct llama_block : detail::split_part {
   }
   // What forward keeps for backward: the RMSNorm outputs of this rank's rows and their 1/rms (re-gathered in
   // backward under sequence parallelism), q k v after RoPE, the attention's output and the log-sum-exp of each of its
-  // rows, the residual between the halves, and [gate | up] with SwiGLU's output.
+  // rows, the residual between the halves, and [gate | up] with SwiGLU's output. Where ranks share key/value heads,
+  // q k v are attention's rows (the rank's query heads and its whole key and value head).
   template <class T>
   struct saved_set {
     float *rrms1, *rrms2, *lse;
@@ -322,7 +421,7 @@ struct llama_block : detail::split_part {
     s.rrms1 = k.take<float>(d.n_local);
     s.rrms2 = k.take<float>(d.n_local);
     s.h1 = k.take<T>(d.n_local * C);
-    s.qkv = k.take<T>(d.n * width());
+    s.qkv = k.take<T>(d.n * attention_width());
     s.lse = k.take<float>(ring() ? ring_attention_saved_size(ring_shape(d), cp) : tile_attention_saved_size(attention(d)));
     s.att = k.take<T>(d.n * heads * head_dim / ranks());
     s.x2 = k.take<T>(d.n_local * C);
@@ -334,6 +433,7 @@ struct llama_block : detail::split_part {
   template <class T>
   struct work_set {
     T *full1, *full2, *full3, *part, *dx2, *da, *dgu, *datt, *dqkv, *scratch;
+    T *qkv, *dqkv_att, *kv_part, *kv_all;  // ranks sharing key/value heads: their rows, slices and gathered slices
     float *tiles, *rope;
     std::int64_t* positions;
   };
@@ -355,6 +455,12 @@ struct llama_block : detail::split_part {
     w.dgu = k.take<T>(d.n * 2 * fp);
     w.datt = k.take<T>(d.n * heads * head_dim / ranks());
     w.dqkv = k.take<T>(d.n * width());
+    if (shares_kv()) {
+      w.qkv = k.take<T>(d.n * width());
+      w.dqkv_att = k.take<T>(d.n * attention_width());
+      w.kv_part = k.take<T>(d.n * 2 * kv_heads * head_dim / ranks());
+      w.kv_all = k.take<T>(d.n * 2 * kv_heads * head_dim);
+    }
     if (ring()) {
       w.scratch = k.take<T>(ring_attention_workspace_size(ring_shape(d), cp));
       w.positions = k.take<std::int64_t>(d.n);
