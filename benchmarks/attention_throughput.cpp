@@ -3,7 +3,8 @@
 // (nn/tile_attention.hpp) beside the T×T attention (nn/attention.hpp) in the same run, for sequence lengths from
 // --min-seq to --max-seq: milliseconds per call, their ratio, and the bytes each keeps for backward plus the
 // scratch it needs. Both read the same q, k, v and write the same gradients. The tiles' GFLOP/s (the products
-// they run) stand beside the roofline of one tile's product, measured in the same run.
+// they run) stand beside the roofline of one tile's product, measured in the same run, and the speed-up beside the
+// one the products alone allow (the T×T attention's FLOPs over the tiles'), were both to run at one rate.
 #include <algorithm>
 #include <cstdio>
 #include <random>
@@ -70,18 +71,25 @@ double tile_flops(const options& o, std::int64_t seq) {
   return 7 * 2 * pairs * static_cast<double>(o.head_dim * o.batch * o.heads);
 }
 
+// FLOPs of the T×T attention's products: q·kᵀ and p·v forward, dO·vᵀ, dQ, dK and dV backward, each over the whole
+// T × T (its GEMMs skip no masked half).
+double dense_flops(const options& o, std::int64_t seq) {
+  return 6 * 2 * static_cast<double>(seq) * static_cast<double>(seq) * static_cast<double>(o.head_dim * o.batch * o.heads);
+}
+
 // The roofline of those products: one tile's q·kᵀ (128 × 128 × head_dim) by oneDNN's sgemm on this thread, GFLOP/s.
 double tile_gemm_gflops(const options& o) {
   const std::int64_t n = dml::nn::kernels::attention_tile;
   const auto a = random_values(static_cast<std::size_t>(n * o.head_dim), 3), b = random_values(a.size(), 4);
   std::vector<float> c(static_cast<std::size_t>(n * n));
+  const dml::thread_budget_scope one(1);  // a tile's product runs on one thread, inside the tiles' parallel loop
   const double sec = dml::cost::detail::seconds_per_call(
       [&] {
         dml::detail::host_gemm_sgemm(dml::gemm_args{.ta = dml::trans::n, .tb = dml::trans::t, .m = n, .n = n,
                                                     .k = o.head_dim, .a = a.data(), .lda = o.head_dim, .b = b.data(),
                                                     .ldb = o.head_dim, .c = c.data(), .ldc = n});
       },
-      std::max(o.repeats, 20));
+      std::max(o.repeats, 200));
   return 2.0 * n * n * static_cast<double>(o.head_dim) / sec / 1e9;
 }
 
@@ -110,8 +118,10 @@ int main(int argc, char** argv) {
   std::printf("# roofline of the tiles' products: one %lld × %lld × %lld sgemm at %.1f GFLOP/s on one thread\n",
               static_cast<long long>(dml::nn::kernels::attention_tile),
               static_cast<long long>(dml::nn::kernels::attention_tile), static_cast<long long>(o.head_dim), roof);
-  std::printf("%7s %12s %12s %8s %14s %14s %12s %9s\n", "T", "T×T ms", "tiles ms", "speedup", "T×T MiB", "tiles MiB",
-              "tiles GF/s", "of roof");
+  std::printf("# bound: the speed-up the products allow, the T×T attention's FLOPs over the tiles' (the tiles skip the\n"
+              "# masked half but recompute q·kᵀ in backward: 7 products a visible tile pair against 6 over all of T × T)\n");
+  std::printf("%7s %12s %12s %8s %7s %14s %14s %12s %9s\n", "T", "T×T ms", "tiles ms", "speedup", "bound", "T×T MiB",
+              "tiles MiB", "tiles GF/s", "of roof");
   for (std::int64_t seq = o.min_seq; seq <= o.max_seq; seq *= 2) {
     const std::int64_t w = o.heads * o.head_dim;
     const auto qkv = random_values(static_cast<std::size_t>(o.batch * seq * 3 * w), 1);
@@ -120,11 +130,12 @@ int main(int argc, char** argv) {
     const double gflops = tile_flops(o, seq) / (t.ms * 1e-3) / 1e9, share = gflops / (roof * o.threads);
     if (seq <= o.max_dense_seq) {
       const figures d = dense(o, seq, qkv, dy);
-      std::printf("%7lld %12.2f %12.2f %7.2fx %14.1f %14.1f %12.1f %8.0f%%\n", static_cast<long long>(seq), d.ms, t.ms,
-                  d.ms / t.ms, d.bytes / (1 << 20), t.bytes / (1 << 20), gflops, 100 * share);
+      std::printf("%7lld %12.2f %12.2f %7.2fx %6.2fx %14.1f %14.1f %12.1f %8.0f%%\n", static_cast<long long>(seq), d.ms,
+                  t.ms, d.ms / t.ms, dense_flops(o, seq) / tile_flops(o, seq), d.bytes / (1 << 20), t.bytes / (1 << 20),
+                  gflops, 100 * share);
     } else {
-      std::printf("%7lld %12s %12.2f %8s %14s %14.1f %12.1f %8.0f%%\n", static_cast<long long>(seq), "-", t.ms, "-",
-                  "-", t.bytes / (1 << 20), gflops, 100 * share);
+      std::printf("%7lld %12s %12.2f %8s %7s %14s %14.1f %12.1f %8.0f%%\n", static_cast<long long>(seq), "-", t.ms, "-",
+                  "-", "-", t.bytes / (1 << 20), gflops, 100 * share);
     }
   }
   std::printf("# other processes used %.0f%% of the machine meanwhile\n", 100 * dml_bench::load_meter::others_since(start));

@@ -64,6 +64,7 @@ struct options {
   bool sp = false;
   int ep = 1, cp = 1;          // carved out of dp
   bool cp_zigzag = true;
+  std::string cp_attention = "ring";  // ring | allgather: how K/V reach the other ranks of a context group
   std::int64_t microbatches = 1;
   std::string schedule;  // gpipe | 1f1b | interleaved:V | zb | FILE.csv; empty: the default
   bool recompute = false;
@@ -111,7 +112,8 @@ inline dml::flags command_line(options& o) {
       "--experts E turns the MLP of every --moe-every-th block (default 2) into E experts, each token routed to\n"
       "its --top-k (1 or 2); --capacity-factor C drops what overflows C·tokens·k/E per expert (<= 0: dropless).\n"
       "--ep N shares the experts out over N data-parallel ranks (all-to-all dispatch); --cp N cuts each sequence\n"
-      "over N data-parallel ranks (ring attention; zig-zag chunks unless --cp-contiguous). Both divide dp.\n"
+      "over N data-parallel ranks (ring attention, or --cp-attention allgather: K/V all-gathered at once; zig-zag\n"
+      "chunks unless --cp-contiguous). Both divide dp.\n"
       "--tie ties the LM head's weight to the token embedding's (nanoGPT, GPT-2).\n"
       "--parallel shards the data-parallel ranks' model state: replicate (or ddp: everything on every rank,\n"
       "the default), zero1 (optimizer state), zero2 (+ gradients) or zero3 (+ parameters). --replicas R with\n"
@@ -175,6 +177,7 @@ inline dml::flags command_line(options& o) {
   f.add("--ep", o.ep, "N", "expert-parallel ranks, carved out of dp").min(1);
   f.add("--cp", o.cp, "N", "context-parallel ranks, carved out of dp").min(1);
   f.add_switch("--cp-contiguous", o.cp_zigzag, "contiguous context-parallel chunks, not zig-zag", false);
+  f.add("--cp-attention", o.cp_attention, "A", "how K/V reach a context group's ranks").choices({"ring", "allgather"});
   f.add("--microbatches", o.microbatches, "M", "microbatches per step").min(1);
   f.add("--schedule", o.schedule, "S", "pipeline schedule: gpipe, 1f1b, interleaved:V, zb or FILE.csv")
       .default_text("the trainer's");
@@ -255,8 +258,6 @@ inline void check_across(options& o) {
   if (llama && (o.comm != "local" || o.elastic))
     dml::fail<dml::invalid_argument>("--arch llama: this example trains Llama on comm::local ranks: expected --comm "
                                      "local without --elastic, found --comm ", o.comm, o.elastic ? " --elastic" : "");
-  if (o.documents && o.cp > 1)
-    dml::fail<dml::invalid_argument>("--documents: expected whole sequences on each rank, found --cp ", o.cp);
   if (!o.load_hf.empty() && (!o.init.empty() || !o.resume.empty()))
     dml::fail<dml::invalid_argument>("--load-hf gives the initial weights: expected no --init or --resume with it");
   if (o.ep > 1 && o.experts == 0)
@@ -546,6 +547,7 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   to.expert_parallel = o.ep;
   to.context_parallel = o.cp;
   to.cp_zigzag = o.cp_zigzag;
+  to.cp_all_gather = o.cp_attention == "allgather";
   to.replicas = o.replicas;
   to.offload = o.offload;
   to.lr = [&o](std::int64_t s) { return learning_rate(o, s); };
@@ -605,7 +607,8 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
     }
     std::string carved;
     if (o.ep > 1) carved += " (ep " + std::to_string(o.ep) + ")";
-    if (o.cp > 1) carved += " (cp " + std::to_string(o.cp) + (o.cp_zigzag ? ", zig-zag)" : ", contiguous)");
+    if (o.cp > 1)
+      carved += " (cp " + std::to_string(o.cp) + (o.cp_zigzag ? ", zig-zag, " : ", contiguous, ") + o.cp_attention + ")";
     std::printf("layout: %d %s rank(s) = tp %d%s × dp %d%s × pp %d, sharding %s, replicas %d, %lld micro-batch(es)"
                 "%s%s%s; %d thread(s) per rank; gemm %s\n",
                 world, o.comm.c_str(), o.tp, o.sp ? " (sequence parallel)" : "", dp, carved.c_str(), o.pp,

@@ -1,8 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// tests/core/test_math.cpp — the vectorising exp and tanh against libm over the float range, and at its edges.
+// tests/core/test_math.cpp — the vectorising exp and tanh against libm over the float range, and at its edges; the
+// ordered bits that a row's max runs on.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -53,6 +57,27 @@ TEST_CASE("fast_exp and fast_tanh at the edges: saturation, infinities and NaN")
   for (float v = -20.f; v < 20.f; v += 0.0007f) worst = std::max(worst, std::abs(dml::fast_tanh(v) - std::tanh(double(v))));
   MESSAGE("fast_tanh max_abs_err=" << worst);
   CHECK(worst < 3e-7);
+}
+
+TEST_CASE("ordered_bits orders as the floats do, round trips, and a row's max through it is the float max") {
+  const float inf = std::numeric_limits<float>::infinity(), tiny = std::numeric_limits<float>::denorm_min();
+  const std::vector<float> rising{-inf, -3e38f, -1.5f, -1.f, -1e-30f, -tiny, -0.f, 0.f, tiny, 1e-30f, 1.f, 1.5f, 3e38f, inf};
+  for (std::size_t i = 0; i < rising.size(); ++i) {
+    CAPTURE(rising[i]);
+    CHECK(std::bit_cast<std::uint32_t>(dml::from_ordered_bits(dml::ordered_bits(rising[i]))) ==
+          std::bit_cast<std::uint32_t>(rising[i]));
+    if (i > 0) CHECK(dml::ordered_bits(rising[i - 1]) < dml::ordered_bits(rising[i]));
+  }
+  // The max of a row as the vectorised row loops find it (an integer max reduction), for rows whose max sits anywhere.
+  std::vector<float> row(1000);
+  for (std::size_t at = 0; at < row.size(); at += 37) {
+    for (std::size_t j = 0; j < row.size(); ++j) row[j] = -50.f + std::sin(static_cast<float>(j)) - (j % 7 == 0 ? inf : 0.f);
+    row[at] = 0.75f;
+    std::int32_t k = dml::ordered_bits(row[0]);
+    DML_SIMD_MAX(k)
+    for (std::size_t j = 1; j < row.size(); ++j) k = std::max(k, dml::ordered_bits(row[j]));
+    CHECK(dml::from_ordered_bits(k) == 0.75f);
+  }
 }
 
 }  // namespace test_math

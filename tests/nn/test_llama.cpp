@@ -287,6 +287,7 @@ struct run_layout {
   bool documents = false;  // packed rows: each row cut into documents (document_starts)
   int cp = 1;              // context parallel: cp ranks (the whole data-parallel group) hold chunks of every row
   bool zigzag = true;
+  bool all_gather = false;  // context parallel: K/V all-gathered, not passed round the ring
   int size() const { return tp * pp * cp; }
 };
 constexpr std::int64_t train_batch = 4, train_seq = 16;
@@ -321,6 +322,7 @@ run_result train_layout(const run_layout& l, const nn::llama_config& g, int firs
     o.pipeline_stages = l.pp;
     o.context_parallel = l.cp;
     o.cp_zigzag = l.zigzag;
+    o.cp_all_gather = l.all_gather;
     o.schedule = l.schedule;
     o.micro_batches = l.pp > 1 ? 2 : 1;
     o.clip_norm = 0.5f;
@@ -495,6 +497,9 @@ TEST_CASE("llama under context parallelism (ring attention, zig-zag and contiguo
   check_same(one, train_layout({.cp = 2, .zigzag = false}, g), "cp 2 contiguous");
   check_same(one, train_layout({.tp = 2, .cp = 2}, g), "cp 2 tp 2 zig-zag");
   check_same(one, train_layout({.tp = 2, .sp = true, .cp = 2, .zigzag = false}, g), "cp 2 tp 2 sp contiguous");
+  // K/V all-gathered over the context group (and their gradients reduce-scattered) instead of passed round it.
+  check_same(one, train_layout({.cp = 2, .all_gather = true}, g), "cp 2 all-gather");
+  check_same(one, train_layout({.tp = 2, .sp = true, .cp = 2, .all_gather = true}, g), "cp 2 all-gather tp 2 sp");
   const auto tied = train_layout({}, train_config(true));
   check_same(tied, train_layout({.cp = 2}, train_config(true)), "tied, cp 2");
 }
@@ -506,6 +511,12 @@ TEST_CASE("llama with document masks: layouts give one rank's training, and mask
   check_same(one, train_layout({.tp = 2, .sp = true, .documents = true}, g), "documents, tp 2 sp");
   check_same(one, train_layout({.tp = 2, .pp = 2, .sp = true, .schedule = "zb", .documents = true}, g),
              "documents, tp 2 pp 2 sp zb");
+  // Context parallelism: each rank's tokens carry their documents' starts in the whole sequence; the documents cross
+  // the chunks (rows cut at 2..6 and 11 of 16).
+  check_same(one, train_layout({.documents = true, .cp = 2}, g), "documents, cp 2 ring");
+  check_same(one, train_layout({.documents = true, .cp = 2, .zigzag = false, .all_gather = true}, g),
+             "documents, cp 2 all-gather contiguous");
+  check_same(one, train_layout({.tp = 2, .documents = true, .cp = 2, .all_gather = true}, g), "documents, cp 2 all-gather tp 2");
   // The masks reach attention: the same batches without them train otherwise from the first step.
   const auto unmasked = train_layout({}, g, 0, 1);
   CHECK(std::abs(unmasked.losses[0] - one.losses[0]) > 1e-4f);

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // tests/nn/test_ring_attention.cpp — ring attention over 1, 2 and 4 thread ranks against full attention (causal
-// and not, zig-zag and not), grouped-query and multi-query heads against one rank's tile attention, its gradients
-// against finite differences, the chunk layout, errors and memory.
+// and not, zig-zag and not), grouped-query and multi-query heads against one rank's tile attention, all-gathered K/V
+// and document masks (both exchanges) against it, its gradients against finite differences, the chunk layout,
+// errors and memory.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -99,14 +100,17 @@ attention_result reference(const ring_attention_shape& s, const std::vector<floa
 }
 
 // One rank's tile attention on the whole sequence: what ring attention gives on any ring, grouped-query heads too.
-attention_result reference_tile(const ring_attention_shape& s, const std::vector<float>& qkv, const std::vector<float>& dy) {
+// doc: document starts of every token [batch, seq] (null: none).
+attention_result reference_tile(const ring_attention_shape& s, const std::vector<float>& qkv, const std::vector<float>& dy,
+                                const std::vector<std::int64_t>* doc = nullptr) {
   const dml::nn::tile_attention_shape t{.batch = s.batch, .seq = s.seq, .heads = s.heads, .kv_heads = s.kv_heads,
                                         .head_dim = s.head_dim, .causal = s.causal};
   std::vector<float> lse(sz(dml::nn::tile_attention_saved_size(t))), ws(sz(dml::nn::tile_attention_workspace_size(t)));
   attention_result out{std::vector<float>(sz(s.batch * s.seq * s.width())), std::vector<float>(qkv.size())};
-  dml::nn::tile_attention_forward<dml::host>(t, qkv.data(), out.y.data(), lse.data());
+  const std::int64_t* d = doc ? doc->data() : nullptr;
+  dml::nn::tile_attention_forward<dml::host>(t, qkv.data(), out.y.data(), lse.data(), d);
   dml::nn::tile_attention_backward<dml::host>(t, qkv.data(), out.y.data(), lse.data(), dy.data(), out.dqkv.data(),
-                                              ws.data());
+                                              ws.data(), d);
   return out;
 }
 
@@ -135,17 +139,23 @@ void put_rows(std::vector<T>& full, const std::vector<T>& part, const ring_atten
 
 struct ring_counts {
   std::int64_t forward_sends = 0, backward_sends = 0, forward_recvs = 0, backward_recvs = 0;
+  std::int64_t forward_gathers = 0, backward_gathers = 0, backward_scatters = 0;
 };
 
 // Ring attention over `ranks` thread ranks on the whole qkv and dy, each rank taking its rows; the results put
-// back at their positions. ranks == 1 runs without a group. With backward false, dqkv stays empty.
+// back at their positions. ranks == 1 runs without a group. With backward false, dqkv stays empty. gather: K/V
+// all-gathered (context_split::all_gather); doc: document starts of every token [batch, seq], each rank handing its
+// tokens' to the call.
 template <class T = float>
 attention_result ring(const ring_attention_shape& s, int ranks, bool zigzag, const std::vector<float>& qkv,
-                      const std::vector<float>& dy, bool backward = true, ring_counts* counts = nullptr) {
+                      const std::vector<float>& dy, bool backward = true, ring_counts* counts = nullptr,
+                      bool gather = false, const std::vector<std::int64_t>* doc = nullptr) {
   const std::int64_t w = s.width(), ld = s.row();
   attention_result out{std::vector<float>(sz(s.batch * s.seq * w)), std::vector<float>(backward ? qkv.size() : 0)};
   auto body = [&](dml::nn::rank_group* group, int rank) {
-    const cp_layout at{.ranks = ranks, .rank = rank, .zigzag = zigzag};
+    const cp_layout at{.ranks = ranks, .rank = rank, .zigzag = zigzag, .all_gather = gather};
+    const std::vector<std::int64_t> docs = doc ? local_rows(*doc, s, at, 1) : std::vector<std::int64_t>{};
+    const std::int64_t* d = doc ? docs.data() : nullptr;
     std::vector<T> q, g;
     for (float x : local_rows(qkv, s, at, ld)) q.push_back(T(x));
     for (float x : local_rows(dy, s, at, w)) g.push_back(T(x));
@@ -154,16 +164,18 @@ attention_result ring(const ring_attention_shape& s, int ranks, bool zigzag, con
     std::vector<float> lse(sz(dml::nn::ring_attention_saved_size(s, at)), NAN);
     std::vector<T> ws(sz(dml::nn::ring_attention_workspace_size(s, at)), T(NAN));
     if (group) group->set_pass(dml::nn::pass::forward);
-    dml::nn::ring_attention_forward<dml::host>(s, at, group, q.data(), y.data(), lse.data(), ws.data());
+    dml::nn::ring_attention_forward<dml::host>(s, at, group, q.data(), y.data(), lse.data(), ws.data(), d);
     if (backward) {
       if (group) group->set_pass(dml::nn::pass::backward);
       dml::nn::ring_attention_backward<dml::host>(s, at, group, q.data(), y.data(), lse.data(), g.data(), dq.data(),
-                                                  ws.data());
+                                                  ws.data(), d);
     }
     if (counts && group && rank == 0) {
       using dml::nn::group_op, dml::nn::pass;
-      *counts = {group->calls(pass::forward, group_op::send), group->calls(pass::backward, group_op::send),
-                 group->calls(pass::forward, group_op::recv), group->calls(pass::backward, group_op::recv)};
+      *counts = {group->calls(pass::forward, group_op::send),       group->calls(pass::backward, group_op::send),
+                 group->calls(pass::forward, group_op::recv),       group->calls(pass::backward, group_op::recv),
+                 group->calls(pass::forward, group_op::all_gather), group->calls(pass::backward, group_op::all_gather),
+                 group->calls(pass::backward, group_op::reduce_scatter)};
     }
     std::vector<float> yf(y.begin(), y.end()), dqf(dq.begin(), dq.end());
     put_rows(out.y, yf, s, at, w);  // ranks write disjoint rows
@@ -256,6 +268,59 @@ TEST_CASE("grouped-query ring attention (kv_heads 2 of 4, and multi-query) match
             CHECK(d_diff < 2e-6);  // seen: up to 6.9e-7
           }
   MESSAGE("GQA and MQA against tile attention: y max_abs_diff=" << worst_y << " dqkv max_abs_diff=" << worst_d);
+}
+
+TEST_CASE("all-gathered K/V, and document masks with either exchange, match one rank's tile attention") {
+  // All-gather: one all-gather forward; backward one more and one reduce-scatter of every block's dK/dV, no point to
+  // point. Documents: row b cut at positions (5 + 3b) mod 11 + 1 and seq / 2 + 3, so documents cross chunks and
+  // ranks, and a query sees keys of its own document in blocks of other ranks.
+  double worst_y = 0, worst_d = 0;
+  for (std::int64_t seq : {16, 520})
+    for (std::int64_t kv : {2, 1})
+      for (bool zigzag : {true, false})
+        for (int ranks : {2, 4})
+          for (bool gather : {true, false})
+            for (bool documents : {true, false}) {
+              if (!gather && !documents) continue;  // the test above
+              if (seq > 16 && (kv == 1 || ranks == 4)) continue;
+              CAPTURE(seq);
+              CAPTURE(kv);
+              CAPTURE(zigzag);
+              CAPTURE(ranks);
+              CAPTURE(gather);
+              CAPTURE(documents);
+              const ring_attention_shape s{.batch = 2, .seq = seq, .heads = 4, .kv_heads = kv, .head_dim = 8, .causal = true};
+              const auto qkv = random_vector(sz(s.batch * s.seq * s.row()), 27, -2.f, 2.f);
+              const auto dy = random_vector(sz(s.batch * s.seq * s.width()), 28);
+              std::vector<std::int64_t> doc(sz(s.batch * s.seq));
+              for (std::int64_t b = 0; b < s.batch; ++b)
+                for (std::int64_t t = 0, start = 0; t < s.seq; ++t) {
+                  if (t == (5 + 3 * b) % 11 + 1 || t == s.seq / 2 + 3) start = t;
+                  doc[sz(b * s.seq + t)] = start;
+                }
+              const auto* d = documents ? &doc : nullptr;
+              const auto want = reference_tile(s, qkv, dy, d);
+              ring_counts counts;
+              const auto got = ring(s, ranks, zigzag, qkv, dy, true, &counts, gather, d);
+              const double y_diff = max_diff(got.y, want.y), d_diff = max_diff(got.dqkv, want.dqkv);
+              worst_y = std::max(worst_y, y_diff), worst_d = std::max(worst_d, d_diff);
+              CHECK(y_diff < 2e-6);
+              CHECK(d_diff < 2e-6);
+              if (gather) {
+                CHECK(counts.forward_sends + counts.backward_sends + counts.forward_recvs + counts.backward_recvs == 0);
+                CHECK(counts.forward_gathers == 1);
+                CHECK(counts.backward_gathers == 1);
+                CHECK(counts.backward_scatters == 1);
+              }
+            }
+  MESSAGE("all-gather and documents against tile attention: y max_abs_diff=" << worst_y << " dqkv max_abs_diff=" << worst_d);
+  // Masks change the result: with documents the output differs from without.
+  const ring_attention_shape s{.batch = 1, .seq = 16, .heads = 2, .head_dim = 8, .causal = true};
+  const auto qkv = random_vector(sz(s.batch * s.seq * s.row()), 29, -2.f, 2.f);
+  const auto dy = random_vector(sz(s.batch * s.seq * s.width()), 30);
+  std::vector<std::int64_t> doc(16);
+  for (std::int64_t t = 0; t < 16; ++t) doc[sz(t)] = t < 9 ? 0 : 9;
+  CHECK(max_diff(ring(s, 2, true, qkv, dy, true, nullptr, true, &doc).y, ring(s, 2, true, qkv, dy, true, nullptr, true).y) > 1e-3);
 }
 
 TEST_CASE("ring attention over 2 ranks stays finite where exp of the raw logits would overflow") {

@@ -59,6 +59,7 @@ struct layout {
   bool sp = false;
   int ep = 1, cp = 1;
   bool zigzag = true;
+  bool all_gather = false;  // context parallel: K/V all-gathered, not passed round the ring
   // One rank whose rows are ordered as the micro-batches of `as_dp` data-parallel ranks group them: micro-batch
   // m of the step holds slice m of every rank's rows, rank by rank (what routing statistics are computed over).
   int as_dp = 1;
@@ -69,7 +70,8 @@ struct layout {
   std::string name() const {
     return "tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " + std::to_string(dp) + (sp ? " sp" : "") +
            (ep > 1 ? " ep " + std::to_string(ep) : "") +
-           (cp > 1 ? " cp " + std::to_string(cp) + (zigzag ? " zig-zag" : " contiguous") : "") +
+           (cp > 1 ? " cp " + std::to_string(cp) + (zigzag ? " zig-zag" : " contiguous") + (all_gather ? " all-gather" : "")
+                   : "") +
            (replicas > 1 ? " replicas " + std::to_string(replicas) : "") + (schedule.empty() ? "" : " " + schedule) +
            (micro_batch_residency ? " per micro-batch" : "");
   }
@@ -104,6 +106,7 @@ result train_gpt(C& c, const layout& l, const nn::gpt_config& g, int n_steps = s
   o.expert_parallel = l.ep;
   o.context_parallel = l.cp;
   o.cp_zigzag = l.zigzag;
+  o.cp_all_gather = l.all_gather;
   o.replicas = l.replicas;
   o.schedule = l.schedule;
   o.micro_batch_residency = l.micro_batch_residency;

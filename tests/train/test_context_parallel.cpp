@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // tests/train/test_context_parallel.cpp — a GPT under context parallelism (ring attention over chunks of each
-// sequence, zig-zag or contiguous) alone and with data and tensor parallelism: one rank's losses, gradient norms
+// sequence, zig-zag or contiguous; or K/V all-gathered) alone and with data and tensor parallelism: one rank's losses, gradient norms
 // and parameters, with dropout on; and the configurations that must be refused.
 #include <doctest/doctest.h>
 
@@ -40,7 +40,13 @@ TEST_CASE("context parallelism over 2 and 4 ranks, zig-zag or contiguous, with d
     check_same(one, run_layout(l, config()), l.name());
     ++layouts;
   }
-  CHECK(layouts == 7);
+  // K/V all-gathered over the context group, their gradients reduce-scattered back.
+  for (const layout& l : {layout{.dp = 2, .cp = 2, .all_gather = true}, layout{.dp = 4, .cp = 4, .zigzag = false, .all_gather = true},
+                          layout{.tp = 2, .dp = 2, .sp = true, .cp = 2, .all_gather = true}}) {
+    check_same(one, run_layout(l, config()), l.name());
+    ++layouts;
+  }
+  CHECK(layouts == 10);
 }
 
 TEST_CASE("context parallelism refuses a sequence that does not cut into its chunks, naming both numbers") {

@@ -81,6 +81,9 @@ TEST_CASE("a degree above 1 for a kind the plan lacks fails, naming the kind and
   using cp = pl::plan<pl::data<>, pl::context<pl::zigzag>>;
   CHECK(with(cp{}, {.context_parallel = 2, .cp_zigzag = false}, 2)
             .find("name parallel::context<parallel::contiguous> in the plan") != std::string::npos);
+  CHECK(with(cp{}, {.context_parallel = 2, .cp_all_gather = true}, 2)
+            .find("name parallel::context<Order, parallel::all_gather> in the plan") != std::string::npos);
+  CHECK(with(pl::plan<pl::data<>, pl::context<pl::zigzag, pl::all_gather>>{}, {.context_parallel = 2}, 2) == "");
   // The kinds a plan names may still run at degree 1.
   CHECK(with(pl::plan<pl::data<>, pl::pipe<>, pl::tensor<>, pl::experts, pl::context<>>{}, {}, 2) == "");
 }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// dml/core/math.hpp — exp and tanh that vectorise on the host, for the element-wise kernels (GELU, softmax).
+// dml/core/math.hpp — exp, tanh and a row's max that vectorise on the host, for the element-wise kernels (GELU, softmax).
 // Sits on core/config.hpp. glibc's expf/tanhf have no vector forms without -ffast-math, so an omp simd
 // loop that calls them runs one element at a time; these are branch-free polynomials instead. On the
 // device, and under -ffast-math, they are expf and tanhf.
@@ -42,6 +42,26 @@ DML_HOST_DEVICE float fast_exp(float x) {
   p = p * r + 5.0000001201e-1f;
   const float e = p * r * r + r + 1.f;
   return e * std::bit_cast<float>(low ? 0 : (high ? 0x7F800000 : (n + 127) << 23));
+#endif
+}
+
+// The bits of x as an integer that orders as the floats do (−0 just below +0, NaNs beyond ±inf), and back. The
+// largest of a row's floats is the largest of these integers: an integer max vectorises with AVX2, where GCC leaves a
+// float select (x > m ? x : m) scalar below AVX-512 under -ftrapping-math, the default.
+DML_HOST_DEVICE std::int32_t ordered_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  const std::int32_t b = __float_as_int(x);
+#else
+  const auto b = std::bit_cast<std::int32_t>(x);
+#endif
+  return b ^ ((b >> 31) & 0x7FFFFFFF);
+}
+DML_HOST_DEVICE float from_ordered_bits(std::int32_t k) {
+  const std::int32_t b = k ^ ((k >> 31) & 0x7FFFFFFF);
+#if defined(__CUDA_ARCH__)
+  return __int_as_float(b);
+#else
+  return std::bit_cast<float>(b);
 #endif
 }
 

@@ -3,6 +3,7 @@
 // Sits on core/gemm.hpp and core/algorithm.hpp; the transformer block of nn/ calls it between its projections.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstdint>
@@ -52,9 +53,10 @@ struct causal_softmax_row {
     T* row = p + r * seq;
     const std::int64_t n = r % seq + 1;  // columns s <= t
     const std::int64_t rounded = (n + 15) / 16 * 16, padded = rounded < seq ? rounded : seq;
-    float mx = scale * static_cast<float>(row[0]);
-    DML_SIMD_MAX(mx)
-    for (std::int64_t s = 1; s < n; ++s) mx = attention_max(mx, scale * static_cast<float>(row[s]));
+    std::int32_t mk = ordered_bits(scale * static_cast<float>(row[0]));
+    DML_SIMD_MAX(mk)
+    for (std::int64_t s = 1; s < n; ++s) mk = std::max(mk, ordered_bits(scale * static_cast<float>(row[s])));
+    const float mx = from_ordered_bits(mk);
     for (std::int64_t s = n; s < padded; ++s) row[s] = round_to<T>(-HUGE_VALF);
     float sum = 0.f;
     if constexpr (std::is_same_v<T, float>) {  // the exponentials kept in the row between the sum and the scaling

@@ -145,11 +145,13 @@ struct tensor_split {
 };
 
 // This rank's chunk of every sequence under context parallelism: rank of a ring of `ranks`; zig-zag: chunks
-// rank and 2·ranks−1−rank of 2·ranks, else chunk rank of ranks. Layers that need it take it in
-// `void set_context_split(context_split)` (the GPT's embedding, blocks and head).
+// rank and 2·ranks−1−rank of 2·ranks, else chunk rank of ranks. all_gather: attention gathers every rank's K/V at
+// once (and reduce-scatters their gradients) instead of passing them round the ring (nn/ring_attention.hpp). Layers
+// that need it take it in `void set_context_split(context_split)` (the GPT's and Llama's embedding, blocks and head).
 struct context_split {
   int ranks = 1, rank = 0;
   bool zigzag = true;
+  bool all_gather = false;
   friend bool operator==(const context_split&, const context_split&) = default;
 };
 // The position in a sequence of `seq` tokens of this rank's local token i (0 <= i < seq / ranks).

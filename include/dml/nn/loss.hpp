@@ -3,6 +3,7 @@
 // Sits on core/algorithm.hpp; used by train/ after the last layer of a sequential.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -36,9 +37,10 @@ struct softmax_xent_row {
   float scale;
   DML_HOST_DEVICE void operator()(std::int64_t r) const {
     const T* xr = x + r * n;
-    float mx = static_cast<float>(xr[0]);
-    DML_SIMD_MAX(mx)
-    for (std::int64_t j = 1; j < n; ++j) mx = static_cast<float>(xr[j]) > mx ? static_cast<float>(xr[j]) : mx;
+    std::int32_t mk = ordered_bits(static_cast<float>(xr[0]));
+    DML_SIMD_MAX(mk)
+    for (std::int64_t j = 1; j < n; ++j) mk = std::max(mk, ordered_bits(static_cast<float>(xr[j])));
+    const float mx = from_ordered_bits(mk);
     float sum = 0.f;
     const std::int64_t label = labels[r];
     const float x_label = static_cast<float>(xr[label]);  // read first: dx may be x itself
@@ -91,10 +93,10 @@ struct row_max {
   std::int64_t n;
   DML_HOST_DEVICE void operator()(std::int64_t r) const {
     const T* xr = x + r * n;
-    float m = static_cast<float>(xr[0]);
-    DML_SIMD_MAX(m)
-    for (std::int64_t j = 1; j < n; ++j) m = static_cast<float>(xr[j]) > m ? static_cast<float>(xr[j]) : m;
-    mx[r] = m;
+    std::int32_t mk = ordered_bits(static_cast<float>(xr[0]));
+    DML_SIMD_MAX(mk)
+    for (std::int64_t j = 1; j < n; ++j) mk = std::max(mk, ordered_bits(static_cast<float>(xr[j])));
+    mx[r] = from_ordered_bits(mk);
   }
 };
 template <class T>

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// dml/nn/ring_attention.hpp — ring attention for context parallelism: K/V blocks (of the key/value heads alone, under
-// grouped-query attention) travel a ring of ranks; each rank attends its own queries to every block with tile
-// attention's kernels and merges the blocks' outputs by their log-sum-exps. Sits on nn/tile_attention.hpp and
-// nn/rank_group.hpp.
+// dml/nn/ring_attention.hpp — attention for context parallelism: K/V blocks (of the key/value heads alone, under
+// grouped-query attention) travel a ring of ranks, or are all-gathered at once (the Llama 3 report's scheme, with its
+// gradients reduce-scattered back); each rank attends its own queries to every block with tile attention's kernels
+// and merges the blocks' outputs by their log-sum-exps. Causal and document masks, zig-zag or contiguous chunks. Sits
+// on nn/tile_attention.hpp and nn/rank_group.hpp.
 #pragma once
 
 #include <cmath>
@@ -61,11 +62,13 @@ namespace detail {
 struct ring_parts {
   std::int64_t local, kv, rows, out, qkv;
   bool ring;
+  std::int64_t ranks;
+  bool gather;  // K/V all-gathered (context_split::all_gather), not passed round
 };
 inline ring_parts ring_parts_of(const ring_attention_shape& s, const cp_layout& at) {
   const std::int64_t ranks = at.ranks < 1 ? 1 : at.ranks, n = s.seq / ranks;
   return {n, s.batch * n * 2 * s.kv() * s.head_dim, s.batch * s.heads * n, s.batch * n * s.width(), s.batch * n * s.row(),
-          ranks > 1};
+          ranks > 1, ranks, ranks > 1 && at.all_gather};
 }
 // Float parts live in the T workspace at two elements each (exact for a 16-bit T, spare for float), so one
 // size serves every T; the slack covers aligning them when a 16-bit T's workspace starts off a 4-byte boundary.
@@ -82,13 +85,16 @@ inline std::int64_t ring_attention_saved_size(const ring_attention_shape& s, con
 // T); linear in the local tokens, as tile attention's. On one rank: tile attention's backward workspace. On a
 // ring, forward: the running output in float, a step's output and log-sum-exp, two K/V receive buffers (double
 // buffering) and a step's q|k|v rows; backward: D = rowsum(dy ⊙ y) and the tiles' dQ sums in float, two K/V and two
-// dK/dV travelling buffers, a step's q|k|v rows and their gradients.
+// dK/dV travelling buffers, a step's q|k|v rows and their gradients. All-gathered, the K/V of every rank instead of
+// two buffers (forward and backward), and backward the dK/dV of every rank's block and this rank's sum of them.
 inline std::int64_t ring_attention_workspace_size(const ring_attention_shape& s, const cp_layout& at) {
   const auto p = detail::ring_parts_of(s, at);
   const std::int64_t f = detail::ring_float_elements;
   const std::int64_t tiles = f * (p.rows + p.out);
-  const std::int64_t forward = p.ring ? tiles + p.out + 2 * p.kv + p.qkv : 0;
-  const std::int64_t backward = tiles + (p.ring ? 4 * p.kv + 2 * p.qkv : 0);
+  const std::int64_t blocks = p.gather ? p.ranks * p.kv : 2 * p.kv;           // K/V at hand
+  const std::int64_t dblocks = p.gather ? (p.ranks + 1) * p.kv : 2 * p.kv;    // dK/dV
+  const std::int64_t forward = p.ring ? tiles + p.out + blocks + p.qkv : 0;
+  const std::int64_t backward = tiles + (p.ring ? blocks + dblocks + 2 * p.qkv : 0);
   return (forward > backward ? forward : backward) + detail::ring_align_slack;
 }
 
@@ -220,8 +226,8 @@ inline tile_attention_shape ring_step_shape(const ring_attention_shape& s, std::
   return {.batch = s.batch, .seq = n, .heads = s.heads, .kv_heads = s.kv(), .head_dim = s.head_dim, .causal = s.causal};
 }
 inline kernels::attention_mask ring_step_mask(const ring_attention_shape& s, std::int64_t n, const kernels::position_runs& q,
-                                              const kernels::position_runs& k) {
-  return {.doc = nullptr, .seq = n, .causal = s.causal, .runs = true, .q = q, .k = k};
+                                              const kernels::position_runs& k, const std::int64_t* doc) {
+  return {.doc = doc, .seq = n, .causal = s.causal, .runs = true, .q = q, .k = k};
 }
 // A step's q|k|v rows: the local queries (copied when `queries`, once a pass), beside the key block kv.
 template <execution_space S, class T>
@@ -238,11 +244,13 @@ void ring_stage(const ring_attention_shape& s, std::int64_t n, const T* qkv, con
 // seq/ranks, width]; lse: ring_attention_saved_size floats [batch, heads, seq/ranks], for backward; workspace:
 // ring_attention_workspace_size elements. cp: the ring (null or one rank: the whole sequence is local, and this is
 // tile attention). Each step attends the local queries to the key block at hand with tile attention's kernels and
-// folds its output into the running one by the log-sum-exps. Collective over cp: every rank of the ring calls it
-// with the same shape.
+// folds its output into the running one by the log-sum-exps; the blocks come round the ring, or with at.all_gather
+// from one all-gather before the first. doc (packed sequences; null: one document a row): for each local token
+// [batch, seq/ranks] the position in the whole sequence its document starts at (causal only). Collective over cp:
+// every rank of the ring calls it with the same shape.
 template <execution_space S, float_like T>
 void ring_attention_forward(const ring_attention_shape& s, const cp_layout& at, rank_group* cp, const T* qkv, T* y,
-                            float* lse, T* workspace) {
+                            float* lse, T* workspace, const std::int64_t* doc = nullptr) {
   constexpr const char* what = "dml::nn::ring_attention_forward";
   detail::check_ring_call(what, s, at, cp);
   detail::check_attention_pointer(what, "qkv", qkv);
@@ -253,36 +261,42 @@ void ring_attention_forward(const ring_attention_shape& s, const cp_layout& at, 
   const std::int64_t n = z.local, ld = s.row(), kw = 2 * s.kv() * s.head_dim;
   const auto ts = detail::ring_step_shape(s, n);
   if (!z.ring) {
-    detail::tile_forward<S>(ts, qkv, y, lse, kernels::attention_mask{nullptr, n, s.causal});
+    detail::tile_forward<S>(ts, qkv, y, lse, kernels::attention_mask{doc, n, s.causal});
     return;
   }
   detail::ring_carver carve{reinterpret_cast<std::byte*>(workspace)};
   float* acc = carve.take<float>(z.out);
   float* step_lse = carve.take<float>(z.rows);
   T* step_y = carve.take<T>(z.out);
-  T* kv[2] = {carve.take<T>(z.kv), carve.take<T>(z.kv)};
+  T* kv[2] = {};
+  T* all = z.gather ? carve.take<T>(z.ranks * z.kv) : nullptr;  // every rank's K/V, in rank order
+  if (!z.gather) kv[0] = carve.take<T>(z.kv), kv[1] = carve.take<T>(z.kv);
   T* stage = carve.take<T>(z.qkv);
   fill_n<S>(lse, z.rows, kernels::attention_no_key);
   fill_n<S>(acc, z.out, 0.f);
   const auto qr = kernels::cp_runs_of(at, s.seq);
   const int ranks = at.ranks, next = (at.rank + 1) % ranks, prev = (at.rank + ranks - 1) % ranks;
-  detail::token_rows<S>(s.batch * n, kw, kernels::ring_columns<T>{qkv + s.width(), kv[0], kw, ld, kw, false});
+  // This rank's K/V packed [batch, local, 2·kv_heads·head_dim]: the ring's first block, or what the all-gather sends
+  // (from the stage, free until the second step).
+  detail::token_rows<S>(s.batch * n, kw, kernels::ring_columns<T>{qkv + s.width(), z.gather ? stage : kv[0], kw, ld, kw, false});
+  if (z.gather) cp->all_gather(const_typed_ptr(static_cast<const T*>(stage)), typed_ptr(all), z.kv);
   bool staged = false;  // the stage's q columns hold the local queries
   for (int step = 0; step < ranks; ++step) {
     const int cur = step % 2;
     // The next block is on its way while this one is used: post both transfers before computing.
     group_request both;
-    if (step + 1 < ranks)
+    if (!z.gather && step + 1 < ranks)
       both = cp->isendrecv(static_cast<const T*>(kv[cur]), next, kv[1 - cur], prev, z.kv, detail::ring_forward_tag + step);
     const cp_layout from{.ranks = ranks, .rank = (at.rank - step + ranks) % ranks, .zigzag = at.zigzag};
+    const T* block = z.gather ? all + from.rank * z.kv : kv[cur];
     const auto kr = kernels::cp_runs_of(from, s.seq);
     if (detail::ring_block_visible(qr, kr, s.causal)) {
       if (step > 0) {
-        detail::ring_stage<S>(s, n, qkv, kv[cur], stage, !staged);
+        detail::ring_stage<S>(s, n, qkv, block, stage, !staged);
         staged = true;
       }
       detail::tile_forward<S>(ts, step == 0 ? qkv : static_cast<const T*>(stage), step_y, step_lse,
-                              detail::ring_step_mask(s, n, qr, kr));
+                              detail::ring_step_mask(s, n, qr, kr, doc));
       for_each_row<S>(z.rows, kernels::ring_merge<T>{step_y, step_lse, acc, lse, n, s.heads, s.head_dim}, s.head_dim);
     }
     both.wait();
@@ -293,10 +307,12 @@ void ring_attention_forward(const ring_attention_shape& s, const cp_layout& at, 
 // Gradients of ring_attention_forward, recomputing each step's probabilities from lse (tile attention's backward
 // with D = rowsum(dy ⊙ y) of the whole rows). dy: [batch, seq/ranks, width]; writes (overwrites) dqkv [batch,
 // seq/ranks, row()]. K/V travel the ring again with their dK/dV accumulators, which come back to their owner after a
-// full turn; dQ accumulates in place.
+// full turn; or with at.all_gather K/V are gathered again and each block's dK/dV reduce-scattered to its owner at
+// the end. dQ accumulates in place. doc as forward's.
 template <execution_space S, float_like T>
 void ring_attention_backward(const ring_attention_shape& s, const cp_layout& at, rank_group* cp, const T* qkv,
-                             const T* y, const float* lse, const T* dy, T* dqkv, T* workspace) {
+                             const T* y, const float* lse, const T* dy, T* dqkv, T* workspace,
+                             const std::int64_t* doc = nullptr) {
   constexpr const char* what = "dml::nn::ring_attention_backward";
   detail::check_ring_call(what, s, at, cp);
   detail::check_attention_pointer(what, "qkv", qkv);
@@ -313,19 +329,34 @@ void ring_attention_backward(const ring_attention_shape& s, const cp_layout& at,
   float* dq = carve.take<float>(z.out);
   for_each_row<S>(z.rows, detail::tile_backward_dot<T>{ts, y, dy, dot}, s.head_dim);
   if (!z.ring) {
-    detail::tile_backward<S>(ts, qkv, lse, dot, dy, dqkv, dq, kernels::attention_mask{nullptr, n, s.causal});
+    detail::tile_backward<S>(ts, qkv, lse, dot, dy, dqkv, dq, kernels::attention_mask{doc, n, s.causal});
     return;
   }
-  T* kv[2] = {carve.take<T>(z.kv), carve.take<T>(z.kv)};
-  T* dkv[2] = {carve.take<T>(z.kv), carve.take<T>(z.kv)};
+  const int ranks = at.ranks, next = (at.rank + 1) % ranks, prev = (at.rank + ranks - 1) % ranks;
+  T* kv[2] = {};
+  T* dkv[2] = {};
+  T* all = nullptr;   // all-gathered: every rank's K/V, in rank order
+  T* dall = nullptr;  // and the dK/dV of each rank's block, in rank order (the reduce-scatter's input)
+  if (z.gather) {
+    all = carve.take<T>(z.ranks * z.kv);
+    dall = carve.take<T>(z.ranks * z.kv);
+    dkv[0] = carve.take<T>(z.kv);
+  } else {
+    kv[0] = carve.take<T>(z.kv), kv[1] = carve.take<T>(z.kv);
+    dkv[0] = carve.take<T>(z.kv), dkv[1] = carve.take<T>(z.kv);
+  }
   T* stage = carve.take<T>(z.qkv);
   T* dstage = carve.take<T>(z.qkv);
   const auto qr = kernels::cp_runs_of(at, s.seq);
-  const int ranks = at.ranks, next = (at.rank + 1) % ranks, prev = (at.rank + ranks - 1) % ranks;
   const std::int64_t rows = s.batch * n;
   fill_n<S>(dqkv, rows * ld, T(0.f));
-  detail::token_rows<S>(rows, kw, kernels::ring_columns<T>{qkv + qw, kv[0], kw, ld, kw, false});
-  fill_n<S>(dkv[0], z.kv, T(0.f));
+  detail::token_rows<S>(rows, kw, kernels::ring_columns<T>{qkv + qw, z.gather ? dkv[0] : kv[0], kw, ld, kw, false});
+  if (z.gather) {
+    cp->all_gather(const_typed_ptr(static_cast<const T*>(dkv[0])), typed_ptr(all), z.kv);
+    fill_n<S>(dall, z.ranks * z.kv, T(0.f));
+  } else {
+    fill_n<S>(dkv[0], z.kv, T(0.f));
+  }
   bool staged = false;  // the stage's q columns hold the local queries
   for (int step = 0; step < ranks; ++step) {
     const int cur = step % 2;
@@ -334,25 +365,32 @@ void ring_attention_backward(const ring_attention_shape& s, const cp_layout& at,
     // K/V go on before this block is used; dK/dV can leave only once this rank has added to them, so they
     // travel after the block, each rank sending and receiving at once. After a full turn (the last step) the
     // accumulators arrive back at their owner: this rank's own lands in dkv[1 - cur].
-    if (step + 1 < ranks)
+    if (!z.gather && step + 1 < ranks)
       kv_both = cp->isendrecv(static_cast<const T*>(kv[cur]), next, kv[1 - cur], prev, z.kv, kv_tag);
     const cp_layout from{.ranks = ranks, .rank = (at.rank - step + ranks) % ranks, .zigzag = at.zigzag};
+    const T* block = z.gather ? all + from.rank * z.kv : kv[cur];
+    T* dblock = z.gather ? dall + from.rank * z.kv : dkv[cur];
     const auto kr = kernels::cp_runs_of(from, s.seq);
     if (detail::ring_block_visible(qr, kr, s.causal)) {
       if (step > 0) {
-        detail::ring_stage<S>(s, n, qkv, kv[cur], stage, !staged);
+        detail::ring_stage<S>(s, n, qkv, block, stage, !staged);
         staged = true;
       }
       detail::tile_backward<S>(ts, step == 0 ? qkv : static_cast<const T*>(stage), lse, dot, dy, dstage, dq,
-                               detail::ring_step_mask(s, n, qr, kr));
+                               detail::ring_step_mask(s, n, qr, kr, doc));
       detail::token_rows<S>(rows, qw, kernels::ring_columns<T>{dstage, dqkv, qw, ld, ld, true});
-      detail::token_rows<S>(rows, kw, kernels::ring_columns<T>{dstage + qw, dkv[cur], kw, ld, kw, true});
+      detail::token_rows<S>(rows, kw, kernels::ring_columns<T>{dstage + qw, dblock, kw, ld, kw, true});
     }
+    if (z.gather) continue;
     group_request dkv_both = cp->isendrecv(static_cast<const T*>(dkv[cur]), next, dkv[1 - cur], prev, z.kv, dkv_tag);
     kv_both.wait();
     dkv_both.wait();
   }
-  detail::token_rows<S>(rows, kw, kernels::ring_columns<T>{dkv[ranks % 2], dqkv + qw, kw, kw, ld, false});
+  // This rank's dK/dV: the sum of every rank's gradient of its block (reduce-scattered), or the accumulator back
+  // from its full turn.
+  if (z.gather) cp->reduce_scatter(const_typed_ptr(static_cast<const T*>(dall)), typed_ptr(dkv[0]), z.kv);
+  const T* mine = z.gather ? dkv[0] : dkv[ranks % 2];
+  detail::token_rows<S>(rows, kw, kernels::ring_columns<T>{mine, dqkv + qw, kw, kw, ld, false});
 }
 
 }  // namespace dml::nn

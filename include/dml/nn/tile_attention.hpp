@@ -80,15 +80,19 @@ struct position_runs {
 // The keys query t of sequence b may see: [first, last], by the causal mask and its document. doc, when given,
 // holds for every token (b, t) the position its document starts at (packed sequences: a token attends only within
 // its own document). With `runs`, queries and keys are blocks of a longer sequence whose positions q and k give
-// (ring attention's local queries against a key block; no documents): a query sees the keys at positions up to its
-// own, a prefix of the key block.
+// (context parallelism's local queries against a key block; doc then holds positions in the whole sequence): a query
+// sees the keys at positions from its document's start up to its own.
 struct attention_mask {
   const std::int64_t* doc;
   std::int64_t seq;
   bool causal;
   bool runs = false;
   position_runs q{}, k{};
-  DML_HOST_DEVICE std::int64_t first(std::int64_t b, std::int64_t t) const { return doc ? doc[b * seq + t] : 0; }
+  // With runs, doc holds positions in the whole sequence: the first key of the block at or after the document's start.
+  DML_HOST_DEVICE std::int64_t first(std::int64_t b, std::int64_t t) const {
+    if (!doc) return 0;
+    return runs ? k.first_from(doc[b * seq + t]) : doc[b * seq + t];
+  }
   DML_HOST_DEVICE std::int64_t last(std::int64_t t) const {
     if (!causal) return seq - 1;
     return runs ? k.upto(q.position(t)) - 1 : t;
@@ -189,9 +193,10 @@ DML_HOST_CLONES inline void softmax_tile_forward(float* s, std::int64_t br, cons
       std::fill(row, row + n, 0.f);
       continue;
     }
-    float m = mx[i];
-    DML_SIMD_MAX(m)
-    for (std::int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
+    std::int32_t mk = ordered_bits(mx[i]);
+    DML_SIMD_MAX(mk)
+    for (std::int64_t j = 0; j < n; ++j) mk = std::max(mk, ordered_bits(row[j]));
+    const float m = from_ordered_bits(mk);
     const float alpha = sum[i] > 0.f ? fast_exp(mx[i] - m) : 0.f;
     float add = 0.f;
     DML_SIMD_SUM(add)

@@ -33,6 +33,7 @@ struct placement_options {
   // For plans that leave them to run time (any_plan); a plan that names tensor<> or context<> decides.
   bool sequence_parallel = false;
   bool cp_zigzag = true;
+  bool cp_all_gather = false;  // K/V all-gathered over the context group, not passed round it
   // The sharding can reduce gradients per micro-batch (ZeRO-2/3): it does where the program allows it (one
   // stage, backward not split); otherwise a chunk's gradients are reduced once per step.
   bool streams_gradients = false;
@@ -52,7 +53,8 @@ class placement {
     const auto s = shape();
     if (s.tp > 1) nn::set_tensor_split(part_, {.ranks = s.tp, .rank = mesh_->tp_rank(), .sequence = sequence()});
     if (s.ep > 1) nn::set_expert_split(part_, s.ep, mesh_->ep_rank());
-    if (s.cp > 1) nn::set_context_split(part_, {.ranks = s.cp, .rank = mesh_->cp_rank(), .zigzag = zigzag()});
+    if (s.cp > 1)
+      nn::set_context_split(part_, {.ranks = s.cp, .rank = mesh_->cp_rank(), .zigzag = zigzag(), .all_gather = gathers_kv()});
     tp_ = group(s.tp, &parallel::mesh<Comm>::tp);
     ep_ = group(s.ep, &parallel::mesh<Comm>::ep);
     cp_ = group(s.cp, &parallel::mesh<Comm>::cp);
@@ -79,6 +81,7 @@ class placement {
   int ep_rank() const { return mesh_ ? mesh_->ep_rank() : 0; }
   bool sequence() const { return Plan::any_degree ? o_.sequence_parallel : plan_sequence(); }
   bool zigzag() const { return Plan::any_degree ? o_.cp_zigzag : plan_zigzag(); }
+  bool gathers_kv() const { return Plan::any_degree ? o_.cp_all_gather : plan_gathers_kv(); }
 
   // ---- the model
   const model_type& part() const { return part_; }                    // this rank's tp/ep/cp part
@@ -135,11 +138,18 @@ class placement {
       if (!o.cp_zigzag && plan_zigzag())
         fail<invalid_argument>("dml::parallelize: contiguous chunks are asked for but the plan says context<zigzag>; "
                                "name parallel::context<parallel::contiguous> in the plan");
+      if (o.cp_all_gather && !plan_gathers_kv())
+        fail<invalid_argument>("dml::parallelize: all-gathered K/V are asked for but the plan's context<> passes them "
+                               "round a ring; name parallel::context<Order, parallel::all_gather> in the plan");
     }
     return o;
   }
   static constexpr bool plan_sequence() {
     if constexpr (requires { Plan::sequence; }) return Plan::sequence;
+    else return false;
+  }
+  static constexpr bool plan_gathers_kv() {
+    if constexpr (requires { Plan::gathers_kv; }) return Plan::gathers_kv;
     else return false;
   }
   static constexpr bool plan_zigzag() {

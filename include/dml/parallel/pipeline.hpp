@@ -155,6 +155,14 @@ class pipeline {
     }
     routing_.records.clear();
     live_bytes_ = peak_bytes_ = live_sets_ = peak_sets_ = 0;
+    if (b.doc_start && cp_ranks() > 1) {  // each of this rank's tokens: where its document starts in the sequence
+      const nn::context_split at{.ranks = cp_ranks(), .rank = groups_.cp->rank(), .zigzag = groups_.cp_zigzag};
+      const std::int64_t t = b.x.shape[1], n = t / cp_ranks();
+      cp_docs_.resize(static_cast<std::size_t>(b.rows * n));
+      for (std::int64_t r = 0; r < b.rows; ++r)
+        for (std::int64_t i = 0; i < n; ++i)
+          cp_docs_[static_cast<std::size_t>(r * n + i)] = b.doc_start[r * t + nn::cp_position(at, t, i)];
+    }
   }
   // Waits for every send and forgets the step's activations (their storage, and the copies, stay for the next step).
   void end_step() {
@@ -377,7 +385,9 @@ class pipeline {
     c.seed = run_.seed;
     c.step = run_.step;
     c.row_offset = run_.first_row + rows_of(m).first;
-    c.doc_start = run_.doc_start ? run_.doc_start + rows_of(m).first * run_.x.shape[1] : nullptr;
+    if (run_.doc_start)
+      c.doc_start = cp_ranks() > 1 ? cp_docs_.data() + rows_of(m).first * (run_.x.shape[1] / cp_ranks())
+                                   : run_.doc_start + rows_of(m).first * run_.x.shape[1];
     c.accumulate = accumulate;
     c.tp = tp_;
     c.gradients_complete = complete;
@@ -417,6 +427,7 @@ class pipeline {
   nn::context groups_{};
   nn::routing_log routing_;
   std::vector<std::int32_t> cp_labels_;
+  std::vector<std::int64_t> cp_docs_;  // the step's document starts of this rank's tokens (context parallel)
   nn::softmax_cross_entropy loss_fn_;
   buffer<float, Space> row_loss_;
   std::int64_t live_bytes_ = 0, peak_bytes_ = 0, live_sets_ = 0, peak_sets_ = 0;

@@ -45,15 +45,21 @@ struct tensor {
 };
 // Expert parallelism: the experts of mixture-of-experts layers shared out over groups of data-parallel ranks.
 struct experts {};
-// Context parallelism: ring attention over ranks holding chunks of the same sequences, zig-zag (balanced
-// for causal attention) or contiguous.
+// Context parallelism: attention over ranks holding chunks of the same sequences, zig-zag (balanced for causal
+// attention) or contiguous, their K/V passed round the ranks (ring) or all-gathered at once (all_gather: the Llama 3
+// report's scheme).
 struct zigzag {};
 struct contiguous {};
-template <class Order = zigzag>
+struct ring {};
+struct all_gather {};
+template <class Order = zigzag, class Exchange = ring>
 struct context {
   static_assert(std::same_as<Order, zigzag> || std::same_as<Order, contiguous>,
-                "dml::parallel::context<Order>: Order is parallel::zigzag or parallel::contiguous");
+                "dml::parallel::context<Order, Exchange>: Order is parallel::zigzag or parallel::contiguous");
+  static_assert(std::same_as<Exchange, ring> || std::same_as<Exchange, all_gather>,
+                "dml::parallel::context<Order, Exchange>: Exchange is parallel::ring or parallel::all_gather");
   static constexpr bool zigzag_chunks = std::same_as<Order, zigzag>;
+  static constexpr bool gathers_kv = std::same_as<Exchange, all_gather>;
 };
 
 namespace detail {
@@ -101,6 +107,7 @@ struct plan {
   static constexpr bool has_context = (detail::is_kind<Kinds, context> || ...);
   static constexpr bool sequence = detail::kind_of<tensor, tensor<>, Kinds...>::type::sequence;
   static constexpr bool zigzag_chunks = detail::kind_of<context, context<>, Kinds...>::type::zigzag_chunks;
+  static constexpr bool gathers_kv = detail::kind_of<context, context<>, Kinds...>::type::gathers_kv;
 };
 
 // Every kind, with its degree and options left to run time: what dml::trainer<Sharding, Schedule> uses.

@@ -314,15 +314,16 @@ class engine final : public engine_base<Space> {
   static parallel::placement_options placement_options(const trainer_options& o) {
     return {.micro_batches = o.micro_batches, .stage_cuts = o.stage_cuts, .cost_rows = o.cost_rows,
             .schedule = o.schedule, .sequence_parallel = o.sequence_parallel, .cp_zigzag = o.cp_zigzag,
+            .cp_all_gather = o.cp_all_gather,
             .streams_gradients = sync_type::streams_gradients,
             .micro_batch_residency = o.micro_batch_residency};
   }
   // Document starts per token: [rows, T] positions, each token's its own or its predecessor's (a document is a run of
-  // tokens); sequences whole on this rank (context parallelism cuts them: refused).
+  // tokens). Under context parallelism the pipeline hands each rank's chunks theirs (host memory only).
   void check_documents(const dml::shape& x, const std::int64_t* doc) const {
-    if (place_.shape().cp > 1)
-      fail<invalid_argument>("dml::trainer::step: document masks: expected whole sequences on each rank, found context "
-                             "parallelism over ", place_.shape().cp, " ranks");
+    if (!std::same_as<Space, host> && place_.shape().cp > 1)
+      fail<invalid_argument>("dml::trainer::step: document masks: expected whole sequences on each rank of a device "
+                             "trainer, found context parallelism over ", place_.shape().cp, " ranks");
     if (x.rank != 2) fail<invalid_argument>("dml::trainer::step: document masks: expected token ids [rows, T], found ", x);
     if constexpr (std::same_as<Space, host>) {
       for (std::int64_t r = 0; r < x[0]; ++r)

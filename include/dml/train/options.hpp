@@ -45,9 +45,11 @@ struct trainer_options {
   int expert_parallel = 1;
   // Context parallelism: groups of context_parallel consecutive data-parallel ranks hold the same sequences,
   // each a chunk of their tokens (zig-zag: chunks r and 2·cp−1−r of 2·cp, which balances causal attention),
-  // and attention runs as ring attention over the group. Ranks of a group pass the same rows to step().
+  // and attention runs as ring attention over the group (cp_all_gather: K/V all-gathered over it at once, their
+  // gradients reduce-scattered back, as the Llama 3 report trains). Ranks of a group pass the same rows to step().
   int context_parallel = 1;
   bool cp_zigzag = true;
+  bool cp_all_gather = false;
   // ZeRO-2/3 on a pipeline: false reduces a chunk's gradients once per step, so the chunk holds its whole
   // gradients (and under ZeRO-3 its parameters) from its unshard to its reshard; true reduces after every
   // backward and ZeRO-3 gathers parameters bucket by bucket around each pass, as on one stage: less memory,

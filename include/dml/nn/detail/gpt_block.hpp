@@ -157,7 +157,8 @@ struct gpt_block : detail::split_part {
     const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full1, nl * C);
     detail::linear_forward<S>(d.n, C, 3 * cp_, h1, w.qkv_w, w.qkv_b, sv.qkv);
     if (ring())
-      ring_attention_forward<S>(ring_shape(d), ring_layout(), c.cp, static_cast<const T*>(sv.qkv), sv.att, sv.lse, ws.scratch);
+      ring_attention_forward<S>(ring_shape(d), ring_layout(), c.cp, static_cast<const T*>(sv.qkv), sv.att, sv.lse, ws.scratch,
+                                c.doc_start);
     else
       tile_attention_forward<S>(attention(d), static_cast<const T*>(sv.qkv), sv.att, sv.lse, c.doc_start);
     detail::linear_forward<S>(d.n, cp_, C, static_cast<const T*>(sv.att), w.proj_w, static_cast<const T*>(nullptr), ws.full2);
@@ -243,7 +244,7 @@ struct gpt_block : detail::split_part {
     if (ring())
       ring_attention_backward<S>(ring_shape(d), ring_layout(), c.cp, static_cast<const T*>(sv.qkv),
                                  static_cast<const T*>(sv.att), static_cast<const float*>(sv.lse),
-                                 static_cast<const T*>(ws.datt), dqkv, ws.scratch);
+                                 static_cast<const T*>(ws.datt), dqkv, ws.scratch, c.doc_start);
     else
       tile_attention_backward<S>(attention(d), static_cast<const T*>(sv.qkv), static_cast<const T*>(sv.att),
                                  static_cast<const float*>(sv.lse), static_cast<const T*>(ws.datt), dqkv, ws.tiles, c.doc_start);
@@ -274,7 +275,7 @@ struct gpt_block : detail::split_part {
   ring_attention_shape ring_shape(const gpt_dims& d) const {
     return {.batch = d.b, .seq = d.t * cp.ranks, .heads = heads / ranks(), .head_dim = dim / heads, .causal = true};
   }
-  cp_layout ring_layout() const { return {.ranks = cp.ranks, .rank = cp.rank, .zigzag = cp.zigzag}; }
+  cp_layout ring_layout() const { return cp; }
   void check_ring(const context& c) const {
     if (ring() && (!c.cp || c.cp->size() != cp.ranks || c.cp->rank() != cp.rank))
       fail<invalid_argument>("dml::nn::gpt_block: split over ", cp.ranks, " context-parallel ranks but the context's "

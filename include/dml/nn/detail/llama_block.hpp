@@ -227,7 +227,8 @@ struct llama_block : detail::split_part {
     if (shares_kv()) gather_kv<S>(c, d, static_cast<const T*>(qkv), ws, sv.qkv);
     rope_forward<S>(rope_dims(d), sv.qkv, table<S>(ws), positions<S>(ws, d));
     if (ring())
-      ring_attention_forward<S>(ring_shape(d), cp, c.cp, static_cast<const T*>(sv.qkv), sv.att, sv.lse, ws.scratch);
+      ring_attention_forward<S>(ring_shape(d), cp, c.cp, static_cast<const T*>(sv.qkv), sv.att, sv.lse, ws.scratch,
+                                c.doc_start);
     else
       tile_attention_forward<S>(attention(d), static_cast<const T*>(sv.qkv), sv.att, sv.lse, c.doc_start);
     // The row-parallel product's partial sums land where their sum goes (in place, or reduce-scattered there).
@@ -300,7 +301,8 @@ struct llama_block : detail::split_part {
     T* const datt = shares_kv() ? ws.dqkv_att : dqkv;  // attention's q, k, v gradients (whole key/value heads)
     if (ring())
       ring_attention_backward<S>(ring_shape(d), cp, c.cp, static_cast<const T*>(sv.qkv), static_cast<const T*>(sv.att),
-                                 static_cast<const float*>(sv.lse), static_cast<const T*>(ws.datt), datt, ws.scratch);
+                                 static_cast<const float*>(sv.lse), static_cast<const T*>(ws.datt), datt, ws.scratch,
+                                 c.doc_start);
     else
       tile_attention_backward<S>(attention(d), static_cast<const T*>(sv.qkv), static_cast<const T*>(sv.att),
                                  static_cast<const float*>(sv.lse), static_cast<const T*>(ws.datt), datt, ws.tiles,
