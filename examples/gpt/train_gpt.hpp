@@ -72,8 +72,11 @@ struct options {
   // with replicas > 1 the dp ranks form that many replicas and ZeRO shards within each (hybrid sharding)
   std::string parallel = "replicate";
   int replicas = 1;
-  // --plan auto: the fastest layout dml::cost predicts to fit in --memory per rank replaces the layout flags
+  // --plan auto: the fastest layout dml::cost predicts to fit in --memory per rank replaces the layout flags; with
+  // max_cp > 1 the search also cuts sequences over up to max_cp context-parallel ranks (long sequences)
   std::string plan = "manual", memory = "80GiB";
+  int max_cp = 0;
+  double planned_activations = -1;  // set by --plan auto or --precision auto: the layout's activation bytes per rank
   // One thread per rank by default: at these sizes a second OpenMP thread gains little, and loses badly
   // when another process shares the cores (its threads spin at every barrier).
   int threads = 1;
@@ -192,6 +195,7 @@ inline dml::flags command_line(options& o) {
   f.add("--replicas", o.replicas, "R", "replicas of hybrid sharding, with zero1-3").min(1);
   f.add("--plan", o.plan, "P", "manual: the layout flags; auto: the fastest layout that fits --memory (dml::cost)")
       .choices({"manual", "auto"});
+  f.add("--max-cp", o.max_cp, "C", "--plan auto: also cut sequences over up to C context-parallel ranks").min(0);
   f.add("--memory", o.memory, "BYTES", "memory per rank for --plan auto and --precision auto (80GiB, 512MiB, ...)")
       .check([](const std::string& s) {
         try {
@@ -327,10 +331,13 @@ inline void apply_plan(options& o, int world) {
   const cost::training t{.global_batch = o.batch, .prec = o.precision == "bf16" ? cost::precision::bf16 : cost::precision::fp32};
   const std::vector<cost::precision> precisions =
       o.precision == "auto" ? std::vector{cost::precision::fp32, cost::precision::bf16} : std::vector{t.prec};
-  cost::cluster c = cost::calibrate_gpt_rank_of(world, o.d_model, o.heads, o.seq, o.vocab, o.threads);
+  // The probe's rates at up to 1,024 tokens a sequence: its T×T GPT block would take minutes at long sequences, and
+  // attention's own cost at --seq is priced from its FLOPs.
+  cost::cluster c = cost::calibrate_gpt_rank_of(world, o.d_model, o.heads, std::min<std::int64_t>(o.seq, 1024), o.vocab,
+                                                o.threads);
   c.memory_bytes = cost::parse_bytes(o.memory);
   const auto ranked = cost::search_precisions(t, precisions, [&](const cost::training& u) {
-    if (o.plan == "auto") return cost::search_dml(m, u, c, world, 0);
+    if (o.plan == "auto") return cost::search_dml(m, u, c, world, o.max_cp);
     // The layout given: a schedule the model does not price (a CSV file) is priced as 1F1B.
     const cost::layout given{.dp = data_parallel(o, world), .tp = o.tp, .pp = o.pp, .ep = o.ep, .cp = o.cp,
                              .zero = o.parallel == "replicate" ? 0 : o.parallel.back() - '0', .replicas = o.replicas,
@@ -346,15 +353,18 @@ inline void apply_plan(options& o, int world) {
     dml::fail<dml::invalid_argument>("--precision auto: the layout given fits in --memory ", o.memory,
                                      " in neither precision: ", ranked.front().why);
   }
+  o.planned_activations = chosen->per_rank.activations;
   if (o.plan == "auto") {
     const auto& l = chosen->lay;
-    o.tp = l.tp, o.pp = l.pp, o.dp = l.dp, o.sp = l.sp, o.ep = o.cp = o.replicas = 1;
+    o.tp = l.tp, o.pp = l.pp, o.dp = l.dp, o.sp = l.sp, o.ep = o.replicas = 1, o.cp = l.cp;
+    o.cp_zigzag = true;  // as dml::cost prices it
     o.parallel = l.zero == 0 ? "replicate" : "zero" + std::to_string(l.zero);
     o.microbatches = l.micro_batches;
     o.recompute = l.recomp == cost::recompute::full;
     o.schedule = l.pp > 1 ? l.schedule : "";
-    std::printf("plan: %s (predicted %.3g s per step, %.3g MiB per rank)\n", cost::to_string(l).c_str(),
-                chosen->step_seconds, chosen->per_rank.total() / (1 << 20));
+    std::printf("plan: %s (predicted %.3g s per step, %.3g MiB per rank, activations %.0f bytes)\n",
+                cost::to_string(l).c_str(), chosen->step_seconds, chosen->per_rank.total() / (1 << 20),
+                chosen->per_rank.activations);
   }
   if (o.precision == "auto") {
     o.precision = cost::to_string(chosen->prec);
@@ -689,6 +699,9 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   if (rank != 0) return 0;
   std::printf("memory per rank (rank 0): params %.2f MiB, grads %.2f, optimizer %.2f, activations at peak %.2f\n",
               mem.params / 1048576.0, mem.grads / 1048576.0, mem.optimizer / 1048576.0, mem.activations / 1048576.0);
+  if (o.planned_activations >= 0)
+    std::printf("activation bytes per rank (rank 0): %lld at peak, %.0f planned\n",
+                static_cast<long long>(mem.activations), o.planned_activations);
   if (!o.save.empty()) dml::train::save_weights(trainer.layout(), full, o.save);
   Arch::save(o, config, trainer.layout(), full);
   inference_model<Arch> net(config, trainer.layout(), full);

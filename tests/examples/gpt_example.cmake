@@ -13,6 +13,7 @@
 #            losses; resuming past --steps fails
 #   moe      a mixture of experts prints and logs its per-step accounting: tokens and drops per expert, all-to-all
 #            bytes, load imbalance, and the auxiliary losses
+#   plan     --plan auto --max-cp 2 on one long Llama sequence: the activation bytes planned are the trainer's
 #   llama    --arch llama with grouped-query attention and --documents learns; its weights saved in Hugging Face's
 #            layout (--save-hf) load back (--load-hf) to the same val_loss, llama2.c's checkpoint has its size, and
 #            GPT-only and Llama-only flags are refused
@@ -368,6 +369,27 @@ elseif(MODE STREQUAL "resume")
   endforeach()
   expect_error("--resume [^ ]*/ckpt: the checkpoint is at step 6; expected --steps >= 6, found 4"
                ${small} --steps 4 --dropout 0.1 --experts 4 --moe-every 1 --resume ${WORK}/ckpt)
+elseif(MODE STREQUAL "plan")
+  # --plan auto --max-cp 2 on one Llama sequence of 2,048 tokens over 2 ranks: it cannot split over data-parallel
+  # ranks, so the plan cuts it by tensor (and sequence) or context parallelism; the activation bytes the plan predicts
+  # are the trainer's at peak.
+  run_gpt(out --arch llama --layers 1 --d-model 32 --heads 4 --kv-heads 2 --seq 2048 --batch 1 --ranks 2 --plan auto
+          --max-cp 2 --steps 1 --documents --holdout 0)
+  if(NOT out MATCHES "plan: (dp=[0-9]+,tp=[0-9]+,pp=[0-9]+,ep=[0-9]+,cp=[0-9]+,[^ ]*) \\(predicted [^,]+, [^,]+, activations ([0-9]+) bytes\\)")
+    message(FATAL_ERROR "expected the plan's line with its activation bytes, found:\n${out}")
+  endif()
+  set(layout ${CMAKE_MATCH_1})
+  set(planned ${CMAKE_MATCH_2})
+  if(NOT layout MATCHES "tp=2|cp=2")
+    message(FATAL_ERROR "expected tp 2 or cp 2 (one sequence does not split over dp), found ${layout}")
+  endif()
+  if(NOT out MATCHES "activation bytes per rank \\(rank 0\\): ([0-9]+) at peak, ([0-9]+) planned")
+    message(FATAL_ERROR "expected the activation bytes at peak beside the planned ones, found:\n${out}")
+  endif()
+  if(NOT CMAKE_MATCH_1 STREQUAL planned OR NOT CMAKE_MATCH_2 STREQUAL planned)
+    message(FATAL_ERROR "expected ${planned} activation bytes at peak, as planned for ${layout}, found ${CMAKE_MATCH_1}")
+  endif()
+  message(STATUS "${layout}: ${planned} activation bytes per rank, planned and at peak")
 else()
-  message(FATAL_ERROR "MODE: expected train, weights, sample, errors, moe, layout or resume, found '${MODE}'")
+  message(FATAL_ERROR "MODE: expected train, weights, sample, errors, moe, layout, resume, llama or plan, found '${MODE}'")
 endif()
