@@ -342,7 +342,8 @@ inline void apply_plan(options& o, int world) {
     const cost::layout given{.dp = data_parallel(o, world), .tp = o.tp, .pp = o.pp, .ep = o.ep, .cp = o.cp,
                              .zero = o.parallel == "replicate" ? 0 : o.parallel.back() - '0', .replicas = o.replicas,
                              .sp = o.sp, .schedule = o.pp == 1 ? "single" : o.schedule.empty() || o.schedule.ends_with(".csv") ? "1f1b" : o.schedule,
-                             .micro_batches = o.microbatches, .recomp = o.recompute ? cost::recompute::full : cost::recompute::none};
+                             .micro_batches = o.microbatches, .recomp = o.recompute ? cost::recompute::full : cost::recompute::none,
+                             .cp_all_gather = o.cp_attention == "allgather"};
     return std::vector{cost::evaluate_dml(m, given, u, c, world)};
   });
   const auto chosen = std::find_if(ranked.begin(), ranked.end(), [](const cost::estimate& e) { return e.fits; });

@@ -343,6 +343,7 @@ cost::bytes held(const Model& model, std::int64_t seq, const cost::layout& l, st
   o.recompute = l.recomp == cost::recompute::full;
   o.expert_parallel = l.ep;
   o.context_parallel = l.cp;
+  o.cp_all_gather = l.cp_all_gather;
   o.replicas = l.replicas;
   const auto got = run_ranks<Sharding, Precision, optim::adamw>(model, l.devices(), o, {batch / (l.dp / l.cp), seq}, batch);
   cost::bytes most;
@@ -519,7 +520,8 @@ TEST_CASE("cost::evaluate_dml: a Llama layout's largest rank holds what the cost
       return std::pair{l, e};
     };
     for (const char* layout : {"dp=1", "tp=2", "tp=2,sp=1", "tp=4", "tp=4,sp=1", "pp=2,mb=4", "pp=2,schedule=zb,mb=4",
-                               "pp=2,schedule=gpipe,mb=4,recompute=full", "dp=2,cp=2", "dp=2,tp=2,sp=1,cp=2"}) {
+                               "pp=2,schedule=gpipe,mb=4,recompute=full", "dp=2,cp=2", "dp=2,tp=2,sp=1,cp=2",
+                               "dp=2,cp=2,cp_attention=allgather", "dp=4,cp=4,mb=2,cp_attention=allgather"}) {
       CAPTURE(layout);
       const auto [l, e] = priced(layout, cost::precision::fp32);
       check_held(held<parallel::replicate, precision::fp32>(model, m.seq, l, batch), e);
@@ -549,6 +551,19 @@ TEST_CASE("cost::evaluate_dml: a Llama layout's largest rank holds what the cost
   CHECK(cost::evaluate_dml(narrow, cost::parse_layout("tp=4"), {.global_batch = batch}, cost::cluster{}, 4).why ==
         "tp 4 does not divide the key/value heads' 2 columns");
   CHECK(why("dp=2,cp=2").empty());  // ring attention with grouped-query heads
+  // All-gathered K/V: priced as the ring in time (the same bytes in as many steps), with every rank's block held.
+  {
+    const auto ring = cost::evaluate_dml(m, cost::parse_layout("dp=4,cp=4"), {.global_batch = batch}, cost::cluster{}, 4);
+    const auto gathered = cost::evaluate_dml(m, cost::parse_layout("dp=4,cp=4,cp_attention=allgather"),
+                                             {.global_batch = batch}, cost::cluster{}, 4);
+    CHECK(gathered.step_seconds == ring.step_seconds);
+    CHECK(gathered.per_rank.workspace > ring.per_rank.workspace);
+    CHECK(gathered.per_rank.activations == ring.per_rank.activations);
+    CHECK(cost::to_string(gathered.lay).ends_with(",recompute=none,cp_attention=allgather"));
+    CHECK(cost::to_string(ring.lay).ends_with(",recompute=none"));
+    CHECK_THROWS_WITH_AS(cost::parse_layout("cp_attention=p2p"),
+                         "dml::cost::parse_layout: expected cp_attention ring or allgather, found 'p2p'", invalid_argument);
+  }
   CHECK(why("dp=2,ep=2") == "a Llama has no experts (ep 2, experts 0)");
   const auto all = cost::search_dml(m, {.global_batch = batch}, cost::cluster{}, 8, 1);
   CHECK(std::ranges::any_of(all, [](const cost::estimate& e) { return e.fits; }));

@@ -183,6 +183,9 @@ struct layout {
   std::string schedule = "1f1b";      // single, gpipe, 1f1b, interleaved:V or zb
   std::int64_t micro_batches = 1;
   recompute recomp = recompute::none;
+  // Context parallelism's K/V all-gathered over the group instead of passed round it (nn::context_split::all_gather):
+  // the same bytes in as many latency steps, so priced as the ring, but every rank's K/V block held at once.
+  bool cp_all_gather = false;
   int devices() const { return dp * tp * pp; }
 };
 
@@ -214,10 +217,12 @@ inline std::string to_string(const layout& l) {
   return "dp=" + std::to_string(l.dp) + ",tp=" + std::to_string(l.tp) + ",pp=" + std::to_string(l.pp) +
          ",ep=" + std::to_string(l.ep) + ",cp=" + std::to_string(l.cp) + ",zero=" + std::to_string(l.zero) +
          ",replicas=" + std::to_string(l.replicas) + ",sp=" + (l.sp ? "1" : "0") + ",schedule=" + l.schedule +
-         ",mb=" + std::to_string(l.micro_batches) + ",recompute=" + to_string(l.recomp);
+         ",mb=" + std::to_string(l.micro_batches) + ",recompute=" + to_string(l.recomp) +
+         (l.cp_all_gather ? ",cp_attention=allgather" : "");
 }
 
-// "dp=8,tp=4,pp=2,zero=1,schedule=1f1b,mb=8,recompute=selective": fields left out keep their defaults.
+// "dp=8,tp=4,pp=2,zero=1,schedule=1f1b,mb=8,recompute=selective[,cp_attention=allgather]": fields left out keep
+// their defaults.
 inline layout parse_layout(std::string_view text) {
   layout l;
   while (!text.empty()) {
@@ -259,9 +264,13 @@ inline layout parse_layout(std::string_view text) {
       else if (value == "selective") l.recomp = recompute::selective;
       else if (value == "full") l.recomp = recompute::full;
       else fail<invalid_argument>("dml::cost::parse_layout: expected recompute none, selective or full, found '", value, "'");
+    } else if (key == "cp_attention") {
+      if (value != "ring" && value != "allgather")
+        fail<invalid_argument>("dml::cost::parse_layout: expected cp_attention ring or allgather, found '", value, "'");
+      l.cp_all_gather = value == "allgather";
     } else
       fail<invalid_argument>("dml::cost::parse_layout: unknown key '", key,
-                             "'; expected dp, tp, pp, ep, cp, zero, replicas, sp, schedule, mb or recompute");
+                             "'; expected dp, tp, pp, ep, cp, zero, replicas, sp, schedule, mb, recompute or cp_attention");
   }
   return l;
 }

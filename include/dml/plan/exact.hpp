@@ -364,7 +364,7 @@ bytes rank_bytes(nn::sequential<L...> part, std::int64_t seq, const layout& l, c
   const int shard = l.dp / l.replicas;
   if (l.tp > 1) nn::set_tensor_split(part, {.ranks = l.tp, .rank = 0, .sequence = l.sp});
   if (l.ep > 1) nn::set_expert_split(part, l.ep, 0);
-  if (l.cp > 1) nn::set_context_split(part, {.ranks = l.cp, .rank = 0, .zigzag = true});
+  if (l.cp > 1) nn::set_context_split(part, {.ranks = l.cp, .rank = 0, .zigzag = true, .all_gather = l.cp_all_gather});
   const auto table = schedule::make(l.schedule, l.pp, static_cast<int>(l.micro_batches));
   const dml::shape rows{t.global_batch / (l.dp / l.cp), seq};
   bytes most;
