@@ -155,14 +155,8 @@ class pipeline {
     }
     routing_.records.clear();
     live_bytes_ = peak_bytes_ = live_sets_ = peak_sets_ = 0;
-    if (b.doc_start && cp_ranks() > 1) {  // each of this rank's tokens: where its document starts in the sequence
-      const nn::context_split at{.ranks = cp_ranks(), .rank = groups_.cp->rank(), .zigzag = groups_.cp_zigzag};
-      const std::int64_t t = b.x.shape[1], n = t / cp_ranks();
-      cp_docs_.resize(static_cast<std::size_t>(b.rows * n));
-      for (std::int64_t r = 0; r < b.rows; ++r)
-        for (std::int64_t i = 0; i < n; ++i)
-          cp_docs_[static_cast<std::size_t>(r * n + i)] = b.doc_start[r * t + nn::cp_position(at, t, i)];
-    }
+    // Each of this rank's tokens: where its document starts in the sequence.
+    if (b.doc_start && cp_ranks() > 1) cp_local(b.doc_start, 0, b.rows, b.x.shape[1] / cp_ranks(), cp_docs_);
   }
   // Waits for every send and forgets the step's activations (their storage, and the copies, stay for the next step).
   void end_step() {
@@ -400,13 +394,19 @@ class pipeline {
   // The labels of rows [lo, hi), `per` of them per row, in the order of this rank's positions.
   const std::int32_t* labels(std::int64_t lo, std::int64_t hi, std::int64_t per) {
     if (cp_ranks() == 1) return run_.y + lo * per;
+    cp_local(run_.y, lo, hi, per, cp_labels_);
+    return cp_labels_.data();
+  }
+  // Of rows [lo, hi) of `whole` (per · cp values a row, in sequence order), this rank's `per` a row, in the order of
+  // its positions (context parallel), into out.
+  template <class U>
+  void cp_local(const U* whole, std::int64_t lo, std::int64_t hi, std::int64_t per, std::vector<U>& out) const {
     const nn::context_split at{.ranks = cp_ranks(), .rank = groups_.cp->rank(), .zigzag = groups_.cp_zigzag};
     const std::int64_t t = per * cp_ranks();
-    cp_labels_.resize(static_cast<std::size_t>((hi - lo) * per));
+    out.resize(static_cast<std::size_t>((hi - lo) * per));
     for (std::int64_t r = lo; r < hi; ++r)
       for (std::int64_t i = 0; i < per; ++i)
-        cp_labels_[static_cast<std::size_t>((r - lo) * per + i)] = run_.y[r * t + nn::cp_position(at, t, i)];
-    return cp_labels_.data();
+        out[static_cast<std::size_t>((r - lo) * per + i)] = whole[r * t + nn::cp_position(at, t, i)];
   }
 
   Comm* pp_;

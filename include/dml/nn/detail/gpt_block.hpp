@@ -157,7 +157,7 @@ struct gpt_block : detail::split_part {
     const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full1, nl * C);
     detail::linear_forward<S>(d.n, C, 3 * cp_, h1, w.qkv_w, w.qkv_b, sv.qkv);
     if (ring())
-      ring_attention_forward<S>(ring_shape(d), ring_layout(), c.cp, static_cast<const T*>(sv.qkv), sv.att, sv.lse, ws.scratch,
+      ring_attention_forward<S>(ring_shape(d), cp, c.cp, static_cast<const T*>(sv.qkv), sv.att, sv.lse, ws.scratch,
                                 c.doc_start);
     else
       tile_attention_forward<S>(attention(d), static_cast<const T*>(sv.qkv), sv.att, sv.lse, c.doc_start);
@@ -242,7 +242,7 @@ struct gpt_block : detail::split_part {
     detail::linear_input_grad<S>(d.n, cp_, C, dp, w.proj_w, ws.datt);
     T* const dqkv = st ? st->dqkv : ws.dqkv;
     if (ring())
-      ring_attention_backward<S>(ring_shape(d), ring_layout(), c.cp, static_cast<const T*>(sv.qkv),
+      ring_attention_backward<S>(ring_shape(d), cp, c.cp, static_cast<const T*>(sv.qkv),
                                  static_cast<const T*>(sv.att), static_cast<const float*>(sv.lse),
                                  static_cast<const T*>(ws.datt), dqkv, ws.scratch, c.doc_start);
     else
@@ -275,7 +275,6 @@ struct gpt_block : detail::split_part {
   ring_attention_shape ring_shape(const gpt_dims& d) const {
     return {.batch = d.b, .seq = d.t * cp.ranks, .heads = heads / ranks(), .head_dim = dim / heads, .causal = true};
   }
-  cp_layout ring_layout() const { return cp; }
   void check_ring(const context& c) const {
     if (ring() && (!c.cp || c.cp->size() != cp.ranks || c.cp->rank() != cp.rank))
       fail<invalid_argument>("dml::nn::gpt_block: split over ", cp.ranks, " context-parallel ranks but the context's "
@@ -327,7 +326,7 @@ struct gpt_block : detail::split_part {
     s.stats2 = k.take<kernels::row_stats>(d.n_local);
     s.h1 = k.take<T>(d.n_local * C);
     s.qkv = k.take<T>(d.n * 3 * cw);
-    if (ring()) s.lse = k.take<float>(ring_attention_saved_size(ring_shape(d), ring_layout()));
+    if (ring()) s.lse = k.take<float>(ring_attention_saved_size(ring_shape(d), cp));
     else s.lse = k.take<float>(tile_attention_saved_size(attention(d)));
     s.att = k.take<T>(d.n * cw);
     s.x2 = k.take<T>(d.n_local * C);
@@ -368,7 +367,7 @@ struct gpt_block : detail::split_part {
     else w.big = k.take<T>(d.n * fp);
     w.datt = k.take<T>(d.n * cw);
     w.dqkv = k.take<T>(d.n * 3 * cw);
-    if (ring()) w.scratch = k.take<T>(ring_attention_workspace_size(ring_shape(d), ring_layout()));
+    if (ring()) w.scratch = k.take<T>(ring_attention_workspace_size(ring_shape(d), cp));
     else w.tiles = k.take<float>(tile_attention_workspace_size(attention(d)));
     return w;
   }
