@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -99,34 +100,55 @@ double check_close(const std::string& what, const std::vector<float>& got, const
   return d / scale;
 }
 
-// The smallest gap, over tokens, between the logits that decide the top-k (k-th against (k+1)-th, and the
-// two chosen ones): a difference quotient with a step well inside it never flips a routing decision.
-double routing_margin(const nn::moe& m, const whole_params& p, const std::vector<float>& x, std::int64_t rows) {
+// The router's logits of token t, in double.
+std::vector<double> logits_of(const nn::moe& m, const whole_params& p, const std::vector<float>& x, std::int64_t t) {
   const std::int64_t C = m.cfg.dim, E = m.cfg.experts;
+  std::vector<double> l(static_cast<std::size_t>(E));
+  for (std::int64_t e = 0; e < E; ++e) {
+    double s = m.cfg.logit_bias.empty() ? 0.0 : m.cfg.logit_bias[static_cast<std::size_t>(e)];
+    for (std::int64_t j = 0; j < C; ++j) s += double(x[static_cast<std::size_t>(t * C + j)]) * p.values[0][static_cast<std::size_t>(e * C + j)];
+    l[static_cast<std::size_t>(e)] = s;
+  }
+  return l;
+}
+// What chooses the top-k: the logits, or with a balancing bias the scores plus it.
+std::vector<double> selection_keys(const nn::moe& m, std::vector<double> l, const std::vector<float>& bias) {
+  if (bias.empty()) return l;
+  double mx = *std::max_element(l.begin(), l.end()), sum = 0;
+  for (double v : l) sum += std::exp(v - mx);
+  for (std::size_t e = 0; e < l.size(); ++e)
+    l[e] = (m.cfg.score == nn::router_score::sigmoid ? 1 / (1 + std::exp(-l[e])) : std::exp(l[e] - mx) / sum) + bias[e];
+  return l;
+}
+
+// The smallest gap, over tokens, between the keys that decide the top-k (k-th against (k+1)-th, and the
+// chosen ones): a difference quotient with a step well inside it never flips a routing decision.
+double routing_margin(const nn::moe& m, const whole_params& p, const std::vector<float>& x, std::int64_t rows,
+                      const std::vector<float>& bias = {}) {
+  const std::int64_t E = m.cfg.experts;
   double margin = 1e9;
   for (std::int64_t t = 0; t < rows; ++t) {
-    std::vector<double> l(static_cast<std::size_t>(E));
-    for (std::int64_t e = 0; e < E; ++e) {
-      double s = m.cfg.logit_bias.empty() ? 0.0 : m.cfg.logit_bias[static_cast<std::size_t>(e)];
-      for (std::int64_t j = 0; j < C; ++j) s += double(x[static_cast<std::size_t>(t * C + j)]) * p.values[0][static_cast<std::size_t>(e * C + j)];
-      l[static_cast<std::size_t>(e)] = s;
-    }
+    auto l = selection_keys(m, logits_of(m, p, x, t), bias);
     std::sort(l.begin(), l.end(), std::greater<>());
     for (int k = 0; k < m.cfg.top_k && k + 1 < E; ++k) margin = std::min(margin, l[static_cast<std::size_t>(k)] - l[static_cast<std::size_t>(k + 1)]);
   }
   return margin;
 }
 
-// Objective y·r + w_aux·aux + w_z·z (the losses as the layer records them) against the layer's gradients.
-nn::gradcheck_result gradcheck(const nn::moe& m, std::int64_t rows, unsigned seed, bool with_r, nn::routing_record* seen = nullptr) {
+// Objective y·r + w_aux·aux + w_z·z (the losses as the layer records them) against the layer's gradients; a
+// balancing bias (not empty) chooses the experts and must not reach the gradients.
+nn::gradcheck_result gradcheck(const nn::moe& m, std::int64_t rows, unsigned seed, bool with_r, nn::routing_record* seen = nullptr,
+                               const std::vector<float>& bias = {}) {
   auto whole = make_params(m, seed);
   auto x = random_vector(static_cast<std::size_t>(rows * m.cfg.dim), seed + 100);
   const auto r = with_r ? random_vector(x.size(), seed + 200) : std::vector<float>(x.size(), 0.f);
   // The objective is summed from float outputs: its rounding, over a step of 2h, leaves about 1e-4 of noise
   // in each quotient (hence the 1e-2 floor and tolerance, as for the other layers).
   const float h = 1e-3f;
-  REQUIRE(routing_margin(m, whole, x, rows) > 3 * h);  // a step moves a logit gap by at most 1.8·h
+  // A step moves a logit gap by at most 1.8·h, a score gap by less.
+  REQUIRE(routing_margin(m, whole, x, rows, bias) > 3 * h);
   nn::routing_log log;
+  if (!bias.empty()) log.router_bias[0] = bias;
   nn::context c;
   c.routing = &log;
   rank_state st(m, whole, rows, rows);
@@ -152,6 +174,15 @@ nn::gradcheck_result gradcheck(const nn::moe& m, std::int64_t rows, unsigned see
   }
   for (std::size_t k = 0; k < x.size(); k += std::max<std::size_t>(1, x.size() / 31)) compare(dx[k], difference(x[k]));
   return rep;
+}
+
+// The first seed from `seed` on whose weights and input (as gradcheck draws them) no routing decision is within
+// reach of a difference quotient.
+unsigned seed_with_margin(const nn::moe& m, std::int64_t rows, unsigned seed, const std::vector<float>& bias = {}) {
+  for (;; ++seed) {
+    const auto x = random_vector(static_cast<std::size_t>(rows * m.cfg.dim), seed + 100);
+    if (routing_margin(m, make_params(m, seed), x, rows, bias) > 3e-3 * 1.5) return seed;
+  }
 }
 
 nn::moe_config small_config(std::int64_t experts, int k, float capacity, bool bias = false) {
@@ -510,7 +541,14 @@ TEST_CASE("moe: configurations that cannot work are refused, naming what was exp
     CHECK(what.find("top_k <= 1") != std::string::npos);
     CHECK(what.find("found top_k 2") != std::string::npos);
   }
-  CHECK_THROWS_AS(nn::moe(small_config(4, 3, 1.f)), invalid_argument);
+  CHECK_THROWS_WITH_AS(nn::moe(small_config(4, 5, 1.f)), doctest::Contains("found top_k 5"), invalid_argument);
+  CHECK_THROWS_WITH_AS(nn::moe(small_config(4, 0, 1.f)), doctest::Contains("expected top_k >= 1, found 0"), invalid_argument);
+  auto no_shared = small_config(4, 2, 1.f);
+  no_shared.shared = -1;
+  CHECK_THROWS_WITH_AS(nn::moe{no_shared}, doctest::Contains("shared experts >= 0, found -1"), invalid_argument);
+  no_shared.shared = 0;
+  no_shared.bias_rate = -0.1f;
+  CHECK_THROWS_WITH_AS(nn::moe{no_shared}, doctest::Contains("bias_rate >= 0"), invalid_argument);
   // A layer split over 2 expert ranks run without the group.
   nn::moe split(small_config(4, 2, 1.f));
   split.set_expert_split(2, 0);
@@ -518,6 +556,220 @@ TEST_CASE("moe: configurations that cannot work are refused, naming what was exp
   rank_state st(split, whole, 4, 4);
   const auto x = random_vector(32, 2);
   CHECK_THROWS_WITH_AS(st.forward(nn::context{}, x.data()), doctest::Contains("expert group is rank 0 of 1"), invalid_argument);
+}
+
+// The routings of Mixtral, Qwen3-MoE and DeepSeek-V3 in one small layer each: top-k of any k, softmax or sigmoid
+// scores, renormalised or not, scaled, SwiGLU experts of their own width, shared experts.
+struct modern_case {
+  const char* name;
+  std::int64_t experts;
+  int k;
+  nn::router_score score;
+  std::optional<bool> normalize;
+  float route_scale;
+  nn::expert_mlp mlp;
+  std::int64_t shared;
+  bool bias;
+};
+const modern_case modern_cases[] = {
+    {"mixtral: top-2 softmax renormalised, swiglu", 4, 2, nn::router_score::softmax, {}, 1.f, nn::expert_mlp::swiglu, 0, false},
+    {"qwen3: top-4 of 6 softmax not renormalised, swiglu", 6, 4, nn::router_score::softmax, false, 1.f, nn::expert_mlp::swiglu, 0, false},
+    {"deepseek-v3: top-3 of 8 sigmoid renormalised ×2.5, swiglu, 1 shared", 8, 3, nn::router_score::sigmoid, true, 2.5f,
+     nn::expert_mlp::swiglu, 1, false},
+    {"sigmoid top-2 not renormalised, gelu, 2 shared, biases", 4, 2, nn::router_score::sigmoid, false, 1.f, nn::expert_mlp::gelu, 2, true},
+    {"every expert: top-4 of 4 softmax renormalised, gelu, 1 shared", 4, 4, nn::router_score::softmax, true, 1.f,
+     nn::expert_mlp::gelu, 1, false},
+};
+nn::moe_config modern_config(const modern_case& m, float capacity) {
+  auto cfg = small_config(m.experts, m.k, capacity, m.bias);
+  cfg.hidden = 6;  // fine-grained: narrower than the model
+  cfg.score = m.score;
+  cfg.normalize = m.normalize;
+  cfg.route_scale = m.route_scale;
+  cfg.mlp = m.mlp;
+  cfg.shared = m.shared;
+  return cfg;
+}
+
+TEST_CASE("moe: modern routing and experts: every gradient matches finite differences, dropless and with a capacity") {
+  unsigned seed = 300;
+  for (const auto& mc : modern_cases)
+    for (const float capacity : {0.f, 0.6f}) {
+      auto cfg = modern_config(mc, capacity);
+      cfg.aux_loss_weight = 0.3f;
+      cfg.z_loss_weight = 0.05f;
+      nn::routing_record rec;
+      seed = seed_with_margin(nn::moe(cfg), 12, seed + 1);
+      const auto rep = gradcheck(nn::moe(cfg), 12, seed, true, &rec);
+      std::int64_t dropped = 0;
+      for (auto d : rec.dropped) dropped += d;
+      MESSAGE(std::string(mc.name) << " capacity " << capacity << ": max_rel_diff=" << rep.max_rel << " over " << rep.checked << ", "
+                      << dropped << " dropped");
+      CHECK(rep.checked > 100);
+      CHECK(rep.max_rel < 1e-2);
+      if (capacity == 0.f) CHECK(dropped == 0);
+      else CHECK(dropped > 0);
+      // The auxiliary losses alone, through sigmoid or softmax scores.
+      const auto aux = gradcheck(nn::moe(cfg), 12, seed, false);
+      CHECK(aux.max_rel < 1e-2);
+    }
+}
+
+TEST_CASE("moe: a balancing bias chooses the experts and reaches neither the gates nor the gradients") {
+  for (const auto score : {nn::router_score::sigmoid, nn::router_score::softmax}) {
+    auto cfg = small_config(6, 2, 0.f);
+    cfg.score = score;
+    cfg.mlp = nn::expert_mlp::swiglu;
+    cfg.bias_rate = 0.01f;
+    const std::vector<float> bias{0.3f, -0.2f, 0.05f, 0.f, -0.4f, 0.25f};
+    nn::routing_record rec;
+    const auto rep = gradcheck(nn::moe(cfg), 12, seed_with_margin(nn::moe(cfg), 12, 410, bias), true, &rec, bias);
+    MESSAGE("bias, " << (score == nn::router_score::sigmoid ? "sigmoid" : "softmax") << ": max_rel_diff=" << rep.max_rel);
+    CHECK(rep.max_rel < 1e-2);
+    CHECK(rec.bias_rate == 0.01f);
+  }
+}
+
+// y by the formulas, in double: scores, top-k by score + bias, gates, each chosen expert's MLP, the shared one.
+std::vector<double> reference_forward(const nn::moe& m, const whole_params& p, const std::vector<float>& x, std::int64_t rows,
+                                      const std::vector<float>& bias) {
+  const auto& cfg = m.cfg;
+  const std::int64_t C = cfg.dim, H = m.hidden, E = cfg.experts, F = m.fc_rows();
+  const bool sw = cfg.mlp == nn::expert_mlp::swiglu;
+  auto act = [&](const std::vector<double>& f, std::int64_t h) {
+    std::vector<double> g(static_cast<std::size_t>(h));
+    for (std::int64_t j = 0; j < h; ++j) {
+      const double a = f[static_cast<std::size_t>(j)];
+      g[static_cast<std::size_t>(j)] = sw ? a / (1 + std::exp(-a)) * f[static_cast<std::size_t>(h + j)]
+                                          : 0.5 * a * (1 + std::tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)));
+    }
+    return g;
+  };
+  // rows [first, first + fr) of fc (each C wide), then proj [C, h] at column offset.
+  auto mlp = [&](const float* fc, const float* proj, std::int64_t h, std::int64_t t, std::vector<double>& y, double gate) {
+    const std::int64_t fr = sw ? 2 * h : h;
+    std::vector<double> f(static_cast<std::size_t>(fr), 0.0);
+    for (std::int64_t i = 0; i < fr; ++i)
+      for (std::int64_t j = 0; j < C; ++j) f[static_cast<std::size_t>(i)] += double(fc[i * C + j]) * x[static_cast<std::size_t>(t * C + j)];
+    const auto g = act(f, h);
+    for (std::int64_t i = 0; i < C; ++i) {
+      double s = 0;
+      for (std::int64_t j = 0; j < h; ++j) s += double(proj[i * h + j]) * g[static_cast<std::size_t>(j)];
+      y[static_cast<std::size_t>(t * C + i)] += gate * s;
+    }
+  };
+  std::vector<double> y(static_cast<std::size_t>(rows * C), 0.0);
+  for (std::int64_t t = 0; t < rows; ++t) {
+    const auto l = logits_of(m, p, x, t);
+    std::vector<double> sc(l.size());
+    double mx = *std::max_element(l.begin(), l.end()), sum = 0;
+    for (double v : l) sum += std::exp(v - mx);
+    for (std::size_t e = 0; e < l.size(); ++e)
+      sc[e] = cfg.score == nn::router_score::sigmoid ? 1 / (1 + std::exp(-l[e])) : std::exp(l[e] - mx) / sum;
+    std::vector<double> key = sc;
+    for (std::size_t e = 0; e < key.size(); ++e) key[e] += bias.empty() ? 0.0 : bias[e];
+    std::vector<int> order(static_cast<std::size_t>(E));
+    for (int e = 0; e < E; ++e) order[static_cast<std::size_t>(e)] = e;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return key[static_cast<std::size_t>(a)] > key[static_cast<std::size_t>(b)]; });
+    double chosen = 0;
+    for (int j = 0; j < cfg.top_k; ++j) chosen += sc[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])];
+    for (int j = 0; j < cfg.top_k; ++j) {
+      const int e = order[static_cast<std::size_t>(j)];
+      const double gate = cfg.route_scale * sc[static_cast<std::size_t>(e)] / (m.normalized() ? chosen : 1.0);
+      mlp(p.values[1].data() + e * F * C, p.values[2].data() + e * C * H, H, t, y, gate);
+    }
+    if (cfg.shared > 0) mlp(p.values[3].data(), p.values[4].data(), m.shared_hidden(), t, y, 1.0);
+  }
+  return y;
+}
+
+TEST_CASE("moe: the output is the formula's: chosen by score and bias, gated by score, plus the shared experts") {
+  for (const auto& mc : modern_cases) {
+    if (mc.bias) continue;  // the reference leaves out Linear biases
+    auto cfg = modern_config(mc, 0.f);
+    cfg.bias_rate = 0.01f;
+    const nn::moe m(cfg);
+    const std::int64_t rows = 10;
+    const auto whole = make_params(m, 500);
+    const auto x = random_vector(static_cast<std::size_t>(rows * cfg.dim), 501);
+    std::vector<float> bias(static_cast<std::size_t>(cfg.experts));
+    for (std::size_t e = 0; e < bias.size(); ++e) bias[e] = 0.1f * float((e * 7) % 5) - 0.2f;
+    nn::routing_log log;
+    log.router_bias[0] = bias;
+    nn::context c;
+    c.routing = &log;
+    rank_state st(m, whole, rows, rows);
+    const auto y = st.forward(c, x.data());
+    const auto want = reference_forward(m, whole, x, rows, bias);
+    std::vector<float> wantf(want.begin(), want.end());
+    INFO(mc.name);
+    check_close(std::string(mc.name) + " y", y, wantf, 1e-5);
+  }
+}
+
+TEST_CASE("moe: every layout matches one rank with SwiGLU experts, shared experts, sigmoid top-3 and a bias") {
+  auto cfg = modern_config(modern_cases[2], 1.f);
+  cfg.bias = true;
+  cfg.bias_rate = 0.01f;  // no log bias in these runs: zeros, so the same choices
+  const nn::moe m(cfg);
+  const std::int64_t n = 32;
+  const auto whole = make_params(m, 600);
+  const auto x = random_vector(static_cast<std::size_t>(n * cfg.dim), 601);
+  const auto dy = random_vector(x.size(), 602);
+  const auto one = run_one(cfg, whole, x, dy, n);
+  const std::vector<std::int64_t> quarters(4, n / 4);
+  check_same("modern dp4 ep2", one, run_layout(cfg, whole, x, dy, quarters, 2, strided), m);
+  check_same("modern dp4 ep4", one, run_layout(cfg, whole, x, dy, quarters, 4, strided), m);
+  check_same("modern dp2 tp2 sequence ep2", one, run_layout(cfg, whole, x, dy, quarters, 2, strided, 2), m);
+  check_same("modern rows 11,9,12,0 ep4", one, run_layout(cfg, whole, x, dy, {11, 9, 12, 0}, 4, strided), m);
+}
+
+TEST_CASE("moe: loss-free balancing evens a skewed router's load where the auxiliary loss is off") {
+  // 8 experts, top-2, a router skewed toward low experts; each step a fresh batch, the bias moved after it.
+  auto cfg = small_config(8, 2, 0.f);
+  cfg.score = nn::router_score::sigmoid;
+  cfg.logit_bias = nn::skewed_logit_bias(8, 1.0, 1.0);
+  cfg.aux_loss_weight = 0.f;
+  cfg.bias_rate = 0.01f;
+  const nn::moe m(cfg);
+  const std::int64_t rows = 64;
+  const auto whole = make_params(m, 700);
+  rank_state st(m, whole, rows, rows);
+  nn::routing_log log;
+  nn::context c;
+  c.routing = &log;
+  auto imbalance = [](const std::vector<std::int64_t>& t) {
+    std::int64_t most = 0, sum = 0;
+    for (auto v : t) most = std::max(most, v), sum += v;
+    return double(most) * double(t.size()) / double(sum);
+  };
+  double first = 0, last = 0;
+  std::vector<std::int64_t> tail(8, 0);
+  for (int step = 0; step < 200; ++step) {
+    log.records.clear();
+    const auto x = random_vector(static_cast<std::size_t>(rows * cfg.dim), 800 + unsigned(step));
+    st.forward(c, x.data());
+    const auto& rec = log.records.at({0, 0});
+    if (step == 0) first = imbalance(rec.tokens);
+    if (step >= 180)
+      for (std::size_t e = 0; e < 8; ++e) tail[e] += rec.tokens[e];
+    nn::update_router_bias(log);
+  }
+  last = imbalance(tail);
+  const auto& b = log.router_bias.at(0);
+  MESSAGE("max/mean tokens per expert: step 0 " << first << ", steps 180-199 " << last << "; bias of expert 0 " << b[0]
+                                                << ", of expert 7 " << b[7]);
+  CHECK(first > 2.0);
+  CHECK(last <= 1.2);
+  CHECK(b[0] < 0.f);  // the favoured expert is pushed down, the shunned one up
+  CHECK(b[7] > 0.f);
+  // Without training the layer records no rate, and update_router_bias leaves the bias alone.
+  log.records.clear();
+  c.training = false;
+  st.forward(c, random_vector(static_cast<std::size_t>(rows * cfg.dim), 9).data());
+  const auto before = log.router_bias.at(0);
+  nn::update_router_bias(log);
+  CHECK(log.router_bias.at(0) == before);
 }
 
 TEST_CASE("moe: parameter names, shapes and expert shards") {

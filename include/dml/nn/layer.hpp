@@ -86,10 +86,14 @@ struct routing_record {
   std::int64_t a2a_bytes = 0;                 // this rank's all-to-all payload sent (dispatch and combine)
   double aux_loss = 0, z_loss = 0;            // unweighted: the load-balancing loss and the router z-loss
   double share = 1;                           // the micro-batch's share of the step's batch
+  float bias_rate = 0;                        // the layer's balancing rate (moe_config::bias_rate; 0: none)
 };
 // Records by (layer, first global row of the micro-batch): a recomputed forward overwrites its own record.
+// router_bias: each balancing layer's selection bias by layer, kept across steps (the records are the step's
+// own); nn::update_router_bias moves it once a step is done.
 struct routing_log {
   std::map<std::pair<std::uint64_t, std::int64_t>, routing_record> records;
+  std::map<std::uint64_t, std::vector<float>> router_bias;
 };
 
 // What every layer call sees besides its tensors.

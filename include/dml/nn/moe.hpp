@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-// dml/nn/moe.hpp — a mixture-of-experts MLP: a softmax router sends each token to its top-k of E GELU MLPs.
+// dml/nn/moe.hpp — a mixture-of-experts MLP: a router sends each token to its top-k of E GELU or SwiGLU MLPs,
+// beside shared experts that every token passes through.
 // Sits on nn/layer.hpp, nn/rank_group.hpp and core/gemm.hpp; gpt_block runs it in place of its dense MLP.
 // Its parts: nn/detail/moe_kernels.hpp (the per-element functors) and nn/detail/moe_routing.hpp (routing and
 // the router's gradient, on the host).
 //
-// Routing follows Switch (k = 1, gate p_top1) and GShard (k = 2, gates renormalised over the two), with an
-// expert capacity of ceil(capacity_factor · N · k / E) assignments over the N tokens of the global
-// micro-batch, the load-balancing loss E · Σ_e f_e · P_e and the router z-loss mean(logsumexp²) (ST-MoE).
+// Routing follows Switch (k = 1, gate p_top1), GShard and Mixtral (k >= 2, gates renormalised over the k) or
+// DeepSeek-V3 (sigmoid scores, renormalised, scaled), with an expert capacity of ceil(capacity_factor · N · k / E)
+// assignments over the N tokens of the global micro-batch, the load-balancing loss E · Σ_e f_e · P_e, the
+// router z-loss mean(logsumexp²) (ST-MoE), and DeepSeek-V3's loss-free balancing: a per-expert bias added to
+// the scores for choosing only, moved after each step toward equal load (update_router_bias).
 // Every decision that depends on other ranks' tokens is made from global counts (one all-reduce of a small
 // array of doubles over the data group), so a batch split over data-parallel ranks drops, routes and
 // balances exactly as one rank holding all of it would.
@@ -21,6 +24,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,18 +38,31 @@
 #include "dml/nn/detail/rows.hpp"
 #include "dml/nn/layer.hpp"
 #include "dml/nn/rank_group.hpp"
+#include "dml/nn/swiglu.hpp"
 
 namespace dml::nn {
 
+// An expert's MLP: c_fc → GELU-tanh → c_proj (GPT), or SwiGLU with gate and up as one c_fc of 2·hidden rows
+// (Mixtral, Qwen3-MoE, DeepSeek-V3).
+enum class expert_mlp : std::uint8_t { gelu, swiglu };
+// The router's scores from its logits: softmax over the experts, or each expert's sigmoid (DeepSeek-V3).
+enum class router_score : std::uint8_t { softmax, sigmoid };
+
 struct moe_config {
-  std::int64_t dim = 0, hidden = 0;  // hidden 0: 4·dim
+  std::int64_t dim = 0, hidden = 0;  // hidden: each expert's width (fine-grained experts: below 4·dim); 0: 4·dim
   std::int64_t experts = 8;
-  int top_k = 2;                     // 1 (Switch) or 2 (GShard)
+  int top_k = 2;                     // 1 to experts
   float capacity_factor = 1.25f;     // <= 0: dropless
   float aux_loss_weight = 0.01f, z_loss_weight = 0.001f;
   bool bias = false;                 // biases in the experts' Linears
   float proj_std = 0.02f;            // c_proj's init std (a GPT passes its scaled residual init)
   std::vector<float> logit_bias;     // empty, or one constant per expert added to the router logits
+  expert_mlp mlp = expert_mlp::gelu;
+  std::int64_t shared = 0;           // shared experts: one MLP of shared · hidden beside the routed ones
+  router_score score = router_score::softmax;
+  std::optional<bool> normalize{};   // gates renormalised over the top-k; unset: k > 1 (Switch keeps p_top1)
+  float route_scale = 1.f;           // gates times this (DeepSeek-V3's routed_scaling_factor: 2.5)
+  float bias_rate = 0.f;             // > 0: loss-free balancing, the selection bias's step per training step
 };
 
 // Router logit offsets that skew the load on purpose (benchmarks, tests): expert e gets scale · (−s · ln(e+1)),
@@ -84,8 +102,13 @@ struct moe {
     if (cfg.dim <= 0 || hidden <= 0 || cfg.experts <= 0)
       fail<invalid_argument>("dml::nn::moe: sizes must be positive, found dim ", cfg.dim, ", hidden ", hidden, ", experts ",
                              cfg.experts);
-    if (cfg.top_k != 1 && cfg.top_k != 2)
-      fail<invalid_argument>("dml::nn::moe: expected top_k 1 (Switch) or 2 (GShard), found ", cfg.top_k);
+    if (cfg.top_k < 1)
+      fail<invalid_argument>("dml::nn::moe: expected top_k >= 1, found ", cfg.top_k);
+    if (cfg.shared < 0)
+      fail<invalid_argument>("dml::nn::moe: expected shared experts >= 0, found ", cfg.shared);
+    if (!(cfg.bias_rate >= 0.f) || !(cfg.route_scale > 0.f))
+      fail<invalid_argument>("dml::nn::moe: expected bias_rate >= 0 and route_scale > 0, found ", cfg.bias_rate, " and ",
+                             cfg.route_scale);
     if (cfg.top_k > cfg.experts)
       fail<invalid_argument>("dml::nn::moe: top-k larger than the number of experts: expected top_k <= ", cfg.experts,
                              ", found top_k ", cfg.top_k);
@@ -114,6 +137,12 @@ struct moe {
   }
   bool sequence() const { return split.sequence && split.ranks > 1; }
   std::int64_t local_experts() const { return cfg.experts / ep_ranks; }
+  bool swiglu() const { return cfg.mlp == expert_mlp::swiglu; }
+  // c_fc's rows per expert: hidden, or gate and up (2·hidden) for SwiGLU; the shared MLP's width and c_fc rows.
+  std::int64_t fc_rows() const { return swiglu() ? 2 * hidden : hidden; }
+  std::int64_t shared_hidden() const { return cfg.shared * hidden; }
+  std::int64_t shared_fc_rows() const { return cfg.shared * fc_rows(); }
+  bool normalized() const { return cfg.normalize.value_or(cfg.top_k > 1); }
 
   std::vector<param_spec> parameters() const {
     const std::int64_t C = cfg.dim, H = hidden, E = cfg.experts, el = local_experts();
@@ -124,21 +153,30 @@ struct moe {
     };
     std::vector<param_spec> out;
     out.push_back({"router.weight", {E, C}, init_kind::normal, 0.f, 0.02f, {}, sp});
-    out.push_back({"experts.c_fc.weight", {el * H, C}, init_kind::normal, 0.f, 0.02f, experts(E * H, C), sp});
-    if (cfg.bias) out.push_back({"experts.c_fc.bias", {el * H}, init_kind::zeros, 0.f, 0.f, experts(E * H, 1), sp});
+    const std::int64_t F = fc_rows();
+    out.push_back({"experts.c_fc.weight", {el * F, C}, init_kind::normal, 0.f, 0.02f, experts(E * F, C), sp});
+    if (cfg.bias) out.push_back({"experts.c_fc.bias", {el * F}, init_kind::zeros, 0.f, 0.f, experts(E * F, 1), sp});
     out.push_back({"experts.c_proj.weight", {el * C, H}, init_kind::normal, 0.f, cfg.proj_std, experts(E * C, H), sp});
     if (cfg.bias) out.push_back({"experts.c_proj.bias", {el * C}, init_kind::zeros, 0.f, 0.f, experts(E * C, 1), sp});
+    if (cfg.shared > 0) {
+      const std::int64_t SF = shared_fc_rows(), SH = shared_hidden();
+      out.push_back({"shared.c_fc.weight", {SF, C}, init_kind::normal, 0.f, 0.02f, {}, sp});
+      if (cfg.bias) out.push_back({"shared.c_fc.bias", {SF}, init_kind::zeros, 0.f, 0.f, {}, sp});
+      out.push_back({"shared.c_proj.weight", {C, SH}, init_kind::normal, 0.f, cfg.proj_std, {}, sp});
+      if (cfg.bias) out.push_back({"shared.c_proj.bias", {C}, init_kind::zeros, 0.f, 0.f, {}, sp});
+    }
     return out;
   }
   dml::shape output_shape(dml::shape x) const {
     detail::expect_cols(kind, cfg.dim, x);
     return x;
   }
-  // The router (2·C·E per token) and top_k experts' c_fc and c_proj (4·C·H per token and choice): the work of a
-  // rank's tokens, wherever the all-to-all sends them to be done.
+  // The router (2·C·E per token), top_k experts' c_fc and c_proj (2·C·(F + H) per token and choice, F = c_fc's
+  // rows) and the shared MLP: the work of a rank's tokens, wherever the all-to-all sends them to be done.
   double forward_flops(dml::shape x) const {
     const double n = static_cast<double>(x.numel() / cfg.dim), c = static_cast<double>(cfg.dim);
-    return n * c * (2 * static_cast<double>(cfg.experts) + 4 * static_cast<double>(cfg.top_k * hidden));
+    const double expert = 2 * static_cast<double>(fc_rows() + hidden), shared = 2 * static_cast<double>(shared_fc_rows() + shared_hidden());
+    return n * c * (2 * static_cast<double>(cfg.experts) + static_cast<double>(cfg.top_k) * expert + shared);
   }
 
   // Assignments an expert keeps out of a micro-batch of `tokens` global tokens (dropless: no limit).
@@ -192,7 +230,7 @@ struct moe {
              .ldb = C, .c = ws.logits, .ldc = E});
     host_plan hp(*this, N);
     dml::copy_n(static_cast<const float*>(ws.logits), static_cast<std::size_t>(N * E), hp.v.probs);
-    route(hp.v, N);
+    route(hp.v, N, selection_bias(c));
     const routing r = decide(c, hp.v, N, tokens_per_row);
     dml::copy_n(hp.bytes(), static_cast<std::size_t>(hp.v.bytes), saved);
     const plan_view dp = plan_parts(saved, N);
@@ -214,7 +252,14 @@ struct moe {
       detail::token_rows<S>(r.received, C, kernels::moe_gather_rows<T>{ye, dp.inv, nullptr, ws.xr, C});
       exchange(c, ws.xr, r.recv_values, sv.yr, r.send_values);
     }
-    detail::token_rows<S>(N, C, kernels::moe_combine<T>{sv.yr, dp.slot, dp.gate, y, C, K, false});
+    // The shared experts write y, the routed ones' gated sum adds to it.
+    if (cfg.shared > 0) {
+      detail::linear_forward<S>(N, C, shared_fc_rows(), x, static_cast<const T*>(wt.sfc_w), static_cast<const T*>(wt.sfc_b), sv.fs);
+      activate<S>(static_cast<const T*>(sv.fs), ws.hs, N, shared_hidden());
+      detail::linear_forward<S>(N, shared_hidden(), C, static_cast<const T*>(ws.hs), static_cast<const T*>(wt.sproj_w),
+                                static_cast<const T*>(wt.sproj_b), y);
+    }
+    detail::token_rows<S>(N, C, kernels::moe_combine<T>{sv.yr, dp.slot, dp.gate, y, C, K, cfg.shared > 0});
 
     if (c.routing) {
       routing_record rec;
@@ -224,6 +269,7 @@ struct moe {
       rec.aux_loss = hp.v.meta[mi::aux];
       rec.z_loss = hp.v.meta[mi::z];
       rec.share = hp.v.meta[mi::share];
+      rec.bias_rate = c.training ? cfg.bias_rate : 0.f;
       c.routing->records[{c.layer, c.row_offset}] = std::move(rec);
     }
   }
@@ -270,7 +316,7 @@ struct moe {
       dxs = ws.xs;
     }
 
-    // The router: gates, load balancing and z-loss, all through the softmax.
+    // The router: gates, load balancing and z-loss, all through the scores.
     std::vector<T> dlogits(static_cast<std::size_t>(N * E));
     router_grad(c, hp.v, dgate.data(), dlogits.data(), N);
     dml::copy_n(static_cast<const T*>(dlogits.data()), dlogits.size(), ws.dlogits);
@@ -279,9 +325,17 @@ struct moe {
       detail::linear_input_grad<S>(N, C, E, static_cast<const T*>(ws.dlogits), static_cast<const T*>(wt.router), dx);
       detail::token_rows<S>(N, C, kernels::moe_combine<T>{dxs, dp.slot, nullptr, dx, C, K, true});
     }
+    if (cfg.shared > 0) shared_backward<S>(wt, gt, x, dy, dx, N, sv.fs, ws.hs, ws.dsf, acc);
   }
 
  private:
+  // Loss-free balancing's bias for this layer, kept in the routing log across steps (null: none).
+  const float* selection_bias(const context& c) const {
+    if (cfg.bias_rate <= 0.f || !c.routing) return nullptr;
+    auto& b = c.routing->router_bias[c.layer];
+    if (static_cast<std::int64_t>(b.size()) != cfg.experts) b.assign(static_cast<std::size_t>(cfg.experts), 0.f);
+    return b.data();
+  }
   std::int64_t tokens_per_row(const dml::shape& x) const {
     if (x.rank < 3 || x[0] == 0) return 1;
     return x.rows() / x[0] * (sequence() ? split.ranks : 1);
@@ -301,6 +355,7 @@ struct moe {
   template <class T>
   struct roles_t {
     T *router, *fc_w, *fc_b, *proj_w, *proj_b;
+    T *sfc_w, *sfc_b, *sproj_w, *sproj_b;  // the shared experts (null without)
   };
   template <class T>
   roles_t<T> roles(T* const* v) const {
@@ -308,6 +363,8 @@ struct moe {
     auto next = [&](bool present) { return present ? v[i++] : static_cast<T*>(nullptr); };
     roles_t<T> r{};
     r.router = next(true), r.fc_w = next(true), r.fc_b = next(cfg.bias), r.proj_w = next(true), r.proj_b = next(cfg.bias);
+    const bool sh = cfg.shared > 0;
+    r.sfc_w = next(sh), r.sfc_b = next(sh && cfg.bias), r.sproj_w = next(sh), r.sproj_b = next(sh && cfg.bias);
     return r;
   }
 
@@ -318,6 +375,7 @@ struct moe {
     std::int64_t* counts;       // [2E]: rows sent to each expert (its rank, its local index); rows received
                                 //       from each (source rank, local expert)
     float* probs;               // [N, E] the router's softmax (the logits while they are routed)
+    float* sig;                 // [N, E] the sigmoid scores (sigmoid scoring; else empty)
     float* lse;                 // [N] logsumexp of the logits
     std::int64_t* expert;       // [N, k] the top-k experts
     float* gate;                // [N, k]
@@ -334,6 +392,7 @@ struct moe {
     v.meta = k.take<double>(detail::moe_impl::meta_fixed + 2 * E);
     v.counts = k.take<std::int64_t>(2 * E);
     v.probs = k.take<float>(n * E);
+    v.sig = k.take<float>(cfg.score == router_score::sigmoid ? n * E : 0);
     v.lse = k.take<float>(n);
     v.expert = k.take<std::int64_t>(n * K);
     v.gate = k.take<float>(n * K);
@@ -363,38 +422,41 @@ struct moe {
     std::byte* bytes() { return reinterpret_cast<std::byte*>(storage.data()); }
   };
 
-  // What forward keeps: the plan, the experts' inputs and c_fc outputs (expert order), and the experts'
-  // outputs back home (dispatch order), which the gates' gradients need.
+  // What forward keeps: the plan, the experts' inputs and c_fc outputs (expert order), the experts' outputs
+  // back home (dispatch order), which the gates' gradients need, and the shared experts' c_fc outputs.
   template <class T>
   struct saved_set {
-    T *xe, *f, *yr;
+    T *xe, *f, *yr, *fs;
   };
   saved_set<std::byte> saved_parts(detail::carver& k, std::int64_t n, std::size_t vb) const {
-    const std::int64_t C = cfg.dim, H = hidden, rmax = max_received(n), b = static_cast<std::int64_t>(vb);
+    const std::int64_t C = cfg.dim, F = fc_rows(), rmax = max_received(n), b = static_cast<std::int64_t>(vb);
     plan_parts(k, n);
     saved_set<std::byte> s{};
     s.xe = k.take<std::byte>(rmax * C * b);
-    s.f = k.take<std::byte>(rmax * H * b);
+    s.f = k.take<std::byte>(rmax * F * b);
     s.yr = k.take<std::byte>(n * cfg.top_k * C * b);
+    s.fs = k.take<std::byte>(n * shared_fc_rows() * b);
     return s;
   }
   template <class T>
   saved_set<T> saved_parts(std::byte* base, std::int64_t n) const {
     detail::carver k{base};
     const auto s = saved_parts(k, n, sizeof(T));
-    return {reinterpret_cast<T*>(s.xe), reinterpret_cast<T*>(s.f), reinterpret_cast<T*>(s.yr)};
+    auto as = [](std::byte* p) { return reinterpret_cast<T*>(p); };
+    return {as(s.xe), as(s.f), as(s.yr), as(s.fs)};
   }
   template <class T>
   struct work_set {
     float* logits;  // [N, E]
     T *xs, *xr;     // dispatch-order rows sent, rows received
     T *ye, *dxe;    // expert order: outputs (forward) or their gradients (backward); input gradients
-    T *h1, *h2;     // [received, H]: GELU output, c_proj's input gradient
+    T *h1, *h2;     // [received, H] the activation's output; [received, F] c_fc's output gradient
     float* dgate;   // [N, k]
     T* dlogits;     // [N, E]
+    T *hs, *dsf;    // the shared experts: [N, shared·H] the activation's output, [N, shared·F] c_fc's gradient
   };
   work_set<std::byte> work_parts(detail::carver& k, std::int64_t n, std::size_t vb) const {
-    const std::int64_t C = cfg.dim, H = hidden, E = cfg.experts, K = cfg.top_k, rmax = max_received(n),
+    const std::int64_t C = cfg.dim, H = hidden, F = fc_rows(), E = cfg.experts, K = cfg.top_k, rmax = max_received(n),
                        b = static_cast<std::int64_t>(vb);
     work_set<std::byte> w{};
     w.logits = k.take<float>(n * E);
@@ -403,9 +465,11 @@ struct moe {
     w.ye = k.take<std::byte>(rmax * C * b);
     w.dxe = k.take<std::byte>(rmax * C * b);
     w.h1 = k.take<std::byte>(rmax * H * b);
-    w.h2 = k.take<std::byte>(rmax * H * b);
+    w.h2 = k.take<std::byte>(rmax * F * b);
     w.dgate = k.take<float>(n * K);
     w.dlogits = k.take<std::byte>(n * E * b);
+    w.hs = k.take<std::byte>(n * shared_hidden() * b);
+    w.dsf = k.take<std::byte>(n * shared_fc_rows() * b);
     return w;
   }
   template <class T>
@@ -413,7 +477,7 @@ struct moe {
     detail::carver k{reinterpret_cast<std::byte*>(base)};
     const auto w = work_parts(k, n, sizeof(T));
     auto as = [](std::byte* p) { return reinterpret_cast<T*>(p); };
-    return {w.logits, as(w.xs), as(w.xr), as(w.ye), as(w.dxe), as(w.h1), as(w.h2), w.dgate, as(w.dlogits)};
+    return {w.logits, as(w.xs), as(w.xr), as(w.ye), as(w.dxe), as(w.h1), as(w.h2), w.dgate, as(w.dlogits), as(w.hs), as(w.dsf)};
   }
 
   // What the host knows once routing is decided.
@@ -425,7 +489,7 @@ struct moe {
   };
 
   // Routing on the host, and the router's gradient: nn/detail/moe_routing.hpp.
-  void route(const plan_view& v, std::int64_t n) const;
+  void route(const plan_view& v, std::int64_t n, const float* bias) const;
   int stat_ranks(const context& c) const;
   int stat_rank(const context& c) const;
   void sum_over_batch(const context& c, std::vector<double>& s) const;
@@ -441,41 +505,76 @@ struct moe {
     c.ep->all_to_allv(const_typed_ptr(send), send_values.data(), typed_ptr(recv), recv_values.data());
   }
 
+  // The experts' activation: g [rows, h] from c_fc's output f [rows, F]; and its gradient, from dh [rows, h] to
+  // c_fc's output gradient (GELU: in place in dh, which it returns; SwiGLU: into dfc [rows, 2h]).
+  template <execution_space S, class T>
+  void activate(const T* f, T* g, std::int64_t rows, std::int64_t h) const {
+    if (swiglu()) detail::token_rows<S>(rows, h, kernels::swiglu_forward<T>{f, g, h});
+    else for_each_index<S>(rows * h, kernels::gelu_forward<T>{f, g});
+  }
+  template <execution_space S, class T>
+  T* activate_backward(const T* f, T* dh, T* dfc, std::int64_t rows, std::int64_t h) const {
+    if (!swiglu()) {
+      for_each_index<S>(rows * h, kernels::gelu_backward_inplace<T>{f, dh});
+      return dh;
+    }
+    detail::token_rows<S>(rows, h, kernels::swiglu_backward<T>{f, dh, dfc, h});
+    return dfc;
+  }
+
   template <execution_space S, class T>
   void expert_forward(const roles_t<T>& w, const routing& r, const T* xe, T* f, T* g, T* ye) const {
-    const std::int64_t C = cfg.dim, H = hidden;
+    const std::int64_t C = cfg.dim, H = hidden, F = fc_rows();
     for (std::size_t le = 0; le < r.rows.size(); ++le) {
       const std::int64_t n = r.rows[le], o = r.offset[le], e = static_cast<std::int64_t>(le);
-      detail::linear_forward<S>(n, C, H, xe + o * C, static_cast<const T*>(w.fc_w + e * H * C),
-                                          w.fc_b ? static_cast<const T*>(w.fc_b + e * H) : nullptr, f + o * H);
+      detail::linear_forward<S>(n, C, F, xe + o * C, static_cast<const T*>(w.fc_w + e * F * C),
+                                w.fc_b ? static_cast<const T*>(w.fc_b + e * F) : nullptr, f + o * F);
     }
-    for_each_index<S>(r.received * H, kernels::gelu_forward<T>{f, g});
+    activate<S>(static_cast<const T*>(f), g, r.received, H);
     for (std::size_t le = 0; le < r.rows.size(); ++le) {
       const std::int64_t n = r.rows[le], o = r.offset[le], e = static_cast<std::int64_t>(le);
       detail::linear_forward<S>(n, H, C, static_cast<const T*>(g + o * H), static_cast<const T*>(w.proj_w + e * C * H),
-                                          w.proj_b ? static_cast<const T*>(w.proj_b + e * C) : nullptr, ye + o * C);
+                                w.proj_b ? static_cast<const T*>(w.proj_b + e * C) : nullptr, ye + o * C);
     }
   }
-  // dye: gate · dy in expert order; g and dh: [received, H] scratch; dxe: the experts' input gradients.
+  // dye: gate · dy in expert order; g: [received, H] scratch (then, for SwiGLU, c_proj's input gradient), dfc:
+  // [received, F] (c_fc's output gradient; for GELU c_proj's input gradient first); dxe: the experts' input gradients.
+  // An expert's rows of g are read by its c_proj weight product before its input product overwrites them.
   template <execution_space S, class T>
   void expert_backward(const roles_t<T>& w, const roles_t<T>& gr, const routing& r, const T* xe, const T* f, const T* dye,
-                       T* g, T* dh, T* dxe, bool acc) const {
-    const std::int64_t C = cfg.dim, H = hidden;
-    for_each_index<S>(r.received * H, kernels::gelu_forward<T>{f, g});
+                       T* g, T* dfc, T* dxe, bool acc) const {
+    const std::int64_t C = cfg.dim, H = hidden, F = fc_rows();
+    T* dh = swiglu() ? g : dfc;
+    activate<S>(f, g, r.received, H);
     for (std::size_t le = 0; le < r.rows.size(); ++le) {
       const std::int64_t n = r.rows[le], o = r.offset[le], e = static_cast<std::int64_t>(le);
       detail::linear_weight_grad<S>(n, H, C, static_cast<const T*>(g + o * H), dye + o * C, gr.proj_w + e * C * H, acc);
       if (gr.proj_b) detail::column_sums<S>(dye + o * C, gr.proj_b + e * C, n, C, acc);
       detail::linear_input_grad<S>(n, H, C, dye + o * C, static_cast<const T*>(w.proj_w + e * C * H), dh + o * H);
     }
-    for_each_index<S>(r.received * H, kernels::gelu_backward_inplace<T>{f, dh});
+    const T* dpre = activate_backward<S>(f, dh, dfc, r.received, H);
     for (std::size_t le = 0; le < r.rows.size(); ++le) {
       const std::int64_t n = r.rows[le], o = r.offset[le], e = static_cast<std::int64_t>(le);
-      detail::linear_weight_grad<S>(n, C, H, xe + o * C, static_cast<const T*>(dh + o * H), gr.fc_w + e * H * C, acc);
-      if (gr.fc_b) detail::column_sums<S>(dh + o * H, gr.fc_b + e * H, n, H, acc);
-      detail::linear_input_grad<S>(n, C, H, static_cast<const T*>(dh + o * H), static_cast<const T*>(w.fc_w + e * H * C),
-                                             dxe + o * C);
+      detail::linear_weight_grad<S>(n, C, F, xe + o * C, dpre + o * F, gr.fc_w + e * F * C, acc);
+      if (gr.fc_b) detail::column_sums<S>(dpre + o * F, gr.fc_b + e * F, n, F, acc);
+      detail::linear_input_grad<S>(n, C, F, dpre + o * F, static_cast<const T*>(w.fc_w + e * F * C), dxe + o * C);
     }
+  }
+  // The shared experts' gradients, dx (if not null) added to: fs their saved c_fc output, hs [N, shared·H] and dsf
+  // [N, shared·F] scratch.
+  template <execution_space S, class T>
+  void shared_backward(const roles_t<T>& w, const roles_t<T>& gr, const T* x, const T* dy, T* dx, std::int64_t n, const T* fs,
+                       T* hs, T* dsf, bool acc) const {
+    const std::int64_t C = cfg.dim, SH = shared_hidden(), SF = shared_fc_rows();
+    activate<S>(fs, hs, n, SH);
+    detail::linear_weight_grad<S>(n, SH, C, static_cast<const T*>(hs), dy, gr.sproj_w, acc);
+    if (gr.sproj_b) detail::column_sums<S>(dy, gr.sproj_b, n, C, acc);
+    T* dh = swiglu() ? hs : dsf;
+    detail::linear_input_grad<S>(n, SH, C, dy, static_cast<const T*>(w.sproj_w), dh);
+    const T* dpre = activate_backward<S>(fs, dh, dsf, n, SH);
+    detail::linear_weight_grad<S>(n, C, SF, x, dpre, gr.sfc_w, acc);
+    if (gr.sfc_b) detail::column_sums<S>(dpre, gr.sfc_b, n, SF, acc);
+    if (dx) detail::linear_input_grad<S>(n, C, SF, dpre, static_cast<const T*>(w.sfc_w), dx, true);
   }
 };
 

@@ -9,40 +9,50 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "dml/nn/moe.hpp"
 
 namespace dml::nn {
 
-// Softmax and top-k of each token's logits (probs holds the logits on entry), ties to the lower expert.
-inline void moe::route(const plan_view& v, std::int64_t n) const {
+// Scores and top-k of each token's logits (probs holds the logits on entry): the softmax always (the z-loss and
+// softmax scoring read it), the sigmoid where it scores. The top-k are chosen by score plus the balancing bias
+// (null: none; without it by logit, the same order), ties to the lower expert; the gates are the chosen scores,
+// renormalised over the k where the config says, times route_scale.
+inline void moe::route(const plan_view& v, std::int64_t n, const float* bias) const {
   const std::int64_t E = cfg.experts, K = cfg.top_k;
-  const bool biased = !cfg.logit_bias.empty();
+  const bool shifted = !cfg.logit_bias.empty(), sigmoid = cfg.score == router_score::sigmoid, norm = normalized();
+  std::vector<float> key(static_cast<std::size_t>(E));
+  std::vector<std::int64_t> order(static_cast<std::size_t>(E));
   for (std::int64_t t = 0; t < n; ++t) {
     float* l = v.probs + t * E;
-    if (biased)
+    if (shifted)
       for (std::int64_t e = 0; e < E; ++e) l[e] += cfg.logit_bias[static_cast<std::size_t>(e)];
-    std::int64_t e0 = 0;
-    for (std::int64_t e = 1; e < E; ++e)
-      if (l[e] > l[e0]) e0 = e;
-    std::int64_t e1 = e0 == 0 ? 1 : 0;
-    if (K == 2)
-      for (std::int64_t e = e1 + 1; e < E; ++e)
-        if (e != e0 && l[e] > l[e1]) e1 = e;
-    const float m = l[e0];
+    float* sc = sigmoid ? v.sig + t * E : l;
+    if (sigmoid)
+      for (std::int64_t e = 0; e < E; ++e) sc[e] = 1.f / (1.f + std::exp(-l[e]));
+    if (!bias) std::copy(l, l + E, key.begin());
+    float m = l[0];
+    for (std::int64_t e = 1; e < E; ++e) m = std::max(m, l[e]);
     float s = 0.f;
     for (std::int64_t e = 0; e < E; ++e) s += (l[e] = std::exp(l[e] - m));
     for (std::int64_t e = 0; e < E; ++e) l[e] /= s;
     v.lse[t] = m + std::log(s);
-    v.expert[t * K] = e0;
-    if (K == 1) {
-      v.gate[t] = l[e0];
-    } else {
-      v.expert[t * K + 1] = e1;
-      const float p0 = l[e0], p1 = l[e1];
-      v.gate[t * K] = p0 / (p0 + p1);
-      v.gate[t * K + 1] = p1 / (p0 + p1);
+    if (bias)
+      for (std::int64_t e = 0; e < E; ++e) key[static_cast<std::size_t>(e)] = sc[e] + bias[e];
+    for (std::int64_t e = 0; e < E; ++e) order[static_cast<std::size_t>(e)] = e;
+    std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](std::int64_t a, std::int64_t b) {
+      const float ka = key[static_cast<std::size_t>(a)], kb = key[static_cast<std::size_t>(b)];
+      return ka > kb || (ka == kb && a < b);
+    });
+    float sum = 0.f;
+    for (std::int64_t j = 0; j < K; ++j) sum += sc[order[static_cast<std::size_t>(j)]];
+    for (std::int64_t j = 0; j < K; ++j) {
+      const std::int64_t e = order[static_cast<std::size_t>(j)];
+      v.expert[t * K + j] = e;
+      v.gate[t * K + j] = cfg.route_scale * (norm ? sc[e] / sum : sc[e]);
     }
   }
 }
@@ -73,7 +83,14 @@ inline moe::routing moe::decide(const context& c, const plan_view& v, std::int64
   double* psum = st.data() + ranks * KE;
   for (std::int64_t t = 0; t < n; ++t) {
     for (std::int64_t j = 0; j < K; ++j) mine[j * E + v.expert[t * K + j]] += 1;
-    for (std::int64_t e = 0; e < E; ++e) psum[e] += v.probs[t * E + e];
+    if (cfg.score == router_score::sigmoid) {  // P_e over the scores normalised per token (DeepSeek-V3)
+      const float* sc = v.sig + t * E;
+      double total = 0;
+      for (std::int64_t e = 0; e < E; ++e) total += sc[e];
+      for (std::int64_t e = 0; e < E; ++e) psum[e] += sc[e] / total;
+    } else {
+      for (std::int64_t e = 0; e < E; ++e) psum[e] += v.probs[t * E + e];
+    }
     psum[E] += static_cast<double>(v.lse[t]) * v.lse[t];
   }
   psum[E + 1] = static_cast<double>(n);
@@ -203,34 +220,72 @@ inline moe::routing moe::recall(const plan_view& v) const {
   return r;
 }
 
-// ∂/∂logits of: the combine through the gates (dgate), and weight · share · loss_scale · (aux or z).
-// k = 2 gates are the softmax of the two chosen logits alone, so their gradient touches only those two.
+// ∂/∂logits of: the combine through the gates (dgate), and weight · share · loss_scale · (aux or z). The gates'
+// and aux's gradients reach the scores first, then the logits through the softmax or the sigmoid; the z-loss's
+// through the softmax.
 template <class T>
 void moe::router_grad(const context& c, const plan_view& v, const float* dgate, T* out, std::int64_t n) const {
   namespace mi = detail::moe_impl;
   const std::int64_t E = cfg.experts, K = cfg.top_k;
+  const bool sigmoid = cfg.score == router_score::sigmoid, norm = normalized();
   const double tokens = v.meta[mi::tokens], scale = v.meta[mi::share] * static_cast<double>(c.loss_scale);
-  const double w_aux = cfg.aux_loss_weight * scale, w_z = cfg.z_loss_weight * scale;
+  const double w_aux = cfg.aux_loss_weight * scale, w_z = cfg.z_loss_weight * scale, rs = cfg.route_scale;
   const double* f = v.meta + mi::meta_fixed;
-  std::vector<double> d(static_cast<std::size_t>(E));
+  std::vector<double> ds(static_cast<std::size_t>(E));
   for (std::int64_t t = 0; t < n; ++t) {
     const float* p = v.probs + t * E;
-    // aux = E Σ_e f_e P_e: ∂aux/∂p_te = E f_e / tokens, then through the softmax.
-    double pa = 0;
-    for (std::int64_t e = 0; e < E; ++e) pa += p[e] * f[e];
-    const double a = static_cast<double>(E) / tokens, zc = 2.0 * v.lse[t] / tokens;
-    for (std::int64_t e = 0; e < E; ++e) d[static_cast<std::size_t>(e)] = w_aux * a * p[e] * (f[e] - pa) + w_z * zc * p[e];
-    const std::int64_t e0 = v.expert[t * K];
-    if (K == 1) {
-      const double g0 = v.gate[t], dg = dgate[t];
-      for (std::int64_t e = 0; e < E; ++e) d[static_cast<std::size_t>(e)] += dg * g0 * ((e == e0 ? 1.0 : 0.0) - p[e]);
-    } else {
-      const std::int64_t e1 = v.expert[t * K + 1];
-      const double g = static_cast<double>(v.gate[t * K]) * v.gate[t * K + 1], dd = dgate[t * K] - dgate[t * K + 1];
-      d[static_cast<std::size_t>(e0)] += g * dd;
-      d[static_cast<std::size_t>(e1)] -= g * dd;
+    const float* sc = sigmoid ? v.sig + t * E : p;
+    // aux = E Σ_e f_e P_e: ∂aux/∂(token's normalised score e) = E f_e / tokens.
+    const double a = w_aux * static_cast<double>(E) / tokens;
+    double total = 1, pa = 0;
+    if (sigmoid) {
+      total = 0;
+      for (std::int64_t e = 0; e < E; ++e) total += sc[e];
+      for (std::int64_t e = 0; e < E; ++e) pa += a * f[e] * sc[e] / total;
     }
-    for (std::int64_t e = 0; e < E; ++e) out[t * E + e] = T(static_cast<float>(d[static_cast<std::size_t>(e)]));
+    for (std::int64_t e = 0; e < E; ++e) ds[static_cast<std::size_t>(e)] = (a * f[e] - pa) / total;
+    // The gates: g_j = rs · s_j / S (S = Σ of the chosen scores when renormalised, else 1).
+    double sum = 0, dot = 0;
+    for (std::int64_t j = 0; j < K; ++j) {
+      const double sj = sc[v.expert[t * K + j]];
+      sum += sj;
+      dot += dgate[t * K + j] * sj;
+    }
+    for (std::int64_t j = 0; j < K; ++j)
+      ds[static_cast<std::size_t>(v.expert[t * K + j])] += norm ? rs * (dgate[t * K + j] / sum - dot / (sum * sum)) : rs * dgate[t * K + j];
+    // Scores to logits; the z-loss, mean(lse²), adds 2·lse/tokens · softmax.
+    const double zc = w_z * 2.0 * v.lse[t] / tokens;
+    double dp = 0;
+    if (!sigmoid)
+      for (std::int64_t e = 0; e < E; ++e) dp += ds[static_cast<std::size_t>(e)] * p[e];
+    for (std::int64_t e = 0; e < E; ++e) {
+      const double d = ds[static_cast<std::size_t>(e)];
+      const double dl = sigmoid ? d * sc[e] * (1.0 - sc[e]) : p[e] * (d - dp);
+      out[t * E + e] = T(static_cast<float>(dl + zc * p[e]));
+    }
+  }
+}
+
+// Loss-free balancing (DeepSeek-V3) after a step: each layer that recorded a bias rate moves its selection bias
+// by that rate toward equal load, up for an expert that took fewer of the step's assignments than the mean and
+// down for one that took more. Every rank of a data group recorded the same counts, so their biases stay equal.
+inline void update_router_bias(routing_log& log) {
+  std::map<std::uint64_t, std::pair<float, std::vector<double>>> load;  // by layer: rate, assignments per expert
+  for (const auto& [key, r] : log.records) {
+    if (r.bias_rate <= 0.f) continue;
+    auto& [rate, sum] = load[key.first];
+    rate = r.bias_rate;
+    sum.resize(r.tokens.size(), 0.0);
+    for (std::size_t e = 0; e < r.tokens.size(); ++e) sum[e] += static_cast<double>(r.tokens[e]);
+  }
+  for (auto& [layer, rl] : load) {
+    const auto& [rate, sum] = rl;
+    double mean = 0;
+    for (double x : sum) mean += x;
+    mean /= static_cast<double>(sum.size());
+    auto& b = log.router_bias[layer];
+    b.resize(sum.size(), 0.f);
+    for (std::size_t e = 0; e < sum.size(); ++e) b[e] += sum[e] < mean ? rate : sum[e] > mean ? -rate : 0.f;
   }
 }
 

@@ -87,9 +87,10 @@ void linear_weight_grad(std::int64_t rows, std::int64_t in, std::int64_t out, co
            .ldc = in, .beta = accumulate ? 1.f : 0.f});
 }
 template <execution_space S, class T>
-void linear_input_grad(std::int64_t rows, std::int64_t in, std::int64_t out, const T* dy, const T* w, T* dx) {
+void linear_input_grad(std::int64_t rows, std::int64_t in, std::int64_t out, const T* dy, const T* w, T* dx,
+                       bool accumulate = false) {
   gemm<S>({.ta = trans::n, .tb = trans::n, .m = rows, .n = in, .k = out, .a = dy, .lda = out, .b = w, .ldb = in, .c = dx,
-           .ldc = in});
+           .ldc = in, .beta = accumulate ? 1.f : 0.f});
 }
 }  // namespace detail
 
