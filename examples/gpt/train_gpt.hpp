@@ -49,6 +49,10 @@ struct options {
   int top_k = 2;
   float capacity_factor = 1.25f;  // <= 0: dropless
   float aux_loss_weight = 0.01f, z_loss_weight = 0.001f;
+  std::optional<std::int64_t> expert_ffn;  // each expert's width; unset: the dense MLP's
+  std::int64_t shared_experts = 0;
+  std::string router = "softmax";
+  float router_bias_rate = 0.f;  // > 0: loss-free balancing
   // training
   std::int64_t batch = 16;  // global sequences per step
   std::int64_t steps = 500;
@@ -113,7 +117,11 @@ inline dml::flags command_line(options& o) {
       "greedy unless --temperature is given. Under mpirun, pass --comm mpi. --clip X clips the global\n"
       "gradient norm (off by default).\n"
       "--experts E turns the MLP of every --moe-every-th block (default 2) into E experts, each token routed to\n"
-      "its --top-k (1 or 2); --capacity-factor C drops what overflows C·tokens·k/E per expert (<= 0: dropless).\n"
+      "its --top-k (1 to E); --capacity-factor C drops what overflows C·tokens·k/E per expert (<= 0: dropless).\n"
+      "--expert-ffn F makes each expert F wide (fine-grained experts; default the dense MLP's width), --shared-experts\n"
+      "S adds one MLP of S·F that every token passes through, --router sigmoid scores as DeepSeek-V3 does, and\n"
+      "--router-bias-rate R balances the load without a loss: a per-expert bias on the scores, for choosing only,\n"
+      "moved by R after each step toward equal load (pair it with --aux-loss-weight 0).\n"
       "--ep N shares the experts out over N data-parallel ranks (all-to-all dispatch); --cp N cuts each sequence\n"
       "over N data-parallel ranks (ring attention, or --cp-attention allgather: K/V all-gathered at once; zig-zag\n"
       "chunks unless --cp-contiguous). Both divide dp.\n"
@@ -165,7 +173,12 @@ inline dml::flags command_line(options& o) {
       .choices({"fp32", "bf16", "auto"});
   // mixture of experts
   f.add("--experts", o.experts, "E", "experts in each mixture-of-experts MLP; 0: none").min(0);
-  f.add("--top-k", o.top_k, "K", "experts per token, 1 or 2");
+  f.add("--top-k", o.top_k, "K", "experts per token, 1 to --experts").min(1);
+  f.add("--expert-ffn", o.expert_ffn, "F", "each expert's MLP width; default: the dense MLP's").min(1);
+  f.add("--shared-experts", o.shared_experts, "S", "shared experts beside the routed ones: one MLP of S times the expert width")
+      .min(0);
+  f.add("--router", o.router, "R", "the router's scores").choices({"softmax", "sigmoid"});
+  f.add("--router-bias-rate", o.router_bias_rate, "R", "loss-free balancing's bias step per training step; 0: none").min(0.f);
   f.add("--capacity-factor", o.capacity_factor, "C", "expert capacity factor; <= 0: dropless");
   f.add("--moe-every", o.moe_every, "N", "every N-th block's MLP is a mixture of experts").min(1);
   f.add("--aux-loss-weight", o.aux_loss_weight, "X", "weight of the load-balancing loss").min(0.f);
@@ -266,6 +279,11 @@ inline void check_across(options& o) {
     dml::fail<dml::invalid_argument>("--load-hf gives the initial weights: expected no --init or --resume with it");
   if (o.ep > 1 && o.experts == 0)
     dml::fail<dml::invalid_argument>("--ep shares out experts: expected --experts > 0, found 0");
+  if (o.experts > 0 && o.top_k > o.experts)
+    dml::fail<dml::invalid_argument>("--top-k: expected at most --experts = ", o.experts, ", found ", o.top_k);
+  if (o.experts == 0 && (o.expert_ffn || o.shared_experts > 0 || o.router != "softmax" || o.router_bias_rate > 0.f))
+    dml::fail<dml::invalid_argument>("--expert-ffn, --shared-experts, --router and --router-bias-rate shape the experts: "
+                                     "expected --experts > 0 with them, found --experts 0");
   if (o.sp && o.tp == 1)
     dml::fail<dml::invalid_argument>("--sp splits the sequence over the tensor-parallel ranks: expected --tp > 1, found 1");
   if (o.replicas > 1 && (o.parallel == "replicate" || o.parallel == "ddp"))
@@ -424,6 +442,10 @@ inline dml::nn::gpt_config model_config(const options& o) {
   g.moe_every = o.moe_every;
   g.aux_loss_weight = o.aux_loss_weight;
   g.z_loss_weight = o.z_loss_weight;
+  g.expert_ffn = o.expert_ffn.value_or(0);
+  g.shared_experts = o.shared_experts;
+  g.sigmoid_router = o.router == "sigmoid";
+  g.router_bias_rate = o.router_bias_rate;
   g.tie_weights = o.tie;
   return g;
 }
@@ -611,10 +633,14 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
       char capacity[48] = "dropless";
       if (o.capacity_factor > 0.f)
         std::snprintf(capacity, sizeof capacity, "capacity factor %g", static_cast<double>(o.capacity_factor));
-      std::printf("experts: %lld in every %lld%s block, top-%d, %s, aux loss weight %g, z-loss weight %g\n",
+      std::printf("experts: %lld in every %lld%s block, top-%d, %s, aux loss weight %g, z-loss weight %g, %s router",
                   static_cast<long long>(o.experts), static_cast<long long>(o.moe_every),
                   o.moe_every == 1 ? "" : o.moe_every == 2 ? "nd" : o.moe_every == 3 ? "rd" : "th", o.top_k, capacity,
-                  static_cast<double>(o.aux_loss_weight), static_cast<double>(o.z_loss_weight));
+                  static_cast<double>(o.aux_loss_weight), static_cast<double>(o.z_loss_weight), o.router.c_str());
+      if (o.expert_ffn) std::printf(", expert width %lld", static_cast<long long>(*o.expert_ffn));
+      if (o.shared_experts > 0) std::printf(", %lld shared", static_cast<long long>(o.shared_experts));
+      if (o.router_bias_rate > 0.f) std::printf(", loss-free balancing rate %g", static_cast<double>(o.router_bias_rate));
+      std::printf("\n");
     }
     std::string carved;
     if (o.ep > 1) carved += " (ep " + std::to_string(o.ep) + ")";
@@ -645,6 +671,7 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   const auto start = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   float loss = std::nanf("");
+  std::vector<double> last_loads;  // with experts: each step's most uneven layer, busiest expert over the mean
   // Collective. The checkpoint's user metadata: the step (the trainer keeps it too) and the run's planned steps.
   std::int64_t saved = o.resume.empty() ? -1 : resumed_at;  // the step of the newest checkpoint of this state
   auto save_checkpoint = [&](std::int64_t step) {
@@ -662,6 +689,7 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
                                 o.documents ? doc.data() : nullptr);
     loss = r.loss;
     const auto& moe = r.routing;
+    if (o.experts > 0) last_loads.push_back(moe.worst_layer_imbalance);
     std::int64_t dropped = 0;
     for (auto d : moe.dropped) dropped += d;
     if (rank == 0) {
@@ -713,6 +741,13 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
               train_seconds);
   for (const auto& f : {o.save, o.save_hf, o.export_llama2c})
     if (!f.empty()) std::printf("saved %s\n", f.c_str());
+  if (!last_loads.empty()) {  // the mean over the run's last 20 steps
+    const std::size_t n = std::min<std::size_t>(20, last_loads.size());
+    double sum = 0;
+    for (std::size_t i = last_loads.size() - n; i < last_loads.size(); ++i) sum += last_loads[i];
+    std::printf("expert_load_max_over_mean=%.3f (the most uneven layer's busiest expert over its mean, last %zu steps)\n",
+                sum / static_cast<double>(n), n);
+  }
   if (o.sample > 0) {
     const auto head = text.all.bytes().first(std::min<std::size_t>(16, text.all.bytes().size()));
     const std::string prompt = o.prompt ? *o.prompt : std::string(head.begin(), head.end());

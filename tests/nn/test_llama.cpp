@@ -288,7 +288,9 @@ struct run_layout {
   int cp = 1;              // context parallel: cp ranks (the whole data-parallel group) hold chunks of every row
   bool zigzag = true;
   bool all_gather = false;  // context parallel: K/V all-gathered, not passed round the ring
-  int size() const { return tp * pp * cp; }
+  int dp = 0;               // data-parallel ranks (0: cp); cp and ep divide it
+  int ep = 1;               // expert parallel
+  int size() const { return tp * pp * (dp > 0 ? dp : cp); }
 };
 constexpr std::int64_t train_batch = 4, train_seq = 16;
 constexpr int train_steps = 20;
@@ -323,6 +325,7 @@ run_result train_layout(const run_layout& l, const nn::llama_config& g, int firs
     o.context_parallel = l.cp;
     o.cp_zigzag = l.zigzag;
     o.cp_all_gather = l.all_gather;
+    o.expert_parallel = l.ep;
     o.schedule = l.schedule;
     o.micro_batches = l.pp > 1 ? 2 : 1;
     o.clip_norm = 0.5f;
@@ -343,8 +346,11 @@ run_result train_layout(const run_layout& l, const nn::llama_config& g, int firs
         y[i] = next;
         prev = next;
       }
-      const auto step = t.step(tensor_view<const float>(x.data(), {train_batch, train_seq}), y.data(), train_batch,
-                               l.documents ? doc.data() : nullptr);
+      // Data-parallel ranks beyond the context group take their rows of the batch (ranks: tp fastest, then dp).
+      const std::int64_t parts = l.dp > l.cp ? l.dp : 1, rows = train_batch / parts,
+                         first_row = (c.rank() / l.tp) % parts * rows, at = first_row * train_seq;
+      const auto step = t.step(tensor_view<const float>(x.data() + at, {rows, train_seq}), y.data() + at, train_batch,
+                               l.documents ? doc.data() + at : nullptr);
       r.losses.push_back(step.loss);
       r.grad_norms.push_back(step.grad_norm);
     }
@@ -422,6 +428,109 @@ TEST_CASE("llama under tp, sp and cp: the trainer's model states and peak activa
     CHECK(got.params + got.grads + got.optimizer == want.params + want.grads + want.optimizer);
     CHECK(activations == cost::activation_set_bytes(part, {train_batch, train_seq}, 4));
   }
+}
+
+// A Llama whose second block's MLP is a mixture of 4 SwiGLU experts of width 24 (fine-grained), top-2 of sigmoid
+// scores renormalised, one shared expert, loss-free balancing in place of the auxiliary loss (as DeepSeek-V3);
+// dropless, so that every layout routes alike. (The auxiliary loss is a product of batch means: micro-batches, as a
+// pipeline runs, sum it per micro-batch, which one rank's whole batch does not.)
+nn::llama_config moe_config() {
+  auto g = train_config();
+  g.experts = 4;
+  g.moe_every = 2;
+  g.top_k = 2;
+  g.capacity_factor = 0.f;
+  g.expert_ffn = 24;
+  g.shared_experts = 1;
+  g.sigmoid_router = true;
+  g.router_bias_rate = 1e-3f;
+  g.aux_loss_weight = 0.f;
+  return g;
+}
+
+TEST_CASE("llama with experts: a block's every parameter and its input match finite differences") {
+  auto g = tiny(2);
+  g.experts = 4;
+  g.top_k = 4;  // every expert chosen: no choice for a difference quotient to flip
+  g.capacity_factor = 0.f;
+  g.aux_loss_weight = g.z_loss_weight = 0.f;  // the check's objective is the output's alone (test_moe checks them)
+  g.expert_ffn = 6;
+  g.shared_experts = 1;
+  for (const bool sigmoid : {false, true}) {
+    g.sigmoid_router = sigmoid;
+    const nn::llama_block block(g, {}, true);
+    const auto names = block.parameters();
+    REQUIRE(names.size() == 9);
+    CHECK(names[4].name == "mlp.router.weight");
+    CHECK(names[5].name == "mlp.experts.c_fc.weight");
+    CHECK(names[5].shape == shape{4 * 2 * 6, 16});  // each expert's gate and up
+    CHECK(names[7].name == "mlp.shared.c_fc.weight");
+    const auto rep = nn::check_gradients(block, {2, 5, 16}, {.h = 1e-2f, .perturb = 0.3f, .per_tensor = 40});
+    MESSAGE("llama_block with experts, " << (sigmoid ? "sigmoid" : "softmax") << " max_rel_diff=" << rep.max_rel << " ("
+                                         << rep.worst << ") over " << rep.checked);
+    CHECK(rep.checked > 240);
+    CHECK(rep.max_rel < 1e-2);
+  }
+}
+
+TEST_CASE("llama with experts gives one rank's training under ep, tp with sp, a split-backward pipeline and cp") {
+  const auto g = moe_config();
+  const auto one = train_layout({}, g);
+  CHECK(one.losses.back() < one.losses.front() - 0.3f);  // it learns
+  check_same(one, train_layout({.dp = 2, .ep = 2}, g), "dp 2 ep 2");
+  check_same(one, train_layout({.tp = 2, .sp = true, .dp = 2, .ep = 2}, g), "tp 2 sp dp 2 ep 2");
+  check_same(one, train_layout({.pp = 2, .schedule = "zb", .dp = 2, .ep = 2}, g), "pp 2 zb dp 2 ep 2");
+  check_same(one, train_layout({.cp = 2, .ep = 2}, g), "cp 2 ep 2");
+}
+
+TEST_CASE("llama with experts: the trainer's bytes equal dml::cost's exact bytes, and its parameters the planner's count") {
+  const auto g = moe_config();
+  auto part = nn::llama(g);
+  nn::set_expert_split(part, 2, 0);
+  const auto want = cost::model_states(part, {.zero = 0, .shards = {2, 2}});
+  const cost::model m{.layers = g.layers, .d_model = g.d_model, .heads = g.heads, .seq = g.seq, .vocab = g.vocab,
+                      .experts = g.experts, .top_k = g.top_k, .moe_every = g.moe_every, .capacity_factor = 0.f,
+                      .expert_ffn = g.expert_ffn, .shared_experts = g.shared_experts, .arch = cost::architecture::llama,
+                      .kv_heads = g.kv_heads, .ffn_hidden = g.ffn_hidden};
+  comm::local::run(2, [&](comm::local& c) {
+    train::trainer_options o;
+    o.expert_parallel = 2;
+    trainer<parallel::replicate, optim::adamw> t(c, nn::llama(g), o);
+    std::vector<float> x(static_cast<std::size_t>(train_batch * train_seq));
+    std::vector<std::int32_t> y(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7), y[i] = static_cast<std::int32_t>(i % 5);
+    const std::int64_t rows = train_batch / 2, at = c.rank() * rows * train_seq;  // each rank its half of the batch
+    t.step(tensor_view<const float>(x.data() + at, {rows, train_seq}), y.data() + at, train_batch);
+    if (c.rank() != 0) return;
+    const auto got = t.memory();
+    CHECK(got.numel == want.numel);
+    CHECK(got.params + got.grads + got.optimizer == want.params + want.grads + want.optimizer);
+    CHECK(t.peak_activation_bytes() == cost::activation_set_bytes(part, {rows, train_seq}, 4));
+    CHECK(cost::count_layers(m).total(m) == static_cast<double>(t.layout().numel));
+  });
+}
+
+TEST_CASE("llama with experts: the balancing bias rides in checkpoints, so a resumed run routes as the whole one") {
+  auto g = moe_config();
+  g.router_bias_rate = 0.05f;  // large enough to change choices within a few steps
+  const run_layout l{.dp = 2, .ep = 2};
+  const auto whole = train_layout(l, g, 0, 12);
+  const dml_test::temp_dir dir("dml-llama-moe-checkpoint");
+  train_layout(l, g, 0, 5, {}, dir.path.string());  // an odd count: the bias's ±rate steps cannot cancel
+  const auto info = train::read_checkpoint_index(dir.path).info;
+  std::size_t biases = 0;
+  for (const auto& [key, value] : info.user) {
+    if (!key.starts_with("dml.router_bias.")) continue;
+    ++biases;
+    INFO(key << " = " << value);
+    CHECK(value.find_first_of("123456789") != std::string::npos);  // moved from zero
+  }
+  CHECK(biases == 1);  // the one block with experts
+  auto resumed = train_layout(l, g, 5, 7, dir.path.string());
+  auto tail = whole;
+  tail.losses.erase(tail.losses.begin(), tail.losses.begin() + 5);
+  tail.grad_norms.erase(tail.grad_norms.begin(), tail.grad_norms.begin() + 5);
+  check_same(tail, resumed, "dp 2 ep 2 resumed at step 5");
 }
 
 TEST_CASE("each half-block makes one all-reduce in forward and one in backward") {

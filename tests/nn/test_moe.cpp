@@ -17,6 +17,7 @@
 #include "dml/core/buffer.hpp"
 #include "dml/nn/gradcheck.hpp"
 #include "dml/nn/moe.hpp"
+#include "dml/parallel/routing.hpp"
 #include "dml/parallel/tensor.hpp"
 #include "support.hpp"
 
@@ -753,7 +754,7 @@ TEST_CASE("moe: loss-free balancing evens a skewed router's load where the auxil
     if (step == 0) first = imbalance(rec.tokens);
     if (step >= 180)
       for (std::size_t e = 0; e < 8; ++e) tail[e] += rec.tokens[e];
-    nn::update_router_bias(log);
+    parallel::update_router_bias(log);
   }
   last = imbalance(tail);
   const auto& b = log.router_bias.at(0);
@@ -768,7 +769,7 @@ TEST_CASE("moe: loss-free balancing evens a skewed router's load where the auxil
   c.training = false;
   st.forward(c, random_vector(static_cast<std::size_t>(rows * cfg.dim), 9).data());
   const auto before = log.router_bias.at(0);
-  nn::update_router_bias(log);
+  parallel::update_router_bias(log);
   CHECK(log.router_bias.at(0) == before);
 }
 

@@ -90,7 +90,7 @@ struct routing_record {
 };
 // Records by (layer, first global row of the micro-batch): a recomputed forward overwrites its own record.
 // router_bias: each balancing layer's selection bias by layer, kept across steps (the records are the step's
-// own); nn::update_router_bias moves it once a step is done.
+// own); parallel::update_router_bias moves it once a step is done.
 struct routing_log {
   std::map<std::pair<std::uint64_t, std::int64_t>, routing_record> records;
   std::map<std::uint64_t, std::vector<float>> router_bias;

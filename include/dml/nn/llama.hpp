@@ -195,12 +195,16 @@ struct llama_head : detail::split_part {
 };
 
 // A Llama as a sequence of layers: the token embedding, blocks model.layers.0 … model.layers.{layers−1}, the final
-// RMSNorm and LM head. The blocks share one RoPE table.
+// RMSNorm and LM head. The blocks share one RoPE table; with experts, every moe_every-th block's MLP is a mixture of
+// SwiGLU experts (llama_config).
 inline auto llama(const llama_config& g) {
   g.validate();
   const auto table = detail::llama_rope_table(g);
   std::vector<llama_block> blocks;
-  for (std::int64_t i = 0; i < g.layers; ++i) blocks.emplace_back(g, table);
+  if (g.experts > 0 && g.moe_every > g.layers)
+    fail<invalid_argument>("dml::nn::llama: experts in every ", g.moe_every, " blocks need at least that many layers; found ",
+                           g.layers, ", so no block would hold the ", g.experts, " experts");
+  for (std::int64_t i = 0; i < g.layers; ++i) blocks.emplace_back(g, table, g.experts > 0 && (i + 1) % g.moe_every == 0);
   return sequential{llama_embedding(g), stack<llama_block>{"model.layers", std::move(blocks)}, llama_head(g)};
 }
 using llama_model = decltype(llama(llama_config{}));

@@ -26,6 +26,17 @@ struct llama_config {
   float norm_eps = 1e-5f;
   rope_config rope{};             // theta 10000; scaling: none, or Llama 3.1's (rope_scaling{})
   bool tie_embeddings = false;    // lm_head.weight tied to model.embed_tokens.weight
+  // Mixture of experts (Mixtral, Qwen3-MoE, DeepSeek-V3): with experts > 0, blocks moe_every−1, 2·moe_every−1, …
+  // replace their MLP with nn::moe of SwiGLU experts, expert_ffn wide (0: ffn_hidden), each token routed to its
+  // top_k (1 to experts); shared_experts: one SwiGLU of shared_experts · expert_ffn beside them. As nn::gpt_config.
+  std::int64_t experts = 0;
+  int top_k = 2;
+  float capacity_factor = 1.25f;  // <= 0: dropless
+  std::int64_t moe_every = 1;
+  float aux_loss_weight = 0.01f, z_loss_weight = 0.001f;
+  std::int64_t expert_ffn = 0, shared_experts = 0;
+  bool sigmoid_router = false;    // the router's scores: softmax (false) or sigmoid, renormalised over the top-k
+  float router_bias_rate = 0.f;   // > 0: loss-free balancing (nn::moe_config::bias_rate)
 
   std::int64_t head_dim() const { return heads > 0 ? d_model / heads : 0; }
 
@@ -51,6 +62,8 @@ struct llama_config {
                              head_dim(), " (d_model ", d_model, ", heads ", heads, ")");
     if (!(norm_eps > 0.f)) fail<invalid_argument>(what, ": expected norm_eps > 0, found norm_eps = ", norm_eps);
     if (!(rope.theta > 0)) fail<invalid_argument>(what, ": expected rope.theta > 0, found rope.theta = ", rope.theta);
+    if (experts < 0) fail<invalid_argument>(what, ": expected experts >= 0, found experts = ", experts);
+    if (experts > 0) positive("moe_every", moe_every);
   }
 };
 

@@ -9,7 +9,7 @@
 // DeepSeek-V3 (sigmoid scores, renormalised, scaled), with an expert capacity of ceil(capacity_factor · N · k / E)
 // assignments over the N tokens of the global micro-batch, the load-balancing loss E · Σ_e f_e · P_e, the
 // router z-loss mean(logsumexp²) (ST-MoE), and DeepSeek-V3's loss-free balancing: a per-expert bias added to
-// the scores for choosing only, moved after each step toward equal load (update_router_bias).
+// the scores for choosing only, moved after each step toward equal load (parallel::update_router_bias).
 // Every decision that depends on other ranks' tokens is made from global counts (one all-reduce of a small
 // array of doubles over the data group), so a batch split over data-parallel ranks drops, routes and
 // balances exactly as one rank holding all of it would.

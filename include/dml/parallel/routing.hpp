@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // dml/parallel/routing.hpp — a step's routing summary: what the mixture-of-experts layers recorded, summed over
-// micro-batches and layers, then over the pipeline's stages. Sits on nn/ (routing_log) and comm/;
-// the trainer fills step_result::routing with it.
+// micro-batches and layers, then over the pipeline's stages; and loss-free balancing's bias update after a step.
+// Sits on nn/ (routing_log) and comm/; the trainer fills step_result::routing with it and moves the biases.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "dml/comm/communicator.hpp"
@@ -20,7 +22,10 @@ struct routing_summary {
   double aux_loss = 0, z_loss = 0;  // unweighted by their loss weights; each micro-batch's by its share of the batch
   std::vector<std::int64_t> tokens{}, dropped{};  // per expert: top-k assignments routed to it, and those dropped
   std::int64_t a2a_bytes = 0;                 // this rank's all-to-all payload sent in forward
-  // Load imbalance: the busiest expert's tokens over the mean (1: perfectly even).
+  // The most unevenly loaded layer's busiest expert over its mean, each layer's counts summed over the step's
+  // micro-batches (1: perfectly even; 0: no tokens).
+  double worst_layer_imbalance = 0;
+  // Load imbalance of the counts summed over layers: the busiest expert's tokens over the mean (1: perfectly even).
   double imbalance() const {
     std::int64_t most = 0, sum = 0;
     for (auto t : tokens) most = t > most ? t : most, sum += t;
@@ -38,7 +43,11 @@ routing_summary summarise_routing(const nn::routing_log& log, std::int64_t exper
   // [aux, z, tokens..., dropped...] as doubles: exact for counts below 2^53.
   std::vector<double> v(static_cast<std::size_t>(2 + 2 * experts), 0.0);
   std::int64_t bytes = 0;
+  std::map<std::uint64_t, std::vector<double>> by_layer;
   for (const auto& [key, r] : log.records) {
+    auto& l = by_layer[key.first];
+    l.resize(r.tokens.size(), 0.0);
+    for (std::size_t e = 0; e < r.tokens.size(); ++e) l[e] += static_cast<double>(r.tokens[e]);
     v[0] += r.share * r.aux_loss;
     v[1] += r.share * r.z_loss;
     for (std::size_t e = 0; e < r.tokens.size(); ++e) {
@@ -47,7 +56,17 @@ routing_summary summarise_routing(const nn::routing_log& log, std::int64_t exper
     }
     bytes += r.a2a_bytes;
   }
-  if (pp && pp->size() > 1) comm::all_reduce_host(*pp, std::span<double>(v), comm::reduce_op::sum);
+  double worst = 0;
+  for (const auto& [layer, l] : by_layer) {
+    double most = 0, sum = 0;
+    for (double t : l) most = std::max(most, t), sum += t;
+    if (sum > 0) worst = std::max(worst, most * static_cast<double>(l.size()) / sum);
+  }
+  if (pp && pp->size() > 1) {
+    comm::all_reduce_host(*pp, std::span<double>(v), comm::reduce_op::sum);
+    comm::all_reduce_host(*pp, std::span<double>(&worst, 1), comm::reduce_op::max);
+  }
+  out.worst_layer_imbalance = worst;
   out.aux_loss = v[0];
   out.z_loss = v[1];
   for (std::int64_t e = 0; e < experts; ++e) {
@@ -67,6 +86,29 @@ std::int64_t count_experts(const nn::routing_log& log, Comm* pp) {
   if (!pp || pp->size() == 1) return e;
   comm::all_reduce_host(*pp, std::span<std::int64_t>(&e, 1), comm::reduce_op::max);
   return e;
+}
+
+// Loss-free balancing (DeepSeek-V3) after a step: each layer that recorded a bias rate moves its selection bias
+// by that rate toward equal load, up for an expert that took fewer of the step's assignments than the mean and
+// down for one that took more. Every rank of a data group recorded the same counts, so their biases stay equal.
+inline void update_router_bias(nn::routing_log& log) {
+  std::map<std::uint64_t, std::pair<float, std::vector<double>>> load;  // by layer: rate, assignments per expert
+  for (const auto& [key, r] : log.records) {
+    if (r.bias_rate <= 0.f) continue;
+    auto& [rate, sum] = load[key.first];
+    rate = r.bias_rate;
+    sum.resize(r.tokens.size(), 0.0);
+    for (std::size_t e = 0; e < r.tokens.size(); ++e) sum[e] += static_cast<double>(r.tokens[e]);
+  }
+  for (auto& [layer, rl] : load) {
+    const auto& [rate, sum] = rl;
+    double mean = 0;
+    for (double x : sum) mean += x;
+    mean /= static_cast<double>(sum.size());
+    auto& b = log.router_bias[layer];
+    b.resize(sum.size(), 0.f);
+    for (std::size_t e = 0; e < sum.size(); ++e) b[e] += sum[e] < mean ? rate : sum[e] > mean ? -rate : 0.f;
+  }
 }
 
 }  // namespace dml::parallel

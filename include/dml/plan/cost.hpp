@@ -133,6 +133,8 @@ struct model {
   bool bias = false, tie = false;
   std::int64_t experts = 0, top_k = 2, moe_every = 1;
   float capacity_factor = 1.25f;  // tokens an expert takes: factor · tokens · top_k / experts (<= 0: all)
+  std::int64_t expert_ffn = 0;      // each expert's width (0: the dense MLP's, 4·d_model or ffn_hidden)
+  std::int64_t shared_experts = 0;  // one MLP of shared_experts · expert_ffn beside the routed experts
   double params_only = 0;  // > 0: a model known by its parameter count (model states only, no activations)
   architecture arch = architecture::gpt;
   std::int64_t kv_heads = 0;    // a Llama's key/value heads (0: heads)
@@ -364,6 +366,33 @@ struct estimate {
 
 // ---- the GPT's and the Llama's counts (their parameters, as their layers declare them) ----------------
 
+// An expert's width, and the parameters and forward FLOPs per token of an MLP of width f in a block of `m`: a GPT's
+// GELU MLP (two products, biases with m.bias) or a Llama's SwiGLU (gate and up, then down).
+inline double expert_width(const model& m) {
+  if (m.expert_ffn > 0) return static_cast<double>(m.expert_ffn);
+  return m.arch == architecture::llama ? static_cast<double>(m.ffn_hidden) : 4 * static_cast<double>(m.d_model);
+}
+inline double mlp_params(const model& m, double f) {
+  const double h = static_cast<double>(m.d_model);
+  if (m.arch == architecture::llama) return 3 * h * f;
+  return 2 * h * f + (m.bias ? f + h : 0);
+}
+inline double mlp_forward_flops(const model& m, double f) {
+  return (m.arch == architecture::llama ? 6 : 4) * static_cast<double>(m.d_model) * f;
+}
+// A block with experts: its MLP's forward FLOPs per token (top_k experts and the shared MLP; the router apart) and its
+// parameters (every expert, the router's E·h, the shared MLP).
+inline double moe_mlp_flops(const model& m) {
+  const double f = expert_width(m);
+  return static_cast<double>(m.top_k) * mlp_forward_flops(m, f) +
+         (m.shared_experts > 0 ? mlp_forward_flops(m, static_cast<double>(m.shared_experts) * f) : 0);
+}
+inline double moe_mlp_params(const model& m) {
+  const double f = expert_width(m), e = static_cast<double>(m.experts);
+  return e * mlp_params(m, f) + static_cast<double>(m.d_model) * e +
+         (m.shared_experts > 0 ? mlp_params(m, static_cast<double>(m.shared_experts) * f) : 0);
+}
+
 struct gpt_counts {
   double embedding = 0, block = 0, moe_block = 0, head = 0;  // parameters
   double total(const model& m) const {
@@ -378,7 +407,7 @@ inline gpt_counts count_gpt(const model& m) {
   const double attn = 2 * h * (1 + b) + 3 * h * h + 3 * h * b + h * h + h * b;
   const double mlp = 4 * h * h + 4 * h * b + 4 * h * h + h * b;
   c.block = attn + mlp;
-  c.moe_block = attn + static_cast<double>(m.experts) * mlp + h * static_cast<double>(m.experts);  // + router
+  c.moe_block = attn + moe_mlp_params(m);
   c.head = h * (1 + b) + (m.tie ? 0 : static_cast<double>(m.vocab) * h);
   return c;
 }
@@ -389,7 +418,8 @@ inline gpt_counts count_llama(const model& m) {
   const double kv = static_cast<double>(m.kv()) * (h / static_cast<double>(m.heads));
   gpt_counts c;
   c.embedding = v * h;
-  c.block = c.moe_block = 2 * h + (h + 2 * kv) * h + h * h + 3 * f * h;
+  c.block = 2 * h + (h + 2 * kv) * h + h * h + 3 * f * h;
+  c.moe_block = c.block - 3 * f * h + moe_mlp_params(m);
   c.head = h + (m.tie ? 0 : v * h);
   return c;
 }
@@ -414,7 +444,7 @@ inline double gpt_forward_flops_per_token(const model& m, bool blocks_only = fal
   const double moe_blocks = m.experts > 0 ? static_cast<double>(m.layers / m.moe_every) : 0;
   const double dense = static_cast<double>(m.layers) - moe_blocks;
   const auto [attn, mlp] = block_forward_flops(m);
-  const double blocks = dense * (attn + mlp) + moe_blocks * (attn + static_cast<double>(m.top_k) * mlp);
+  const double blocks = dense * (attn + mlp) + moe_blocks * (attn + moe_mlp_flops(m));
   return blocks + (blocks_only ? 0 : 2 * h * v);
 }
 
@@ -430,7 +460,7 @@ inline double busiest_stage_share(const model& m, const layout& l) {
   std::vector<double> cost{2 * h * s};  // per sequence: the embedding's lookup and its weight gradient
   for (std::int64_t i = 0; i < m.layers; ++i) {
     const bool moe = m.experts > 0 && (i + 1) % m.moe_every == 0;
-    const double experts = static_cast<double>(m.top_k) * mlp + 2 * h * static_cast<double>(m.experts);  // and the router
+    const double experts = moe_mlp_flops(m) + 2 * h * static_cast<double>(m.experts);  // and the router
     cost.push_back(3 * s * (moe ? attn / l.tp + experts : (attn + mlp) / l.tp));  // experts stay whole per tensor rank
   }
   cost.push_back(3 * s * 2 * h * static_cast<double>(m.vocab) / l.tp);
@@ -484,8 +514,6 @@ inline std::string refusal(const model& m, const layout& l, const training& t, i
       return "tp " + str(l.tp) + " does not divide the key/value heads' " + str(m.kv() * (m.d_model / m.heads)) + " columns";
     if (m.ffn_hidden % l.tp != 0) return "tp " + str(l.tp) + " does not divide ffn_hidden " + str(m.ffn_hidden);
     if (m.bias) return "a Llama has no biases";
-    if (m.experts > 0 || l.ep > 1)
-      return "a Llama has no experts (ep " + str(l.ep) + ", experts " + str(m.experts) + ")";
   }
   if (l.pp > m.layers) return "pp " + str(l.pp) + " is more than the " + str(m.layers) + " layers";
   if (const int v = interleaved_chunks(l.schedule); v > 0 && l.pp * v > m.layers)
@@ -635,8 +663,7 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
   // Under ep the busiest rank's experts run busiest_expert_load times their mean rows.
   const double load = m.experts > 0 ? busiest_expert_load(m.capacity_factor, l.ep) : 1;
   const double expert_flops = m.experts > 0 ? 3 * tokens * static_cast<double>(m.layers / m.moe_every) *
-                                                  static_cast<double>(m.top_k) * 16 * static_cast<double>(m.d_model) *
-                                                  static_cast<double>(m.d_model)
+                                                  static_cast<double>(m.top_k) * mlp_forward_flops(m, expert_width(m))
                                             : 0;
   const double compute = (e.hardware_flops_per_step + (load - 1) * expert_flops) / (l.dp * l.tp) *
                          busiest_stage_share(m, l) / (rate * c.gemm_share(gemm_rows));

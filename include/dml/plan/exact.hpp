@@ -347,13 +347,15 @@ std::int64_t pipeline_transient_peak(const nn::sequential<L...>& model, const sc
 inline nn::gpt_config gpt_config_of(const model& m) {
   return {.vocab = m.vocab, .seq = m.seq, .layers = m.layers, .d_model = m.d_model, .heads = m.heads, .bias = m.bias,
           .tie_weights = m.tie, .experts = m.experts, .top_k = static_cast<int>(m.top_k), .capacity_factor = m.capacity_factor,
-          .moe_every = m.moe_every};
+          .moe_every = m.moe_every, .expert_ffn = m.expert_ffn, .shared_experts = m.shared_experts};
 }
 
 // nn::llama's configuration for a Llama that dml::cost describes (RoPE's theta and norm_eps change no byte).
 inline nn::llama_config llama_config_of(const model& m) {
   return {.vocab = m.vocab, .seq = m.seq, .d_model = m.d_model, .layers = m.layers, .heads = m.heads,
-          .kv_heads = m.kv(), .ffn_hidden = m.ffn_hidden, .tie_embeddings = m.tie};
+          .kv_heads = m.kv(), .ffn_hidden = m.ffn_hidden, .tie_embeddings = m.tie, .experts = m.experts,
+          .top_k = static_cast<int>(m.top_k), .capacity_factor = m.capacity_factor, .moe_every = m.moe_every,
+          .expert_ffn = m.expert_ffn, .shared_experts = m.shared_experts};
 }
 
 namespace detail {

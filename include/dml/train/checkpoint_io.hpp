@@ -4,12 +4,15 @@
 #pragma once
 
 #include <algorithm>
+#include <charconv>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -57,6 +60,38 @@ inline void put_trainer_meta(checkpoint_info& info, std::int64_t optimizer_step,
     info.user["dml.loss_scale"] = std::to_string(scaler->scale());
     info.user["dml.loss_scale_tracker"] = std::to_string(scaler->growth_tracker());
   }
+}
+// Loss-free balancing's selection biases (nn::routing_log::router_bias), one reserved key per layer, each float in
+// its shortest form that reads back to the same bits.
+inline void put_router_bias(checkpoint_info& info, const std::map<std::uint64_t, std::vector<float>>& bias) {
+  for (const auto& [layer, b] : bias) {
+    std::string s;
+    char buf[32];
+    for (float v : b) {
+      const auto r = std::to_chars(buf, buf + sizeof buf, v);
+      if (!s.empty()) s += ',';
+      s.append(buf, r.ptr);
+    }
+    info.user["dml.router_bias." + std::to_string(layer)] = s;
+  }
+}
+inline std::map<std::uint64_t, std::vector<float>> take_router_bias(checkpoint_info& info) {
+  static const std::string prefix = "dml.router_bias.";
+  std::map<std::uint64_t, std::vector<float>> out;
+  for (auto it = info.user.lower_bound(prefix); it != info.user.end() && it->first.starts_with(prefix);) {
+    auto& b = out[std::stoull(it->first.substr(prefix.size()))];
+    const std::string& s = it->second;
+    for (const char *p = s.data(), *end = s.data() + s.size(); p < end;) {
+      float v = 0;
+      const auto r = std::from_chars(p, end, v);
+      if (r.ec != std::errc{})
+        fail<invalid_argument>("dml::load_checkpoint: ", it->first, ": expected comma-separated floats, found '", s, "'");
+      b.push_back(v);
+      p = r.ptr + (r.ptr < end && *r.ptr == ',' ? 1 : 0);
+    }
+    it = info.user.erase(it);
+  }
+  return out;
 }
 // Takes the reserved keys out of info.user, restores the scaler from them, and returns the optimizer's
 // step count (the step itself where an older checkpoint has none).

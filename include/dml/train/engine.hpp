@@ -233,6 +233,7 @@ class engine final : public engine_base<Space> {
     auto info = description();
     info.user = user;
     put_trainer_meta(info, optimizer_step_, Precision::loss_scaling ? &scaler_ : nullptr);
+    put_router_bias(info, router_biases());
     save_sharded<Space, Optimizer::state_slots>(world_, sync_, dir, std::move(info), net_.layout(), place_.tp_rank());
   }
   std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) override {
@@ -241,6 +242,7 @@ class engine final : public engine_base<Space> {
     step_ = info.step;
     opt_.seed = info.seed;  // dropout masks follow (seed, step)
     optimizer_step_ = take_trainer_meta(info, Precision::loss_scaling ? &scaler_ : nullptr);
+    pipe_.routing().router_bias = take_router_bias(info);
     sync_.refresh_working();
     return info.user;
   }
@@ -394,6 +396,7 @@ class engine final : public engine_base<Space> {
       out.committed = false;
       return out;
     }
+    if (!out.skipped) parallel::update_router_bias(pipe_.routing());
     if (gated && !out.skipped)
       sync_.update(optimizer_, lr, ++optimizer_step_, scale / loss_scale());
     if constexpr (requires { sync_.gradient_bytes(); }) {
@@ -404,6 +407,32 @@ class engine final : public engine_base<Space> {
     }
     log_(event_kind::step_end);
     return out;
+  }
+  // Every stage's balancing biases by layer (each stage holds its own layers'; the ranks of a stage hold the same):
+  // [present, bias...] per layer summed over the pipeline group, each layer's sum divided by its count (exact).
+  std::map<std::uint64_t, std::vector<float>> router_biases() {
+    auto biases = pipe_.routing().router_bias;
+    Comm* pp = place_.pipe();
+    if (!pp || pp->size() == 1) return biases;
+    double shape[2] = {biases.empty() ? -1.0 : static_cast<double>(biases.rbegin()->first), 0};
+    for (const auto& [layer, b] : biases) shape[1] = std::max(shape[1], static_cast<double>(b.size()));
+    comm::all_reduce_host(*pp, std::span<double>(shape, 2), comm::reduce_op::max);
+    if (shape[0] < 0) return biases;
+    const auto layers = static_cast<std::size_t>(shape[0]) + 1, width = static_cast<std::size_t>(shape[1]) + 1;
+    std::vector<double> v(layers * width, 0.0);
+    for (const auto& [layer, b] : biases) {
+      v[layer * width] = 1;
+      for (std::size_t e = 0; e < b.size(); ++e) v[layer * width + 1 + e] = b[e];
+    }
+    comm::all_reduce_host(*pp, std::span<double>(v), comm::reduce_op::sum);
+    biases.clear();
+    for (std::size_t l = 0; l < layers; ++l) {
+      const double n = v[l * width];
+      if (n == 0) continue;
+      auto& b = biases[l];
+      for (std::size_t e = 1; e < width; ++e) b.push_back(static_cast<float>(v[l * width + e] / n));
+    }
+    return biases;
   }
   // What trainer_options::compress names; 1-bit Adam also freezes the optimizer's second moment after warm-up.
   parallel::gradient_compression compression() {

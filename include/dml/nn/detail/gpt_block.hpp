@@ -59,12 +59,15 @@ struct gpt_block : detail::split_part {
       fail<invalid_argument>("dml::nn::gpt_block: expected d_model a positive multiple of heads, found d_model ", dim,
                              " and heads ", heads);
     if (with_experts)
-      experts.emplace(moe_config{.dim = dim, .hidden = 4 * dim, .experts = g.experts, .top_k = g.top_k,
-                                 .capacity_factor = g.capacity_factor, .aux_loss_weight = g.aux_loss_weight,
-                                 .z_loss_weight = g.z_loss_weight, .bias = bias,
+      experts.emplace(moe_config{.dim = dim, .hidden = g.expert_ffn > 0 ? g.expert_ffn : 4 * dim, .experts = g.experts,
+                                 .top_k = g.top_k, .capacity_factor = g.capacity_factor,
+                                 .aux_loss_weight = g.aux_loss_weight, .z_loss_weight = g.z_loss_weight, .bias = bias,
                                  .proj_std = 0.02f / std::sqrt(2.f * static_cast<float>(layers)),
                                  .logit_bias = g.router_skew > 0.f ? skewed_logit_bias(g.experts, 1.0, g.router_skew)
-                                                                   : std::vector<float>{}});
+                                                                   : std::vector<float>{},
+                                 .shared = g.shared_experts,
+                                 .score = g.sigmoid_router ? router_score::sigmoid : router_score::softmax,
+                                 .bias_rate = g.router_bias_rate});
   }
   void set_split(tensor_split s) {
     split = s;

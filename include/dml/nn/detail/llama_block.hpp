@@ -8,7 +8,9 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include "dml/nn/detail/rows.hpp"
 #include "dml/nn/layer.hpp"
 #include "dml/nn/llama_config.hpp"
+#include "dml/nn/moe.hpp"
 #include "dml/nn/ring_attention.hpp"
 #include "dml/nn/rmsnorm.hpp"
 #include "dml/nn/rope.hpp"
@@ -139,9 +142,12 @@ struct llama_block : detail::split_part {
   float eps = 1e-5f;
   std::shared_ptr<const rope_table> rope;
   context_split cp{};  // context parallel: attention is ring attention over the context group
+  // A mixture of SwiGLU experts in place of the MLP (its parameters are "mlp.router.weight", "mlp.experts.…").
+  std::optional<nn::moe> experts;
 
   // table: the model's RoPE table (nn::llama shares one among its blocks); null builds this block's own.
-  explicit llama_block(const llama_config& g, std::shared_ptr<const rope_table> table = {})
+  // with_experts: this block's MLP is a mixture of g.experts experts.
+  explicit llama_block(const llama_config& g, std::shared_ptr<const rope_table> table = {}, bool with_experts = false)
       : dim(g.d_model), heads(g.heads), kv_heads(g.kv_heads), head_dim(g.head_dim()), ffn(g.ffn_hidden),
         eps(g.norm_eps), rope(std::move(table)) {
     g.validate();
@@ -149,6 +155,13 @@ struct llama_block : detail::split_part {
     if (rope->half != head_dim / 2)
       fail<invalid_argument>("dml::nn::llama_block: expected a RoPE table of head_dim / 2 = ", head_dim / 2,
                              " frequencies, found ", rope->half);
+    if (with_experts)
+      experts.emplace(moe_config{.dim = dim, .hidden = g.expert_ffn > 0 ? g.expert_ffn : ffn, .experts = g.experts,
+                                 .top_k = g.top_k, .capacity_factor = g.capacity_factor,
+                                 .aux_loss_weight = g.aux_loss_weight, .z_loss_weight = g.z_loss_weight,
+                                 .mlp = expert_mlp::swiglu, .shared = g.shared_experts,
+                                 .score = g.sigmoid_router ? router_score::sigmoid : router_score::softmax,
+                                 .bias_rate = g.router_bias_rate});
   }
   void set_split(tensor_split s) {
     split = s;
@@ -160,7 +173,11 @@ struct llama_block : detail::split_part {
       fail<invalid_argument>("dml::nn::", kind, ": tensor parallelism over ", s.ranks,
                              " ranks needs the key/value heads divisible by ", s.ranks, " or dividing it, found ",
                              kv_heads);
-    check_divides(kind, "ffn_hidden", ffn, s.ranks);
+    if (experts) experts->set_split(s);  // experts stay whole on every tensor rank
+    else check_divides(kind, "ffn_hidden", ffn, s.ranks);
+  }
+  void set_expert_split(int ranks, int rank) {
+    if (experts) experts->set_expert_split(ranks, rank);
   }
   void set_context_split(context_split s) { cp = s; }
 
@@ -169,12 +186,20 @@ struct llama_block : detail::split_part {
     const bool sp = sequence();
     param_shard qkv = shard(q + 2 * kv, c, 0, 3);
     qkv.lead = q;
-    return {{"input_layernorm.weight", {c}, init_kind::ones, 0.f, 0.f, {}, sp},
-            {"self_attn.qkv_proj.weight", {(q + 2 * kv) / p, c}, init_kind::normal, 0.f, 0.02f, qkv},
-            {"self_attn.o_proj.weight", {c, q / p}, init_kind::normal, 0.f, 0.02f, shard(c, q, 1)},
-            {"post_attention_layernorm.weight", {c}, init_kind::ones, 0.f, 0.f, {}, sp},
-            {"mlp.gate_up_proj.weight", {2 * ffn / p, c}, init_kind::normal, 0.f, 0.02f, shard(2 * ffn, c, 0, 2)},
-            {"mlp.down_proj.weight", {c, ffn / p}, init_kind::normal, 0.f, 0.02f, shard(c, ffn, 1)}};
+    std::vector<param_spec> out{{"input_layernorm.weight", {c}, init_kind::ones, 0.f, 0.f, {}, sp},
+                                {"self_attn.qkv_proj.weight", {(q + 2 * kv) / p, c}, init_kind::normal, 0.f, 0.02f, qkv},
+                                {"self_attn.o_proj.weight", {c, q / p}, init_kind::normal, 0.f, 0.02f, shard(c, q, 1)},
+                                {"post_attention_layernorm.weight", {c}, init_kind::ones, 0.f, 0.f, {}, sp}};
+    if (experts) {
+      for (auto spec : experts->parameters()) {
+        spec.name = "mlp." + spec.name;
+        out.push_back(std::move(spec));
+      }
+      return out;
+    }
+    out.push_back({"mlp.gate_up_proj.weight", {2 * ffn / p, c}, init_kind::normal, 0.f, 0.02f, shard(2 * ffn, c, 0, 2)});
+    out.push_back({"mlp.down_proj.weight", {c, ffn / p}, init_kind::normal, 0.f, 0.02f, shard(c, ffn, 1)});
+    return out;
   }
   dml::shape output_shape(dml::shape x) const {
     if (x.rank != 3 || x[2] != dim)
@@ -185,11 +210,13 @@ struct llama_block : detail::split_part {
   }
   // This rank's products per token: qkv_proj 2·C·(heads + 2·kv_heads)·head_dim, o_proj 2·C², q·kᵀ and p·v over every
   // key 4·T·C (the whole T × T, as model FLOPs count it), gate_up_proj 4·C·F and down_proj 2·F·C; all over the group.
+  // With experts, theirs in place of the MLP's (nn::moe::forward_flops), whole on every tensor rank.
   double forward_flops(dml::shape x) const {
     const llama_dims d = dims(x);
     const double n = static_cast<double>(d.n), c = static_cast<double>(dim), p = static_cast<double>(ranks());
     const double qkv = static_cast<double>((heads + 2 * kv_heads) * head_dim), f = static_cast<double>(ffn);
     const double t = static_cast<double>(d.t * cp.ranks);
+    if (experts) return n * (2 * c * qkv + 2 * c * c + 4 * t * c) / p + experts->forward_flops({d.n, dim});
     return n * (2 * c * qkv + 2 * c * c + 4 * t * c + 6 * c * f) / p;
   }
   std::int64_t saved_bytes(dml::shape x, std::size_t value_bytes) const {
@@ -236,6 +263,13 @@ struct llama_block : detail::split_part {
     detail::linear_forward<S>(d.n, qw, C, static_cast<const T*>(sv.att), w.o, static_cast<const T*>(nullptr), o);
     reduce(c, o, sv.x2, nl * C);
     residual_rmsnorm_forward<S>(sv.x2, x.data, w.ln2, sv.h2, sv.rrms2, nl, C, eps);
+    if (experts) {  // on this rank's token rows: the experts are whole here, nothing to gather or reduce
+      moe_of(d).template forward_rows<S>(c, p.w + 4, static_cast<const T*>(sv.h2), ws.part, nl, sv.moe, ws.moe,
+                                         d.t * cp.ranks);
+      detail::token_rows<S>(nl, C, kernels::residual_dropout<T>{sv.x2, static_cast<const T*>(ws.part), nullptr, y.data,
+                                                             no_dropout()});
+      return;
+    }
     // MLP half: y = x2 + down_proj(silu(gate) ⊙ up), [gate | up] = gate_up_proj(rmsnorm(x2))
     const T* h2 = gather(c, static_cast<const T*>(sv.h2), ws.full1, nl * C);
     detail::linear_forward<S>(d.n, C, 2 * fp, h2, w.gate_up, static_cast<const T*>(nullptr), sv.gu);
@@ -258,9 +292,11 @@ struct llama_block : detail::split_part {
     const bool acc = c.accumulate, sp = sequence();
     if (c.stash && c.weight_grads) {  // the weight pass: the products the input pass left, from its stash
       const auto st = stash_parts<T>(c.stash, d);
-      detail::linear_weight_grad<S>(d.n, fp, C, static_cast<const T*>(sv.a), static_cast<const T*>(st.dm), g.down, acc);
-      detail::linear_weight_grad<S>(d.n, C, 2 * fp, static_cast<const T*>(sp ? st.h2 : sv.h2),
-                                    static_cast<const T*>(st.dgu), g.gate_up, acc);
+      if (!experts) {
+        detail::linear_weight_grad<S>(d.n, fp, C, static_cast<const T*>(sv.a), static_cast<const T*>(st.dm), g.down, acc);
+        detail::linear_weight_grad<S>(d.n, C, 2 * fp, static_cast<const T*>(sp ? st.h2 : sv.h2),
+                                      static_cast<const T*>(st.dgu), g.gate_up, acc);
+      }
       detail::linear_weight_grad<S>(d.n, qw, C, static_cast<const T*>(sv.att), static_cast<const T*>(st.dp), g.o, acc);
       detail::linear_weight_grad<S>(d.n, C, qkv_w, static_cast<const T*>(sp ? st.h1 : sv.h1),
                                     static_cast<const T*>(st.dqkv), g.qkv, acc);
@@ -269,26 +305,14 @@ struct llama_block : detail::split_part {
     // The input pass of a split backward writes what the weight pass reads straight into the stash.
     const stash_set<T> parts = c.stash ? stash_parts<T>(c.stash, d) : stash_set<T>{};
     const stash_set<T>* const st = c.stash ? &parts : nullptr;
-    // MLP half. The branch's output gradient is dy itself (gathered under sequence parallelism).
-    const T* dm = dy.data;
-    if (sp) {
-      dm = gather(c, dy.data, st ? st->dm : ws.full1, nl * C);
-    } else if (st) {
-      dml::copy_n(dy.data, static_cast<std::size_t>(nl * C), st->dm);
-      dm = st->dm;
-    }
-    if (!st) detail::linear_weight_grad<S>(d.n, fp, C, static_cast<const T*>(sv.a), dm, g.down, acc);
-    detail::linear_input_grad<S>(d.n, fp, C, dm, w.down, ws.da);
-    T* const dgu = st ? st->dgu : ws.dgu;
-    swiglu_backward<S>(static_cast<const T*>(sv.gu), static_cast<const T*>(ws.da), dgu, d.n, fp);
-    if (!st) {
-      const T* h2 = gather(c, static_cast<const T*>(sv.h2), ws.full2, nl * C);
-      detail::linear_weight_grad<S>(d.n, C, 2 * fp, h2, static_cast<const T*>(dgu), g.gate_up, acc);
-    } else if (sp) {
-      gather(c, static_cast<const T*>(sv.h2), st->h2, nl * C);
-    }
-    detail::linear_input_grad<S>(d.n, C, 2 * fp, static_cast<const T*>(dgu), w.gate_up, ws.full3);
-    const T* dh2 = reduce(c, ws.full3, ws.part, nl * C);
+    // MLP half. The branch's output gradient is dy itself (gathered under sequence parallelism). Experts take
+    // this rank's rows and compute their weight gradients at once.
+    const T* dh2 = ws.part;
+    if (experts)
+      moe_of(d).template backward_rows<S>(c, p.w + 4, p.g + 4, static_cast<const T*>(sv.h2), dy.data, ws.part, nl, sv.moe,
+                                          ws.moe, d.t * cp.ranks);
+    else
+      dh2 = dense_mlp_backward<S>(c, d, w, g, dy.data, st, sv, ws, acc);
     // dx2 = dy + rmsnorm's input gradient: the residual stream's gradient, and the attention branch's output gradient.
     T* const dx2 = st && !sp ? st->dp : ws.dx2;
     rmsnorm_backward<S>(static_cast<const T*>(sv.x2), static_cast<const T*>(w.ln2), static_cast<const float*>(sv.rrms2),
@@ -322,6 +346,33 @@ struct llama_block : detail::split_part {
   }
 
  private:
+  // The dense MLP's backward (stash: a split backward's input pass): rmsnorm(x2)'s gradient, in ws.part.
+  template <execution_space S, class T, class R, class St, class Sv, class Ws>
+  const T* dense_mlp_backward(const context& c, const llama_dims& d, const R& w, const R& g, const T* dy, const St* st,
+                              const Sv& sv, const Ws& ws, bool acc) const {
+    const std::int64_t C = dim, nl = d.n_local, fp = ffn / ranks();
+    const bool sp = sequence();
+    const T* dm = dy;
+    if (sp) {
+      dm = gather(c, dy, st ? st->dm : ws.full1, nl * C);
+    } else if (st) {
+      dml::copy_n(dy, static_cast<std::size_t>(nl * C), st->dm);
+      dm = st->dm;
+    }
+    if (!st) detail::linear_weight_grad<S>(d.n, fp, C, static_cast<const T*>(sv.a), dm, g.down, acc);
+    detail::linear_input_grad<S>(d.n, fp, C, dm, w.down, ws.da);
+    T* const dgu = st ? st->dgu : ws.dgu;
+    swiglu_backward<S>(static_cast<const T*>(sv.gu), static_cast<const T*>(ws.da), dgu, d.n, fp);
+    if (!st) {
+      const T* h2 = gather(c, static_cast<const T*>(sv.h2), ws.full2, nl * C);
+      detail::linear_weight_grad<S>(d.n, C, 2 * fp, h2, static_cast<const T*>(dgu), g.gate_up, acc);
+    } else if (sp) {
+      gather(c, static_cast<const T*>(sv.h2), st->h2, nl * C);
+    }
+    detail::linear_input_grad<S>(d.n, C, 2 * fp, static_cast<const T*>(dgu), w.gate_up, ws.full3);
+    return reduce(c, ws.full3, ws.part, nl * C);
+  }
+
   llama_dims dims(const dml::shape& x) const {
     const std::int64_t t = sequence() ? x[1] * ranks() : x[1];
     return {x[0], t, x[0] * t, x[0] * x[1]};
@@ -400,7 +451,14 @@ struct llama_block : detail::split_part {
   };
   template <class T>
   roles<T> weights(T* const* v) const {
+    if (experts) return {v[0], v[1], v[2], v[3], nullptr, nullptr};  // the experts' own from index 4
     return {v[0], v[1], v[2], v[3], v[4], v[5]};
+  }
+  // The experts sized for any rank of the expert group (as gpt_block's).
+  nn::moe moe_of(const llama_dims& d) const {
+    nn::moe m = *experts;
+    m.group_rows = d.n_local + d.n_local / std::max<std::int64_t>(d.b, 1);
+    return m;
   }
   // What forward keeps for backward: the RMSNorm outputs of this rank's rows and their 1/rms (re-gathered in
   // backward under sequence parallelism), q k v after RoPE, the attention's output and the log-sum-exp of each of its
@@ -410,6 +468,7 @@ struct llama_block : detail::split_part {
   struct saved_set {
     float *rrms1, *rrms2, *lse;
     T *h1, *qkv, *att, *x2, *h2, *gu, *a;
+    std::byte* moe;  // what the experts keep, in place of gu and a
   };
   template <class T>
   saved_set<T> saved_parts(std::byte* base, const llama_dims& d) const {
@@ -428,6 +487,10 @@ struct llama_block : detail::split_part {
     s.att = k.take<T>(d.n * heads * head_dim / ranks());
     s.x2 = k.take<T>(d.n_local * C);
     s.h2 = k.take<T>(d.n_local * C);
+    if (experts) {
+      s.moe = k.take<std::byte>(moe_of(d).saved_bytes_rows(d.n_local, sizeof(T)));
+      return s;
+    }
     s.gu = k.take<T>(d.n * 2 * fp);
     s.a = k.take<T>(d.n * fp);
     return s;
@@ -436,7 +499,7 @@ struct llama_block : detail::split_part {
   struct work_set {
     T *full1, *full2, *full3, *part, *dx2, *da, *dgu, *datt, *dqkv, *scratch;
     T *qkv, *dqkv_att, *kv_part, *kv_all;  // ranks sharing key/value heads: their rows, slices and gathered slices
-    float *tiles, *rope;
+    float *tiles, *rope, *moe;
     std::int64_t* positions;
   };
   template <class T>
@@ -453,8 +516,12 @@ struct llama_block : detail::split_part {
     w.full3 = k.take<T>(d.n * C);
     w.part = k.take<T>(d.n_local * C);
     w.dx2 = k.take<T>(d.n_local * C);
-    w.da = k.take<T>(d.n * fp);
-    w.dgu = k.take<T>(d.n * 2 * fp);
+    if (experts) {
+      w.moe = k.take<float>(moe_of(d).workspace_rows(d.n_local));
+    } else {
+      w.da = k.take<T>(d.n * fp);
+      w.dgu = k.take<T>(d.n * 2 * fp);
+    }
     w.datt = k.take<T>(d.n * heads * head_dim / ranks());
     w.dqkv = k.take<T>(d.n * width());
     if (shares_kv()) {
@@ -488,9 +555,11 @@ struct llama_block : detail::split_part {
   stash_set<T> stash_parts(detail::carver& k, const llama_dims& d) const {
     const std::int64_t C = dim, fp = ffn / ranks();
     stash_set<T> s{};
-    s.dm = k.take<T>(d.n * C);
-    s.dgu = k.take<T>(d.n * 2 * fp);
-    if (sequence()) s.h2 = k.take<T>(d.n * C);
+    if (!experts) {  // experts compute their weight gradients in the input pass
+      s.dm = k.take<T>(d.n * C);
+      s.dgu = k.take<T>(d.n * 2 * fp);
+      if (sequence()) s.h2 = k.take<T>(d.n * C);
+    }
     s.dp = k.take<T>(d.n * C);
     s.dqkv = k.take<T>(d.n * width());
     if (sequence()) s.h1 = k.take<T>(d.n * C);

@@ -9,8 +9,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <map>
-#include <utility>
 #include <vector>
 
 #include "dml/nn/moe.hpp"
@@ -263,29 +261,6 @@ void moe::router_grad(const context& c, const plan_view& v, const float* dgate, 
       const double dl = sigmoid ? d * sc[e] * (1.0 - sc[e]) : p[e] * (d - dp);
       out[t * E + e] = T(static_cast<float>(dl + zc * p[e]));
     }
-  }
-}
-
-// Loss-free balancing (DeepSeek-V3) after a step: each layer that recorded a bias rate moves its selection bias
-// by that rate toward equal load, up for an expert that took fewer of the step's assignments than the mean and
-// down for one that took more. Every rank of a data group recorded the same counts, so their biases stay equal.
-inline void update_router_bias(routing_log& log) {
-  std::map<std::uint64_t, std::pair<float, std::vector<double>>> load;  // by layer: rate, assignments per expert
-  for (const auto& [key, r] : log.records) {
-    if (r.bias_rate <= 0.f) continue;
-    auto& [rate, sum] = load[key.first];
-    rate = r.bias_rate;
-    sum.resize(r.tokens.size(), 0.0);
-    for (std::size_t e = 0; e < r.tokens.size(); ++e) sum[e] += static_cast<double>(r.tokens[e]);
-  }
-  for (auto& [layer, rl] : load) {
-    const auto& [rate, sum] = rl;
-    double mean = 0;
-    for (double x : sum) mean += x;
-    mean /= static_cast<double>(sum.size());
-    auto& b = log.router_bias[layer];
-    b.resize(sum.size(), 0.f);
-    for (std::size_t e = 0; e < sum.size(); ++e) b[e] += sum[e] < mean ? rate : sum[e] > mean ? -rate : 0.f;
   }
 }
 
