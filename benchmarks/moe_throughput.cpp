@@ -2,7 +2,9 @@
 // benchmarks/moe_throughput.cpp — expert and context parallelism measured: tokens/s of a mixture-of-experts GPT
 // against ep (each rank the same batch, so ep ranks train ep times the tokens), the all_to_allv bus bandwidth of the
 // same run's dispatch and combine beside comm::local's all_reduce, and attention activation memory per rank under
-// ring attention (cp = 1, 2, 4) beside full attention. Prints tables; --json FILE writes one line per result.
+// ring attention (cp = 1, 2, 4) beside full attention; fine-grained experts (DeepSeek-V3's kind: 16 of width d/2,
+// top-4 and a shared one, ep 4) against the dense model in FLOP/s of active work, and loss-free balancing against the
+// auxiliary loss on a skewed router. Prints tables; --json FILE writes one line per result.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -11,6 +13,7 @@
 #include "bench_common.hpp"
 #include "dml/comm/local.hpp"
 #include "dml/nn/gpt.hpp"
+#include "dml/plan/cost.hpp"
 #include "dml/train/text.hpp"
 
 namespace {
@@ -24,6 +27,9 @@ struct options {
   float capacity_factor = 1.25f;
   std::vector<float> skews{0.f};  // router skew (nn::skewed_logit_bias scale): imbalance on purpose
   std::int64_t attention_seq = 512;
+  // Fine-grained experts and loss-free balancing.
+  int fine_ranks = 4, balance_steps = 200;
+  float bias_rate = 0.01f, balance_skew = 2.f;
   std::string json;
   bool quick = false;
 };
@@ -95,6 +101,63 @@ moe_run run_moe(const options& o, int ep, float skew) {
       out.a2a_bytes = double(bytes) / o.steps;
       out.imbalance = imbalance;
       out.dropped_fraction = tokens > 0 ? double(dropped) / double(tokens) : 0;
+    }
+  });
+  return out;
+}
+
+// Fine-grained experts as DeepSeek-V3 has them: 16 of width d/2, top-4, one shared of d/2 (5·d/2 of active width per
+// token, where the dense MLP has 4·d), sigmoid scores, dropless; and the dense model beside them.
+nn::gpt_config fine_model(const options& o) {
+  auto g = model(o);
+  g.experts = 16, g.top_k = 4, g.expert_ffn = o.d_model / 2, g.shared_experts = 1, g.sigmoid_router = true;
+  g.capacity_factor = 0.f;
+  return g;
+}
+nn::gpt_config dense_model(const options& o) {
+  auto g = model(o);
+  g.experts = 0;
+  return g;
+}
+// The planner's model of a GPT config: its forward FLOPs per token (active: the chosen experts and the shared one).
+cost::model cost_model(const nn::gpt_config& g, std::int64_t seq) {
+  return {.layers = g.layers, .d_model = g.d_model, .heads = g.heads, .seq = seq, .vocab = g.vocab, .experts = g.experts,
+          .top_k = g.top_k, .moe_every = g.moe_every, .capacity_factor = g.capacity_factor, .expert_ffn = g.expert_ffn,
+          .shared_experts = g.shared_experts};
+}
+
+struct fine_run {
+  double tokens_per_s = 0, flops_per_s = 0, imbalance = 0;
+};
+// `ranks` ranks (ep = ranks with experts, data-parallel without), o.batch sequences each, timed after warm-up;
+// imbalance: the mean over the last `tail` steps of the most uneven layer's max/mean (steps run: warm-up + steps).
+fine_run run_fine(const options& o, const nn::gpt_config& g, int ranks, int steps, int tail) {
+  fine_run out;
+  comm::local::run(ranks, [&](comm::local& c) {
+    set_thread_budget(1);
+    train::trainer_options to;
+    to.seed = 5;
+    to.expert_parallel = g.experts > 0 ? ranks : 1;
+    trainer<parallel::replicate, optim::adamw> t(c, nn::gpt(g), to, optim::adamw({.lr = 1e-3f}));
+    std::vector<float> x(static_cast<std::size_t>(o.batch * o.seq));
+    std::vector<std::int32_t> y(x.size());
+    clock_type::time_point t0{};
+    double load = 0;
+    for (int s = 0; s < o.warmup + steps; ++s) {
+      if (s == o.warmup) {
+        c.barrier();
+        t0 = clock_type::now();
+      }
+      corpus().batch(1, static_cast<std::uint64_t>(s), o.batch * c.rank(), o.batch, o.seq, x.data(), y.data());
+      const auto r = t.step(tensor_view<const float>(x.data(), {o.batch, o.seq}), y.data(), o.batch * ranks);
+      if (s >= o.warmup + steps - tail) load += r.routing.worst_layer_imbalance / tail;
+    }
+    c.barrier();
+    const double secs = seconds_since(t0);
+    if (c.rank() == 0) {
+      out.tokens_per_s = double(steps * o.batch * o.seq * ranks) / secs;
+      out.flops_per_s = out.tokens_per_s * 3 * cost::gpt_forward_flops_per_token(cost_model(g, o.seq));
+      out.imbalance = load;
     }
   });
   return out;
@@ -183,6 +246,10 @@ dml::flags command_line(options& o) {
   f.add("--attention-seq", o.attention_seq, "N", "sequence of the ring-attention part").min(1);
   f.add("--capacity-factor", o.capacity_factor, "C", "expert capacity factor; <= 0: dropless");
   f.add("--skew", o.skews, "S,S", "router skews (imbalance on purpose)");
+  f.add("--fine-ranks", o.fine_ranks, "N", "ranks (and ep) of the fine-grained experts' part").min(1);
+  f.add("--balance-steps", o.balance_steps, "N", "steps of the balancing part").min(20);
+  f.add("--bias-rate", o.bias_rate, "R", "loss-free balancing's bias step").min(0.f);
+  f.add("--balance-skew", o.balance_skew, "S", "the balancing part's router skew").min(0.f);
   f.add("--json", o.json, "FILE", "write one JSON object per result");
   f.add_switch("--quick", o.quick, "a smoke run: every part, tiny");
   return f;
@@ -192,6 +259,7 @@ void check_across(options& o) {
   if (o.quick) {  // a smoke run: every part, tiny
     o.experts = 4, o.d_model = 32, o.layers = 1, o.seq = 16, o.batch = 2, o.steps = 1, o.warmup = 1, o.attention_seq = 32;
     o.skews = {0.f, 4.f};
+    o.fine_ranks = 2, o.balance_steps = 20;
   }
 }
 
@@ -250,6 +318,43 @@ int main(int argc, char** argv) try {
                    static_cast<long long>(m.measured_peak), double(m.measured_peak) / double(first.measured_peak));
   }
   std::printf("full attention on one rank keeps %.0f bytes (the T×T probabilities of every head)\n", first.full);
+
+  // Fine-grained experts against the dense model, in FLOP/s of the work each token does (cost::gpt_forward_flops_per_token).
+  const auto fine = fine_model(o), dense = dense_model(o);
+  const int r = o.fine_ranks;
+  const auto fr = run_fine(o, fine, r, o.steps, 1), dr = run_fine(o, dense, r, o.steps, 1);
+  std::printf("\n# fine-grained experts: %lld of width %lld, top-%d + %lld shared, sigmoid, dropless, ep %d on %d ranks; "
+              "the dense GPT (MLP 4·d) on %d data-parallel ranks\n",
+              static_cast<long long>(fine.experts), static_cast<long long>(fine.expert_ffn), fine.top_k,
+              static_cast<long long>(fine.shared_experts), r, r, r);
+  std::printf("%6s %12s %14s %14s\n", "model", "tokens/s", "active GFLOP/s", "vs dense");
+  std::printf("%6s %12.0f %14.2f %13.2fx\n", "dense", dr.tokens_per_s, dr.flops_per_s / 1e9, 1.0);
+  std::printf("%6s %12.0f %14.2f %13.2fx\n", "moe", fr.tokens_per_s, fr.flops_per_s / 1e9, fr.flops_per_s / dr.flops_per_s);
+  if (json)
+    std::fprintf(json,
+                 "{\"part\":\"fine\",\"cpu\":\"%s\",\"ranks\":%d,\"moe_tokens_per_s\":%.1f,\"dense_tokens_per_s\":%.1f,"
+                 "\"moe_active_flops_per_s\":%.4g,\"dense_flops_per_s\":%.4g,\"ratio\":%.3f}\n",
+                 dml::host_cpu_model().c_str(), r, fr.tokens_per_s, dr.tokens_per_s, fr.flops_per_s, dr.flops_per_s,
+                 fr.flops_per_s / dr.flops_per_s);
+
+  // Loss-free balancing against the auxiliary loss, on a router skewed toward low experts.
+  const int tail = std::min(20, o.balance_steps);
+  auto skewed = fine;
+  skewed.router_skew = o.balance_skew;
+  const auto aux = run_fine(o, skewed, r, o.balance_steps, tail);
+  skewed.aux_loss_weight = 0.f;
+  skewed.router_bias_rate = o.bias_rate;
+  const auto free = run_fine(o, skewed, r, o.balance_steps, tail);
+  std::printf("\n# balance: router skew %g, %d steps; the most uneven layer's busiest expert over its mean, last %d steps\n",
+              static_cast<double>(o.balance_skew), o.balance_steps, tail);
+  std::printf("%-34s %12s\n", "balancing", "max/mean");
+  std::printf("%-34s %12.3f\n", "auxiliary loss (weight 0.01)", aux.imbalance);
+  char label[64];
+  std::snprintf(label, sizeof label, "router bias (rate %g, no aux loss)", static_cast<double>(o.bias_rate));
+  std::printf("%-34s %12.3f\n", label, free.imbalance);
+  if (json)
+    std::fprintf(json, "{\"part\":\"balance\",\"steps\":%d,\"skew\":%g,\"aux_loss_imbalance\":%.4f,\"bias_imbalance\":%.4f}\n",
+                 o.balance_steps, static_cast<double>(o.balance_skew), aux.imbalance, free.imbalance);
   if (json) std::fclose(json);
   return 0;
 } catch (const std::exception& e) {

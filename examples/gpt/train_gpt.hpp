@@ -135,7 +135,7 @@ inline dml::flags command_line(options& o) {
       "training, in any layout and sharding, and continues from its step to --steps (the learning-rate\n"
       "schedule and the batches follow the step, so the run goes on as if never stopped).\n"
       "--arch llama trains a Llama instead (RMSNorm, rotary positions, grouped-query attention with --kv-heads,\n"
-      "SwiGLU of --ffn-hidden; no biases or dropout) on comm::local ranks, in every layout but --experts.\n"
+      "SwiGLU of --ffn-hidden; no biases or dropout) on comm::local ranks, in every layout; its experts are SwiGLU.\n"
       "--save-hf DIR writes its weights in Hugging Face's Llama layout (config.json, model.safetensors), --load-hf\n"
       "DIR starts from such a checkpoint (its config.json gives the model's shape: the model flags are not used)\n"
       "and --export-llama2c FILE writes llama2.c's checkpoint. --documents packs the text's paragraphs (split at\n"
@@ -271,7 +271,9 @@ inline void check_across(options& o) {
   only(!llama && !o.export_llama2c.empty(), "--export-llama2c", "llama");
   only(llama && o.bias, "--bias", "gpt");
   only(llama && o.dropout > 0.f, "--dropout", "gpt");
-  only(llama && o.experts > 0, "--experts", "gpt");
+  if (llama && o.experts > 0 && (!o.save_hf.empty() || !o.load_hf.empty() || !o.export_llama2c.empty()))
+    dml::fail<dml::invalid_argument>("--experts: Hugging Face's Llama layout and llama2.c's checkpoint have no experts: "
+                                     "expected no --save-hf, --load-hf or --export-llama2c with --experts ", o.experts);
   if (llama && (o.comm != "local" || o.elastic))
     dml::fail<dml::invalid_argument>("--arch llama: this example trains Llama on comm::local ranks: expected --comm "
                                      "local without --elastic, found --comm ", o.comm, o.elastic ? " --elastic" : "");
@@ -343,7 +345,8 @@ inline void apply_plan(options& o, int world) {
   namespace cost = dml::cost;
   const cost::model m{.layers = o.layers, .d_model = o.d_model, .heads = o.heads, .seq = o.seq, .vocab = o.vocab,
                       .bias = o.bias, .tie = o.tie, .experts = o.experts, .top_k = o.top_k, .moe_every = o.moe_every,
-                      .capacity_factor = o.capacity_factor,
+                      .capacity_factor = o.capacity_factor, .expert_ffn = o.expert_ffn.value_or(0),
+                      .shared_experts = o.shared_experts,
                       .arch = o.arch == "llama" ? cost::architecture::llama : cost::architecture::gpt,
                       .kv_heads = o.kv_heads, .ffn_hidden = ffn_hidden(o)};
   const cost::training t{.global_batch = o.batch, .prec = o.precision == "bf16" ? cost::precision::bf16 : cost::precision::fp32};

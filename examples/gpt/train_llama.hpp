@@ -24,6 +24,16 @@ struct llama_arch {
              .tie_embeddings = o.tie};
     g.rope.theta = o.rope_theta;
     g.rope.scaling = o.rope_scaling;
+    g.experts = o.experts;
+    g.top_k = o.top_k;
+    g.capacity_factor = o.capacity_factor;
+    g.moe_every = o.moe_every;
+    g.aux_loss_weight = o.aux_loss_weight;
+    g.z_loss_weight = o.z_loss_weight;
+    g.expert_ffn = o.expert_ffn.value_or(0);
+    g.shared_experts = o.shared_experts;
+    g.sigmoid_router = o.router == "sigmoid";
+    g.router_bias_rate = o.router_bias_rate;
     return g;
   }
   static auto model(const config& g) { return dml::nn::llama(g); }
@@ -31,7 +41,8 @@ struct llama_arch {
     const config g = make_config(o);
     return dml::detail::cat("llama, ", g.layers, " layers, d_model ", g.d_model, ", ", g.heads, " heads (", g.kv_heads,
                             " key/value), ffn ", g.ffn_hidden, ", seq ", g.seq, ", rope theta ", g.rope.theta,
-                            g.rope.scaling ? " (llama3 scaling)" : "", ", norm eps ", g.norm_eps);
+                            g.rope.scaling ? " (llama3 scaling)" : "", ", norm eps ", g.norm_eps,
+                            g.experts > 0 ? ", SwiGLU experts" : "");
   }
   static void load(const options& o, const config& g, const dml::nn::param_layout& layout, std::span<float> full) {
     dml::train::load_hf_llama(g, layout, full, o.load_hf);

@@ -56,7 +56,7 @@ struct moe_config {
   float aux_loss_weight = 0.01f, z_loss_weight = 0.001f;
   bool bias = false;                 // biases in the experts' Linears
   float proj_std = 0.02f;            // c_proj's init std (a GPT passes its scaled residual init)
-  std::vector<float> logit_bias;     // empty, or one constant per expert added to the router logits
+  std::vector<float> logit_bias{};   // empty, or one constant per expert added to the router logits
   expert_mlp mlp = expert_mlp::gelu;
   std::int64_t shared = 0;           // shared experts: one MLP of shared · hidden beside the routed ones
   router_score score = router_score::softmax;
