@@ -50,17 +50,22 @@ struct options {
   bool torch = true;
 };
 
-// One way to run the model: tp × dp × pp comm::local ranks.
+// One way to run the model: tp × dp × pp comm::local ranks. recompute: none, full (the trainer's whole stage) or
+// selective (a Llama's blocks); named_only: run when --layouts names it, not by default.
 struct layout {
   std::string name;
   int tp = 1, dp = 1, pp = 1;
   bool sp = false, bf16 = false;
+  std::string recompute = "none";
+  bool named_only = false;
   int ranks() const { return tp * dp * pp; }
 };
 const std::vector<layout>& known_layouts() {
   static const std::vector<layout> all{{"1", 1, 1, 1, false, false},    {"1-bf16", 1, 1, 1, false, true},
                                        {"tp2", 2, 1, 1, false, false},  {"tp2-sp", 2, 1, 1, true, false},
-                                       {"dp2", 1, 2, 1, false, false},  {"pp2", 1, 1, 2, false, false}};
+                                       {"dp2", 1, 2, 1, false, false},  {"pp2", 1, 1, 2, false, false},
+                                       {"1-selective", 1, 1, 1, false, false, "selective", true},
+                                       {"1-full", 1, 1, 1, false, false, "full", true}};
   return all;
 }
 
@@ -141,14 +146,22 @@ struct gpt_arch {
   static dml::nn::gpt_config config(const options& o) {
     return {.vocab = o.vocab, .seq = o.seq, .layers = o.layers, .d_model = o.d_model, .heads = o.heads};
   }
-  static auto model(const options& o) { return dml::nn::gpt(config(o)); }
+  static auto model(const options& o, const layout& l) {
+    if (l.recompute == "selective")
+      dml::fail<dml::invalid_argument>("selective recompute is a Llama block's: run it with --arch llama");
+    return dml::nn::gpt(config(o));
+  }
 };
 struct llama_arch {
   static dml::nn::llama_config config(const options& o) {
     return {.vocab = o.vocab, .seq = o.seq, .d_model = o.d_model, .layers = o.layers, .heads = o.heads,
             .kv_heads = o.kv_heads, .ffn_hidden = o.ffn_hidden};
   }
-  static auto model(const options& o) { return dml::nn::llama(config(o)); }
+  static auto model(const options& o, const layout& l) {
+    auto g = config(o);
+    g.selective_recompute = l.recompute == "selective";
+    return dml::nn::llama(g);
+  }
 };
 bool is_llama(const options& o) { return o.arch == "llama"; }
 
@@ -196,7 +209,8 @@ void run_rank(dml::comm::local& comm, const options& o, const layout& l, result&
   to.micro_batches = l.pp > 1 ? o.microbatches : 1;
   if (l.pp > 1) to.schedule = o.schedule;
   to.record_events = l.pp > 1;  // compute_begin/compute_end around each action: the measured bubble
-  const auto model = Arch::model(o);
+  to.recompute = l.recompute == "full";
+  const auto model = Arch::model(o, l);
   dml::trainer<dml::parallel::replicate, dml::optim::adamw, Precision> t(comm, model, to, dml::optim::adamw({.lr = o.lr}));
   // World rank = tp rank + TP·(dp rank + DP·pp rank): every tp and pp rank of a data-parallel rank passes its rows.
   const int dp_rank = comm.rank() / l.tp % l.dp;
@@ -365,7 +379,7 @@ dml::flags command_line(options& o) {
   dml::flags f("gpt_throughput", "Tokens/s of nn::gpt or nn::llama per layout beside PyTorch and the GEMM roofline.");
   f.add("--arch", o.arch, "A", "architecture: nn::gpt or nn::llama").choices({"gpt", "llama"});
   f.add("--layouts", o.layouts, "L,L", "layouts to run")
-      .choices({"1", "1-bf16", "tp2", "tp2-sp", "dp2", "pp2", "all"})
+      .choices({"1", "1-bf16", "tp2", "tp2-sp", "dp2", "pp2", "1-selective", "1-full", "all"})
       .default_text("all that fit the machine");
   f.add("--layers", o.layers, "L", "transformer blocks").min(1);
   f.add("--d-model", o.d_model, "C", "model width, a multiple of --heads").min(1);
@@ -482,7 +496,7 @@ int main(int argc, char** argv) try {
   std::vector<layout> layouts;
   for (const auto& l : known_layouts()) {
     const bool named = std::find(o.layouts.begin(), o.layouts.end(), l.name) != o.layouts.end();
-    if (o.layouts.empty() ? l.ranks() * o.threads <= cores : named) layouts.push_back(l);
+    if (o.layouts.empty() ? !l.named_only && l.ranks() * o.threads <= cores : named) layouts.push_back(l);
   }
   if (std::any_of(layouts.begin(), layouts.end(), [](const layout& l) { return l.pp > 1; })) plan_pipeline(o);
   const std::int64_t C = o.d_model, L = o.layers, T = o.seq, V = o.vocab, tokens = o.batch * o.seq;

@@ -28,8 +28,9 @@ struct options {
   std::vector<float> skews{0.f};  // router skew (nn::skewed_logit_bias scale): imbalance on purpose
   std::int64_t attention_seq = 512;
   // Fine-grained experts and loss-free balancing.
-  int fine_ranks = 4, balance_steps = 200;
-  float bias_rate = 0.01f, balance_skew = 2.f;
+  std::vector<int> fine_ranks{1, 2, 4};  // the issue's layout is 4 ranks, ep 4: on 2 cores they take turns
+  int balance_ranks = 2, balance_steps = 200;
+  float bias_rate = 0.005f, balance_skew = 2.f;
   std::string json;
   bool quick = false;
 };
@@ -130,7 +131,7 @@ struct fine_run {
   double tokens_per_s = 0, flops_per_s = 0, imbalance = 0;
 };
 // `ranks` ranks (ep = ranks with experts, data-parallel without), o.batch sequences each, timed after warm-up;
-// imbalance: the mean over the last `tail` steps of the most uneven layer's max/mean (steps run: warm-up + steps).
+// imbalance: the most uneven layer's max/mean of its tokens over the last `tail` steps (steps run: warm-up + steps).
 fine_run run_fine(const options& o, const nn::gpt_config& g, int ranks, int steps, int tail) {
   fine_run out;
   comm::local::run(ranks, [&](comm::local& c) {
@@ -142,7 +143,7 @@ fine_run run_fine(const options& o, const nn::gpt_config& g, int ranks, int step
     std::vector<float> x(static_cast<std::size_t>(o.batch * o.seq));
     std::vector<std::int32_t> y(x.size());
     clock_type::time_point t0{};
-    double load = 0;
+    std::vector<std::vector<std::int64_t>> load;  // per layer: tokens per expert over the last `tail` steps
     for (int s = 0; s < o.warmup + steps; ++s) {
       if (s == o.warmup) {
         c.barrier();
@@ -150,14 +151,20 @@ fine_run run_fine(const options& o, const nn::gpt_config& g, int ranks, int step
       }
       corpus().batch(1, static_cast<std::uint64_t>(s), o.batch * c.rank(), o.batch, o.seq, x.data(), y.data());
       const auto r = t.step(tensor_view<const float>(x.data(), {o.batch, o.seq}), y.data(), o.batch * ranks);
-      if (s >= o.warmup + steps - tail) load += r.routing.worst_layer_imbalance / tail;
+      if (s >= o.warmup + steps - tail) {
+        load.resize(r.routing.layer_tokens.size());
+        for (std::size_t l = 0; l < load.size(); ++l) {
+          load[l].resize(r.routing.layer_tokens[l].size(), 0);
+          for (std::size_t e = 0; e < load[l].size(); ++e) load[l][e] += r.routing.layer_tokens[l][e];
+        }
+      }
     }
     c.barrier();
     const double secs = seconds_since(t0);
     if (c.rank() == 0) {
       out.tokens_per_s = double(steps * o.batch * o.seq * ranks) / secs;
       out.flops_per_s = out.tokens_per_s * 3 * cost::gpt_forward_flops_per_token(cost_model(g, o.seq));
-      out.imbalance = load;
+      out.imbalance = parallel::worst_imbalance(load);
     }
   });
   return out;
@@ -246,7 +253,8 @@ dml::flags command_line(options& o) {
   f.add("--attention-seq", o.attention_seq, "N", "sequence of the ring-attention part").min(1);
   f.add("--capacity-factor", o.capacity_factor, "C", "expert capacity factor; <= 0: dropless");
   f.add("--skew", o.skews, "S,S", "router skews (imbalance on purpose)");
-  f.add("--fine-ranks", o.fine_ranks, "N", "ranks (and ep) of the fine-grained experts' part").min(1);
+  f.add("--fine-ranks", o.fine_ranks, "N,N", "ranks (and ep) of the fine-grained experts' part").min(1);
+  f.add("--balance-ranks", o.balance_ranks, "N", "ranks (and ep) of the balancing part").min(1);
   f.add("--balance-steps", o.balance_steps, "N", "steps of the balancing part").min(20);
   f.add("--bias-rate", o.bias_rate, "R", "loss-free balancing's bias step").min(0.f);
   f.add("--balance-skew", o.balance_skew, "S", "the balancing part's router skew").min(0.f);
@@ -259,7 +267,7 @@ void check_across(options& o) {
   if (o.quick) {  // a smoke run: every part, tiny
     o.experts = 4, o.d_model = 32, o.layers = 1, o.seq = 16, o.batch = 2, o.steps = 1, o.warmup = 1, o.attention_seq = 32;
     o.skews = {0.f, 4.f};
-    o.fine_ranks = 2, o.balance_steps = 20;
+    o.fine_ranks = {2}, o.balance_ranks = 2, o.balance_steps = 20;
   }
 }
 
@@ -321,21 +329,24 @@ int main(int argc, char** argv) try {
 
   // Fine-grained experts against the dense model, in FLOP/s of the work each token does (cost::gpt_forward_flops_per_token).
   const auto fine = fine_model(o), dense = dense_model(o);
-  const int r = o.fine_ranks;
-  const auto fr = run_fine(o, fine, r, o.steps, 1), dr = run_fine(o, dense, r, o.steps, 1);
-  std::printf("\n# fine-grained experts: %lld of width %lld, top-%d + %lld shared, sigmoid, dropless, ep %d on %d ranks; "
-              "the dense GPT (MLP 4·d) on %d data-parallel ranks\n",
+  std::printf("\n# fine-grained experts: %lld of width %lld, top-%d + %lld shared, sigmoid, dropless, ep = ranks; the dense "
+              "GPT (MLP 4·d) on as many data-parallel ranks; %d hardware threads\n",
               static_cast<long long>(fine.experts), static_cast<long long>(fine.expert_ffn), fine.top_k,
-              static_cast<long long>(fine.shared_experts), r, r, r);
-  std::printf("%6s %12s %14s %14s\n", "model", "tokens/s", "active GFLOP/s", "vs dense");
-  std::printf("%6s %12.0f %14.2f %13.2fx\n", "dense", dr.tokens_per_s, dr.flops_per_s / 1e9, 1.0);
-  std::printf("%6s %12.0f %14.2f %13.2fx\n", "moe", fr.tokens_per_s, fr.flops_per_s / 1e9, fr.flops_per_s / dr.flops_per_s);
-  if (json)
-    std::fprintf(json,
-                 "{\"part\":\"fine\",\"cpu\":\"%s\",\"ranks\":%d,\"moe_tokens_per_s\":%.1f,\"dense_tokens_per_s\":%.1f,"
-                 "\"moe_active_flops_per_s\":%.4g,\"dense_flops_per_s\":%.4g,\"ratio\":%.3f}\n",
-                 dml::host_cpu_model().c_str(), r, fr.tokens_per_s, dr.tokens_per_s, fr.flops_per_s, dr.flops_per_s,
-                 fr.flops_per_s / dr.flops_per_s);
+              static_cast<long long>(fine.shared_experts), static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+  std::printf("%5s %14s %14s %17s %17s %9s\n", "ranks", "dense tok/s", "moe tok/s", "dense GFLOP/s", "moe active GFLOP/s",
+              "moe/dense");
+  for (const int r : o.fine_ranks) {
+    const auto fr = run_fine(o, fine, r, o.steps, 1), dr = run_fine(o, dense, r, o.steps, 1);
+    std::printf("%5d %14.0f %14.0f %17.2f %17.2f %8.2fx\n", r, dr.tokens_per_s, fr.tokens_per_s, dr.flops_per_s / 1e9,
+                fr.flops_per_s / 1e9, fr.flops_per_s / dr.flops_per_s);
+    if (json)
+      std::fprintf(json,
+                   "{\"part\":\"fine\",\"cpu\":\"%s\",\"ranks\":%d,\"moe_tokens_per_s\":%.1f,\"dense_tokens_per_s\":%.1f,"
+                   "\"moe_active_flops_per_s\":%.4g,\"dense_flops_per_s\":%.4g,\"ratio\":%.3f}\n",
+                   dml::host_cpu_model().c_str(), r, fr.tokens_per_s, dr.tokens_per_s, fr.flops_per_s, dr.flops_per_s,
+                   fr.flops_per_s / dr.flops_per_s);
+  }
+  const int r = o.balance_ranks;
 
   // Loss-free balancing against the auxiliary loss, on a router skewed toward low experts.
   const int tail = std::min(20, o.balance_steps);
@@ -343,18 +354,24 @@ int main(int argc, char** argv) try {
   skewed.router_skew = o.balance_skew;
   const auto aux = run_fine(o, skewed, r, o.balance_steps, tail);
   skewed.aux_loss_weight = 0.f;
+  const auto none = run_fine(o, skewed, r, o.balance_steps, tail);
   skewed.router_bias_rate = o.bias_rate;
   const auto free = run_fine(o, skewed, r, o.balance_steps, tail);
-  std::printf("\n# balance: router skew %g, %d steps; the most uneven layer's busiest expert over its mean, last %d steps\n",
-              static_cast<double>(o.balance_skew), o.balance_steps, tail);
+  std::printf("\n# balance: router skew %g, %d steps on %d ranks (ep %d); the most uneven layer's busiest expert over its "
+              "mean, tokens of the last %d steps\n",
+              static_cast<double>(o.balance_skew), o.balance_steps, r, r, tail);
   std::printf("%-34s %12s\n", "balancing", "max/mean");
+  std::printf("%-34s %12.3f\n", "none", none.imbalance);
   std::printf("%-34s %12.3f\n", "auxiliary loss (weight 0.01)", aux.imbalance);
   char label[64];
   std::snprintf(label, sizeof label, "router bias (rate %g, no aux loss)", static_cast<double>(o.bias_rate));
   std::printf("%-34s %12.3f\n", label, free.imbalance);
   if (json)
-    std::fprintf(json, "{\"part\":\"balance\",\"steps\":%d,\"skew\":%g,\"aux_loss_imbalance\":%.4f,\"bias_imbalance\":%.4f}\n",
-                 o.balance_steps, static_cast<double>(o.balance_skew), aux.imbalance, free.imbalance);
+    std::fprintf(json,
+                 "{\"part\":\"balance\",\"steps\":%d,\"skew\":%g,\"bias_rate\":%g,\"none_imbalance\":%.4f,"
+                 "\"aux_loss_imbalance\":%.4f,\"bias_imbalance\":%.4f}\n",
+                 o.balance_steps, static_cast<double>(o.balance_skew), static_cast<double>(o.bias_rate), none.imbalance,
+                 aux.imbalance, free.imbalance);
   if (json) std::fclose(json);
   return 0;
 } catch (const std::exception& e) {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <cstdlib>
 #include <fstream>
 #include <iomanip>
@@ -71,7 +72,7 @@ struct options {
   std::string cp_attention = "ring";  // ring | allgather: how K/V reach the other ranks of a context group
   std::int64_t microbatches = 1;
   std::string schedule;  // gpipe | 1f1b | interleaved:V | zb | FILE.csv; empty: the default
-  bool recompute = false;
+  std::string recompute = "none";  // full: whole stages (trainer_options::recompute); selective: a Llama's blocks
   // sharding across the data-parallel ranks: replicate | zero1 | zero2 | zero3 ("ddp" reads as replicate);
   // with replicas > 1 the dp ranks form that many replicas and ZeRO shards within each (hybrid sharding)
   std::string parallel = "replicate";
@@ -197,7 +198,11 @@ inline dml::flags command_line(options& o) {
   f.add("--microbatches", o.microbatches, "M", "microbatches per step").min(1);
   f.add("--schedule", o.schedule, "S", "pipeline schedule: gpipe, 1f1b, interleaved:V, zb or FILE.csv")
       .default_text("the trainer's");
-  f.add_switch("--recompute", o.recompute, "recompute activations in the backward pass");
+  f.add("--recompute", o.recompute, "R",
+        "activations recomputed in backward: none, full (each stage from its input) or selective (a Llama's RMSNorm and "
+        "SwiGLU outputs)")
+      .choices({"none", "full", "selective"})
+      .bare("full");
   f.add("--threads", o.threads, "N", "OpenMP threads per rank").min(1);
   f.add("--parallel", o.parallel, "P", "sharding: replicate (or ddp), zero1, zero2 or zero3")
       .check([](const std::string& p) {
@@ -270,6 +275,10 @@ inline void check_across(options& o) {
   only(!llama && !o.load_hf.empty(), "--load-hf", "llama");
   only(!llama && !o.export_llama2c.empty(), "--export-llama2c", "llama");
   only(llama && o.bias, "--bias", "gpt");
+  if (!llama && o.recompute == "selective")
+    dml::fail<dml::invalid_argument>("--recompute selective: a Llama's blocks recompute selectively (a GPT's keep what "
+                                     "they use or recompute whole stages): expected --arch llama or --recompute full, "
+                                     "found --arch ", o.arch);
   only(llama && o.dropout > 0.f, "--dropout", "gpt");
   if (llama && o.experts > 0 && (!o.save_hf.empty() || !o.load_hf.empty() || !o.export_llama2c.empty()))
     dml::fail<dml::invalid_argument>("--experts: Hugging Face's Llama layout and llama2.c's checkpoint have no experts: "
@@ -363,7 +372,10 @@ inline void apply_plan(options& o, int world) {
     const cost::layout given{.dp = data_parallel(o, world), .tp = o.tp, .pp = o.pp, .ep = o.ep, .cp = o.cp,
                              .zero = o.parallel == "replicate" ? 0 : o.parallel.back() - '0', .replicas = o.replicas,
                              .sp = o.sp, .schedule = o.pp == 1 ? "single" : o.schedule.empty() || o.schedule.ends_with(".csv") ? "1f1b" : o.schedule,
-                             .micro_batches = o.microbatches, .recomp = o.recompute ? cost::recompute::full : cost::recompute::none,
+                             .micro_batches = o.microbatches,
+                             .recomp = o.recompute == "full"        ? cost::recompute::full
+                                       : o.recompute == "selective" ? cost::recompute::selective
+                                                                    : cost::recompute::none,
                              .cp_all_gather = o.cp_attention == "allgather"};
     return std::vector{cost::evaluate_dml(m, given, u, c, world)};
   });
@@ -382,7 +394,7 @@ inline void apply_plan(options& o, int world) {
     o.cp_zigzag = true;  // as dml::cost prices it
     o.parallel = l.zero == 0 ? "replicate" : "zero" + std::to_string(l.zero);
     o.microbatches = l.micro_batches;
-    o.recompute = l.recomp == cost::recompute::full;
+    o.recompute = cost::to_string(l.recomp);
     o.schedule = l.pp > 1 ? l.schedule : "";
     std::printf("plan: %s (predicted %.3g s per step, %.3g MiB per rank, activations %.0f bytes)\n",
                 cost::to_string(l).c_str(), chosen->step_seconds, chosen->per_rank.total() / (1 << 20),
@@ -576,7 +588,7 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   to.micro_batches = o.microbatches;
   to.pipeline_stages = o.pp;
   to.schedule = o.schedule;
-  to.recompute = o.recompute;
+  to.recompute = o.recompute == "full";
   to.clip_norm = o.clip;
   to.tensor_parallel = o.tp;
   to.sequence_parallel = o.sp;
@@ -654,7 +666,7 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
                 world, o.comm.c_str(), o.tp, o.sp ? " (sequence parallel)" : "", dp, carved.c_str(), o.pp,
                 o.parallel.c_str(), o.replicas, static_cast<long long>(o.microbatches),
                 o.schedule.empty() ? "" : ", schedule ", o.schedule.c_str(),
-                o.recompute ? ", recompute" : "", dml::thread_budget(),
+                o.recompute == "none" ? "" : (", recompute " + o.recompute).c_str(), dml::thread_budget(),
                 dml::host_gemm_impl(o.batch * o.seq / world, o.d_model, 4 * o.d_model,
                                     dml::dtype_v<typename Precision::type>).c_str());
     if (!o.resume.empty()) {
@@ -674,7 +686,7 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   const auto start = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   float loss = std::nanf("");
-  std::vector<double> last_loads;  // with experts: each step's most uneven layer, busiest expert over the mean
+  std::deque<std::vector<std::vector<std::int64_t>>> last_loads;  // with experts: the last steps' per-layer loads
   // Collective. The checkpoint's user metadata: the step (the trainer keeps it too) and the run's planned steps.
   std::int64_t saved = o.resume.empty() ? -1 : resumed_at;  // the step of the newest checkpoint of this state
   auto save_checkpoint = [&](std::int64_t step) {
@@ -692,7 +704,10 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
                                 o.documents ? doc.data() : nullptr);
     loss = r.loss;
     const auto& moe = r.routing;
-    if (o.experts > 0) last_loads.push_back(moe.worst_layer_imbalance);
+    if (o.experts > 0) {  // each layer's tokens per expert over the last 20 steps
+      if (last_loads.size() == 20) last_loads.pop_front();
+      last_loads.push_back(moe.layer_tokens);
+    }
     std::int64_t dropped = 0;
     for (auto d : moe.dropped) dropped += d;
     if (rank == 0) {
@@ -744,12 +759,14 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
               train_seconds);
   for (const auto& f : {o.save, o.save_hf, o.export_llama2c})
     if (!f.empty()) std::printf("saved %s\n", f.c_str());
-  if (!last_loads.empty()) {  // the mean over the run's last 20 steps
-    const std::size_t n = std::min<std::size_t>(20, last_loads.size());
-    double sum = 0;
-    for (std::size_t i = last_loads.size() - n; i < last_loads.size(); ++i) sum += last_loads[i];
-    std::printf("expert_load_max_over_mean=%.3f (the most uneven layer's busiest expert over its mean, last %zu steps)\n",
-                sum / static_cast<double>(n), n);
+  if (!last_loads.empty()) {  // each layer's tokens summed over the run's last 20 steps
+    auto sum = last_loads.front();
+    for (std::size_t i = 1; i < last_loads.size(); ++i)
+      for (std::size_t l = 0; l < sum.size() && l < last_loads[i].size(); ++l)
+        for (std::size_t e = 0; e < sum[l].size() && e < last_loads[i][l].size(); ++e) sum[l][e] += last_loads[i][l][e];
+    std::printf("expert_load_max_over_mean=%.3f (the most unevenly loaded layer's busiest expert over its mean, tokens of "
+                "the last %zu steps)\n",
+                dml::parallel::worst_imbalance(sum), last_loads.size());
   }
   if (o.sample > 0) {
     const auto head = text.all.bytes().first(std::min<std::size_t>(16, text.all.bytes().size()));

@@ -34,6 +34,7 @@ struct llama_arch {
     g.shared_experts = o.shared_experts;
     g.sigmoid_router = o.router == "sigmoid";
     g.router_bias_rate = o.router_bias_rate;
+    g.selective_recompute = o.recompute == "selective";
     return g;
   }
   static auto model(const config& g) { return dml::nn::llama(g); }

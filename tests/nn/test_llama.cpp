@@ -533,6 +533,47 @@ TEST_CASE("llama with experts: the balancing bias rides in checkpoints, so a res
   check_same(tail, resumed, "dp 2 ep 2 resumed at step 5");
 }
 
+TEST_CASE("selective recompute trains bit for bit as keeping everything, in every layout, and keeps what dml::cost says") {
+  // What backward computes again is what forward computed, by the same kernels on the same inputs: equal, not close.
+  auto exact = [](const run_result& a, const run_result& b, const std::string& what) {
+    INFO(what);
+    CHECK(a.losses == b.losses);
+    CHECK(a.grad_norms == b.grad_norms);
+    CHECK(a.params == b.params);
+  };
+  for (const bool with_experts : {false, true}) {
+    auto g = with_experts ? moe_config() : train_config();
+    auto sel = g;
+    sel.selective_recompute = true;
+    const std::string tag = with_experts ? "experts, " : "";
+    exact(train_layout({}, g, 0, 6), train_layout({}, sel, 0, 6), tag + "one rank");
+    exact(train_layout({.tp = 2, .sp = true}, g, 0, 6), train_layout({.tp = 2, .sp = true}, sel, 0, 6), tag + "tp 2 sp");
+    // zb's weight pass computes them again too.
+    exact(train_layout({.pp = 2, .schedule = "zb"}, g, 0, 6), train_layout({.pp = 2, .schedule = "zb"}, sel, 0, 6),
+          tag + "pp 2 zb");
+    exact(train_layout({.cp = 2}, g, 0, 6), train_layout({.cp = 2}, sel, 0, 6), tag + "cp 2");
+  }
+  // Bytes: the trainer's peak is dml::cost's exact figure; the RMSNorm and SwiGLU outputs are gone from it.
+  auto sel = train_config();
+  sel.selective_recompute = true;
+  std::int64_t peaks[2] = {};
+  for (const bool selective : {false, true}) {
+    auto g = selective ? sel : train_config();
+    comm::local::run(1, [&](comm::local& c) {
+      trainer<parallel::replicate, optim::adamw> t(c, nn::llama(g), train::trainer_options{});
+      std::vector<float> x(static_cast<std::size_t>(train_batch * train_seq));
+      std::vector<std::int32_t> y(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7), y[i] = static_cast<std::int32_t>(i % 5);
+      t.step(tensor_view<const float>(x.data(), {train_batch, train_seq}), y.data(), train_batch);
+      peaks[selective] = t.peak_activation_bytes();
+      CHECK(peaks[selective] == cost::activation_set_bytes(nn::llama(g), {train_batch, train_seq}, 4));
+    });
+  }
+  MESSAGE("activation bytes: none " << peaks[0] << ", selective " << peaks[1] << " ("
+                                    << 100.0 * double(peaks[0] - peaks[1]) / double(peaks[0]) << "% less)");
+  CHECK(peaks[1] < peaks[0]);
+}
+
 TEST_CASE("each half-block makes one all-reduce in forward and one in backward") {
   auto g = train_config();
   g.layers = 1;

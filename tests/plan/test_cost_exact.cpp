@@ -413,11 +413,11 @@ TEST_CASE("cost::evaluate_dml: a GPT layout's largest rank holds what the cost m
     g.dropout = c.dropout;  // masks follow the seed: dropout keeps no byte
     check_held(c.p == cost::precision::fp32 ? held<precision::fp32>(g, l, batch) : held<precision::bf16>(g, l, batch), e);
   }
-  // Selective recomputation is Megatron's, not dml's: refused with the reason.
+  // Selective recomputation is a Llama block's in dml, not a GPT's: refused with the reason.
   const auto sel = cost::evaluate_dml(dense, cost::parse_layout("dp=2,recompute=selective"), {.global_batch = batch},
                                       cost::cluster{}, 2);
   CHECK_FALSE(sel.fits);
-  CHECK(sel.why.find("selective recompute is not one of dml's") != std::string::npos);
+  CHECK(sel.why.find("selective recompute is a Llama block's in dml") != std::string::npos);
 }
 
 namespace {
@@ -652,7 +652,6 @@ TEST_CASE("a Llama's parameters, FLOPs, stage cut and block bytes in dml::cost a
   }
 
   // llama_layer_bytes: what a block keeps and its output, to the byte (sizes that leave no 64-byte padding).
-  const auto g = cost::llama_config_of(m);
   for (const int tp : {1, 2, 4})  // at 4 two ranks share each of the 2 key/value heads
     for (const bool sp : {false, true})
       for (const std::int64_t w : {4, 2}) {
@@ -660,14 +659,15 @@ TEST_CASE("a Llama's parameters, FLOPs, stage cut and block bytes in dml::cost a
         CAPTURE(tp);
         CAPTURE(sp);
         CAPTURE(w);
-        nn::llama_block block(g);
-        if (tp > 1) block.set_split({.ranks = tp, .rank = 0, .sequence = sp});
-        const dml::shape in{2, sp ? m.seq / tp : m.seq, m.d_model};
-        const double kept = static_cast<double>(block.saved_bytes(in, static_cast<std::size_t>(w)) + in.numel() * w);
-        CHECK(cost::llama_layer_bytes(static_cast<double>(m.seq), 2, 32, 4, 2, 48, tp, static_cast<double>(w), sp,
-                                      cost::recompute::none) == kept);
-        CHECK(cost::llama_layer_bytes(static_cast<double>(m.seq), 2, 32, 4, 2, 48, tp, static_cast<double>(w), sp,
-                                      cost::recompute::selective) == kept);
+        for (const bool selective : {false, true}) {
+          CAPTURE(selective);
+          nn::llama_block block(cost::llama_config_of(m, selective));
+          if (tp > 1) block.set_split({.ranks = tp, .rank = 0, .sequence = sp});
+          const dml::shape in{2, sp ? m.seq / tp : m.seq, m.d_model};
+          const double kept = static_cast<double>(block.saved_bytes(in, static_cast<std::size_t>(w)) + in.numel() * w);
+          CHECK(cost::llama_layer_bytes(static_cast<double>(m.seq), 2, 32, 4, 2, 48, tp, static_cast<double>(w), sp,
+                                        selective ? cost::recompute::selective : cost::recompute::none) == kept);
+        }
       }
 }
 

@@ -193,6 +193,41 @@ TEST_CASE("flags: positional arguments fill in order, numbers with their checks"
   }
 }
 
+TEST_CASE("flags: a value flag with a bare value stands alone or takes one of its choices") {
+  auto run = [](std::vector<std::string> words) {
+    std::string mode = "none";
+    int steps = 0;
+    std::string text;
+    dml::flags f("prog");
+    f.add("--recompute", mode, "R", "recompute").choices({"none", "full", "selective"}).bare("full");
+    f.add("--steps", steps, "N", "steps");
+    f.positional("TEXT", text, "a text");
+    parse(f, std::move(words));
+    return mode + "|" + std::to_string(steps) + "|" + text;
+  };
+  CHECK(run({}) == "none|0|");
+  CHECK(run({"--recompute"}) == "full|0|");                      // alone at the end
+  CHECK(run({"--recompute", "--steps", "3"}) == "full|3|");      // before another flag
+  CHECK(run({"--recompute", "corpus.txt"}) == "full|0|corpus.txt");  // a word that is not a choice stays positional
+  CHECK(run({"--recompute", "selective"}) == "selective|0|");
+  CHECK(run({"--recompute=none", "--steps", "1"}) == "none|1|");
+  std::string what;
+  try {
+    run({"--recompute=some"});
+  } catch (const dml::invalid_argument& e) {
+    what = e.what();
+  }
+  CHECK(what == "--recompute: expected none, full or selective, found 'some'");
+  std::string m;
+  dml::flags g("prog");
+  CHECK_THROWS_WITH_AS(g.add("--mode", m, "M", "mode").choices({"a", "b"}).bare("c"),
+                       "dml::flags: --mode: expected a bare value among its choices, found 'c'", dml::invalid_argument);
+  CHECK(g.usage().find("one of a or b") != std::string::npos);
+  dml::flags h("prog");
+  h.add("--mode", m, "M", "mode").choices({"a", "b"}).bare("b");
+  CHECK(h.usage().find("alone: b") != std::string::npos);
+}
+
 TEST_CASE("flags: --help stops parsing; the usage comes from the table") {
   bound b;
   auto f = b.table();

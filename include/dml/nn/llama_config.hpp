@@ -26,6 +26,9 @@ struct llama_config {
   float norm_eps = 1e-5f;
   rope_config rope{};             // theta 10000; scaling: none, or Llama 3.1's (rope_scaling{})
   bool tie_embeddings = false;    // lm_head.weight tied to model.embed_tokens.weight
+  // Selective recompute (Korthikanti et al.'s scheme, for a block whose attention keeps nothing of T×T): the blocks
+  // keep their GEMMs' outputs and recompute the two RMSNorms' outputs and SwiGLU's in backward, the same bits.
+  bool selective_recompute = false;
   // Mixture of experts (Mixtral, Qwen3-MoE, DeepSeek-V3): with experts > 0, blocks moe_every−1, 2·moe_every−1, …
   // replace their MLP with nn::moe of SwiGLU experts, expert_ffn wide (0: ffn_hidden), each token routed to its
   // top_k (1 to experts); shared_experts: one SwiGLU of shared_experts · expert_ffn beside them. As nn::gpt_config.

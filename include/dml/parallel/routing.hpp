@@ -16,15 +16,28 @@
 
 namespace dml::parallel {
 
+// The most unevenly loaded layer's busiest expert over its mean, of per-layer token counts (empty layers skipped; 1:
+// perfectly even; 0: no tokens).
+inline double worst_imbalance(const std::vector<std::vector<std::int64_t>>& layer_tokens) {
+  double worst = 0;
+  for (const auto& l : layer_tokens) {
+    std::int64_t most = 0, sum = 0;
+    for (auto t : l) most = std::max(most, t), sum += t;
+    if (sum > 0) worst = std::max(worst, static_cast<double>(most) * static_cast<double>(l.size()) / static_cast<double>(sum));
+  }
+  return worst;
+}
+
 // What the mixture-of-experts layers did in a step: summed over the step's micro-batches and MoE layers (over
 // every pipeline stage), the same on every rank. Empty for a model without one.
 struct routing_summary {
   double aux_loss = 0, z_loss = 0;  // unweighted by their loss weights; each micro-batch's by its share of the batch
   std::vector<std::int64_t> tokens{}, dropped{};  // per expert: top-k assignments routed to it, and those dropped
   std::int64_t a2a_bytes = 0;                 // this rank's all-to-all payload sent in forward
-  // The most unevenly loaded layer's busiest expert over its mean, each layer's counts summed over the step's
-  // micro-batches (1: perfectly even; 0: no tokens).
-  double worst_layer_imbalance = 0;
+  // Per layer of the whole model (its flat index; empty for a layer without experts): top-k assignments per expert,
+  // summed over the step's micro-batches. worst_imbalance(layer_tokens) of a step, or summed over steps.
+  std::vector<std::vector<std::int64_t>> layer_tokens{};
+  double worst_layer_imbalance() const { return worst_imbalance(layer_tokens); }
   // Load imbalance of the counts summed over layers: the busiest expert's tokens over the mean (1: perfectly even).
   double imbalance() const {
     std::int64_t most = 0, sum = 0;
@@ -56,17 +69,25 @@ routing_summary summarise_routing(const nn::routing_log& log, std::int64_t exper
     }
     bytes += r.a2a_bytes;
   }
-  double worst = 0;
-  for (const auto& [layer, l] : by_layer) {
-    double most = 0, sum = 0;
-    for (double t : l) most = std::max(most, t), sum += t;
-    if (sum > 0) worst = std::max(worst, most * static_cast<double>(l.size()) / sum);
-  }
-  if (pp && pp->size() > 1) {
+  // Each stage holds its own layers: per-layer counts as one [layers, experts] array summed over the stages.
+  double layers = by_layer.empty() ? 0 : static_cast<double>(by_layer.rbegin()->first + 1);
+  const bool stages = pp && pp->size() > 1;
+  if (stages) comm::all_reduce_host(*pp, std::span<double>(&layers, 1), comm::reduce_op::max);
+  const auto L = static_cast<std::size_t>(layers), E = static_cast<std::size_t>(experts);
+  std::vector<double> per_layer(L * E, 0.0);
+  for (const auto& [layer, l] : by_layer)
+    for (std::size_t e = 0; e < l.size() && e < E; ++e) per_layer[layer * E + e] = l[e];
+  if (stages) {
     comm::all_reduce_host(*pp, std::span<double>(v), comm::reduce_op::sum);
-    comm::all_reduce_host(*pp, std::span<double>(&worst, 1), comm::reduce_op::max);
+    comm::all_reduce_host(*pp, std::span<double>(per_layer), comm::reduce_op::sum);
   }
-  out.worst_layer_imbalance = worst;
+  out.layer_tokens.resize(L);
+  for (std::size_t l = 0; l < L; ++l) {
+    double sum = 0;
+    for (std::size_t e = 0; e < E; ++e) sum += per_layer[l * E + e];
+    if (sum > 0)
+      for (std::size_t e = 0; e < E; ++e) out.layer_tokens[l].push_back(static_cast<std::int64_t>(per_layer[l * E + e]));
+  }
   out.aux_loss = v[0];
   out.z_loss = v[1];
   for (std::int64_t e = 0; e < experts; ++e) {

@@ -103,12 +103,14 @@ inline gpt_end_values gpt_end_values_per_token(double h, double V, double t, boo
 // halves and the output, 4h values, and two floats of 1/rms; of each token this rank's q, k and v ((a + 2k)·h/a / t;
 // where t exceeds k, t / k ranks share each key/value head and attention keeps a whole one: (a/t + 2)·h/a),
 // the attention's output (h/t), [gate | up] and SwiGLU's output (3f/t), and a float log-sum-exp per head (a/t). The
-// tile attention keeps nothing of s², so selective recompute keeps as much as none; full keeps the input alone.
+// tile attention keeps nothing of s²; selective recompute (llama_config::selective_recompute) drops the RMSNorms'
+// outputs (2h a row) and SwiGLU's (f/t a token), which backward computes again; full keeps the input alone.
 inline double llama_layer_bytes(double s, double b, double h, double a, double k, double f, double t, double w,
                                 bool sequence_parallel, recompute r) {
   const double tokens = s * b, rows = sequence_parallel ? tokens / t : tokens;
   if (r == recompute::full) return rows * h * w;
-  return rows * (4 * h * w + 8) + tokens * (((a + 2 * std::max(k, t)) * h / a + h + 3 * f) * w + 4 * a) / t;
+  const double kept_rows = r == recompute::selective ? 2 : 4, kept_f = r == recompute::selective ? 2 : 3;
+  return rows * (kept_rows * h * w + 8) + tokens * (((a + 2 * std::max(k, t)) * h / a + h + kept_f * f) * w + 4 * a) / t;
 }
 
 // Narayanan et al. 2021, eq. (3): FLOPs per iteration of a GPT with full recomputation (one extra forward),
@@ -651,7 +653,8 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
   if (m.is_transformer()) {
     e.flops_per_step = 3 * tokens * gpt_forward_flops_per_token(m);
     const double extra = l.recomp == recompute::full ? tokens * gpt_forward_flops_per_token(m, true)
-                       : l.recomp == recompute::selective ? tokens * static_cast<double>(m.layers) * 2 * (2 * static_cast<double>(m.seq) * m.d_model)
+                       : l.recomp == recompute::selective && !m.is_llama()  // a Llama's recomputes no product
+                           ? tokens * static_cast<double>(m.layers) * 2 * (2 * static_cast<double>(m.seq) * m.d_model)
                                                           : 0;
     e.hardware_flops_per_step = e.flops_per_step + extra;
   } else {
@@ -713,6 +716,9 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
     const double end_values = l.pp == 1 ? ends.embedding + ends.head : std::max(ends.embedding, ends.head);
     const double h = static_cast<double>(m.d_model), a = static_cast<double>(m.heads);
     double dense_layer = layer_bytes(s_rank, 2, recompute::none);
+    // A Llama's selective recompute writes the outputs it dropped again in backward, and reads them there.
+    if (m.is_llama() && l.recomp == recompute::selective)
+      dense_layer += 2 * (dense_layer - layer_bytes(s_rank, 2, recompute::selective));
     if (l.cp > 1)
       dense_layer += s_rank * mb_rows * h / l.tp *
                      ((m.is_llama() ? 0 : 5 * a * (static_cast<double>(m.seq) - s_rank) / h) + ring_attention_bytes_per_sbh);

@@ -350,10 +350,12 @@ inline nn::gpt_config gpt_config_of(const model& m) {
           .moe_every = m.moe_every, .expert_ffn = m.expert_ffn, .shared_experts = m.shared_experts};
 }
 
-// nn::llama's configuration for a Llama that dml::cost describes (RoPE's theta and norm_eps change no byte).
-inline nn::llama_config llama_config_of(const model& m) {
+// nn::llama's configuration for a Llama that dml::cost describes (RoPE's theta and norm_eps change no byte), its
+// blocks recomputing selectively where `selective`.
+inline nn::llama_config llama_config_of(const model& m, bool selective = false) {
   return {.vocab = m.vocab, .seq = m.seq, .d_model = m.d_model, .layers = m.layers, .heads = m.heads,
-          .kv_heads = m.kv(), .ffn_hidden = m.ffn_hidden, .tie_embeddings = m.tie, .experts = m.experts,
+          .kv_heads = m.kv(), .ffn_hidden = m.ffn_hidden, .tie_embeddings = m.tie, .selective_recompute = selective,
+          .experts = m.experts,
           .top_k = static_cast<int>(m.top_k), .capacity_factor = m.capacity_factor, .moe_every = m.moe_every,
           .expert_ffn = m.expert_ffn, .shared_experts = m.shared_experts};
 }
@@ -396,7 +398,7 @@ bytes rank_bytes(nn::sequential<L...> part, std::int64_t seq, const layout& l, c
 // memory() and activation peak will report them after a step: model states, ZeRO's buffers and the schedule's
 // in-flight activations. Throws dml::error where the trainer would refuse the layout.
 inline bytes rank_bytes(const model& m, const layout& l, const training& t) {
-  if (m.is_llama()) return detail::rank_bytes(nn::llama(llama_config_of(m)), m.seq, l, t);
+  if (m.is_llama()) return detail::rank_bytes(nn::llama(llama_config_of(m, l.recomp == recompute::selective)), m.seq, l, t);
   return detail::rank_bytes(nn::gpt(gpt_config_of(m)), m.seq, l, t);
 }
 [[deprecated("dml::cost::gpt_rank_bytes is rank_bytes")]] inline bytes gpt_rank_bytes(const model& m, const layout& l,
@@ -405,15 +407,15 @@ inline bytes rank_bytes(const model& m, const layout& l, const training& t) {
 }
 
 // evaluate() with dml's own bytes (rank_bytes) in place of the papers' formulas, for a GPT or a Llama: what the
-// trainer will hold, to the byte. Selective recomputation is Megatron's; dml recomputes a whole stage or nothing, so a
-// layout that asks for it is refused, as one the trainer refuses is. A model known by its parameter count keeps
-// evaluate()'s model states.
+// trainer will hold, to the byte. Selective recomputation is a Llama block's (llama_config::selective_recompute); a GPT
+// recomputes a whole stage or nothing, so a GPT layout that asks for it is refused, as one the trainer refuses is. A
+// model known by its parameter count keeps evaluate()'s model states.
 inline estimate evaluate_dml(const model& m, const layout& l, const training& t, const cluster& c, int devices = 0) {
   estimate e = evaluate(m, l, t, c, devices);
   if (!m.is_transformer() || !refusal(m, l, t, devices).empty()) return e;
   e.fits = false;
-  if (l.recomp == recompute::selective) {
-    e.why = "selective recompute is not one of dml's: it recomputes a whole stage (recompute=full) or nothing";
+  if (l.recomp == recompute::selective && !m.is_llama()) {
+    e.why = "selective recompute is a Llama block's in dml: a GPT recomputes a whole stage (recompute=full) or nothing";
     return e;
   }
   try {

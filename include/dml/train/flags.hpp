@@ -167,6 +167,9 @@ class flag_base {
   bool is_switch() const { return value_name_.empty(); }
   // Takes the value (empty for a switch); throws invalid_argument naming the flag.
   virtual void set(std::string_view text) = 0;
+  // A value flag that may stand alone (flag::bare): the value it takes then, and whether `word` is one it takes.
+  const std::optional<std::string>& bare_value() const { return bare_; }
+  virtual bool takes(std::string_view word) const = 0;
   // "default: 2; an integer >= 1": the help line's tail; empty when there is nothing to say.
   virtual std::string notes() const = 0;
 
@@ -174,6 +177,7 @@ class flag_base {
 
  protected:
   std::string name_, value_name_, help_;
+  std::optional<std::string> bare_;
 };
 
 template <class T>
@@ -220,6 +224,19 @@ class flag final : public detail::flag_base {
     choices_ = std::move(words);
     return *this;
   }
+  // Given alone, the flag takes `value` ("--recompute" is "--recompute full"): a string flag with choices, which
+  // reads the next word as its value only when it is one of them.
+  flag& bare(std::string value)
+    requires std::same_as<value_type, std::string>
+  {
+    if (choices_.empty() || std::find(choices_.begin(), choices_.end(), value) == choices_.end())
+      fail<invalid_argument>("dml::flags: ", name_, ": expected a bare value among its choices, found '", value, "'");
+    bare_ = std::move(value);
+    return *this;
+  }
+  bool takes(std::string_view word) const override {
+    return choices_.empty() || std::find(choices_.begin(), choices_.end(), word) != choices_.end();
+  }
   // Any other test of a value: `test` returns what was expected ("a multiple of 8") when the value fails it,
   // and an empty string when it passes. `note` describes the rule in --help.
   flag& check(std::function<std::string(const value_type&)> test, std::string note = {}) {
@@ -255,6 +272,7 @@ class flag final : public detail::flag_base {
     } else if (!choices_.empty()) {
       parts.push_back("one of " + detail::or_list(choices_));
     }
+    if (bare_) parts.push_back("alone: " + *bare_);
     for (const auto& c : checks_)
       if (!c.note.empty()) parts.push_back(c.note);
     std::string out;
@@ -369,6 +387,8 @@ class flags {
         f->set({});
       } else if (eq != std::string_view::npos) {
         f->set(word.substr(eq + 1));
+      } else if (f->bare_value() && (i + 1 >= argc || !argv[i + 1] || !f->takes(argv[i + 1]))) {
+        f->set(*f->bare_value());
       } else {
         if (i + 1 >= argc) fail<invalid_argument>(name, ": expected a value after it, found the end of the line");
         ++i;
@@ -442,6 +462,7 @@ class flags {
         : flag_base(std::move(name), {}, std::move(help)), target_(&target), value_(value) {}
     void set(std::string_view) override { *target_ = value_; }
     std::string notes() const override { return {}; }
+    bool takes(std::string_view) const override { return false; }
 
    private:
     bool* target_;

@@ -140,6 +140,7 @@ struct llama_block : detail::split_part {
   static constexpr const char* kind = "llama_block";
   std::int64_t dim = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0;
   float eps = 1e-5f;
+  bool selective = false;  // selective recompute: RMSNorm's and SwiGLU's outputs recomputed in backward, not kept
   std::shared_ptr<const rope_table> rope;
   context_split cp{};  // context parallel: attention is ring attention over the context group
   // A mixture of SwiGLU experts in place of the MLP (its parameters are "mlp.router.weight", "mlp.experts.…").
@@ -149,7 +150,7 @@ struct llama_block : detail::split_part {
   // with_experts: this block's MLP is a mixture of g.experts experts.
   explicit llama_block(const llama_config& g, std::shared_ptr<const rope_table> table = {}, bool with_experts = false)
       : dim(g.d_model), heads(g.heads), kv_heads(g.kv_heads), head_dim(g.head_dim()), ffn(g.ffn_hidden),
-        eps(g.norm_eps), rope(std::move(table)) {
+        eps(g.norm_eps), selective(g.selective_recompute), rope(std::move(table)) {
     g.validate();
     if (!rope) rope = detail::llama_rope_table(g);
     if (rope->half != head_dim / 2)
@@ -243,8 +244,8 @@ struct llama_block : detail::split_part {
     check_ring(c);
     const llama_dims d = dims(x.shape);
     const std::int64_t C = dim, nl = d.n_local, qw = heads * head_dim / ranks(), qkv_w = width(), fp = ffn / ranks();
-    const auto sv = saved_parts<T>(c.saved, d);
     const auto ws = work_parts<T>(c.workspace, d);
+    const auto sv = kept_parts<T>(c.saved, ws, d);
     const auto w = weights(p.w);
     // attention half: x2 = x + o_proj(attn(rope(qkv_proj(rmsnorm(x)))))
     rmsnorm_forward<S>(x.data, w.ln1, sv.h1, sv.rrms1, nl, C, eps);
@@ -285,11 +286,16 @@ struct llama_block : detail::split_part {
                 tensor_view<const T, S> dy, tensor_view<T, S> dx) const {
     const llama_dims d = dims(x.shape);
     const std::int64_t C = dim, nl = d.n_local, qw = heads * head_dim / ranks(), qkv_w = width(), fp = ffn / ranks();
-    const auto sv = saved_parts<T>(c.saved, d);
     const auto ws = work_parts<T>(c.workspace, d);
+    const auto sv = kept_parts<T>(c.saved, ws, d);
     const auto w = weights(p.w);
     const auto g = weights(p.g);
     const bool acc = c.accumulate, sp = sequence();
+    if (selective) {  // what forward did not keep, again from what it did: the same kernels on the same inputs
+      rmsnorm_forward<S>(x.data, static_cast<const T*>(w.ln1), sv.h1, nullptr, nl, C, eps);
+      rmsnorm_forward<S>(static_cast<const T*>(sv.x2), static_cast<const T*>(w.ln2), sv.h2, nullptr, nl, C, eps);
+      if (!experts) swiglu_forward<S>(static_cast<const T*>(sv.gu), sv.a, d.n, fp);
+    }
     if (c.stash && c.weight_grads) {  // the weight pass: the products the input pass left, from its stash
       const auto st = stash_parts<T>(c.stash, d);
       if (!experts) {
@@ -481,24 +487,33 @@ struct llama_block : detail::split_part {
     saved_set<T> s{};
     s.rrms1 = k.take<float>(d.n_local);
     s.rrms2 = k.take<float>(d.n_local);
-    s.h1 = k.take<T>(d.n_local * C);
+    if (!selective) s.h1 = k.take<T>(d.n_local * C);
     s.qkv = k.take<T>(d.n * attention_width());
     s.lse = k.take<float>(ring() ? ring_attention_saved_size(ring_shape(d), cp) : tile_attention_saved_size(attention(d)));
     s.att = k.take<T>(d.n * heads * head_dim / ranks());
     s.x2 = k.take<T>(d.n_local * C);
-    s.h2 = k.take<T>(d.n_local * C);
+    if (!selective) s.h2 = k.take<T>(d.n_local * C);
     if (experts) {
       s.moe = k.take<std::byte>(moe_of(d).saved_bytes_rows(d.n_local, sizeof(T)));
       return s;
     }
     s.gu = k.take<T>(d.n * 2 * fp);
-    s.a = k.take<T>(d.n * fp);
+    if (!selective) s.a = k.take<T>(d.n * fp);
+    return s;
+  }
+  // The saved set with, under selective recompute, the RMSNorm and SwiGLU outputs in the workspace: forward writes
+  // them there and backward computes them again there.
+  template <class T, class W>
+  saved_set<T> kept_parts(std::byte* base, const W& ws, const llama_dims& d) const {
+    auto s = saved_parts<T>(base, d);
+    if (selective) s.h1 = ws.kh1, s.h2 = ws.kh2, s.a = ws.ka;
     return s;
   }
   template <class T>
   struct work_set {
     T *full1, *full2, *full3, *part, *dx2, *da, *dgu, *datt, *dqkv, *scratch;
     T *qkv, *dqkv_att, *kv_part, *kv_all;  // ranks sharing key/value heads: their rows, slices and gathered slices
+    T *kh1, *kh2, *ka;                     // selective recompute: the outputs of the RMSNorms and of SwiGLU
     float *tiles, *rope, *moe;
     std::int64_t* positions;
   };
@@ -537,6 +552,11 @@ struct llama_block : detail::split_part {
       w.tiles = k.take<float>(tile_attention_workspace_size(attention(d)));
     }
     w.rope = k.take<float>(2 * rope->positions * rope->half);
+    if (selective) {
+      w.kh1 = k.take<T>(d.n_local * C);
+      w.kh2 = k.take<T>(d.n_local * C);
+      if (!experts) w.ka = k.take<T>(d.n * fp);
+    }
     return w;
   }
   // What a split backward's input pass keeps for its weight pass: the output gradients of down_proj, gate_up_proj,
