@@ -125,8 +125,8 @@ inline double megatron_params(double l, double h, double V, double s) {
 
 // ---- what is priced --------------------------------------------------------------------------------
 
-// nn::gpt's blocks (LayerNorm, multi-head attention, a GELU MLP of 4·d_model) or nn::llama's (RMSNorm, RoPE,
-// grouped-query attention, a SwiGLU MLP of ffn_hidden; no biases, no positions, no experts).
+// nn::gpt's blocks (LayerNorm, multi-head attention, a GELU MLP of 4·d_model or GELU experts) or nn::llama's (RMSNorm,
+// RoPE, grouped-query attention, a SwiGLU MLP of ffn_hidden or SwiGLU experts; no biases, no positions).
 enum class architecture { gpt, llama };
 inline std::string to_string(architecture a) { return a == architecture::gpt ? "gpt" : "llama"; }
 
