@@ -448,9 +448,9 @@ inline corpus load_corpus(const options& o) {
   return {path, std::move(all), std::move(train), std::move(val)};
 }
 
-inline dml::nn::gpt_config model_config(const options& o) {
-  dml::nn::gpt_config g{.vocab = o.vocab, .seq = o.seq, .layers = o.layers, .d_model = o.d_model, .heads = o.heads,
-                        .dropout = o.dropout, .bias = o.bias};
+// The experts' flags into a gpt_config or llama_config (their expert fields share names).
+template <class Config>
+void set_experts(Config& g, const options& o) {
   g.experts = o.experts;
   g.top_k = o.top_k;
   g.capacity_factor = o.capacity_factor;
@@ -461,6 +461,12 @@ inline dml::nn::gpt_config model_config(const options& o) {
   g.shared_experts = o.shared_experts;
   g.sigmoid_router = o.router == "sigmoid";
   g.router_bias_rate = o.router_bias_rate;
+}
+
+inline dml::nn::gpt_config model_config(const options& o) {
+  dml::nn::gpt_config g{.vocab = o.vocab, .seq = o.seq, .layers = o.layers, .d_model = o.d_model, .heads = o.heads,
+                        .dropout = o.dropout, .bias = o.bias};
+  set_experts(g, o);
   g.tie_weights = o.tie;
   return g;
 }

@@ -24,16 +24,7 @@ struct llama_arch {
              .tie_embeddings = o.tie};
     g.rope.theta = o.rope_theta;
     g.rope.scaling = o.rope_scaling;
-    g.experts = o.experts;
-    g.top_k = o.top_k;
-    g.capacity_factor = o.capacity_factor;
-    g.moe_every = o.moe_every;
-    g.aux_loss_weight = o.aux_loss_weight;
-    g.z_loss_weight = o.z_loss_weight;
-    g.expert_ffn = o.expert_ffn.value_or(0);
-    g.shared_experts = o.shared_experts;
-    g.sigmoid_router = o.router == "sigmoid";
-    g.router_bias_rate = o.router_bias_rate;
+    set_experts(g, o);
     g.selective_recompute = o.recompute == "selective";
     return g;
   }
