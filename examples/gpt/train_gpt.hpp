@@ -14,10 +14,13 @@
 #include <fstream>
 #include <iomanip>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <sys/resource.h>
 
 #include "dml/dml.hpp"
 #include "dml/nn/gpt.hpp"
@@ -82,6 +85,7 @@ struct options {
   std::string plan = "manual", memory = "80GiB";
   int max_cp = 0;
   double planned_activations = -1;  // set by --plan auto or --precision auto: the layout's activation bytes per rank
+  bool memory_cap = false;          // --memory given: the layout flags' predicted bytes per rank must fit it
   // One thread per rank by default: at these sizes a second OpenMP thread gains little, and loses badly
   // when another process shares the cores (its threads spin at every barrier).
   int threads = 1;
@@ -214,7 +218,9 @@ inline dml::flags command_line(options& o) {
   f.add("--plan", o.plan, "P", "manual: the layout flags; auto: the fastest layout that fits --memory (dml::cost)")
       .choices({"manual", "auto"});
   f.add("--max-cp", o.max_cp, "C", "--plan auto: also cut sequences over up to C context-parallel ranks").min(0);
-  f.add("--memory", o.memory, "BYTES", "memory per rank for --plan auto and --precision auto (80GiB, 512MiB, ...)")
+  f.add("--memory", o.memory, "BYTES",
+        "memory per rank: what --plan auto and --precision auto fit in; given with the layout flags, the layout's "
+        "predicted bytes per rank must fit it (80GiB, 512MiB, ...)")
       .check([](const std::string& s) {
         try {
           dml::cost::parse_bytes(s);
@@ -349,16 +355,71 @@ inline std::int64_t ffn_hidden(const options& o) {
 // f32, and their share at a micro-batch's rows), copy rate, memory bandwidth and a block's element-wise rate in each
 // precision, measured first for one of `world` ranks of --threads threads sharing this machine, at the model's widths
 // (cost::calibrate_gpt_rank_of).
+inline dml::cost::model cost_model_of(const options& o) {
+  namespace cost = dml::cost;
+  return {.layers = o.layers, .d_model = o.d_model, .heads = o.heads, .seq = o.seq, .vocab = o.vocab, .bias = o.bias,
+          .tie = o.tie, .experts = o.experts, .top_k = o.top_k, .moe_every = o.moe_every,
+          .capacity_factor = o.capacity_factor, .expert_ffn = o.expert_ffn.value_or(0),
+          .shared_experts = o.shared_experts,
+          .arch = o.arch == "llama" ? cost::architecture::llama : cost::architecture::gpt, .kv_heads = o.kv_heads,
+          .ffn_hidden = ffn_hidden(o)};
+}
+inline dml::cost::training cost_training_of(const options& o) {
+  return {.global_batch = o.batch, .prec = o.precision == "bf16" ? dml::cost::precision::bf16 : dml::cost::precision::fp32};
+}
+// The layout the flags give: a schedule the model does not price (a CSV file) is priced as 1F1B.
+inline dml::cost::layout cost_layout_of(const options& o, int world) {
+  namespace cost = dml::cost;
+  return {.dp = data_parallel(o, world), .tp = o.tp, .pp = o.pp, .ep = o.ep, .cp = o.cp,
+          .zero = o.parallel == "replicate" ? 0 : o.parallel.back() - '0', .replicas = o.replicas, .sp = o.sp,
+          .schedule = o.pp == 1 ? "single" : o.schedule.empty() || o.schedule.ends_with(".csv") ? "1f1b" : o.schedule,
+          .micro_batches = o.microbatches,
+          .recomp = o.recompute == "full"        ? cost::recompute::full
+                    : o.recompute == "selective" ? cost::recompute::selective
+                                                 : cost::recompute::none,
+          .cp_all_gather = o.cp_attention == "allgather"};
+}
+
+// The bytes the largest rank of the flags' layout will hold (cost::rank_bytes: what the trainer counts, to the byte),
+// by category, as "params 1.23 MiB, grads ..., total=..." (MiB).
+inline std::string bytes_line(const dml::cost::bytes& b) {
+  char s[320];
+  std::snprintf(s, sizeof s, "params %.2f MiB, grads %.2f, optimizer %.2f, master %.2f, activations %.2f, buffers %.2f, "
+                "workspace %.2f; total=%.2f MiB", b.params / 1048576, b.grads / 1048576, b.optimizer / 1048576,
+                b.master / 1048576, b.activations / 1048576, b.buffers / 1048576, b.workspace / 1048576,
+                b.total() / 1048576);
+  return s;
+}
+
+// --memory given with the layout flags: the layout's predicted bytes per rank must fit it, or the run stops before a
+// step, naming the categories and the first of them (in the order above) past which the sum does not fit.
+inline void check_memory(const options& o, int world) {
+  if (!o.memory_cap || o.plan == "auto" || o.precision == "auto") return;  // the search already keeps to it
+  namespace cost = dml::cost;
+  const double cap = cost::parse_bytes(o.memory);
+  const cost::bytes b = cost::rank_bytes(cost_model_of(o), cost_layout_of(o, world), cost_training_of(o));
+  if (b.total() <= cap) return;
+  const std::pair<const char*, double> parts[] = {{"the parameters", b.params}, {"the gradients", b.grads},
+                                                  {"the optimizer state", b.optimizer}, {"the master weights", b.master},
+                                                  {"the activations", b.activations}, {"the buffers", b.buffers},
+                                                  {"the workspace", b.workspace}};
+  double sum = 0;
+  const char* from = "";
+  for (const auto& [name, v] : parts)
+    if ((sum += v) > cap) {
+      from = name;
+      break;
+    }
+  dml::fail<dml::invalid_argument>("--memory ", o.memory, ": expected the layout's largest rank to fit, found it "
+                                   "predicted to hold ", bytes_line(b), "; it passes the cap at ", from,
+                                   " (more --microbatches, ZeRO, more ranks, --recompute, or --plan auto)");
+}
+
 inline void apply_plan(options& o, int world) {
   if (o.plan != "auto" && o.precision != "auto") return;
   namespace cost = dml::cost;
-  const cost::model m{.layers = o.layers, .d_model = o.d_model, .heads = o.heads, .seq = o.seq, .vocab = o.vocab,
-                      .bias = o.bias, .tie = o.tie, .experts = o.experts, .top_k = o.top_k, .moe_every = o.moe_every,
-                      .capacity_factor = o.capacity_factor, .expert_ffn = o.expert_ffn.value_or(0),
-                      .shared_experts = o.shared_experts,
-                      .arch = o.arch == "llama" ? cost::architecture::llama : cost::architecture::gpt,
-                      .kv_heads = o.kv_heads, .ffn_hidden = ffn_hidden(o)};
-  const cost::training t{.global_batch = o.batch, .prec = o.precision == "bf16" ? cost::precision::bf16 : cost::precision::fp32};
+  const cost::model m = cost_model_of(o);
+  const cost::training t = cost_training_of(o);
   const std::vector<cost::precision> precisions =
       o.precision == "auto" ? std::vector{cost::precision::fp32, cost::precision::bf16} : std::vector{t.prec};
   // The probe's rates at up to 1,024 tokens a sequence: its T×T GPT block would take minutes at long sequences, and
@@ -368,16 +429,7 @@ inline void apply_plan(options& o, int world) {
   c.memory_bytes = cost::parse_bytes(o.memory);
   const auto ranked = cost::search_precisions(t, precisions, [&](const cost::training& u) {
     if (o.plan == "auto") return cost::search_dml(m, u, c, world, o.max_cp);
-    // The layout given: a schedule the model does not price (a CSV file) is priced as 1F1B.
-    const cost::layout given{.dp = data_parallel(o, world), .tp = o.tp, .pp = o.pp, .ep = o.ep, .cp = o.cp,
-                             .zero = o.parallel == "replicate" ? 0 : o.parallel.back() - '0', .replicas = o.replicas,
-                             .sp = o.sp, .schedule = o.pp == 1 ? "single" : o.schedule.empty() || o.schedule.ends_with(".csv") ? "1f1b" : o.schedule,
-                             .micro_batches = o.microbatches,
-                             .recomp = o.recompute == "full"        ? cost::recompute::full
-                                       : o.recompute == "selective" ? cost::recompute::selective
-                                                                    : cost::recompute::none,
-                             .cp_all_gather = o.cp_attention == "allgather"};
-    return std::vector{cost::evaluate_dml(m, given, u, c, world)};
+    return std::vector{cost::evaluate_dml(m, cost_layout_of(o, world), u, c, world)};
   });
   const auto chosen = std::find_if(ranked.begin(), ranked.end(), [](const cost::estimate& e) { return e.fits; });
   if (chosen == ranked.end()) {
@@ -522,30 +574,35 @@ class inference_model {
     }
   }
 
-  // Mean cross-entropy per token of `rows` windows of the text (fixed windows: seed 0, step 0).
-  double loss(const dml::train::text_corpus& text, std::int64_t rows) {
+  // Mean cross-entropy per token of `rows` windows of the text (fixed windows: seed 0, step 0), `micro` windows a
+  // forward (a training micro-batch's rows: evaluation holds no more than a step does).
+  double loss(const dml::train::text_corpus& text, std::int64_t rows, std::int64_t micro) {
     std::vector<float> x(static_cast<std::size_t>(rows * seq_));
     std::vector<std::int32_t> y(x.size());
     text.batch(0, 0, 0, rows, seq_, x.data(), y.data());
-    auto logits = net_.forward(dml::tensor_view<const float>(x.data(), {rows, seq_}), {.training = false});
-    std::vector<float> row_loss(x.size());
-    return dml::nn::softmax_cross_entropy{}.forward_backward<dml::host>(
-        logits, y.data(), dml::tensor_view<float>(nullptr, logits.shape), row_loss.data());
+    std::vector<float> row_loss;
+    double sum = 0;
+    for (std::int64_t r = 0; r < rows; r += micro) {
+      const std::int64_t m = std::min(micro, rows - r);
+      auto logits = net_.forward(dml::tensor_view<const float>(x.data() + r * seq_, {m, seq_}), {.training = false});
+      row_loss.resize(static_cast<std::size_t>(m * seq_));
+      sum += static_cast<double>(m) * dml::nn::softmax_cross_entropy{}.forward_backward<dml::host>(
+                                          logits, y.data() + r * seq_, dml::tensor_view<float>(nullptr, logits.shape),
+                                          row_loss.data());
+    }
+    return sum / static_cast<double>(rows);
   }
 
-  // n tokens after `prompt`, each from the logits of the last position over the last seq tokens:
-  // the most likely one, or one drawn from softmax(logits / temperature).
+  // n tokens after `prompt`, each from the logits of the last position over the window before it: the most likely
+  // one, or one drawn from softmax(logits / temperature). Each token is one token's forward: the window's keys and
+  // values stay in a KV cache (nn::generate; a full window starts again from its last seq/2 tokens).
   std::string generate(std::string_view prompt, std::int64_t n, float temperature, std::uint64_t seed) {
     std::vector<float> tokens;
     for (const char ch : prompt) tokens.push_back(static_cast<float>(static_cast<unsigned char>(ch)));
-    std::string out;
     const dml::rng_stream rng{seed, 0x5a4d504cull};  // its own stream: not the training windows' or dropout's
     std::vector<double> p(static_cast<std::size_t>(vocab_));
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t t = std::min<std::int64_t>(seq_, static_cast<std::int64_t>(tokens.size()));
-      const float* window = tokens.data() + (tokens.size() - static_cast<std::size_t>(t));
-      auto logits = net_.forward(dml::tensor_view<const float>(window, {1, t}), {.training = false});
-      const float* last = logits.data + (t - 1) * vocab_;
+    dml::nn::kv_cache cache(seq_);
+    const auto ids = dml::nn::generate(net_, cache, tokens, n, [&](const float* last, std::int64_t i) {
       std::int64_t next = std::max_element(last, last + vocab_) - last;
       if (temperature > 0.f) {
         const double top = last[next];
@@ -554,9 +611,10 @@ class inference_model {
         double u = static_cast<double>(rng.uniform(static_cast<std::uint64_t>(i))) * sum;
         for (next = 0; next + 1 < vocab_ && u >= p[static_cast<std::size_t>(next)]; ++next) u -= p[static_cast<std::size_t>(next)];
       }
-      tokens.push_back(static_cast<float>(next));
-      out.push_back(static_cast<char>(static_cast<unsigned char>(next)));
-    }
+      return next;
+    });
+    std::string out;
+    for (const float id : ids) out.push_back(static_cast<char>(static_cast<unsigned char>(id)));
     return out;
   }
 
@@ -605,7 +663,10 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   to.replicas = o.replicas;
   to.offload = o.offload;
   to.lr = [&o](std::int64_t s) { return learning_rate(o, s); };
-  dml::trainer<Sharding, dml::optim::adamw, Precision> trainer(comm, model, to, dml::optim::adamw({.lr = o.lr}));
+  // Held by pointer so that what comes after training (val_loss, sampling) runs after its memory is given back.
+  auto held = std::make_unique<dml::trainer<Sharding, dml::optim::adamw, Precision>>(comm, model, to,
+                                                                                    dml::optim::adamw({.lr = o.lr}));
+  auto& trainer = *held;
   if (!o.init.empty() || !o.load_hf.empty()) {
     std::vector<float> full(static_cast<std::size_t>(trainer.layout().total));
     if (!o.init.empty()) dml::train::load_weights(trainer.layout(), full, o.init);
@@ -749,17 +810,31 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
 
   const auto mem = trainer.memory();  // rank 0's: its stage and its tensor-parallel part
   const auto full = trainer.full_parameters();  // collective
+  const dml::nn::param_layout layout = trainer.layout();
+  held.reset();  // gradients, optimizer state and activations: evaluation and sampling hold their own, smaller set
   if (rank != 0) return 0;
-  std::printf("memory per rank (rank 0): params %.2f MiB, grads %.2f, optimizer %.2f, activations at peak %.2f\n",
-              mem.params / 1048576.0, mem.grads / 1048576.0, mem.optimizer / 1048576.0, mem.activations / 1048576.0);
+  // dml's buffers by category; the rest of their high-water mark is workspaces and transients.
+  const std::int64_t listed = mem.params + mem.grads + mem.optimizer + mem.buffers + mem.activations;
+  std::printf("memory per rank (rank 0): params %.2f MiB, grads %.2f, optimizer %.2f, buffers %.2f, activations at peak "
+              "%.2f, workspace and transients %.2f; total=%.2f MiB\n", mem.params / 1048576.0, mem.grads / 1048576.0,
+              mem.optimizer / 1048576.0, mem.buffers / 1048576.0, mem.activations / 1048576.0,
+              static_cast<double>(mem.allocated_peak - listed) / 1048576.0, mem.allocated_peak / 1048576.0);
+  try {
+    if (o.schedule.ends_with(".csv")) dml::fail<dml::invalid_argument>("a schedule file");
+    const auto b = dml::cost::rank_bytes(cost_model_of(o), cost_layout_of(o, world), cost_training_of(o));
+    std::printf("predicted (largest rank): %s\n", bytes_line(b).c_str());
+  } catch (const dml::error& e) {
+    std::printf("predicted (largest rank): not priced (%s)\n", e.what());
+  }
   if (o.planned_activations >= 0)
     std::printf("activation bytes per rank (rank 0): %lld at peak, %.0f planned\n",
                 static_cast<long long>(mem.activations), o.planned_activations);
-  if (!o.save.empty()) dml::train::save_weights(trainer.layout(), full, o.save);
-  Arch::save(o, config, trainer.layout(), full);
-  inference_model<Arch> net(config, trainer.layout(), full);
+  if (!o.save.empty()) dml::train::save_weights(layout, full, o.save);
+  Arch::save(o, config, layout, full);
+  inference_model<Arch> net(config, layout, full);
+  const std::int64_t eval_rows = std::max<std::int64_t>(1, rows / o.microbatches);  // a training micro-batch's
   std::printf("final_loss=%.4f", static_cast<double>(loss));
-  if (text.val) std::printf(" val_loss=%.4f", net.loss(*text.val, val_rows));
+  if (text.val) std::printf(" val_loss=%.4f", net.loss(*text.val, val_rows, eval_rows));
   std::printf(" tokens_per_s=%.0f seconds=%.1f\n",
               train_seconds > 0 ? static_cast<double>((o.steps - resumed_at) * o.batch * o.seq) / train_seconds : 0.0,
               train_seconds);
@@ -794,6 +869,10 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
     std::fwrite(out.data(), 1, out.size(), stdout);
     std::fputc('\n', stdout);
   }
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  std::printf("process peak resident: %.2f MiB (all %d ranks of this process, with code, libraries and the text)\n",
+              static_cast<double>(usage.ru_maxrss) / 1024.0, o.comm == "local" ? world : 1);
   std::fflush(stdout);
   return 0;
 }
@@ -848,8 +927,10 @@ inline int main(int argc, char** argv) {
     }
     options chosen = o;
     if (!o.load_hf.empty()) read_hf_config(chosen);
+    chosen.memory_cap = cli.given("--memory");
     apply_plan(chosen, o.ranks);
     data_parallel(chosen, o.ranks);  // a bad layout fails here, before any rank starts
+    check_memory(chosen, o.ranks);
     int status = 0;
     dml::comm::local::run(o.ranks, [&](dml::comm::local& comm) {
       dml::set_thread_budget(o.threads);

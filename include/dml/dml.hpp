@@ -24,6 +24,7 @@
 #include "dml/nn/embedding.hpp"
 #include "dml/nn/gpt.hpp"
 #include "dml/nn/gradcheck.hpp"
+#include "dml/nn/kv_cache.hpp"
 #include "dml/nn/layer.hpp"
 #include "dml/nn/layernorm.hpp"
 #include "dml/nn/linear.hpp"

@@ -91,12 +91,15 @@ struct gpt_embedding : detail::split_part {
   void forward(const context& c, layer_params<T> p, tensor_view<const Id, S> x, tensor_view<T, S> y) const {
     static_assert(std::same_as<Id, float>, "dml::nn::gpt_embedding: ids arrive as floats");
     check_group(kind, c, ranks());
+    check_cache<S>(kind, c, cp.ranks);
     if constexpr (std::same_as<S, host>) check_ids(x);
     const std::int64_t tokens = x.numel() / cp.ranks, mine = y.rows(), first_id = vocab / ranks() * split.rank;
     const auto drop = dropout_of(c, x.shape[1], y.shape);
     const auto at = place(x.shape[1]);
     if (ranks() == 1) {
-      detail::token_rows<S>(mine, dim, kernels::embed_tokens<T>{x.data, p.w[0], p.w[1], y.data, dim, 0, vocab, 0, at});
+      // Decoding (context::kv): the tokens after the cached ones, their positions from there on.
+      const T* wpe = c.kv ? p.w[1] + c.kv->first_position(x.shape[1]) * dim : p.w[1];
+      detail::token_rows<S>(mine, dim, kernels::embed_tokens<T>{x.data, p.w[0], wpe, y.data, dim, 0, vocab, 0, at});
       if (drop.keep < 1.f)
         detail::token_rows<S>(mine, dim, kernels::residual_dropout<T>{nullptr, y.data, nullptr, y.data, drop});
       return;

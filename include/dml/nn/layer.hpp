@@ -17,6 +17,8 @@
 
 namespace dml::nn {
 
+class kv_cache;  // nn/kv_cache.hpp
+
 // A width that is only known at run time.
 inline constexpr std::int64_t dynamic = -1;
 
@@ -138,6 +140,9 @@ struct context {
   std::int64_t global_batch = 0;  // rows of the step's global batch (0: this call's rows are all of it)
   float loss_scale = 1.f;         // gradients of auxiliary losses are scaled as the main loss's are
   routing_log* routing = nullptr; // where routing layers record their accounting (null: nowhere)
+  // Incremental decoding (nn/kv_cache.hpp): attention layers read the keys and values of earlier positions from it
+  // and add this call's; the input is the tokens after them. Null: every call is whole sequences.
+  kv_cache* kv = nullptr;
 };
 
 // This rank's part of a tensor-parallel group of `ranks`; `sequence`: sequence parallelism too. Layers

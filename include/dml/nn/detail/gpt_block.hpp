@@ -23,6 +23,7 @@
 #include "dml/nn/layer.hpp"
 #include "dml/nn/layernorm.hpp"
 #include "dml/nn/moe.hpp"
+#include "dml/nn/kv_cache.hpp"
 #include "dml/nn/ring_attention.hpp"
 #include "dml/nn/tile_attention.hpp"
 
@@ -150,6 +151,7 @@ struct gpt_block : detail::split_part {
   void forward(const context& c, layer_params<T> p, tensor_view<const T, S> x, tensor_view<T, S> y) const {
     check_group(kind, c, ranks());
     check_ring(c);
+    check_cache<S>(kind, c, cp.ranks);
     const gpt_dims d = dims(x.shape);
     const std::int64_t C = dim, cp_ = dim / ranks(), fp = 4 * dim / ranks(), nl = d.n_local;
     const auto sv = saved_parts<T>(c.saved, d);
@@ -159,7 +161,9 @@ struct gpt_block : detail::split_part {
     for_each_row<S>(nl, kernels::layernorm_forward<T>{x.data, w.ln1_w, w.ln1_b, sv.h1, sv.stats1, C, eps}, C);
     const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full1, nl * C);
     detail::linear_forward<S>(d.n, C, 3 * cp_, h1, w.qkv_w, w.qkv_b, sv.qkv);
-    if (ring())
+    if (c.kv)
+      c.kv->attend<S>(c.layer, attention(d), static_cast<const T*>(sv.qkv), sv.att, sv.lse);
+    else if (ring())
       ring_attention_forward<S>(ring_shape(d), cp, c.cp, static_cast<const T*>(sv.qkv), sv.att, sv.lse, ws.scratch,
                                 c.doc_start);
     else

@@ -245,6 +245,14 @@ struct split_part {
       fail<invalid_argument>("dml::nn::", kind, ": split over ", ranks, " tensor-parallel ranks but the context's group has ",
                              c.tp ? c.tp->size() : 0, " (a trainer with tensor parallelism sets it)");
   }
+  // A KV cache (context::kv) serves one rank's whole model on the host.
+  template <execution_space S>
+  void check_cache(const char* kind, const context& c, int context_ranks) const {
+    if (c.kv && (!std::same_as<S, host> || split.ranks > 1 || context_ranks > 1))
+      fail<invalid_argument>("dml::nn::", kind, ": a KV cache decodes one rank's whole model on the host, found ",
+                             std::same_as<S, host> ? "host" : "device", " space, tensor parallelism over ", split.ranks,
+                             " and context parallelism over ", context_ranks, " ranks");
+  }
   // Full rows from this rank's token rows (sequence parallel: all-gather); otherwise `part` already is.
   template <class T>
   const T* gather(const context& c, const T* part, T* full, std::int64_t n) const {

@@ -21,6 +21,7 @@
 #include "dml/nn/detail/gpt_common.hpp"
 #include "dml/nn/detail/rows.hpp"
 #include "dml/nn/layer.hpp"
+#include "dml/nn/kv_cache.hpp"
 #include "dml/nn/llama_config.hpp"
 #include "dml/nn/moe.hpp"
 #include "dml/nn/ring_attention.hpp"
@@ -242,6 +243,7 @@ struct llama_block : detail::split_part {
   void forward(const context& c, layer_params<T> p, tensor_view<const T, S> x, tensor_view<T, S> y) const {
     check_group(kind, c, ranks());
     check_ring(c);
+    check_cache<S>(kind, c, cp.ranks);
     const llama_dims d = dims(x.shape);
     const std::int64_t C = dim, nl = d.n_local, qw = heads * head_dim / ranks(), qkv_w = width(), fp = ffn / ranks();
     const auto ws = work_parts<T>(c.workspace, d);
@@ -253,8 +255,10 @@ struct llama_block : detail::split_part {
     T* const qkv = shares_kv() ? ws.qkv : sv.qkv;
     detail::linear_forward<S>(d.n, C, qkv_w, h1, w.qkv, static_cast<const T*>(nullptr), qkv);
     if (shares_kv()) gather_kv<S>(c, d, static_cast<const T*>(qkv), ws, sv.qkv);
-    rope_forward<S>(rope_dims(d), sv.qkv, table<S>(ws), positions<S>(ws, d));
-    if (ring())
+    rope_forward<S>(rope_dims(d), sv.qkv, table<S>(ws), c.kv ? c.kv->positions(d.b, d.t) : positions<S>(ws, d));
+    if (c.kv)
+      c.kv->attend<S>(c.layer, attention(d), static_cast<const T*>(sv.qkv), sv.att, sv.lse);
+    else if (ring())
       ring_attention_forward<S>(ring_shape(d), cp, c.cp, static_cast<const T*>(sv.qkv), sv.att, sv.lse, ws.scratch,
                                 c.doc_start);
     else
