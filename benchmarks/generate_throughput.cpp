@@ -2,7 +2,8 @@
 // benchmarks/generate_throughput.cpp — sampling from a GPT or a Llama on the host: N greedy tokens after a prompt,
 // each from a KV cache (nn::generate: one token's forward a token, the prompt in one forward) beside the same tokens
 // each from a forward over the whole window before it (what sampling cost without a cache), in the same run: tokens/s
-// of each and their ratio, the prompt's one forward, and whether both chose the same tokens.
+// of each and their ratio, the prompt's one forward, and whether both chose the same tokens. A cached token's products
+// are matrix-vector: its rate stands beside this machine's streaming rate, measured in the same run.
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "dml/dml.hpp"
+#include "dml/plan/calibrate.hpp"
 
 #include "bench_common.hpp"
 
@@ -25,6 +27,7 @@ struct options {
 
 struct figures {
   double prompt_seconds = 0, token_seconds = 0;  // the prompt's forward; each later token's, averaged
+  double cache_bytes = 0;                         // keys and values a later token reads, on average
   std::vector<float> ids;
 };
 
@@ -42,6 +45,8 @@ figures cached(Net& net, const options& o, const std::vector<float>& prompt) {
   });
   f.prompt_seconds = std::chrono::duration<double>(t1 - t0).count();
   f.token_seconds = dml_bench::seconds_since(t1) / static_cast<double>(std::max<std::int64_t>(1, o.tokens - 1));
+  const double positions = static_cast<double>(std::min(o.seq, o.prompt + o.tokens / 2));
+  f.cache_bytes = static_cast<double>(cache.bytes()) * positions / static_cast<double>(o.seq);
   return f;
 }
 
@@ -73,10 +78,14 @@ void run(const options& o, Model model, const std::vector<float>& prompt) {
   std::printf("%-32s %12.1f %12.1f\n", "tokens/s after the prompt", 1 / w.token_seconds, 1 / c.token_seconds);
   std::printf("speed-up of a token with the cache: %.1fx; the same %lld tokens chosen: %s\n",
               w.token_seconds / c.token_seconds, static_cast<long long>(o.tokens), w.ids == c.ids ? "yes" : "no");
-  // A cached token reads every weight once: at one token a call its products are matrix-vector, bound by memory.
-  const double weight_bytes = 4.0 * static_cast<double>(net.params().size());
-  std::printf("a cached token reads the %.1f MB of weights once: %.1f GB/s\n", weight_bytes / 1e6,
-              weight_bytes / c.token_seconds / 1e9);
+  // A cached token reads every weight once and the cached keys and values before it: at one token a call its products
+  // are matrix-vector, bound by memory. The roofline: this machine's streaming rate, dml's AdamW update over as many
+  // floats as the weights in the same run.
+  const double weight_bytes = 4.0 * static_cast<double>(net.params().size()), read = weight_bytes + c.cache_bytes;
+  const double stream = dml::cost::detail::update_bandwidth(static_cast<std::int64_t>(net.params().size()), 1, o.threads);
+  std::printf("a cached token reads %.1f MB of weights and %.1f MB of keys and values (on average): %.1f GB/s, %.0f%% "
+              "of the %.1f GB/s dml's AdamW update streams here\n", weight_bytes / 1e6, c.cache_bytes / 1e6,
+              read / c.token_seconds / 1e9, 100 * read / c.token_seconds / stream, stream / 1e9);
 }
 
 }  // namespace
