@@ -819,10 +819,12 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
               "%.2f, workspace and transients %.2f; total=%.2f MiB\n", mem.params / 1048576.0, mem.grads / 1048576.0,
               mem.optimizer / 1048576.0, mem.buffers / 1048576.0, mem.activations / 1048576.0,
               static_cast<double>(mem.allocated_peak - listed) / 1048576.0, mem.allocated_peak / 1048576.0);
+  double predicted = -1;  // the largest rank's bytes
   try {
     if (o.schedule.ends_with(".csv")) dml::fail<dml::invalid_argument>("a schedule file");
     const auto b = dml::cost::rank_bytes(cost_model_of(o), cost_layout_of(o, world), cost_training_of(o));
     std::printf("predicted (largest rank): %s\n", bytes_line(b).c_str());
+    predicted = b.total();
   } catch (const dml::error& e) {
     std::printf("predicted (largest rank): not priced (%s)\n", e.what());
   }
@@ -869,10 +871,17 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
     std::fwrite(out.data(), 1, out.size(), stdout);
     std::fputc('\n', stdout);
   }
+  // The process's high-water mark: its ranks' tensors, and the code, libraries, stacks, scratch and text beside them.
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  std::printf("process peak resident: %.2f MiB (all %d ranks of this process, with code, libraries and the text)\n",
-              static_cast<double>(usage.ru_maxrss) / 1024.0, o.comm == "local" ? world : 1);
+  const int ranks_here = o.comm == "local" ? world : 1;
+  const double peak = static_cast<double>(usage.ru_maxrss) * 1024.0;
+  std::printf("process peak resident: %.2f MiB (all %d ranks of this process, with code, libraries and the text)",
+              peak / 1048576.0, ranks_here);
+  if (predicted >= 0)
+    std::printf("; predicted %.2f MiB for its ranks (the largest's × %d), %.2f MiB over", predicted * ranks_here / 1048576.0,
+                ranks_here, (peak - predicted * ranks_here) / 1048576.0);
+  std::printf("\n");
   std::fflush(stdout);
   return 0;
 }

@@ -14,6 +14,8 @@
 #   moe      a mixture of experts prints and logs its per-step accounting: tokens and drops per expert, all-to-all
 #            bytes, load imbalance, and the auxiliary losses
 #   plan     --plan auto --max-cp 2 on one long Llama sequence: the activation bytes planned are the trainer's
+#   memory   the process's peak through training, val_loss, sampling, a checkpoint and a resume is at most the plan's
+#            bytes for its ranks plus a fixed allowance (one rank, zero3, pp 2, tp 2)
 #   llama    --arch llama with grouped-query attention and --documents learns; its weights saved in Hugging Face's
 #            layout (--save-hf) load back (--load-hf) to the same val_loss, llama2.c's checkpoint has its size, and
 #            GPT-only and Llama-only flags are refused
@@ -418,6 +420,36 @@ elseif(MODE STREQUAL "resume")
   endforeach()
   expect_error("--resume [^ ]*/ckpt: the checkpoint is at step 6; expected --steps >= 6, found 4"
                ${small} --steps 4 --dropout 0.1 --experts 4 --moe-every 1 --resume ${WORK}/ckpt)
+elseif(MODE STREQUAL "memory")
+  # The process's peak resident set through training, val_loss, sampling, a checkpoint's save and a resume from it
+  # is at most the plan's bytes for its ranks plus a fixed allowance for what is not dml's tensors (code, libraries,
+  # thread stacks, oneDNN's scratch, comm::local's staging, the text): 96 MiB and 32 MiB a rank, set from 31-124 MiB
+  # measured on a Zen 3 (benchmarks/README.md, examples); these runs were 37-86 MiB over there.
+  set(i 0)
+  foreach(layout "--ranks;1" "--ranks;2;--parallel;zero3" "--ranks;2;--pp;2;--microbatches;4" "--ranks;2;--tp;2")
+    math(EXPR i "${i} + 1")
+    set(model --layers 2 --d-model 256 --heads 4 --seq 256 --batch 16 --sample 50 ${layout})
+    foreach(run save resume)
+      if(run STREQUAL "save")
+        run_gpt(out ${model} --steps 2 --checkpoint ${WORK}/ckpt${i})
+      else()
+        run_gpt(out ${model} --steps 3 --resume ${WORK}/ckpt${i})
+      endif()
+      if(NOT out MATCHES "process peak resident: ([0-9.]+) MiB \\(all ([0-9]+) ranks[^\n]*; predicted ([0-9.]+) MiB for its ranks[^\n]*, (-?[0-9.]+) MiB over\n")
+        message(FATAL_ERROR "expected the process's peak beside the plan's bytes, found:\n${out}")
+      endif()
+      set(peak ${CMAKE_MATCH_1})
+      set(ranks ${CMAKE_MATCH_2})
+      set(predicted ${CMAKE_MATCH_3})
+      set(over ${CMAKE_MATCH_4})
+      string(REGEX REPLACE "\\..*" "" over_int "${over}")
+      math(EXPR allowance "96 + 32 * ${ranks}")
+      if(over_int GREATER_EQUAL allowance)
+        message(FATAL_ERROR "${layout} (${run}): the process peaked at ${peak} MiB, ${over} MiB over the plan's ${predicted} MiB; expected at most ${allowance} MiB over")
+      endif()
+      message(STATUS "${layout} (${run}): peak ${peak} MiB, the plan's ${predicted} MiB, ${over} over (allowance ${allowance})")
+    endforeach()
+  endforeach()
 elseif(MODE STREQUAL "plan")
   # --plan auto --max-cp 2 on one Llama sequence of 2,048 tokens over 2 ranks: it cannot split over data-parallel
   # ranks, so the plan cuts it by tensor (and sequence) or context parallelism; the activation bytes the plan predicts
@@ -440,5 +472,5 @@ elseif(MODE STREQUAL "plan")
   endif()
   message(STATUS "${layout}: ${planned} activation bytes per rank, planned and at peak")
 else()
-  message(FATAL_ERROR "MODE: expected train, weights, sample, errors, moe, layout, resume, llama or plan, found '${MODE}'")
+  message(FATAL_ERROR "MODE: expected train, weights, sample, errors, moe, layout, resume, llama, memory or plan, found '${MODE}'")
 endif()
