@@ -809,6 +809,7 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   if (log) log.close();
 
   const auto mem = trainer.memory();  // rank 0's: its stage and its tensor-parallel part
+  trainer.release_activations();  // the whole model's gather below holds memory of its own
   const auto full = trainer.full_parameters();  // collective
   const dml::nn::param_layout layout = trainer.layout();
   held.reset();  // gradients, optimizer state and activations: evaluation and sampling hold their own, smaller set

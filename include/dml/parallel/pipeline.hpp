@@ -132,6 +132,15 @@ class pipeline {
     return b;
   }
 
+  // Gives back the activation storage kept for the next step (held_bytes: the sets' tensors, the gradients' and the
+  // handoff's copies); the next step allocates it again. Between steps only (after end_step).
+  void release_storage() {
+    micro_.clear();
+    for (auto& chunk : spare_) chunk.clear();
+    for (auto& chunk : spare_gradients_) chunk.clear();
+    handoff_ = {};
+  }
+
   // The groups and settings every layer call of this rank sees besides tensor parallelism: expert, context
   // and data groups (nn::context's fields of those names), and the routing log that MoE layers fill.
   void set_layer_context(const nn::context& groups) { groups_ = groups; }

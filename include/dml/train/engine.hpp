@@ -51,6 +51,7 @@ struct engine_base {
   virtual const schedule::table& schedule_table(std::int64_t micro_batches) = 0;
   virtual const parallel::program& program(std::int64_t micro_batches) = 0;
   virtual std::pair<std::int64_t, std::int64_t> activation_peaks() const = 0;  // bytes, sets
+  virtual void release_activations() = 0;
   virtual const nn::rank_group* tensor_parallel_group() const = 0;            // null without tensor parallelism
 };
 
@@ -227,6 +228,10 @@ class engine final : public engine_base<Space> {
   const schedule::table& schedule_table(std::int64_t m) override { return place_.table(m); }
   const parallel::program& program(std::int64_t m) override { return place_.program(m, !ties_.empty()); }
   std::pair<std::int64_t, std::int64_t> activation_peaks() const override { return {pipe_.peak_bytes(), pipe_.peak_sets()}; }
+  void release_activations() override {
+    const memory_account::charging charge(&account_);
+    pipe_.release_storage();
+  }
 
   void save_checkpoint(const std::filesystem::path& dir, const std::map<std::string, std::string>& user) override {
     const memory_account::charging charge(&account_);

@@ -85,6 +85,10 @@ class trainer {
   // Of the last step on this rank: the most activation bytes and (micro-batch, chunk) sets held at once.
   std::int64_t peak_activation_bytes() const { return engine_->activation_peaks().first; }
   std::int64_t peak_in_flight() const { return engine_->activation_peaks().second; }
+  // Gives back the activation storage this rank keeps between steps (memory().activations_held; the next step
+  // allocates it again): before what comes after training (a gather of the whole model, evaluation, sampling) holds
+  // memory of its own. Not collective.
+  void release_activations() { engine_->release_activations(); }
   // The tensor-parallel group the layers talk to, with its per-pass call counts; null without one.
   const nn::rank_group* tensor_parallel_group() const { return engine_->tensor_parallel_group(); }
 
