@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Builds and runs one consumer project of dml (cmake -P). MODE=find-package installs the current
-# build tree into PREFIX first and builds tests/find-package against that prefix;
-# MODE=add-subdirectory builds tests/add-subdirectory against the source tree. Each also builds and runs
-# examples of examples/learn, which use dml's public names only: find-package 01 and 04, add-subdirectory 02.
+# build tree into PREFIX first and builds tests/find-package against that prefix (and examples/learn's first
+# program, which uses dml's public names only); MODE=add-subdirectory builds tests/add-subdirectory against the
+# source tree.
 # Inputs: MODE, DML_SOURCE_DIR, DML_BINARY_DIR, WORK_DIR, GENERATOR, CXX_COMPILER, BUILD_TYPE;
 # for find-package also PREFIX, and HAVE_MPI / HAVE_CUDA to check that the mpi and cuda
 # components load their dependencies.
@@ -91,12 +91,7 @@ if(NOT configure_rc EQUAL 0)
 endif()
 step("building the consumer" ${CMAKE_COMMAND} --build ${bin} --config ${BUILD_TYPE})
 step("running the consumer" ${bin}/consumer)
-# The learn examples it built, as their tests run them (each a second or two); a failed check exits non-zero.
+# The learn example it built, as its test runs it (a second); a failed check exits non-zero.
 if(MODE STREQUAL "find-package")
-  set(learn 01_one_rank 04_custom_layer)
-else()
-  set(learn 02_ddp_threads)
+  step("running learn_01_one_rank" ${bin}/learn_01_one_rank)
 endif()
-foreach(name IN LISTS learn)
-  step("running learn_${name}" ${bin}/learn_${name})
-endforeach()

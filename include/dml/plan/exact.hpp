@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -73,12 +74,13 @@ state_bytes model_states(const nn::sequential<L...>& model, const rank_sharding&
   state_bytes s{.numel = lay.numel, .padded = lay.total};
   // This rank's slots of each tie (the tied copy and its target), as parallel::find_ties finds them.
   std::vector<std::size_t> tied;
-  const auto whole = nn::make_layout(model, nn::param_layout::alignment * r.shards.dense);
-  for (const auto& ws : whole.slots) {
-    if (ws.spec.tied_to.empty()) continue;
-    for (std::size_t i = 0; i < lay.slots.size(); ++i)
-      if (lay.slots[i].id == ws.id || lay.slots[i].id == ws.init_id) tied.push_back(i);
-  }
+  const auto targets = parallel::detail::tie_targets(model);
+  if (!targets.empty())
+    for (const auto& ws : nn::make_layout(model, nn::param_layout::alignment * r.shards.dense).slots) {
+      if (ws.spec.tied_to.empty()) continue;
+      for (std::size_t i = 0; i < lay.slots.size(); ++i)
+        if (lay.slots[i].id == ws.id || lay.slots[i].id == ws.init_id) tied.push_back(i);
+    }
   if (r.zero == 0) {  // parallel::replicate: whole copies, the float master weights of mixed precision beside them
     s.params = s.grads = lay.total * w;
     s.master = mixed ? lay.total * f : 0;
@@ -88,7 +90,7 @@ state_bytes model_states(const nn::sequential<L...>& model, const rank_sharding&
   }
   const auto plan = parallel::make_buckets(lay, model.depth(),
                                            static_cast<std::int64_t>(r.bucket_mb * 1024.0 * 1024.0 / sizeof(float)),
-                                           r.shards, r.chunks, parallel::tied_slots(lay, parallel::detail::tie_targets(model)));
+                                           r.shards, r.chunks, parallel::tied_slots(lay, targets));
   for (auto i : tied)  // a tied slot and its target are each a run alone: the piece is this rank's part of it
     for (const auto& b : plan.buckets)
       for (const auto& rn : b.runs)
@@ -282,10 +284,13 @@ std::int64_t step_buffers(const nn::sequential<L...>& model, const schedule::tab
   const int last = static_cast<int>(chunks.size()) * stages - 1;
   const auto sets = detail::sets_in_flight(t, rank, chunks.size()), copies = detail::gradient_copies(t, rank, chunks.size());
   std::int64_t widest = 0, rows = 0, work = 0, kept = 0, loss_rows = 0;
+  std::set<std::int64_t> seen;  // the micro-batches' row counts (two at most): each walked once, the first and last
+  std::vector<dml::shape> shapes;  // per layer: its input at this micro-batch's rows
   for (std::int64_t m = 0; m < m_count; ++m) {
     dml::shape in = x;
     in[0] = x[0] * (m + 1) / m_count - x[0] * m / m_count;
-    std::vector<dml::shape> shapes;  // per layer: its input at this micro-batch's rows
+    if (!seen.insert(in[0]).second && m != m_count - 1) continue;
+    shapes.clear();
     model.for_each_layer([&](std::size_t, const auto& l) {
       shapes.push_back(in);
       in = l.output_shape(in);
@@ -319,19 +324,22 @@ std::int64_t pipeline_transient_peak(const nn::sequential<L...>& model, const sc
                                      std::span<const nn::layer_range> chunks, dml::shape x, std::int64_t working_bytes,
                                      bool recompute) {
   detail::set_sizes full(model, t, chunks, x, working_bytes, false), kept(model, t, chunks, x, working_bytes, true);
+  std::map<std::pair<std::int64_t, int>, std::int64_t> split_kept;  // per (rows, chunk): a split backward's bytes
   auto transient = [&](const schedule::action& a) {
     std::int64_t b = recompute ? full(a.micro, a.chunk) - kept(a.micro, a.chunk) : 0;
     if (a.kind != schedule::op::backward_input) return b;
     const auto range = chunks[static_cast<std::size_t>(a.chunk)];
     dml::shape y = x;
     y[0] = x[0] * (a.micro + 1) / t.micro_batches - x[0] * a.micro / t.micro_batches;
-    model.for_each_layer([&](std::size_t i, const auto& l) {
-      const dml::shape in = y;
-      y = l.output_shape(y);
-      if (range.contains(i) && nn::splits_backward_v<std::remove_cvref_t<decltype(l)>>)
-        b += nn::split_kept_elements(l, in, y, static_cast<std::size_t>(working_bytes)) * working_bytes;
-    });
-    return b;
+    auto [at, fresh] = split_kept.try_emplace({y[0], a.chunk}, 0);
+    if (fresh)
+      model.for_each_layer([&](std::size_t i, const auto& l) {
+        const dml::shape in = y;
+        y = l.output_shape(y);
+        if (range.contains(i) && nn::splits_backward_v<std::remove_cvref_t<decltype(l)>>)
+          at->second += nn::split_kept_elements(l, in, y, static_cast<std::size_t>(working_bytes)) * working_bytes;
+      });
+    return b + at->second;
   };
   std::int64_t live = 0, peak = 0;
   std::map<std::pair<int, int>, std::int64_t> until_weight;  // per set: what its input pass holds until its weight pass
@@ -401,6 +409,30 @@ inline bytes rank_bytes(const model& m, const layout& l, const training& t) {
   if (m.is_llama()) return detail::rank_bytes(nn::llama(llama_config_of(m, l.recomp == recompute::selective)), m.seq, l, t);
   return detail::rank_bytes(nn::gpt(gpt_config_of(m)), m.seq, l, t);
 }
+
+namespace detail {
+// rank_bytes for many layouts of one model: each whole model (a GPT, a Llama with and without selective recompute)
+// built once and copied for each layout, its RoPE table shared, rather than built again (at 126 blocks and 8,192
+// positions, building a Llama took as long as its bytes).
+class rank_bytes_of {
+ public:
+  explicit rank_bytes_of(const model& m) : m_(m) {}
+  bytes operator()(const layout& l, const training& t) {
+    if (!m_.is_llama()) {
+      if (!gpt_) gpt_.emplace(nn::gpt(gpt_config_of(m_)));
+      return detail::rank_bytes(*gpt_, m_.seq, l, t);
+    }
+    auto& whole = llama_[l.recomp == recompute::selective ? 1 : 0];
+    if (!whole) whole.emplace(nn::llama(llama_config_of(m_, l.recomp == recompute::selective)));
+    return detail::rank_bytes(*whole, m_.seq, l, t);
+  }
+
+ private:
+  model m_;
+  std::optional<nn::gpt_model> gpt_;
+  std::optional<nn::llama_model> llama_[2];
+};
+}  // namespace detail
 [[deprecated("dml::cost::gpt_rank_bytes is rank_bytes")]] inline bytes gpt_rank_bytes(const model& m, const layout& l,
                                                                                    const training& t) {
   return rank_bytes(m, l, t);
@@ -410,7 +442,9 @@ inline bytes rank_bytes(const model& m, const layout& l, const training& t) {
 // trainer will hold, to the byte. Selective recomputation is a Llama block's (llama_config::selective_recompute); a GPT
 // recomputes a whole stage or nothing, so a GPT layout that asks for it is refused, as one the trainer refuses is. A
 // model known by its parameter count keeps evaluate()'s model states.
-inline estimate evaluate_dml(const model& m, const layout& l, const training& t, const cluster& c, int devices = 0) {
+namespace detail {
+template <class Bytes>
+estimate evaluate_dml(const model& m, const layout& l, const training& t, const cluster& c, int devices, Bytes&& bytes_of) {
   estimate e = evaluate(m, l, t, c, devices);
   if (!m.is_transformer() || !refusal(m, l, t, devices).empty()) return e;
   e.fits = false;
@@ -419,7 +453,7 @@ inline estimate evaluate_dml(const model& m, const layout& l, const training& t,
     return e;
   }
   try {
-    e.per_rank = rank_bytes(m, l, t);
+    e.per_rank = bytes_of(l, t);
   } catch (const dml::error& x) {
     e.why = x.what();
     return e;
@@ -427,12 +461,18 @@ inline estimate evaluate_dml(const model& m, const layout& l, const training& t,
   check_fit(e, c);
   return e;
 }
+}  // namespace detail
+
+inline estimate evaluate_dml(const model& m, const layout& l, const training& t, const cluster& c, int devices = 0) {
+  return detail::evaluate_dml(m, l, t, c, devices, detail::rank_bytes_of(m));
+}
 
 // search() with evaluate_dml's bytes: the layouts dml runs, ranked by what they will hold.
 inline std::vector<estimate> search_dml(const model& m, const training& t, const cluster& c, int devices,
                                         std::int64_t micro_batch, int max_cp = 1) {
   auto out = search(m, t, c, devices, micro_batch, max_cp);
-  for (auto& e : out) e = evaluate_dml(m, e.lay, t, c, devices);
+  detail::rank_bytes_of bytes_of(m);
+  for (auto& e : out) e = detail::evaluate_dml(m, e.lay, t, c, devices, bytes_of);
   rank_estimates(out);
   return out;
 }
