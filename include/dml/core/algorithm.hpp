@@ -9,7 +9,6 @@
 #include "dml/core/config.hpp"
 #include "dml/core/space.hpp"
 
-#include <thrust/functional.h>
 #if defined(_OPENMP)
 #  include <omp.h>
 #endif
@@ -183,7 +182,18 @@ DML_HOST_DEVICE void sum_rows_block(const T* x, std::int64_t ld, std::int64_t fi
 // reduce(op, init, f(0), ..., f(n-1)); op must be associative and commutative. On the host each thread
 // folds one contiguous chunk and the chunks are folded in order, so a result depends on the thread
 // budget only through the grouping of the sum (Thrust's OpenMP reduce trips UBSan, hence plain loops).
-template <execution_space Space, class T, class F, class Op = thrust::plus<T>>
+// The reductions transform_reduce_index folds with, in both spaces (Thrust's own would bring its headers into every
+// host unit).
+struct plus_op {
+  template <class T>
+  DML_HOST_DEVICE T operator()(const T& a, const T& b) const { return a + b; }
+};
+struct max_op {
+  template <class T>
+  DML_HOST_DEVICE T operator()(const T& a, const T& b) const { return a < b ? b : a; }
+};
+
+template <execution_space Space, class T, class F, class Op = plus_op>
 T transform_reduce_index(std::int64_t n, F f, T init, Op op = {}) {
   if (n <= 0) return init;
   if constexpr (std::same_as<Space, host>) {

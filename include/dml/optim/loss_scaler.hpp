@@ -33,7 +33,7 @@ struct count_nonfinite {
 // tells: it is finite exactly when every gradient is (see optim/clip.hpp).
 template <execution_space S, float_like T>
 bool has_nonfinite(const T* p, std::int64_t n) {
-  return transform_reduce_index<S>(n, kernels::count_nonfinite<T>{p}, 0, thrust::maximum<int>{}) != 0;
+  return transform_reduce_index<S>(n, kernels::count_nonfinite<T>{p}, 0, dml::max_op{}) != 0;
 }
 
 // The scale multiplies the loss before backward so that small gradients survive in 16 bits; the

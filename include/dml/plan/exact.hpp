@@ -331,15 +331,16 @@ std::int64_t pipeline_transient_peak(const nn::sequential<L...>& model, const sc
     const auto range = chunks[static_cast<std::size_t>(a.chunk)];
     dml::shape y = x;
     y[0] = x[0] * (a.micro + 1) / t.micro_batches - x[0] * a.micro / t.micro_batches;
-    auto [at, fresh] = split_kept.try_emplace({y[0], a.chunk}, 0);
+    const auto [at, fresh] = split_kept.try_emplace({y[0], a.chunk}, 0);
+    std::int64_t& bytes = at->second;  // (clang 14 cannot capture a structured binding)
     if (fresh)
       model.for_each_layer([&](std::size_t i, const auto& l) {
         const dml::shape in = y;
         y = l.output_shape(y);
         if (range.contains(i) && nn::splits_backward_v<std::remove_cvref_t<decltype(l)>>)
-          at->second += nn::split_kept_elements(l, in, y, static_cast<std::size_t>(working_bytes)) * working_bytes;
+          bytes += nn::split_kept_elements(l, in, y, static_cast<std::size_t>(working_bytes)) * working_bytes;
       });
-    return b + at->second;
+    return b + bytes;
   };
   std::int64_t live = 0, peak = 0;
   std::map<std::pair<int, int>, std::int64_t> until_weight;  // per set: what its input pass holds until its weight pass

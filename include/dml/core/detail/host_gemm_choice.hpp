@@ -32,7 +32,7 @@
 #  include <filesystem>
 #  include <functional>
 #  if defined(__x86_64__) || defined(__i386__)
-#    include <immintrin.h>
+#    include <emmintrin.h>  // _mm_clflush, _mm_mfence (SSE2); <immintrin.h> would add 50,000 lines to every unit
 #  endif
 
 #  include "dml/core/detail/host_blas.hpp"
