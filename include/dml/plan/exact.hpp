@@ -284,7 +284,7 @@ std::int64_t step_buffers(const nn::sequential<L...>& model, const schedule::tab
   const int last = static_cast<int>(chunks.size()) * stages - 1;
   const auto sets = detail::sets_in_flight(t, rank, chunks.size()), copies = detail::gradient_copies(t, rank, chunks.size());
   std::int64_t widest = 0, rows = 0, work = 0, kept = 0, loss_rows = 0;
-  std::set<std::int64_t> seen;  // the micro-batches' row counts (two at most): each walked once, the first and last
+  std::set<std::int64_t> seen;  // micro-batch row counts walked (two at most); the last micro-batch always is
   std::vector<dml::shape> shapes;  // per layer: its input at this micro-batch's rows
   for (std::int64_t m = 0; m < m_count; ++m) {
     dml::shape in = x;
@@ -400,32 +400,22 @@ bytes rank_bytes(nn::sequential<L...> part, std::int64_t seq, const layout& l, c
   }
   return most;
 }
-}  // namespace detail
 
-// dml's own bytes for its GPT (nn::gpt) or Llama (nn::llama) under layout l: of the ranks the trainer places (every
-// pipeline stage; the ranks of a tensor, expert or context group hold equal parts), the one holding the most, as its
-// memory() and activation peak will report them after a step: model states, ZeRO's buffers and the schedule's
-// in-flight activations. Throws dml::error where the trainer would refuse the layout.
-inline bytes rank_bytes(const model& m, const layout& l, const training& t) {
-  if (m.is_llama()) return detail::rank_bytes(nn::llama(llama_config_of(m, l.recomp == recompute::selective)), m.seq, l, t);
-  return detail::rank_bytes(nn::gpt(gpt_config_of(m)), m.seq, l, t);
-}
-
-namespace detail {
-// rank_bytes for many layouts of one model: each whole model (a GPT, a Llama with and without selective recompute)
-// built once and copied for each layout, its RoPE table shared, rather than built again (at 126 blocks and 8,192
-// positions, building a Llama took as long as its bytes).
+// rank_bytes for the layouts of one model: each whole model (a GPT, a Llama with and without selective recompute)
+// built on first use and copied for each layout, its RoPE table shared (at 126 blocks and 8,192 positions, building a
+// Llama for every layout took as long as its bytes).
 class rank_bytes_of {
  public:
   explicit rank_bytes_of(const model& m) : m_(m) {}
   bytes operator()(const layout& l, const training& t) {
     if (!m_.is_llama()) {
       if (!gpt_) gpt_.emplace(nn::gpt(gpt_config_of(m_)));
-      return detail::rank_bytes(*gpt_, m_.seq, l, t);
+      return rank_bytes(*gpt_, m_.seq, l, t);
     }
-    auto& whole = llama_[l.recomp == recompute::selective ? 1 : 0];
-    if (!whole) whole.emplace(nn::llama(llama_config_of(m_, l.recomp == recompute::selective)));
-    return detail::rank_bytes(*whole, m_.seq, l, t);
+    const bool selective = l.recomp == recompute::selective;
+    auto& whole = llama_[selective ? 1 : 0];
+    if (!whole) whole.emplace(nn::llama(llama_config_of(m_, selective)));
+    return rank_bytes(*whole, m_.seq, l, t);
   }
 
  private:
@@ -434,18 +424,21 @@ class rank_bytes_of {
   std::optional<nn::llama_model> llama_[2];
 };
 }  // namespace detail
+
+// dml's own bytes for its GPT (nn::gpt) or Llama (nn::llama) under layout l: of the ranks the trainer places (every
+// pipeline stage; the ranks of a tensor, expert or context group hold equal parts), the one holding the most, as its
+// memory() and activation peak will report them after a step: model states, ZeRO's buffers and the schedule's
+// in-flight activations. Throws dml::error where the trainer would refuse the layout.
+inline bytes rank_bytes(const model& m, const layout& l, const training& t) { return detail::rank_bytes_of(m)(l, t); }
 [[deprecated("dml::cost::gpt_rank_bytes is rank_bytes")]] inline bytes gpt_rank_bytes(const model& m, const layout& l,
                                                                                    const training& t) {
   return rank_bytes(m, l, t);
 }
 
-// evaluate() with dml's own bytes (rank_bytes) in place of the papers' formulas, for a GPT or a Llama: what the
-// trainer will hold, to the byte. Selective recomputation is a Llama block's (llama_config::selective_recompute); a GPT
-// recomputes a whole stage or nothing, so a GPT layout that asks for it is refused, as one the trainer refuses is. A
-// model known by its parameter count keeps evaluate()'s model states.
 namespace detail {
-template <class Bytes>
-estimate evaluate_dml(const model& m, const layout& l, const training& t, const cluster& c, int devices, Bytes&& bytes_of) {
+// evaluate_dml with the bytes of `bytes_of`, which keeps its whole models for the next layout.
+inline estimate evaluate_dml(const model& m, const layout& l, const training& t, const cluster& c, int devices,
+                             rank_bytes_of& bytes_of) {
   estimate e = evaluate(m, l, t, c, devices);
   if (!m.is_transformer() || !refusal(m, l, t, devices).empty()) return e;
   e.fits = false;
@@ -464,8 +457,13 @@ estimate evaluate_dml(const model& m, const layout& l, const training& t, const 
 }
 }  // namespace detail
 
+// evaluate() with dml's own bytes (rank_bytes) in place of the papers' formulas, for a GPT or a Llama: what the
+// trainer will hold, to the byte. Selective recomputation is a Llama block's (llama_config::selective_recompute); a GPT
+// recomputes a whole stage or nothing, so a GPT layout that asks for it is refused, as one the trainer refuses is. A
+// model known by its parameter count keeps evaluate()'s model states.
 inline estimate evaluate_dml(const model& m, const layout& l, const training& t, const cluster& c, int devices = 0) {
-  return detail::evaluate_dml(m, l, t, c, devices, detail::rank_bytes_of(m));
+  detail::rank_bytes_of bytes_of(m);
+  return detail::evaluate_dml(m, l, t, c, devices, bytes_of);
 }
 
 // search() with evaluate_dml's bytes: the layouts dml runs, ranked by what they will hold.
