@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
       .choices({"gpt", "llama", "params"});
   cli.add("--preset", preset, "NAME",
           "a published model, its sizes the defaults of the flags below: llama3-8b, llama3-70b or llama3-405b "
-          "(Llama 3, sequence 8,192)")
+          "(Llama 3, sequence 8,192), deepseek-v3 (sequence 4,096)")
       .choices(cost::preset_names());
   cli.add("--layers", m.layers, "L", "transformer blocks").min(1);
   cli.add("--d-model", m.d_model, "H", "hidden size").min(1);
@@ -87,6 +87,15 @@ int main(int argc, char** argv) {
   cli.add("--top-k", m.top_k, "K", "experts per token").min(1);
   cli.add("--moe-every", m.moe_every, "N", "every N-th block is MoE").min(1);
   cli.add("--capacity-factor", m.capacity_factor, "C", "tokens an expert takes: C·tokens·k/E (<= 0: all)");
+  cli.add("--expert-ffn", m.expert_ffn, "F", "each expert's width (0: the dense MLP's)").min(0);
+  cli.add("--shared-experts", m.shared_experts, "S", "one MLP of S·expert-ffn beside the routed experts").min(0);
+  cli.add_switch("--sigmoid-router", m.sigmoid_router, "the router's scores are sigmoids (DeepSeek-V3), not a softmax");
+  cli.add("--first-dense", m.first_dense, "N", "the first N blocks keep the dense MLP").min(0);
+  cli.add("--kv-lora-rank", m.kv_lora_rank, "R", "a Llama's latent attention: the key/value latent (0: none)").min(0);
+  cli.add("--q-lora-rank", m.q_lora_rank, "R", "latent attention's query latent (0: none)").min(0);
+  cli.add("--qk-nope-dim", m.qk_nope_dim, "D", "latent attention: a head's query/key columns without position").min(0);
+  cli.add("--qk-rope-dim", m.qk_rope_dim, "D", "latent attention: a head's query/key columns RoPE turns").min(0);
+  cli.add("--v-head-dim", m.v_head_dim, "D", "latent attention: a head's value width").min(0);
   cli.add("--params", params, "N", "parameter count (model states only, no activations); implies --model params").min(0);
   cli.add("--batch", batch, "B", "global batch, sequences per step").min(1);
   cli.add("--micro-batch", micro_batch, "b",
@@ -153,6 +162,19 @@ int main(int argc, char** argv) {
       keep("--ffn-hidden", m.ffn_hidden, p.ffn_hidden);
       keep("--seq", m.seq, p.seq);
       keep("--vocab", m.vocab, p.vocab);
+      keep("--experts", m.experts, p.experts);
+      keep("--top-k", m.top_k, p.top_k);
+      keep("--moe-every", m.moe_every, p.moe_every);
+      keep("--capacity-factor", m.capacity_factor, p.capacity_factor);
+      keep("--expert-ffn", m.expert_ffn, p.expert_ffn);
+      keep("--shared-experts", m.shared_experts, p.shared_experts);
+      keep("--sigmoid-router", m.sigmoid_router, p.sigmoid_router);
+      keep("--first-dense", m.first_dense, p.first_dense);
+      keep("--kv-lora-rank", m.kv_lora_rank, p.kv_lora_rank);
+      keep("--q-lora-rank", m.q_lora_rank, p.q_lora_rank);
+      keep("--qk-nope-dim", m.qk_nope_dim, p.qk_nope_dim);
+      keep("--qk-rope-dim", m.qk_rope_dim, p.qk_rope_dim);
+      keep("--v-head-dim", m.v_head_dim, p.v_head_dim);
       keep("--model", model_kind, cost::to_string(p.arch));
     }
     if (model_kind == "llama") {

@@ -44,6 +44,11 @@ struct options {
   double rope_theta = 10000;
   float norm_eps = 1e-5f;
   std::optional<dml::nn::rope_scaling> rope_scaling;  // Llama 3.1's, from --load-hf's config.json
+  // llama: DeepSeek-V3's multi-head latent attention with a key/value latent of kv_lora_rank (0: grouped-query
+  // attention); a head's query/key columns without position and turned by RoPE, and its value width (0: d_model /
+  // heads, half that, d_model / heads)
+  std::int64_t kv_lora_rank = 0, q_lora_rank = 0, qk_nope_dim = 0, qk_rope_dim = 0, v_head_dim = 0;
+  std::int64_t first_dense = 0;  // with experts: the first N blocks keep the dense MLP
   bool documents = false;  // the text's paragraphs (split at blank lines) as documents: attention stays within each
   float dropout = 0.f;
   bool bias = false;
@@ -165,6 +170,15 @@ inline dml::flags command_line(options& o) {
   f.add("--norm-eps", o.norm_eps, "X", "llama: RMSNorm's epsilon").check(
       [](float e) { return e > 0.f ? std::string() : std::string("a positive number"); }, "> 0");
   f.add_switch("--documents", o.documents, "the text's paragraphs as documents: attention stays within each");
+  f.add("--kv-lora-rank", o.kv_lora_rank, "R",
+        "llama: DeepSeek-V3's multi-head latent attention, keys and values from a latent of R; 0: grouped-query").min(0);
+  f.add("--q-lora-rank", o.q_lora_rank, "R", "llama, latent attention: queries from a latent of R; 0: from the input")
+      .min(0);
+  f.add("--qk-nope-dim", o.qk_nope_dim, "D", "latent attention: a head's query/key columns without position").min(0)
+      .default_text("d_model / heads");
+  f.add("--qk-rope-dim", o.qk_rope_dim, "D", "latent attention: a head's query/key columns turned by RoPE").min(0)
+      .default_text("half of d_model / heads");
+  f.add("--v-head-dim", o.v_head_dim, "D", "latent attention: a head's value width").min(0).default_text("d_model / heads");
   // training
   f.add("--batch", o.batch, "N", "global sequences per step").min(1);
   f.add("--steps", o.steps, "N", "optimizer steps").min(0);
@@ -186,6 +200,7 @@ inline dml::flags command_line(options& o) {
   f.add("--router-bias-rate", o.router_bias_rate, "R", "loss-free balancing's bias step per training step; 0: none").min(0.f);
   f.add("--capacity-factor", o.capacity_factor, "C", "expert capacity factor; <= 0: dropless");
   f.add("--moe-every", o.moe_every, "N", "every N-th block's MLP is a mixture of experts").min(1);
+  f.add("--first-dense", o.first_dense, "N", "the first N blocks keep the dense MLP (DeepSeek-V3: 3)").min(0);
   f.add("--aux-loss-weight", o.aux_loss_weight, "X", "weight of the load-balancing loss").min(0.f);
   f.add("--z-loss-weight", o.z_loss_weight, "X", "weight of the router z-loss").min(0.f);
   // layout
@@ -281,6 +296,24 @@ inline void check_across(options& o) {
   only(!llama && !o.load_hf.empty(), "--load-hf", "llama");
   only(!llama && !o.export_llama2c.empty(), "--export-llama2c", "llama");
   only(llama && o.bias, "--bias", "gpt");
+  only(!llama && o.kv_lora_rank != 0, "--kv-lora-rank", "llama");
+  if (o.kv_lora_rank == 0 && (o.q_lora_rank || o.qk_nope_dim || o.qk_rope_dim || o.v_head_dim))
+    dml::fail<dml::invalid_argument>("--q-lora-rank, --qk-nope-dim, --qk-rope-dim and --v-head-dim shape latent "
+                                     "attention: expected --kv-lora-rank > 0 with them, found 0");
+  if (o.kv_lora_rank > 0) {
+    if (!o.save_hf.empty() || !o.load_hf.empty() || !o.export_llama2c.empty())
+      dml::fail<dml::invalid_argument>("--kv-lora-rank: Hugging Face's Llama layout and llama2.c's checkpoint have no "
+                                       "latent attention: expected no --save-hf, --load-hf or --export-llama2c with it");
+    if (o.sample > 0)
+      dml::fail<dml::invalid_argument>("--sample: latent attention keeps no KV cache in dml: expected --sample 0 with "
+                                       "--kv-lora-rank, found --sample ", o.sample);
+    const std::int64_t hd = o.d_model / o.heads;
+    if (o.qk_nope_dim == 0) o.qk_nope_dim = hd;
+    if (o.qk_rope_dim == 0) o.qk_rope_dim = hd / 2 + hd / 2 % 2;  // RoPE turns pairs
+    if (o.v_head_dim == 0) o.v_head_dim = hd;
+  }
+  if (o.first_dense > 0 && o.experts == 0)
+    dml::fail<dml::invalid_argument>("--first-dense keeps the first blocks dense: expected --experts > 0, found 0");
   if (!llama && o.recompute == "selective")
     dml::fail<dml::invalid_argument>("--recompute selective: a Llama's blocks recompute selectively (a GPT's keep what "
                                      "they use or recompute whole stages): expected --arch llama or --recompute full, "
@@ -360,9 +393,11 @@ inline dml::cost::model cost_model_of(const options& o) {
   return {.layers = o.layers, .d_model = o.d_model, .heads = o.heads, .seq = o.seq, .vocab = o.vocab, .bias = o.bias,
           .tie = o.tie, .experts = o.experts, .top_k = o.top_k, .moe_every = o.moe_every,
           .capacity_factor = o.capacity_factor, .expert_ffn = o.expert_ffn.value_or(0),
-          .shared_experts = o.shared_experts,
+          .shared_experts = o.shared_experts, .sigmoid_router = o.router == "sigmoid",
           .arch = o.arch == "llama" ? cost::architecture::llama : cost::architecture::gpt, .kv_heads = o.kv_heads,
-          .ffn_hidden = ffn_hidden(o)};
+          .ffn_hidden = ffn_hidden(o), .q_lora_rank = o.q_lora_rank, .kv_lora_rank = o.kv_lora_rank,
+          .qk_nope_dim = o.qk_nope_dim, .qk_rope_dim = o.qk_rope_dim, .v_head_dim = o.v_head_dim,
+          .first_dense = o.first_dense};
 }
 inline dml::cost::training cost_training_of(const options& o) {
   return {.global_batch = o.batch, .prec = o.precision == "bf16" ? dml::cost::precision::bf16 : dml::cost::precision::fp32};
@@ -442,7 +477,7 @@ inline void apply_plan(options& o, int world) {
   o.planned_activations = chosen->per_rank.activations;
   if (o.plan == "auto") {
     const auto& l = chosen->lay;
-    o.tp = l.tp, o.pp = l.pp, o.dp = l.dp, o.sp = l.sp, o.ep = o.replicas = 1, o.cp = l.cp;
+    o.tp = l.tp, o.pp = l.pp, o.dp = l.dp, o.sp = l.sp, o.ep = l.ep, o.replicas = 1, o.cp = l.cp;
     o.cp_zigzag = true;  // as dml::cost prices it
     o.parallel = l.zero == 0 ? "replicate" : "zero" + std::to_string(l.zero);
     o.microbatches = l.micro_batches;

@@ -25,16 +25,25 @@ struct llama_arch {
     g.rope.theta = o.rope_theta;
     g.rope.scaling = o.rope_scaling;
     set_experts(g, o);
+    g.first_dense = o.first_dense;
+    g.q_lora_rank = o.q_lora_rank, g.kv_lora_rank = o.kv_lora_rank, g.qk_nope_dim = o.qk_nope_dim;
+    g.qk_rope_dim = o.qk_rope_dim, g.v_head_dim = o.v_head_dim;
+    if (g.latent()) g.kv_heads = g.heads;
     g.selective_recompute = o.recompute == "selective";
     return g;
   }
   static auto model(const config& g) { return dml::nn::llama(g); }
   static std::string describe(const options& o) {
     const config g = make_config(o);
-    return dml::detail::cat("llama, ", g.layers, " layers, d_model ", g.d_model, ", ", g.heads, " heads (", g.kv_heads,
-                            " key/value), ffn ", g.ffn_hidden, ", seq ", g.seq, ", rope theta ", g.rope.theta,
+    const std::string attention =
+        g.latent() ? dml::detail::cat(" (latent attention: kv latent ", g.kv_lora_rank, ", q latent ", g.q_lora_rank,
+                                      ", qk ", g.qk_nope_dim, " + ", g.qk_rope_dim, " rope, v ", g.v_head_dim, ")")
+                   : dml::detail::cat(" (", g.kv_heads, " key/value)");
+    return dml::detail::cat("llama, ", g.layers, " layers, d_model ", g.d_model, ", ", g.heads, " heads", attention,
+                            ", ffn ", g.ffn_hidden, ", seq ", g.seq, ", rope theta ", g.rope.theta,
                             g.rope.scaling ? " (llama3 scaling)" : "", ", norm eps ", g.norm_eps,
-                            g.experts > 0 ? ", SwiGLU experts" : "");
+                            g.experts > 0 ? ", SwiGLU experts" : "",
+                            g.first_dense > 0 ? dml::detail::cat(" after ", g.first_dense, " dense blocks") : "");
   }
   static void load(const options& o, const config& g, const dml::nn::param_layout& layout, std::span<float> full) {
     dml::train::load_hf_llama(g, layout, full, o.load_hf);

@@ -2,12 +2,15 @@
 # tests/nn/llama_reference.py — the PyTorch half of dml's Llama model parity test: a Llama written out in plain torch
 # as Hugging Face's LlamaForCausalLM computes it (RMSNorm, rotate-half RoPE with Llama 3.1's frequency scaling,
 # grouped-query attention by repeat_interleave of the key/value heads, SwiGLU), built from dml's initial weights and
-# trained with torch.optim.AdamW on the same batches; writes the per-step losses and the final weights.
+# trained with torch.optim.AdamW on the same batches; writes the per-step losses and the final weights. With "latent"
+# its attention is DeepSeek-V3's multi-head latent attention (as Hugging Face's DeepseekV3Attention, but RoPE turning
+# the rotated columns' halves, rotate-half, as dml does, where DeepSeek's weights pair them interleaved).
 # Usage: llama_reference.py CONFIG.json INIT.safetensors BATCHES.bin LOSSES_OUT WEIGHTS_OUT
 #   CONFIG.json: {"vocab", "seq", "layers", "d_model", "heads", "kv_heads", "ffn_hidden", "norm_eps", "rope_theta",
 #                 "rope_scaling" (null, or {"factor", "low_freq_factor", "high_freq_factor",
 #                 "original_max_position_embeddings"}), "tie", "steps", "batch", "lr", "beta1", "beta2", "adam_eps",
-#                 "weight_decay"}
+#                 "weight_decay", optionally "latent": null or {"q_lora_rank", "kv_lora_rank", "qk_nope_dim",
+#                 "qk_rope_dim", "v_head_dim"}}
 #   BATCHES.bin: little-endian int32, steps x batch x (seq+1) tokens; step s uses rows [batch, seq+1],
 #                inputs row[:, :seq] and targets row[:, 1:].
 # The model's parameters carry Hugging Face's names (model.layers.0.self_attn.q_proj.weight, ...). The weight files
@@ -31,6 +34,7 @@ CONFIG_KEYS = {"vocab": int, "seq": int, "layers": int, "d_model": int, "heads":
                "ffn_hidden": int, "norm_eps": float, "rope_theta": float, "tie": bool, "steps": int, "batch": int,
                "lr": float, "beta1": float, "beta2": float, "adam_eps": float, "weight_decay": float}
 SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+LATENT_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim")
 
 
 def fail(message):
@@ -54,6 +58,11 @@ def read_config(path):
         if kind is dict and value is not None and sorted(value) != sorted(SCALING_KEYS):
             fail(f"{path}: expected 'rope_scaling' null or with keys {sorted(SCALING_KEYS)}, found {value!r}")
         cfg[key] = float(value) if kind is float else value
+    latent = raw.get("latent")
+    if latent is not None and (sorted(latent) != sorted(LATENT_KEYS) or
+                               any(not isinstance(latent[k], int) or latent[k] < 0 for k in LATENT_KEYS)):
+        fail(f"{path}: expected 'latent' null or with non-negative integers {sorted(LATENT_KEYS)}, found {latent!r}")
+    cfg["latent"] = latent
     if cfg["d_model"] % cfg["heads"] or cfg["heads"] % cfg["kv_heads"] or (cfg["d_model"] // cfg["heads"]) % 2:
         fail(f"{path}: expected heads dividing d_model into an even head_dim and kv_heads dividing heads, found "
              f"d_model={cfg['d_model']} heads={cfg['heads']} kv_heads={cfg['kv_heads']}")
@@ -64,7 +73,7 @@ def rope_tables(cfg):
     # The inverse frequencies with Llama 3.1's scaling (Hugging Face's rope_type "llama3"), the angles p * f and their
     # cos and sin in double, rounded once to float32 (as dml's table is; Hugging Face rounds the frequencies to
     # float32 first, which moves the angles by a few ulp).
-    hd = cfg["d_model"] // cfg["heads"]
+    hd = cfg["latent"]["qk_rope_dim"] if cfg["latent"] else cfg["d_model"] // cfg["heads"]
     freqs = [1.0 / cfg["rope_theta"] ** (2 * i / hd) for i in range(hd // 2)]
     s = cfg["rope_scaling"]
     if s is not None:
@@ -127,6 +136,49 @@ class Attention(torch.nn.Module):
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.heads * self.hd))
 
 
+class LatentAttention(torch.nn.Module):
+    # Queries from a latent of q_lora_rank (or straight from x), keys and values from one of kv_lora_rank; each head's
+    # query and key: qk_nope_dim columns without position, then qk_rope_dim turned by RoPE (the key's one per token,
+    # shared by every head); values v_head_dim wide.
+    def __init__(self, cfg):
+        super().__init__()
+        lat, c, eps = cfg["latent"], cfg["d_model"], cfg["norm_eps"]
+        self.heads, self.nope, self.rope, self.v = cfg["heads"], lat["qk_nope_dim"], lat["qk_rope_dim"], lat["v_head_dim"]
+        self.q_rank, self.kv_rank = lat["q_lora_rank"], lat["kv_lora_rank"]
+        qd = self.nope + self.rope
+        if self.q_rank:
+            self.q_a_proj = torch.nn.Linear(c, self.q_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(self.q_rank, eps)
+            self.q_b_proj = torch.nn.Linear(self.q_rank, self.heads * qd, bias=False)
+        else:
+            self.q_proj = torch.nn.Linear(c, self.heads * qd, bias=False)
+        self.kv_a_proj_with_mqa = torch.nn.Linear(c, self.kv_rank + self.rope, bias=False)
+        self.kv_a_layernorm = RMSNorm(self.kv_rank, eps)
+        self.kv_b_proj = torch.nn.Linear(self.kv_rank, self.heads * (self.nope + self.v), bias=False)
+        self.o_proj = torch.nn.Linear(self.heads * self.v, c, bias=False)
+        t = cfg["seq"]
+        self.register_buffer("mask", torch.tril(torch.ones(t, t, dtype=torch.bool)), persistent=False)
+
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        h, qd = self.heads, self.nope + self.rope
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_rank else self.q_proj(x)
+        q_nope, q_pe = q.view(b, t, h, qd).transpose(1, 2).split([self.nope, self.rope], dim=-1)
+        latent, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_rank, self.rope], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(b, t, h, self.nope + self.v).transpose(1, 2)
+        k_nope, v = kv.split([self.nope, self.v], dim=-1)
+        cos, sin = cos[:t], sin[:t]
+        q_pe = q_pe * cos + rotate_half(q_pe) * sin
+        k_pe = k_pe.view(b, 1, t, self.rope)
+        k_pe = k_pe * cos + rotate_half(k_pe) * sin
+        q = torch.cat((q_nope, q_pe), dim=-1)
+        k = torch.cat((k_nope, k_pe.expand(b, h, t, self.rope)), dim=-1)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(qd)
+        att = att.masked_fill(~self.mask[:t, :t], float("-inf"))
+        y = F.softmax(att, dim=-1) @ v
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, h * self.v))
+
+
 class Mlp(torch.nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -143,7 +195,7 @@ class DecoderLayer(torch.nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg["d_model"], cfg["norm_eps"])
-        self.self_attn = Attention(cfg)
+        self.self_attn = LatentAttention(cfg) if cfg["latent"] else Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg["d_model"], cfg["norm_eps"])
         self.mlp = Mlp(cfg)
 
@@ -184,9 +236,11 @@ def fused_parts(cfg):
     # dml's fused tensors: name suffix -> (Hugging Face's suffixes, their row counts).
     hd = cfg["d_model"] // cfg["heads"]
     q, kv, f = cfg["heads"] * hd, cfg["kv_heads"] * hd, cfg["ffn_hidden"]
-    return {"self_attn.qkv_proj.weight": (("self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                                           "self_attn.v_proj.weight"), (q, kv, kv)),
-            "mlp.gate_up_proj.weight": (("mlp.gate_proj.weight", "mlp.up_proj.weight"), (f, f))}
+    parts = {"mlp.gate_up_proj.weight": (("mlp.gate_proj.weight", "mlp.up_proj.weight"), (f, f))}
+    if not cfg["latent"]:  # latent attention's tensors are Hugging Face's own
+        parts["self_attn.qkv_proj.weight"] = (("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                               "self_attn.v_proj.weight"), (q, kv, kv))
+    return parts
 
 
 def to_hugging_face(state, cfg, path):

@@ -280,7 +280,7 @@ void check_gpt(const nn::gpt_config& g, int dp, int ep, int cp) {
   const auto got = run_ranks<Sharding, Precision, optim::adamw>(nn::gpt(g), dp, o, {rows, seq}, batch);
   for (int r = 0; r < dp; ++r) {
     auto part = nn::gpt(g);
-    if (ep > 1) nn::set_expert_split(part, ep, r % ep);
+    nn::set_expert_split(part, ep, r % ep, dp);  // the capacity counts the data group's tokens
     if (cp > 1) nn::set_context_split(part, {.ranks = cp, .rank = r % cp, .zigzag = true});
     const auto want = cost::model_states(part, {.zero = zero_stage<Sharding>, .shards = {dp, dp / ep}, .working_bytes = w,
                                                 .per_step = zero_stage<Sharding> < 2});
@@ -616,7 +616,7 @@ TEST_CASE("a Llama's parameters, FLOPs, stage cut and block bytes in dml::cost a
     CHECK(declared(nn::llama(cost::llama_config_of(m))) == count);
   }
   CHECK_THROWS_WITH_AS(cost::preset("llama3-7b"),
-                       "dml::cost::preset: expected llama3-8b, llama3-70b or llama3-405b, found 'llama3-7b'",
+                       "dml::cost::preset: expected llama3-8b, llama3-70b, llama3-405b or deepseek-v3, found 'llama3-7b'",
                        invalid_argument);
   // Tied, the LM head is a parameter of its own that the count takes once.
   const auto tied = small_llama(true);

@@ -195,16 +195,18 @@ struct llama_head : detail::split_part {
 };
 
 // A Llama as a sequence of layers: the token embedding, blocks model.layers.0 … model.layers.{layers−1}, the final
-// RMSNorm and LM head. The blocks share one RoPE table; with experts, every moe_every-th block's MLP is a mixture of
-// SwiGLU experts (llama_config).
+// RMSNorm and LM head. The blocks share one RoPE table; with experts, every moe_every-th block's MLP after the first
+// first_dense is a mixture of SwiGLU experts (llama_config).
 inline auto llama(const llama_config& g) {
   g.validate();
   const auto table = detail::llama_rope_table(g);
   std::vector<llama_block> blocks;
-  if (g.experts > 0 && g.moe_every > g.layers)
-    fail<invalid_argument>("dml::nn::llama: experts in every ", g.moe_every, " blocks need at least that many layers; found ",
-                           g.layers, ", so no block would hold the ", g.experts, " experts");
-  for (std::int64_t i = 0; i < g.layers; ++i) blocks.emplace_back(g, table, g.experts > 0 && (i + 1) % g.moe_every == 0);
+  bool any_experts = false;
+  for (std::int64_t i = 0; i < g.layers; ++i) any_experts = any_experts || g.moe_block(i);
+  if (g.experts > 0 && !any_experts)
+    fail<invalid_argument>("dml::nn::llama: expected a block to hold the ", g.experts, " experts (every ", g.moe_every,
+                           "-th after the first ", g.first_dense, " dense ones), found ", g.layers, " layers and none");
+  for (std::int64_t i = 0; i < g.layers; ++i) blocks.emplace_back(g, table, g.moe_block(i));
   return sequential{llama_embedding(g), stack<llama_block>{"model.layers", std::move(blocks)}, llama_head(g)};
 }
 using llama_model = decltype(llama(llama_config{}));

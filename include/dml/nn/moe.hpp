@@ -92,7 +92,7 @@ struct moe {
 
   moe_config cfg;
   std::int64_t hidden = 0;
-  int ep_ranks = 1, ep_rank = 0;
+  int ep_ranks = 1, ep_rank = 0, batch_ranks = 0;  // set_expert_split
   tensor_split split{};
   // The most rows any rank of the expert group passes in one call (0: as many as this one). Buffers are sized
   // for an expert rank receiving every top-k choice of that many rows from each rank of the group.
@@ -118,7 +118,9 @@ struct moe {
   }
 
   // This rank's share of the experts: rank `rank` of an expert-parallel group of `ranks`.
-  void set_expert_split(int ranks, int rank) {
+  // batch_ranks: the ranks whose tokens one micro-batch's capacity counts (the data group, times the tensor group
+  // under sequence parallelism; 0: unknown), which bounds what a rank can receive when the capacity is finite.
+  void set_expert_split(int ranks, int rank, int batch_ranks = 0) {
     if (ranks < 1 || rank < 0 || rank >= ranks)
       fail<invalid_argument>("dml::nn::moe: expected 0 <= expert-parallel rank < ranks, found rank ", rank, " of ", ranks);
     if (cfg.experts % ranks != 0)
@@ -126,6 +128,7 @@ struct moe {
                              ranks, ", found ", cfg.experts, " experts");
     ep_ranks = ranks;
     ep_rank = rank;
+    this->batch_ranks = batch_ranks;
   }
   // Tensor parallelism keeps every expert whole on each tensor rank. Under sequence parallelism the tensor
   // ranks hold different tokens, so the gradients are partial over the tensor group and the router's batch
@@ -185,8 +188,15 @@ struct moe {
     return static_cast<std::int64_t>(std::ceil(static_cast<double>(cfg.capacity_factor) * static_cast<double>(tokens) *
                                                cfg.top_k / static_cast<double>(cfg.experts)));
   }
-  // Rows an expert rank can receive in one pass: every rank of the group sending all of its top-k choices here.
-  std::int64_t max_received(std::int64_t rows) const { return ep_ranks * std::max(rows, group_rows) * cfg.top_k; }
+  // Rows an expert rank can receive in one pass: every rank of the group sending here each of its tokens' top-k
+  // choices that this rank's experts hold (distinct experts: at most min(k, local experts) a token); with a finite
+  // capacity and batch_ranks known, no more than its experts keep of the batch ranks' tokens.
+  std::int64_t max_received(std::int64_t rows) const {
+    const std::int64_t r = std::max(rows, group_rows), el = cfg.experts / ep_ranks;
+    const std::int64_t most = ep_ranks * r * std::min<std::int64_t>(cfg.top_k, el);
+    if (cfg.capacity_factor <= 0.f || batch_ranks <= 0) return most;
+    return std::min(most, el * capacity(batch_ranks * r));
+  }
 
   std::int64_t saved_bytes_rows(std::int64_t rows, std::size_t value_bytes) const {
     detail::carver k;

@@ -187,11 +187,12 @@ void set_tensor_split(sequential<L...>& model, tensor_split s) {
   });
 }
 
-// Gives every layer that holds experts (`set_expert_split`) its share of them: rank of ranks.
+// Gives every layer that holds experts (`set_expert_split`) its share of them: rank of ranks, and the ranks whose
+// tokens their capacity counts (batch_ranks; 0: unknown).
 template <class... L>
-void set_expert_split(sequential<L...>& model, int ranks, int rank) {
+void set_expert_split(sequential<L...>& model, int ranks, int rank, int batch_ranks = 0) {
   model.for_each_layer([&](std::size_t, auto& l) {
-    if constexpr (requires { l.set_expert_split(ranks, rank); }) l.set_expert_split(ranks, rank);
+    if constexpr (requires { l.set_expert_split(ranks, rank, batch_ranks); }) l.set_expert_split(ranks, rank, batch_ranks);
   });
 }
 

@@ -52,7 +52,9 @@ class placement {
     check_degrees<Plan>(shape());
     const auto s = shape();
     if (s.tp > 1) nn::set_tensor_split(part_, {.ranks = s.tp, .rank = mesh_->tp_rank(), .sequence = sequence()});
-    if (s.ep > 1) nn::set_expert_split(part_, s.ep, mesh_->ep_rank());
+    // Experts learn their rank of the expert group and the ranks one micro-batch's capacity counts (the data group,
+    // and under sequence parallelism the tensor group's slices of it), which bound their buffers.
+    nn::set_expert_split(part_, s.ep, s.ep > 1 ? mesh_->ep_rank() : 0, data().size() * (sequence() ? s.tp : 1));
     if (s.cp > 1)
       nn::set_context_split(part_, {.ranks = s.cp, .rank = mesh_->cp_rank(), .zigzag = zigzag(), .all_gather = gathers_kv()});
     tp_ = group(s.tp, &parallel::mesh<Comm>::tp);

@@ -137,21 +137,45 @@ struct model {
   float capacity_factor = 1.25f;  // tokens an expert takes: factor · tokens · top_k / experts (<= 0: all)
   std::int64_t expert_ffn = 0;      // each expert's width (0: the dense MLP's, 4·d_model or ffn_hidden)
   std::int64_t shared_experts = 0;  // one MLP of shared_experts · expert_ffn beside the routed experts
+  bool sigmoid_router = false;      // the router's scores: softmax or sigmoid (which keeps them, n·E floats, too)
   double params_only = 0;  // > 0: a model known by its parameter count (model states only, no activations)
   architecture arch = architecture::gpt;
   std::int64_t kv_heads = 0;    // a Llama's key/value heads (0: heads)
   std::int64_t ffn_hidden = 0;  // a Llama's SwiGLU width (gate and up each)
+  // A Llama's multi-head latent attention (nn::llama_config's fields of the same names; kv_lora_rank > 0) and its
+  // dense first blocks (first_dense: DeepSeek-V3's first_k_dense_replace).
+  std::int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_dim = 0, qk_rope_dim = 0, v_head_dim = 0;
+  std::int64_t first_dense = 0;
   bool is_transformer() const { return params_only <= 0; }  // its layers known, not only its parameter count
   bool is_gpt() const { return is_transformer() && arch == architecture::gpt; }
   bool is_llama() const { return is_transformer() && arch == architecture::llama; }
-  std::int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
+  bool latent() const { return is_llama() && kv_lora_rank > 0; }
+  std::int64_t kv() const { return latent() ? heads : kv_heads > 0 ? kv_heads : heads; }
+  // Whether block i (from 0) holds experts, and how many of `blocks` blocks from block `from` do.
+  bool moe_block(std::int64_t i) const { return experts > 0 && i >= first_dense && (i + 1) % moe_every == 0; }
+  std::int64_t moe_blocks(std::int64_t from = 0, std::int64_t blocks = -1) const {
+    std::int64_t n = 0;
+    for (std::int64_t i = from; i < (blocks < 0 ? layers : std::min(layers, from + blocks)); ++i) n += moe_block(i);
+    return n;
+  }
+  // The share of blocks with experts, as the time and parameter estimates spread them over stages.
+  double moe_share() const {
+    if (experts <= 0) return 0;
+    return first_dense == 0 ? 1.0 / static_cast<double>(moe_every)
+                            : static_cast<double>(moe_blocks()) / static_cast<double>(layers);
+  }
 };
 
 // The published Llama 3 models (Meta's configurations, as Hugging Face's config.json gives them) at sequence 8,192:
 // llama3-8b, llama3-70b and llama3-405b; 8 key/value heads, vocabulary 128,256, LM head untied. Their RoPE theta
-// (500,000) changes no byte and no FLOP, so model has no field for it.
+// (500,000) changes no byte and no FLOP, so model has no field for it. deepseek-v3: DeepSeek-V3's configuration
+// (its config.json) at its pre-training sequence of 4,096: 61 blocks of width 7,168, multi-head latent attention
+// (128 heads, query latent 1,536, key/value latent 512, 128 + 64 query/key columns a head, values 128), the first 3
+// blocks dense (SwiGLU of 18,432), the other 58 with 256 routed SwiGLU experts of 2,048, top 8 of sigmoid scores,
+// and one shared expert; vocabulary 129,280, LM head untied; dropless (capacity 0). Its multi-token prediction module
+// is not in it.
 inline const std::vector<std::string>& preset_names() {
-  static const std::vector<std::string> names{"llama3-8b", "llama3-70b", "llama3-405b"};
+  static const std::vector<std::string> names{"llama3-8b", "llama3-70b", "llama3-405b", "deepseek-v3"};
   return names;
 }
 inline model preset(std::string_view name) {
@@ -162,7 +186,13 @@ inline model preset(std::string_view name) {
   if (name == "llama3-8b") return llama3(32, 4096, 14336, 32);
   if (name == "llama3-70b") return llama3(80, 8192, 28672, 64);
   if (name == "llama3-405b") return llama3(126, 16384, 53248, 128);
-  fail<invalid_argument>("dml::cost::preset: expected llama3-8b, llama3-70b or llama3-405b, found '", name, "'");
+  if (name == "deepseek-v3")
+    return model{.layers = 61, .d_model = 7168, .heads = 128, .seq = 4096, .vocab = 129280, .experts = 256, .top_k = 8,
+                 .moe_every = 1, .capacity_factor = 0.f, .expert_ffn = 2048, .shared_experts = 1, .sigmoid_router = true,
+                 .arch = architecture::llama, .ffn_hidden = 18432, .q_lora_rank = 1536, .kv_lora_rank = 512,
+                 .qk_nope_dim = 128, .qk_rope_dim = 64, .v_head_dim = 128, .first_dense = 3};
+  fail<invalid_argument>("dml::cost::preset: expected llama3-8b, llama3-70b, llama3-405b or deepseek-v3, found '", name,
+                         "'");
 }
 
 enum class precision { fp32, bf16, fp16 };
@@ -366,6 +396,27 @@ struct estimate {
   std::string why;  // empty when it fits
 };
 
+// A dense block's activation bytes at sequence s, micro-batch b, tensor-parallel degree t and w bytes a value: a GPT's
+// Korthikanti et al.'s (their 2-byte tensors, scaled to w), a Llama's llama_layer_bytes, or with latent attention
+// (one tensor rank) as nn::llama_block keeps it: of each token the RMSNorms' outputs, the residual and the output (4h,
+// or 2h selective) and their 1/rms, the two latents before and after their RMSNorms (2·q_lora_rank + 2·kv_lora_rank)
+// with theirs, q, k and v as attention reads them (3·heads·(nope + rope), values padded), attention's output at that
+// width and o_proj's input (heads·v), a float log-sum-exp per head, and SwiGLU's [gate | up] and output (3f, or 2f
+// selective); full recompute keeps the input alone.
+inline double layer_activation_bytes(const model& m, double s, double b, double t, double w, bool sequence_parallel,
+                                     recompute r) {
+  const double h = static_cast<double>(m.d_model), a = static_cast<double>(m.heads), f = static_cast<double>(m.ffn_hidden);
+  if (!m.is_llama()) return korthikanti_layer_bytes(s, b, h, a, t, sequence_parallel, r) * (w / 2);
+  if (!m.latent()) return llama_layer_bytes(s, b, h, a, static_cast<double>(m.kv()), f, t, w, sequence_parallel, r);
+  const double tokens = s * b;
+  if (r == recompute::full) return tokens * h * w;
+  const bool sel = r == recompute::selective;
+  const double qd = static_cast<double>(m.qk_nope_dim + m.qk_rope_dim), v = static_cast<double>(m.v_head_dim);
+  const double latents = 2 * static_cast<double>(m.q_lora_rank + m.kv_lora_rank);
+  const double floats = (m.q_lora_rank > 0 ? 4 : 3) + a;  // the 1/rms of each RMSNorm and the log-sum-exp per head
+  return tokens * (((sel ? 2 : 4) * h + latents + 4 * a * qd + a * v + (sel ? 2 : 3) * f) * w + 4 * floats);
+}
+
 // ---- the GPT's and the Llama's counts (their parameters, as their layers declare them) ----------------
 
 // An expert's width, and the parameters and forward FLOPs per token of an MLP of width f in a block of `m`: a GPT's
@@ -398,7 +449,7 @@ inline double moe_mlp_params(const model& m) {
 struct gpt_counts {
   double embedding = 0, block = 0, moe_block = 0, head = 0;  // parameters
   double total(const model& m) const {
-    const double moe_blocks = m.experts > 0 ? static_cast<double>(m.layers / m.moe_every) : 0;
+    const double moe_blocks = static_cast<double>(m.moe_blocks());
     return embedding + (static_cast<double>(m.layers) - moe_blocks) * block + moe_blocks * moe_block + head;
   }
 };
@@ -415,12 +466,22 @@ inline gpt_counts count_gpt(const model& m) {
 }
 // nn::llama's: the token embedding; per block two RMSNorm weights, q, k and v (heads·head_dim + 2·kv·head_dim rows),
 // o_proj, gate and up (2·ffn_hidden rows) and down_proj; the final RMSNorm and the LM head (untied). No bias.
+// Latent attention in place of q, k, v and o_proj: q_a_proj, q_a_layernorm and q_b_proj (or q_proj),
+// kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj and o_proj.
+inline double latent_attention_params(const model& m) {
+  const double h = static_cast<double>(m.d_model), a = static_cast<double>(m.heads);
+  const double qd = static_cast<double>(m.qk_nope_dim + m.qk_rope_dim), qr = static_cast<double>(m.q_lora_rank);
+  const double kvr = static_cast<double>(m.kv_lora_rank), v = static_cast<double>(m.v_head_dim);
+  const double q = m.q_lora_rank > 0 ? qr * h + qr + a * qd * qr : a * qd * h;
+  return q + (kvr + static_cast<double>(m.qk_rope_dim)) * h + kvr + a * (static_cast<double>(m.qk_nope_dim) + v) * kvr +
+         h * a * v;
+}
 inline gpt_counts count_llama(const model& m) {
   const double h = static_cast<double>(m.d_model), v = static_cast<double>(m.vocab), f = static_cast<double>(m.ffn_hidden);
   const double kv = static_cast<double>(m.kv()) * (h / static_cast<double>(m.heads));
   gpt_counts c;
   c.embedding = v * h;
-  c.block = 2 * h + (h + 2 * kv) * h + h * h + 3 * f * h;
+  c.block = 2 * h + (m.latent() ? latent_attention_params(m) : (h + 2 * kv) * h + h * h) + 3 * f * h;
   c.moe_block = c.block - 3 * f * h + moe_mlp_params(m);
   c.head = h + (m.tie ? 0 : v * h);
   return c;
@@ -435,15 +496,24 @@ struct block_flops {
 inline block_flops block_forward_flops(const model& m) {
   const double h = static_cast<double>(m.d_model), s = static_cast<double>(m.seq);
   if (!m.is_llama()) return {2 * (4 * h * h) + 2 * (2 * s * h), 2 * 8 * h * h};  // qkv + proj, QK^T and AV
+  const double mlp = 6 * h * static_cast<double>(m.ffn_hidden);
+  if (m.latent()) {  // as nn::llama_block::latent_flops_per_token
+    const double a = static_cast<double>(m.heads), qd = static_cast<double>(m.qk_nope_dim + m.qk_rope_dim);
+    const double qr = static_cast<double>(m.q_lora_rank), kvr = static_cast<double>(m.kv_lora_rank);
+    const double v = static_cast<double>(m.v_head_dim);
+    const double q = m.q_lora_rank > 0 ? 2 * qr * (h + a * qd) : 2 * h * a * qd;
+    const double kv = 2 * h * (kvr + static_cast<double>(m.qk_rope_dim)) + 2 * kvr * a * (static_cast<double>(m.qk_nope_dim) + v);
+    return {q + kv + 2 * a * v * h + 2 * s * a * (qd + v), mlp};
+  }
   const double kv = static_cast<double>(m.kv()) * (h / static_cast<double>(m.heads));
-  return {2 * h * (h + 2 * kv) + 2 * h * h + 4 * s * h, 6 * h * static_cast<double>(m.ffn_hidden)};
+  return {2 * h * (h + 2 * kv) + 2 * h * h + 4 * s * h, mlp};
 }
 
 // Model FLOPs of one step (forward and backward: 3 × forward GEMMs; attention's two batched GEMMs included),
 // tokens = global batch × seq; with full recompute, hardware FLOPs add one forward of the blocks.
 inline double gpt_forward_flops_per_token(const model& m, bool blocks_only = false) {
   const double h = static_cast<double>(m.d_model), v = static_cast<double>(m.vocab);
-  const double moe_blocks = m.experts > 0 ? static_cast<double>(m.layers / m.moe_every) : 0;
+  const double moe_blocks = static_cast<double>(m.moe_blocks());
   const double dense = static_cast<double>(m.layers) - moe_blocks;
   const auto [attn, mlp] = block_forward_flops(m);
   const double blocks = dense * (attn + mlp) + moe_blocks * (attn + moe_mlp_flops(m));
@@ -461,7 +531,7 @@ inline double busiest_stage_share(const model& m, const layout& l) {
   const auto [attn, mlp] = block_forward_flops(m);
   std::vector<double> cost{2 * h * s};  // per sequence: the embedding's lookup and its weight gradient
   for (std::int64_t i = 0; i < m.layers; ++i) {
-    const bool moe = m.experts > 0 && (i + 1) % m.moe_every == 0;
+    const bool moe = m.moe_block(i);
     const double experts = moe_mlp_flops(m) + 2 * h * static_cast<double>(m.experts);  // and the router
     cost.push_back(3 * s * (moe ? attn / l.tp + experts : (attn + mlp) / l.tp));  // experts stay whole per tensor rank
   }
@@ -504,8 +574,15 @@ inline std::string refusal(const model& m, const layout& l, const training& t, i
   if (!m.is_transformer()) return {};
   if (m.heads % l.tp != 0) return "tp " + str(l.tp) + " does not divide the " + str(m.heads) + " heads";
   if (m.vocab % l.tp != 0) return "tp " + str(l.tp) + " does not divide the vocabulary " + str(m.vocab);
-  if (m.d_model % m.heads != 0) return "heads " + str(m.heads) + " do not divide d_model " + str(m.d_model);
-  if (m.is_llama()) {  // what nn::llama_config::validate and the Llama's layers refuse
+  if (m.latent()) {  // what nn::llama_config::validate and a latent attention block refuse
+    if (l.tp > 1) return "latent attention runs on one tensor rank, found tp " + str(l.tp);
+    if (l.cp > 1) return "latent attention runs on one context rank, found cp " + str(l.cp);
+    if (m.qk_rope_dim % 2 != 0) return "qk_rope_dim " + str(m.qk_rope_dim) + " is odd (RoPE rotates pairs)";
+    if (m.v_head_dim > m.qk_nope_dim + m.qk_rope_dim) return "v_head_dim is wider than a head's query";
+  } else if (m.d_model % m.heads != 0) {
+    return "heads " + str(m.heads) + " do not divide d_model " + str(m.d_model);
+  }
+  if (m.is_llama() && !m.latent()) {  // what nn::llama_config::validate and the Llama's layers refuse
     if (m.ffn_hidden < 1) return "a Llama needs ffn_hidden >= 1, found " + str(m.ffn_hidden);
     if (m.heads % m.kv() != 0) return "kv_heads " + str(m.kv()) + " do not divide the " + str(m.heads) + " heads";
     if (m.d_model / m.heads % 2 != 0)
@@ -608,7 +685,7 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
     const auto g = count_layers(m);
     e.params = g.total(m);
     const double blocks = std::ceil(static_cast<double>(m.layers) / l.pp);
-    const double moe_frac = m.experts > 0 ? 1.0 / static_cast<double>(m.moe_every) : 0;
+    const double moe_frac = m.moe_share();
     const double block = (1 - moe_frac) * g.block + moe_frac * (g.moe_block - (g.moe_block - g.block) * (1 - 1.0 / l.ep));
     psi_rank = (blocks * block + g.embedding + (l.pp == 1 ? g.head : 0)) / l.tp;
   } else {
@@ -624,11 +701,7 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
   // A layer's activation bytes at v bytes a value of sequence s: Korthikanti's for a GPT (their 2-byte tensors,
   // scaled), llama_layer_bytes for a Llama.
   const auto layer_bytes = [&](double s, double v, recompute r) {
-    const double h = static_cast<double>(m.d_model), a = static_cast<double>(m.heads);
-    if (m.is_llama())
-      return llama_layer_bytes(s, mb_rows, h, a, static_cast<double>(m.kv()), static_cast<double>(m.ffn_hidden), l.tp,
-                               v, l.sp, r);
-    return korthikanti_layer_bytes(s, mb_rows, h, a, l.tp, l.sp, r) * (v / 2);
+    return layer_activation_bytes(m, s, mb_rows, l.tp, v, l.sp, r);
   };
   if (m.is_transformer()) {
     // Activations: a layer's bytes at the working type, times the layers of a stage and the micro-batches in flight
@@ -665,7 +738,7 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
   const double gemm_rows = mb_rows * static_cast<double>(std::max<std::int64_t>(m.seq, 1)) / l.cp;
   // Under ep the busiest rank's experts run busiest_expert_load times their mean rows.
   const double load = m.experts > 0 ? busiest_expert_load(m.capacity_factor, l.ep) : 1;
-  const double expert_flops = m.experts > 0 ? 3 * tokens * static_cast<double>(m.layers / m.moe_every) *
+  const double expert_flops = m.experts > 0 ? 3 * tokens * static_cast<double>(m.moe_blocks()) *
                                                   static_cast<double>(m.top_k) * mlp_forward_flops(m, expert_width(m))
                                             : 0;
   const double compute = (e.hardware_flops_per_step + (load - 1) * expert_flops) / (l.dp * l.tp) *
@@ -707,7 +780,7 @@ inline estimate evaluate(const model& m, const layout& l, const training& t, con
   // llama_layer_bytes) and the ring adds ring_attention_bytes_per_sbh.
   double elementwise = 0;
   const double stage_blocks = std::ceil(static_cast<double>(m.layers) / l.pp);
-  const double stage_moe_blocks = m.experts > 0 ? stage_blocks / static_cast<double>(m.moe_every) : 0;
+  const double stage_moe_blocks = stage_blocks * m.moe_share();
   const double s_rank = static_cast<double>(m.seq) / l.cp, M = static_cast<double>(l.micro_batches);
   if (m.is_transformer()) {
     const double rank_tokens = s_rank * mb_rows * M;
@@ -802,6 +875,7 @@ inline void rank_estimates(std::vector<estimate>& out) {
 // divides a rank's sequences), evaluated; the ones that fit first, fastest first. Interleaved and GPipe are left
 // out: at equal micro-batches zb's bubble is the smaller and GPipe's activations the larger. max_cp > 1 also cuts each
 // sequence over cp = 2, 4, ... up to max_cp of the data-parallel ranks (long context; the rows then split over dp/cp).
+// A model with experts also shares them out over ep = 2, 4, ... of the data-parallel ranks (ep dividing the experts).
 inline std::vector<estimate> search(const model& m, const training& t, const cluster& c, int devices,
                                     std::int64_t micro_batch, int max_cp = 1) {
   std::vector<estimate> out;
@@ -812,12 +886,15 @@ inline std::vector<estimate> search(const model& m, const training& t, const clu
       const int dp = devices / (tp * pp);
       const std::vector<std::string> schedules = pp > 1 ? std::vector<std::string>{"1f1b", "zb"}
                                                         : std::vector<std::string>{"single"};
+      for (int ep = 1; ep <= dp; ep *= 2) {
+      if (ep > 1 && (m.experts <= 0 || m.experts % ep != 0 || dp % ep != 0)) continue;
       for (int zero = 0; zero <= 3; ++zero) {
         if (dp == 1 && zero > 0) continue;
         for (recompute r : {recompute::none, recompute::selective, recompute::full}) {
           if (!m.is_transformer() && r != recompute::none) continue;
           for (const auto& sched : schedules) {
-            layout l{.dp = dp, .tp = tp, .pp = pp, .cp = cp, .zero = zero, .sp = tp > 1, .schedule = sched, .recomp = r};
+            layout l{.dp = dp, .tp = tp, .pp = pp, .ep = ep, .cp = cp, .zero = zero, .sp = tp > 1, .schedule = sched,
+                     .recomp = r};
             const std::int64_t rows = t.global_batch / (dp / cp);
             if (micro_batch > 0) {
               l.micro_batches = rows % micro_batch == 0 ? std::max<std::int64_t>(1, rows / micro_batch) : 1;
@@ -831,6 +908,7 @@ inline std::vector<estimate> search(const model& m, const training& t, const clu
             }
           }
         }
+      }
       }
     }
   rank_estimates(out);

@@ -356,7 +356,8 @@ std::int64_t pipeline_transient_peak(const nn::sequential<L...>& model, const sc
 inline nn::gpt_config gpt_config_of(const model& m) {
   return {.vocab = m.vocab, .seq = m.seq, .layers = m.layers, .d_model = m.d_model, .heads = m.heads, .bias = m.bias,
           .tie_weights = m.tie, .experts = m.experts, .top_k = static_cast<int>(m.top_k), .capacity_factor = m.capacity_factor,
-          .moe_every = m.moe_every, .expert_ffn = m.expert_ffn, .shared_experts = m.shared_experts};
+          .moe_every = m.moe_every, .expert_ffn = m.expert_ffn, .shared_experts = m.shared_experts,
+          .sigmoid_router = m.sigmoid_router};
 }
 
 // nn::llama's configuration for a Llama that dml::cost describes (RoPE's theta and norm_eps change no byte), its
@@ -366,7 +367,9 @@ inline nn::llama_config llama_config_of(const model& m, bool selective = false) 
           .kv_heads = m.kv(), .ffn_hidden = m.ffn_hidden, .tie_embeddings = m.tie, .selective_recompute = selective,
           .experts = m.experts,
           .top_k = static_cast<int>(m.top_k), .capacity_factor = m.capacity_factor, .moe_every = m.moe_every,
-          .expert_ffn = m.expert_ffn, .shared_experts = m.shared_experts};
+          .expert_ffn = m.expert_ffn, .shared_experts = m.shared_experts, .sigmoid_router = m.sigmoid_router,
+          .first_dense = m.first_dense, .q_lora_rank = m.q_lora_rank, .kv_lora_rank = m.kv_lora_rank,
+          .qk_nope_dim = m.qk_nope_dim, .qk_rope_dim = m.qk_rope_dim, .v_head_dim = m.v_head_dim};
 }
 
 namespace detail {
@@ -376,7 +379,7 @@ bytes rank_bytes(nn::sequential<L...> part, std::int64_t seq, const layout& l, c
   const std::int64_t w = value_bytes(t.prec);
   const int shard = l.dp / l.replicas;
   if (l.tp > 1) nn::set_tensor_split(part, {.ranks = l.tp, .rank = 0, .sequence = l.sp});
-  if (l.ep > 1) nn::set_expert_split(part, l.ep, 0);
+  nn::set_expert_split(part, l.ep, 0, l.dp * (l.sp ? l.tp : 1));
   if (l.cp > 1) nn::set_context_split(part, {.ranks = l.cp, .rank = 0, .zigzag = true, .all_gather = l.cp_all_gather});
   const auto table = schedule::make(l.schedule, l.pp, static_cast<int>(l.micro_batches));
   const dml::shape rows{t.global_batch / (l.dp / l.cp), seq};

@@ -90,6 +90,9 @@ inline std::vector<hf_tensor> hf_llama_tensors(const nn::llama_config& g, const 
   g.validate();
   if (g.experts > 0)
     fail<invalid_argument>(what, ": Hugging Face's Llama layout has no experts: expected experts 0, found ", g.experts);
+  if (g.latent())
+    fail<invalid_argument>(what, ": Hugging Face's Llama layout has no latent attention: expected kv_lora_rank 0, found ",
+                           g.kv_lora_rank);
   const std::int64_t c = g.d_model, hd = g.head_dim(), q = g.heads * hd, kv = g.kv_heads * hd, f = g.ffn_hidden;
   std::vector<std::pair<std::string, std::vector<std::int64_t>>> params{{"model.embed_tokens.weight", {g.vocab, c}}};
   for (std::int64_t i = 0; i < g.layers; ++i) {

@@ -45,6 +45,9 @@ inline void check_llama2c(const nn::llama_config& g) {
                            g.rope.scaling->factor, ")");
   if (g.norm_eps != 1e-5f) fail<invalid_argument>(what, ": norm_eps: llama2.c expects 1e-05, found ", g.norm_eps);
   if (g.experts > 0) fail<invalid_argument>(what, ": llama2.c's checkpoint has no experts: expected experts 0, found ", g.experts);
+  if (g.latent())
+    fail<invalid_argument>(what, ": llama2.c's checkpoint has no latent attention: expected kv_lora_rank 0, found ",
+                           g.kv_lora_rank);
   const std::int64_t sizes[] = {g.d_model, g.ffn_hidden, g.layers, g.heads, g.kv_heads, g.vocab, g.seq};
   for (const std::int64_t v : sizes)
     if (v > std::numeric_limits<std::int32_t>::max())

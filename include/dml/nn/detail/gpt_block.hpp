@@ -77,8 +77,8 @@ struct gpt_block : detail::split_part {
     if (experts) experts->set_split(s);  // experts stay whole on every tensor rank
     else check_divides(kind, "4·d_model", 4 * dim, s.ranks);
   }
-  void set_expert_split(int ranks, int rank) {
-    if (experts) experts->set_expert_split(ranks, rank);
+  void set_expert_split(int ranks, int rank, int batch_ranks = 0) {
+    if (experts) experts->set_expert_split(ranks, rank, batch_ranks);
   }
   void set_context_split(context_split s) { cp = s; }
 

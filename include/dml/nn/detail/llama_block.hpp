@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dml/core/algorithm.hpp"
@@ -33,10 +34,10 @@
 namespace dml::nn {
 
 namespace detail {
-// The RoPE table of a configuration: head_dim / 2 frequencies for positions [0, seq). One per model, shared by its
+// The RoPE table of a configuration: rope_dim / 2 frequencies for positions [0, seq). One per model, shared by its
 // blocks (and their copies).
 inline std::shared_ptr<const rope_table> llama_rope_table(const llama_config& g) {
-  return std::make_shared<const rope_table>(g.rope, g.head_dim(), g.seq);
+  return std::make_shared<const rope_table>(g.rope, g.rope_dim(), g.seq);
 }
 }  // namespace detail
 
@@ -105,6 +106,94 @@ struct kv_unpack {
     dqkv[i] = c < k.qw ? datt[t * k.att() + c] : sums[t * 2 * k.s + c - k.qw];
   }
 };
+
+// Multi-head latent attention's rows: q [n, heads·d] (d = nope + rope a head), kv_b_proj's [n, heads·(nope + v)] (a
+// head's key columns without position, then its value), the shared rotated key [n, rope], and attention's q, k, v
+// rows [n, 3·heads·d] with each value padded to d by zeros (the tile kernel reads one width for all three).
+struct latent_geometry {
+  std::int64_t heads, nope, rope, v;
+  DML_HOST_DEVICE std::int64_t d() const { return nope + rope; }
+  DML_HOST_DEVICE std::int64_t q_row() const { return heads * d(); }
+  DML_HOST_DEVICE std::int64_t kv_row() const { return heads * (nope + v); }
+};
+template <class T>
+struct latent_assemble {
+  const T *q, *kv, *kr;
+  T* out;
+  latent_geometry g;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    const std::int64_t t = i / (3 * g.q_row()), c = i % (3 * g.q_row()), part = c / g.q_row();
+    const std::int64_t h = c % g.q_row() / g.d(), e = c % g.d();
+    const T* kvh = kv + t * g.kv_row() + h * (g.nope + g.v);
+    if (part == 0) out[i] = q[t * g.q_row() + c];
+    else if (part == 1) out[i] = e < g.nope ? kvh[e] : kr[t * g.rope + e - g.nope];
+    else out[i] = e < g.v ? kvh[g.nope + e] : T(0.f);
+  }
+};
+// Back: kv_b_proj's output gradient from attention's dk and dv columns.
+template <class T>
+struct latent_dkv {
+  const T* dqkv;
+  T* dkv;
+  latent_geometry g;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    const std::int64_t t = i / g.kv_row(), h = i % g.kv_row() / (g.nope + g.v), e = i % (g.nope + g.v);
+    const T* row = dqkv + t * 3 * g.q_row() + h * g.d();
+    dkv[i] = e < g.nope ? row[g.q_row() + e] : row[2 * g.q_row() + e - g.nope];
+  }
+};
+// Back: the shared rotated key's gradient, summed over the heads that read it.
+template <class T>
+struct latent_dkr {
+  const T* dqkv;
+  T* dkr;
+  latent_geometry g;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    const std::int64_t t = i / g.rope, e = i % g.rope;
+    float sum = 0.f;
+    for (std::int64_t h = 0; h < g.heads; ++h)
+      sum += static_cast<float>(dqkv[t * 3 * g.q_row() + g.q_row() + h * g.d() + g.nope + e]);
+    dkr[i] = round_to<T>(sum);
+  }
+};
+// Attention's output [n, heads·d] (values padded) to o_proj's input [n, heads·v] (compact: from padded), and back
+// (pad: the padding's gradient is zero).
+template <class T>
+struct latent_compact {
+  const T* from;
+  T* to;
+  latent_geometry g;
+  bool pad;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const {
+    if (pad) {
+      const std::int64_t t = i / g.q_row(), h = i % g.q_row() / g.d(), e = i % g.d();
+      to[i] = e < g.v ? from[t * g.heads * g.v + h * g.v + e] : T(0.f);
+    } else {
+      const std::int64_t t = i / (g.heads * g.v), h = i % (g.heads * g.v) / g.v, e = i % g.v;
+      to[i] = from[t * g.q_row() + h * g.d() + e];
+    }
+  }
+};
+// The first `width` columns of rows `ld` apart: attention's dq from its dq, dk, dv rows.
+template <class T>
+struct leading_columns {
+  const T* from;
+  T* to;
+  std::int64_t width, ld;
+  DML_HOST_DEVICE void operator()(std::int64_t i) const { to[i] = from[i / width * ld + i % width]; }
+};
+// RoPE on `heads` heads of head_dim columns `stride` apart in rows r.ld apart, from r.qkv (the rotated part of each
+// query head, or the one shared key).
+template <class T>
+struct rope_heads {
+  rope_rotate<T> r;
+  std::int64_t heads, stride;
+  DML_HOST_DEVICE void operator()(std::int64_t e) const {
+    const std::int64_t half = r.head_dim / 2, token = e / (heads * half), k = e % (heads * half), h = k / half;
+    const std::int64_t p = r.position(token);
+    r.rotate(r.qkv + token * r.ld + h * stride, r.cos + p * half, r.sin + p * half, k % half);
+  }
+};
 }  // namespace kernels
 
 // Sizes of one call of a llama block or head on input [B, T or T/p, C].
@@ -131,6 +220,20 @@ struct llama_dims {
 // Context parallelism (set_context_split): the block holds the rank's chunks of each sequence, RoPE turns each token
 // by its position in the whole sequence (nn::cp_position), and attention is ring attention over the context group;
 // K/V blocks of the kv_heads travel it.
+//
+// Multi-head latent attention (llama_config::latent(), DeepSeek-V2 and V3) in place of q, k, v: with rows cq =
+// q_a_layernorm(q_a_proj(h)) (or h itself without q_lora_rank), q = q_b_proj(cq) gives each head qk_nope_dim columns
+// and qk_rope_dim that RoPE turns; the latent c = kv_a_layernorm(kv_a_proj_with_mqa(h)'s first kv_lora_rank columns)
+// gives kv_b_proj(c), each head's key columns and its value, and kv_a_proj_with_mqa's last qk_rope_dim columns, turned
+// by RoPE, are the rest of every head's key. Attention is the tile kernel over heads of qk_nope_dim + qk_rope_dim
+// with each value padded by zeros to that width (its scale 1/sqrt of it); o_proj reads the heads' v_head_dim columns.
+// Parameters (Hugging Face's DeepseekV3 names): input_layernorm.weight; self_attn.q_a_proj.weight [q_lora_rank, C],
+// q_a_layernorm.weight, q_b_proj.weight [heads·(nope + rope), q_lora_rank] (or q_proj.weight [heads·(nope + rope), C]);
+// kv_a_proj_with_mqa.weight [kv_lora_rank + rope, C], kv_a_layernorm.weight, kv_b_proj.weight [heads·(nope + v),
+// kv_lora_rank]; o_proj.weight [C, heads·v]; then the MLP's as above. RoPE turns the rotated columns' halves
+// (rotate-half), not Hugging Face's interleaved pairs. Such a block runs on one tensor rank and one context rank (the
+// layouts DeepSeek-V3 trains with: pipeline, experts and data parallelism) and without a KV cache; the projections'
+// weight gradients are the input pass's in a split backward.
 struct llama_block : detail::split_part {
   static constexpr std::int64_t static_in = dynamic;
   static constexpr std::int64_t static_out = dynamic;
@@ -140,6 +243,7 @@ struct llama_block : detail::split_part {
   static constexpr bool splits_backward = true;
   static constexpr const char* kind = "llama_block";
   std::int64_t dim = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0;
+  std::int64_t q_rank = 0, kv_rank = 0, nope = 0, rope_d = 0, v_dim = 0;  // latent attention (kv_rank > 0)
   float eps = 1e-5f;
   bool selective = false;  // selective recompute: RMSNorm's and SwiGLU's outputs recomputed in backward, not kept
   std::shared_ptr<const rope_table> rope;
@@ -150,13 +254,14 @@ struct llama_block : detail::split_part {
   // table: the model's RoPE table (nn::llama shares one among its blocks); null builds this block's own.
   // with_experts: this block's MLP is a mixture of g.experts experts.
   explicit llama_block(const llama_config& g, std::shared_ptr<const rope_table> table = {}, bool with_experts = false)
-      : dim(g.d_model), heads(g.heads), kv_heads(g.kv_heads), head_dim(g.head_dim()), ffn(g.ffn_hidden),
-        eps(g.norm_eps), selective(g.selective_recompute), rope(std::move(table)) {
+      : dim(g.d_model), heads(g.heads), kv_heads(g.latent() ? g.heads : g.kv_heads), head_dim(g.head_dim()),
+        ffn(g.ffn_hidden), q_rank(g.q_lora_rank), kv_rank(g.kv_lora_rank), nope(g.qk_nope_dim), rope_d(g.qk_rope_dim),
+        v_dim(g.v_head_dim), eps(g.norm_eps), selective(g.selective_recompute), rope(std::move(table)) {
     g.validate();
     if (!rope) rope = detail::llama_rope_table(g);
-    if (rope->half != head_dim / 2)
-      fail<invalid_argument>("dml::nn::llama_block: expected a RoPE table of head_dim / 2 = ", head_dim / 2,
-                             " frequencies, found ", rope->half);
+    if (rope->half != g.rope_dim() / 2)
+      fail<invalid_argument>("dml::nn::llama_block: expected a RoPE table of ", g.latent() ? "qk_rope_dim" : "head_dim",
+                             " / 2 = ", g.rope_dim() / 2, " frequencies, found ", rope->half);
     if (with_experts)
       experts.emplace(moe_config{.dim = dim, .hidden = g.expert_ffn > 0 ? g.expert_ffn : ffn, .experts = g.experts,
                                  .top_k = g.top_k, .capacity_factor = g.capacity_factor,
@@ -168,6 +273,9 @@ struct llama_block : detail::split_part {
   void set_split(tensor_split s) {
     split = s;
     check_split(kind);
+    if (latent() && s.ranks > 1)
+      fail<invalid_argument>("dml::nn::llama_block: latent attention runs on one tensor rank, found tensor parallelism "
+                             "over ", s.ranks, " (DeepSeek-V3's layouts: pipeline, experts and data parallelism)");
     check_divides(kind, "the heads", heads, s.ranks);
     if (s.ranks > kv_heads && s.ranks % kv_heads == 0)  // key/value heads shared by ranks: each holds a slice
       check_divides(kind, "the key/value heads' columns kv_heads·head_dim", kv_heads * head_dim, s.ranks);
@@ -178,20 +286,46 @@ struct llama_block : detail::split_part {
     if (experts) experts->set_split(s);  // experts stay whole on every tensor rank
     else check_divides(kind, "ffn_hidden", ffn, s.ranks);
   }
-  void set_expert_split(int ranks, int rank) {
-    if (experts) experts->set_expert_split(ranks, rank);
+  void set_expert_split(int ranks, int rank, int batch_ranks = 0) {
+    if (experts) experts->set_expert_split(ranks, rank, batch_ranks);
   }
-  void set_context_split(context_split s) { cp = s; }
+  void set_context_split(context_split s) {
+    if (latent() && s.ranks > 1)
+      fail<invalid_argument>("dml::nn::llama_block: latent attention runs on one context rank, found context "
+                             "parallelism over ", s.ranks);
+    cp = s;
+  }
+  bool latent() const { return kv_rank > 0; }
 
   std::vector<param_spec> parameters() const {
     const std::int64_t c = dim, p = ranks(), q = heads * head_dim, kv = kv_heads * head_dim;
     const bool sp = sequence();
     param_shard qkv = shard(q + 2 * kv, c, 0, 3);
     qkv.lead = q;
-    std::vector<param_spec> out{{"input_layernorm.weight", {c}, init_kind::ones, 0.f, 0.f, {}, sp},
-                                {"self_attn.qkv_proj.weight", {(q + 2 * kv) / p, c}, init_kind::normal, 0.f, 0.02f, qkv},
-                                {"self_attn.o_proj.weight", {c, q / p}, init_kind::normal, 0.f, 0.02f, shard(c, q, 1)},
-                                {"post_attention_layernorm.weight", {c}, init_kind::ones, 0.f, 0.f, {}, sp}};
+    const auto normal = [](std::string name, dml::shape shape, param_shard sh = {}) {
+      return param_spec{std::move(name), shape, init_kind::normal, 0.f, 0.02f, sh};
+    };
+    const auto ones = [](std::string name, std::int64_t n, bool partial = false) {
+      return param_spec{std::move(name), {n}, init_kind::ones, 0.f, 0.f, {}, partial};
+    };
+    std::vector<param_spec> out{ones("input_layernorm.weight", c, sp)};
+    if (latent()) {
+      if (q_rank > 0) {
+        out.push_back(normal("self_attn.q_a_proj.weight", {q_rank, c}));
+        out.push_back(ones("self_attn.q_a_layernorm.weight", q_rank));
+        out.push_back(normal("self_attn.q_b_proj.weight", {q, q_rank}));
+      } else {
+        out.push_back(normal("self_attn.q_proj.weight", {q, c}));
+      }
+      out.push_back(normal("self_attn.kv_a_proj_with_mqa.weight", {kv_rank + rope_d, c}));
+      out.push_back(ones("self_attn.kv_a_layernorm.weight", kv_rank));
+      out.push_back(normal("self_attn.kv_b_proj.weight", {heads * (nope + v_dim), kv_rank}));
+      out.push_back(normal("self_attn.o_proj.weight", {c, heads * v_dim}));
+    } else {
+      out.push_back(normal("self_attn.qkv_proj.weight", {(q + 2 * kv) / p, c}, qkv));
+      out.push_back(normal("self_attn.o_proj.weight", {c, q / p}, shard(c, q, 1)));
+    }
+    out.push_back(ones("post_attention_layernorm.weight", c, sp));
     if (experts) {
       for (auto spec : experts->parameters()) {
         spec.name = "mlp." + spec.name;
@@ -199,8 +333,8 @@ struct llama_block : detail::split_part {
       }
       return out;
     }
-    out.push_back({"mlp.gate_up_proj.weight", {2 * ffn / p, c}, init_kind::normal, 0.f, 0.02f, shard(2 * ffn, c, 0, 2)});
-    out.push_back({"mlp.down_proj.weight", {c, ffn / p}, init_kind::normal, 0.f, 0.02f, shard(c, ffn, 1)});
+    out.push_back(normal("mlp.gate_up_proj.weight", {2 * ffn / p, c}, shard(2 * ffn, c, 0, 2)));
+    out.push_back(normal("mlp.down_proj.weight", {c, ffn / p}, shard(c, ffn, 1)));
     return out;
   }
   dml::shape output_shape(dml::shape x) const {
@@ -212,14 +346,26 @@ struct llama_block : detail::split_part {
   }
   // This rank's products per token: qkv_proj 2·C·(heads + 2·kv_heads)·head_dim, o_proj 2·C², q·kᵀ and p·v over every
   // key 4·T·C (the whole T × T, as model FLOPs count it), gate_up_proj 4·C·F and down_proj 2·F·C; all over the group.
-  // With experts, theirs in place of the MLP's (nn::moe::forward_flops), whole on every tensor rank.
+  // With experts, theirs in place of the MLP's (nn::moe::forward_flops), whole on every tensor rank. Latent attention:
+  // its five products (latent_flops_per_token) and q·kᵀ over heads·(nope + rope) columns and p·v over heads·v.
   double forward_flops(dml::shape x) const {
     const llama_dims d = dims(x);
     const double n = static_cast<double>(d.n), c = static_cast<double>(dim), p = static_cast<double>(ranks());
     const double qkv = static_cast<double>((heads + 2 * kv_heads) * head_dim), f = static_cast<double>(ffn);
     const double t = static_cast<double>(d.t * cp.ranks);
-    if (experts) return n * (2 * c * qkv + 2 * c * c + 4 * t * c) / p + experts->forward_flops({d.n, dim});
-    return n * (2 * c * qkv + 2 * c * c + 4 * t * c + 6 * c * f) / p;
+    const double attention = latent() ? latent_flops_per_token(t)
+                                      : 2 * c * qkv + 2 * c * c + 4 * t * c;
+    if (experts) return n * attention / p + experts->forward_flops({d.n, dim});
+    return n * (attention + 6 * c * f) / p;
+  }
+  // A latent attention's forward FLOPs per token over sequences of t: q_a_proj and q_b_proj (or q_proj),
+  // kv_a_proj_with_mqa, kv_b_proj, o_proj, and attention's two products over every key.
+  double latent_flops_per_token(double t) const {
+    const double c = static_cast<double>(dim), h = static_cast<double>(heads), qd = static_cast<double>(head_dim);
+    const double q = q_rank > 0 ? 2 * static_cast<double>(q_rank) * (c + h * qd) : 2 * c * h * qd;
+    const double kv = 2 * c * static_cast<double>(kv_rank + rope_d) +
+                      2 * static_cast<double>(kv_rank) * h * static_cast<double>(nope + v_dim);
+    return q + kv + 2 * h * static_cast<double>(v_dim) * c + 2 * t * h * (qd + static_cast<double>(v_dim));
   }
   std::int64_t saved_bytes(dml::shape x, std::size_t value_bytes) const {
     detail::carver k;
@@ -244,32 +390,39 @@ struct llama_block : detail::split_part {
     check_group(kind, c, ranks());
     check_ring(c);
     check_cache<S>(kind, c, cp.ranks);
+    if (latent() && c.kv)
+      fail<invalid_argument>("dml::nn::llama_block: latent attention keeps no KV cache; decode with a forward over the "
+                             "whole window");
     const llama_dims d = dims(x.shape);
-    const std::int64_t C = dim, nl = d.n_local, qw = heads * head_dim / ranks(), qkv_w = width(), fp = ffn / ranks();
+    const std::int64_t C = dim, nl = d.n_local, qw = o_width(), qkv_w = width(), fp = ffn / ranks();
     const auto ws = work_parts<T>(c.workspace, d);
     const auto sv = kept_parts<T>(c.saved, ws, d);
     const auto w = weights(p.w);
     // attention half: x2 = x + o_proj(attn(rope(qkv_proj(rmsnorm(x)))))
     rmsnorm_forward<S>(x.data, w.ln1, sv.h1, sv.rrms1, nl, C, eps);
     const T* h1 = gather(c, static_cast<const T*>(sv.h1), ws.full1, nl * C);
-    T* const qkv = shares_kv() ? ws.qkv : sv.qkv;
-    detail::linear_forward<S>(d.n, C, qkv_w, h1, w.qkv, static_cast<const T*>(nullptr), qkv);
-    if (shares_kv()) gather_kv<S>(c, d, static_cast<const T*>(qkv), ws, sv.qkv);
-    rope_forward<S>(rope_dims(d), sv.qkv, table<S>(ws), c.kv ? c.kv->positions(d.b, d.t) : positions<S>(ws, d));
-    if (c.kv)
-      c.kv->attend<S>(c.layer, attention(d), static_cast<const T*>(sv.qkv), sv.att, sv.lse);
-    else if (ring())
-      ring_attention_forward<S>(ring_shape(d), cp, c.cp, static_cast<const T*>(sv.qkv), sv.att, sv.lse, ws.scratch,
-                                c.doc_start);
-    else
-      tile_attention_forward<S>(attention(d), static_cast<const T*>(sv.qkv), sv.att, sv.lse, c.doc_start);
+    if (latent()) {
+      latent_forward<S>(c, d, w, h1, sv, ws);
+    } else {
+      T* const qkv = shares_kv() ? ws.qkv : sv.qkv;
+      detail::linear_forward<S>(d.n, C, qkv_w, h1, w.qkv, static_cast<const T*>(nullptr), qkv);
+      if (shares_kv()) gather_kv<S>(c, d, static_cast<const T*>(qkv), ws, sv.qkv);
+      rope_forward<S>(rope_dims(d), sv.qkv, table<S>(ws), c.kv ? c.kv->positions(d.b, d.t) : positions<S>(ws, d));
+      if (c.kv)
+        c.kv->attend<S>(c.layer, attention(d), static_cast<const T*>(sv.qkv), sv.att, sv.lse);
+      else if (ring())
+        ring_attention_forward<S>(ring_shape(d), cp, c.cp, static_cast<const T*>(sv.qkv), sv.att, sv.lse, ws.scratch,
+                                  c.doc_start);
+      else
+        tile_attention_forward<S>(attention(d), static_cast<const T*>(sv.qkv), sv.att, sv.lse, c.doc_start);
+    }
     // The row-parallel product's partial sums land where their sum goes (in place, or reduce-scattered there).
     T* o = sequence() ? ws.full2 : sv.x2;
     detail::linear_forward<S>(d.n, qw, C, static_cast<const T*>(sv.att), w.o, static_cast<const T*>(nullptr), o);
     reduce(c, o, sv.x2, nl * C);
     residual_rmsnorm_forward<S>(sv.x2, x.data, w.ln2, sv.h2, sv.rrms2, nl, C, eps);
     if (experts) {  // on this rank's token rows: the experts are whole here, nothing to gather or reduce
-      moe_of(d).template forward_rows<S>(c, p.w + 4, static_cast<const T*>(sv.h2), ws.part, nl, sv.moe, ws.moe,
+      moe_of(d).template forward_rows<S>(c, p.w + mlp_index(), static_cast<const T*>(sv.h2), ws.part, nl, sv.moe, ws.moe,
                                          d.t * cp.ranks);
       detail::token_rows<S>(nl, C, kernels::residual_dropout<T>{sv.x2, static_cast<const T*>(ws.part), nullptr, y.data,
                                                              no_dropout()});
@@ -289,7 +442,7 @@ struct llama_block : detail::split_part {
   void backward(const context& c, layer_params<T> p, tensor_view<const T, S> x, tensor_view<const T, S>,
                 tensor_view<const T, S> dy, tensor_view<T, S> dx) const {
     const llama_dims d = dims(x.shape);
-    const std::int64_t C = dim, nl = d.n_local, qw = heads * head_dim / ranks(), qkv_w = width(), fp = ffn / ranks();
+    const std::int64_t C = dim, nl = d.n_local, qw = o_width(), qkv_w = width(), fp = ffn / ranks();
     const auto ws = work_parts<T>(c.workspace, d);
     const auto sv = kept_parts<T>(c.saved, ws, d);
     const auto w = weights(p.w);
@@ -308,8 +461,9 @@ struct llama_block : detail::split_part {
                                       static_cast<const T*>(st.dgu), g.gate_up, acc);
       }
       detail::linear_weight_grad<S>(d.n, qw, C, static_cast<const T*>(sv.att), static_cast<const T*>(st.dp), g.o, acc);
-      detail::linear_weight_grad<S>(d.n, C, qkv_w, static_cast<const T*>(sp ? st.h1 : sv.h1),
-                                    static_cast<const T*>(st.dqkv), g.qkv, acc);
+      if (!latent())  // latent attention's projections took theirs in the input pass
+        detail::linear_weight_grad<S>(d.n, C, qkv_w, static_cast<const T*>(sp ? st.h1 : sv.h1),
+                                      static_cast<const T*>(st.dqkv), g.qkv, acc);
       return;
     }
     // The input pass of a split backward writes what the weight pass reads straight into the stash.
@@ -319,7 +473,8 @@ struct llama_block : detail::split_part {
     // this rank's rows and compute their weight gradients at once.
     const T* dh2 = ws.part;
     if (experts)
-      moe_of(d).template backward_rows<S>(c, p.w + 4, p.g + 4, static_cast<const T*>(sv.h2), dy.data, ws.part, nl, sv.moe,
+      moe_of(d).template backward_rows<S>(c, p.w + mlp_index(), p.g + mlp_index(), static_cast<const T*>(sv.h2), dy.data,
+                                          ws.part, nl, sv.moe,
                                           ws.moe, d.t * cp.ranks);
     else
       dh2 = dense_mlp_backward<S>(c, d, w, g, dy.data, st, sv, ws, acc);
@@ -331,6 +486,12 @@ struct llama_block : detail::split_part {
     const T* dp = gather(c, static_cast<const T*>(dx2), st ? st->dp : ws.full1, nl * C);
     if (!st) detail::linear_weight_grad<S>(d.n, qw, C, static_cast<const T*>(sv.att), dp, g.o, acc);
     detail::linear_input_grad<S>(d.n, qw, C, dp, w.o, ws.datt);
+    if (latent()) {
+      latent_backward<S>(c, d, w, g, static_cast<const T*>(sv.h1), sv, ws, acc);
+      rmsnorm_backward<S>(x.data, static_cast<const T*>(w.ln1), static_cast<const float*>(sv.rrms1),
+                          static_cast<const T*>(ws.full3), static_cast<const T*>(dx2), dx.data, g.ln1, nl, C, acc);
+      return;
+    }
     T* const dqkv = st ? st->dqkv : ws.dqkv;
     T* const datt = shares_kv() ? ws.dqkv_att : dqkv;  // attention's q, k, v gradients (whole key/value heads)
     if (ring())
@@ -356,6 +517,89 @@ struct llama_block : detail::split_part {
   }
 
  private:
+  // Latent attention's forward from the block's normed input h (one tensor rank: every token's row here): sv.qkv,
+  // attention's output (sv.att_pad) and o_proj's input (sv.att).
+  template <execution_space S, class T, class R, class Sv, class Ws>
+  void latent_forward(const context& c, const llama_dims& d, const R& w, const T* h, const Sv& sv, const Ws& ws) const {
+    const std::int64_t C = dim, n = d.n, q = heads * head_dim;
+    const auto geo = latent_geo();
+    const T* none = nullptr;
+    if (q_rank > 0) {
+      detail::linear_forward<S>(n, C, q_rank, h, w.qa, none, sv.cq);
+      rmsnorm_forward<S>(static_cast<const T*>(sv.cq), static_cast<const T*>(w.qan), sv.cqn, sv.rrms_q, n, q_rank, eps);
+      detail::linear_forward<S>(n, q_rank, q, static_cast<const T*>(sv.cqn), w.qb, none, ws.q);
+    } else {
+      detail::linear_forward<S>(n, C, q, h, w.qb, none, ws.q);
+    }
+    // kv_a_proj_with_mqa's rows: the latent's kv_rank, then the shared key's rope_d (two products of its two row blocks)
+    detail::linear_forward<S>(n, C, kv_rank, h, w.kva, none, sv.ckv);
+    detail::linear_forward<S>(n, C, rope_d, h, static_cast<const T*>(w.kva + kv_rank * C), none, ws.kr);
+    rmsnorm_forward<S>(static_cast<const T*>(sv.ckv), static_cast<const T*>(w.kvan), sv.ckvn, sv.rrms_kv, n, kv_rank, eps);
+    detail::linear_forward<S>(n, kv_rank, geo.kv_row(), static_cast<const T*>(sv.ckvn), w.kvb, none, ws.kv);
+    rotate_latent<S>(d, ws, 1.f);
+    for_each_index<S>(n * 3 * q, kernels::latent_assemble<T>{ws.q, ws.kv, ws.kr, sv.qkv, geo});
+    tile_attention_forward<S>(attention(d), static_cast<const T*>(sv.qkv), sv.att_pad, sv.lse, c.doc_start);
+    for_each_index<S>(n * heads * v_dim, kernels::latent_compact<T>{sv.att_pad, sv.att, geo, false});
+  }
+  // Back from o_proj's input gradient (ws.datt) to the normed input's (ws.full3), every projection's weight gradient
+  // taken on the way.
+  template <execution_space S, class T, class R, class Sv, class Ws>
+  void latent_backward(const context& c, const llama_dims& d, const R& w, const R& g, const T* h, const Sv& sv,
+                       const Ws& ws, bool acc) const {
+    const std::int64_t C = dim, n = d.n, q = heads * head_dim;
+    const auto geo = latent_geo();
+    for_each_index<S>(n * q, kernels::latent_compact<T>{ws.datt, ws.datt_pad, geo, true});
+    tile_attention_backward<S>(attention(d), static_cast<const T*>(sv.qkv), static_cast<const T*>(sv.att_pad),
+                               static_cast<const float*>(sv.lse), static_cast<const T*>(ws.datt_pad), ws.dqkv, ws.tiles,
+                               c.doc_start);
+    for_each_index<S>(n * q, kernels::leading_columns<T>{ws.dqkv, ws.q, q, 3 * q});
+    for_each_index<S>(n * geo.kv_row(), kernels::latent_dkv<T>{ws.dqkv, ws.kv, geo});
+    for_each_index<S>(n * rope_d, kernels::latent_dkr<T>{ws.dqkv, ws.kr, geo});
+    rotate_latent<S>(d, ws, -1.f);
+    // keys and values: kv_b_proj, kv_a_layernorm, kv_a_proj_with_mqa's two row blocks
+    detail::linear_weight_grad<S>(n, kv_rank, geo.kv_row(), static_cast<const T*>(sv.ckvn), static_cast<const T*>(ws.kv),
+                                  g.kvb, acc);
+    detail::linear_input_grad<S>(n, kv_rank, geo.kv_row(), static_cast<const T*>(ws.kv), w.kvb, ws.dlat);
+    rmsnorm_backward<S>(static_cast<const T*>(sv.ckv), static_cast<const T*>(w.kvan), static_cast<const float*>(sv.rrms_kv),
+                        static_cast<const T*>(ws.dlat), static_cast<const T*>(nullptr), ws.dlat2, g.kvan, n, kv_rank, acc);
+    detail::linear_weight_grad<S>(n, C, kv_rank, h, static_cast<const T*>(ws.dlat2), g.kva, acc);
+    detail::linear_weight_grad<S>(n, C, rope_d, h, static_cast<const T*>(ws.kr), g.kva + kv_rank * C, acc);
+    detail::linear_input_grad<S>(n, C, kv_rank, static_cast<const T*>(ws.dlat2), w.kva, ws.full3);
+    detail::linear_input_grad<S>(n, C, rope_d, static_cast<const T*>(ws.kr), static_cast<const T*>(w.kva + kv_rank * C),
+                                 ws.full3, true);
+    // queries
+    if (q_rank > 0) {
+      detail::linear_weight_grad<S>(n, q_rank, q, static_cast<const T*>(sv.cqn), static_cast<const T*>(ws.q), g.qb, acc);
+      detail::linear_input_grad<S>(n, q_rank, q, static_cast<const T*>(ws.q), w.qb, ws.dq1);
+      rmsnorm_backward<S>(static_cast<const T*>(sv.cq), static_cast<const T*>(w.qan), static_cast<const float*>(sv.rrms_q),
+                          static_cast<const T*>(ws.dq1), static_cast<const T*>(nullptr), ws.dq2, g.qan, n, q_rank, acc);
+      detail::linear_weight_grad<S>(n, C, q_rank, h, static_cast<const T*>(ws.dq2), g.qa, acc);
+      detail::linear_input_grad<S>(n, C, q_rank, static_cast<const T*>(ws.dq2), w.qa, ws.full3, true);
+    } else {
+      detail::linear_weight_grad<S>(n, C, q, h, static_cast<const T*>(ws.q), g.qb, acc);
+      detail::linear_input_grad<S>(n, C, q, static_cast<const T*>(ws.q), w.qb, ws.full3, true);
+    }
+  }
+  // RoPE on the queries' rotated columns (ws.q) and the shared key (ws.kr), forward (sign 1) or back (−1).
+  template <execution_space S, class Ws>
+  void rotate_latent(const llama_dims& d, const Ws& ws, float sign) const {
+    using T = std::remove_pointer_t<decltype(ws.q)>;
+    const rope_table_view rt = table<S>(ws);
+    const std::int64_t half = rope_d / 2, q = heads * head_dim;
+    const auto turn = [&](T* base, std::int64_t ld, std::int64_t n_heads, std::int64_t stride) {
+      for_each_index<S>(d.n * n_heads * half,
+                        kernels::rope_heads<T>{{base, rt.cos, rt.sin, nullptr, d.t, ld, rope_d, n_heads * half, sign},
+                                               n_heads, stride});
+    };
+    turn(ws.q + nope, q, heads, head_dim);
+    turn(ws.kr, rope_d, 1, 0);
+  }
+  kernels::latent_geometry latent_geo() const { return {.heads = heads, .nope = nope, .rope = rope_d, .v = v_dim}; }
+  // o_proj's input row: this rank's heads' values.
+  std::int64_t o_width() const { return heads * (latent() ? v_dim : head_dim) / ranks(); }
+  // The index of the MLP's (or the experts') first parameter.
+  std::int64_t mlp_index() const { return (latent() ? (q_rank > 0 ? 6 : 4) : 1) + 3; }
+
   // The dense MLP's backward (stash: a split backward's input pass): rmsnorm(x2)'s gradient, in ws.part.
   template <execution_space S, class T, class R, class St, class Sv, class Ws>
   const T* dense_mlp_backward(const context& c, const llama_dims& d, const R& w, const R& g, const T* dy, const St* st,
@@ -458,11 +702,22 @@ struct llama_block : detail::split_part {
   template <class T>
   struct roles {
     T *ln1, *qkv, *o, *ln2, *gate_up, *down;
+    T *qa, *qan, *qb, *kva, *kvan, *kvb;  // latent attention's, in place of qkv
   };
   template <class T>
   roles<T> weights(T* const* v) const {
-    if (experts) return {v[0], v[1], v[2], v[3], nullptr, nullptr};  // the experts' own from index 4
-    return {v[0], v[1], v[2], v[3], v[4], v[5]};
+    roles<T> r{};
+    std::size_t i = 0;
+    r.ln1 = v[i++];
+    if (latent()) {
+      if (q_rank > 0) r.qa = v[i++], r.qan = v[i++];
+      r.qb = v[i++], r.kva = v[i++], r.kvan = v[i++], r.kvb = v[i++];
+    } else {
+      r.qkv = v[i++];
+    }
+    r.o = v[i++], r.ln2 = v[i++];
+    if (!experts) r.gate_up = v[i], r.down = v[i + 1];  // the experts' own from mlp_index()
+    return r;
   }
   // The experts sized for any rank of the expert group (as gpt_block's).
   nn::moe moe_of(const llama_dims& d) const {
@@ -474,11 +729,15 @@ struct llama_block : detail::split_part {
   // backward under sequence parallelism), q k v after RoPE, the attention's output and the log-sum-exp of each of its
   // rows, the residual between the halves, and [gate | up] with SwiGLU's output. Where ranks share key/value heads,
   // q k v are attention's rows (the rank's query heads and its whole key and value head).
+  // Latent attention keeps its two latents before and after their RMSNorms with each row's 1/rms, attention's output
+  // with padded values and o_proj's input, in place of q k v's rows it keeps attention's.
   template <class T>
   struct saved_set {
     float *rrms1, *rrms2, *lse;
     T *h1, *qkv, *att, *x2, *h2, *gu, *a;
     std::byte* moe;  // what the experts keep, in place of gu and a
+    float *rrms_q, *rrms_kv;
+    T *cq, *cqn, *ckv, *ckvn, *att_pad;
   };
   template <class T>
   saved_set<T> saved_parts(std::byte* base, const llama_dims& d) const {
@@ -492,9 +751,20 @@ struct llama_block : detail::split_part {
     s.rrms1 = k.take<float>(d.n_local);
     s.rrms2 = k.take<float>(d.n_local);
     if (!selective) s.h1 = k.take<T>(d.n_local * C);
+    if (latent()) {
+      if (q_rank > 0) {
+        s.rrms_q = k.take<float>(d.n);
+        s.cq = k.take<T>(d.n * q_rank);
+        s.cqn = k.take<T>(d.n * q_rank);
+      }
+      s.rrms_kv = k.take<float>(d.n);
+      s.ckv = k.take<T>(d.n * kv_rank);
+      s.ckvn = k.take<T>(d.n * kv_rank);
+      s.att_pad = k.take<T>(d.n * heads * head_dim);
+    }
     s.qkv = k.take<T>(d.n * attention_width());
     s.lse = k.take<float>(ring() ? ring_attention_saved_size(ring_shape(d), cp) : tile_attention_saved_size(attention(d)));
-    s.att = k.take<T>(d.n * heads * head_dim / ranks());
+    s.att = k.take<T>(d.n * o_width());
     s.x2 = k.take<T>(d.n_local * C);
     if (!selective) s.h2 = k.take<T>(d.n_local * C);
     if (experts) {
@@ -517,6 +787,7 @@ struct llama_block : detail::split_part {
   struct work_set {
     T *full1, *full2, *full3, *part, *dx2, *da, *dgu, *datt, *dqkv, *scratch;
     T *qkv, *dqkv_att, *kv_part, *kv_all;  // ranks sharing key/value heads: their rows, slices and gathered slices
+    T *q, *kv, *kr, *datt_pad, *dlat, *dlat2, *dq1, *dq2;  // latent attention's projections and their gradients
     T *kh1, *kh2, *ka;                     // selective recompute: the outputs of the RMSNorms and of SwiGLU
     float *tiles, *rope, *moe;
     std::int64_t* positions;
@@ -541,8 +812,18 @@ struct llama_block : detail::split_part {
       w.da = k.take<T>(d.n * fp);
       w.dgu = k.take<T>(d.n * 2 * fp);
     }
-    w.datt = k.take<T>(d.n * heads * head_dim / ranks());
-    w.dqkv = k.take<T>(d.n * width());
+    w.datt = k.take<T>(d.n * o_width());
+    w.dqkv = k.take<T>(d.n * (latent() ? attention_width() : width()));
+    if (latent()) {
+      w.q = k.take<T>(d.n * heads * head_dim);
+      w.kv = k.take<T>(d.n * latent_geo().kv_row());
+      w.kr = k.take<T>(d.n * rope_d);
+      w.datt_pad = k.take<T>(d.n * heads * head_dim);
+      w.dlat = k.take<T>(d.n * kv_rank);
+      w.dlat2 = k.take<T>(d.n * kv_rank);
+      w.dq1 = k.take<T>(d.n * q_rank);
+      w.dq2 = k.take<T>(d.n * q_rank);
+    }
     if (shares_kv()) {
       w.qkv = k.take<T>(d.n * width());
       w.dqkv_att = k.take<T>(d.n * attention_width());
@@ -585,6 +866,7 @@ struct llama_block : detail::split_part {
       if (sequence()) s.h2 = k.take<T>(d.n * C);
     }
     s.dp = k.take<T>(d.n * C);
+    if (latent()) return s;  // its projections' weight gradients are the input pass's
     s.dqkv = k.take<T>(d.n * width());
     if (sequence()) s.h1 = k.take<T>(d.n * C);
     return s;

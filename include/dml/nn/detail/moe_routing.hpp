@@ -170,8 +170,9 @@ inline moe::routing moe::decide(const context& c, const plan_view& v, std::int64
   const std::int64_t rmax = max_received(n);
   if (r.received > rmax)
     fail<invalid_argument>("dml::nn::moe: expert rank ", ep_rank, " received ", r.received, " rows, expected at most ", rmax,
-                           " (", ep_ranks, " ranks × ", n, " rows × top-", K, "): a rank of the expert group passes more "
-                           "rows than this one: set group_rows to the most any rank passes");
+                           " (", ep_ranks, " ranks × ", n, " rows × top-", K, ", or its experts' capacity over ",
+                           batch_ranks, " ranks' tokens): a rank passes more rows than this one: set group_rows to the "
+                           "most any rank passes, and batch_ranks to the ranks the capacity counts");
   // Expert order: for each local expert, its rows from each source rank in rank order.
   std::int64_t p = 0;
   for (std::int64_t le = 0; le < el; ++le)
