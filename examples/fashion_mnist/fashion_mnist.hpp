@@ -426,6 +426,9 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
       std::fflush(stdout);
     }
   }
+  // dml's buffers by category over the run, training and evaluation; the rest of their high-water mark is
+  // workspaces and transients.
+  if (rank == 0) std::printf("memory per rank (rank 0): %s\n", trainer.memory().by_category().c_str());
   if (!o.save.empty()) {
     const auto full = trainer.full_parameters();  // collective under zero3
     if (rank == 0) dml::train::save_weights(trainer.layout(), full, o.save);

@@ -850,11 +850,7 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   held.reset();  // gradients, optimizer state and activations: evaluation and sampling hold their own, smaller set
   if (rank != 0) return 0;
   // dml's buffers by category; the rest of their high-water mark is workspaces and transients.
-  const std::int64_t listed = mem.params + mem.grads + mem.optimizer + mem.buffers + mem.activations;
-  std::printf("memory per rank (rank 0): params %.2f MiB, grads %.2f, optimizer %.2f, buffers %.2f, activations at peak "
-              "%.2f, workspace and transients %.2f; total=%.2f MiB\n", mem.params / 1048576.0, mem.grads / 1048576.0,
-              mem.optimizer / 1048576.0, mem.buffers / 1048576.0, mem.activations / 1048576.0,
-              static_cast<double>(mem.allocated_peak - listed) / 1048576.0, mem.allocated_peak / 1048576.0);
+  std::printf("memory per rank (rank 0): %s\n", mem.by_category().c_str());
   double predicted = -1;  // the largest rank's bytes
   try {
     if (o.schedule.ends_with(".csv")) dml::fail<dml::invalid_argument>("a schedule file");

@@ -11,6 +11,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <cstdio>
 #include <ranges>
 #include <span>
 #include <string>
@@ -54,6 +55,18 @@ struct memory_report {
   // Model state, activation storage and the network's workspaces; not the communicator's or a GEMM library's own.
   std::int64_t allocated = 0, allocated_peak = 0;
   std::int64_t total() const { return params + grads + optimizer + buffers; }
+  // Every category in MiB and their high-water mark: "params 1.23 MiB, grads ..., activations at peak ..., workspace
+  // and transients ...; total=... MiB" (the workspace is what the high-water mark holds beyond the categories).
+  std::string by_category() const {
+    const auto mib = [](std::int64_t b) { return static_cast<double>(b) / 1048576.0; };
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "params %.2f MiB, grads %.2f, optimizer %.2f, buffers %.2f, activations at peak %.2f, workspace and "
+                  "transients %.2f; total=%.2f MiB",
+                  mib(params), mib(grads), mib(optimizer), mib(buffers), mib(activations),
+                  mib(allocated_peak - (params + grads + optimizer + buffers + activations)), mib(allocated_peak));
+    return line;
+  }
 };
 
 // What a sharding's state is built from.
