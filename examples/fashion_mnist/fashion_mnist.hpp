@@ -28,6 +28,7 @@ struct options {
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::vector<std::int64_t> hidden{256, 256};
   std::int64_t epochs = 5;
+  std::string memory;  // the most bytes of dml buffers a rank may hold ("64MiB"; empty: no limit)
   std::int64_t steps = 0;  // 0: no limit
   std::int64_t batch = 128;
   std::optional<float> lr;
@@ -97,6 +98,17 @@ inline dml::flags command_line(options& o) {
   f.add("--save", o.save, "FILE", "save the trained weights, .safetensors");
   f.add_switch("--no-shuffle", o.shuffle, "keep the training set's order", false);
   f.add("--log", o.log, "FILE", "write the loss and learning rate per step, .csv");
+  f.add("--memory", o.memory, "BYTES",
+        "the most bytes of dml buffers a rank may hold (64MiB, 1GB, ...): an allocation past it stops the run, naming "
+        "what is held")
+      .check([](const std::string& s) {
+        try {
+          dml::parse_bytes(s);
+          return std::string{};
+        } catch (const dml::error&) {
+          return std::string("a positive size such as 64MiB, 1GB or 1e9");
+        }
+      });
   f.add("--threads", o.threads, "N", "OpenMP threads per rank").min(1);
   f.add("--ranks", o.ranks, "N", "comm::local ranks; with --comm mpi or gloo the world (leave it out)").min(1);
   f.add("--comm", o.comm, "C", "communicator").choices({"local", "mpi", "gloo"});
@@ -328,6 +340,7 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
   to.schedule = o.schedule;
   to.stage_cuts = o.cuts;
   to.recompute = o.recompute;
+  if (!o.memory.empty()) to.memory_limit = static_cast<std::int64_t>(dml::parse_bytes(o.memory));
   to.replicas = o.replicas;
   to.offload = o.offload;
   to.lr = [&o, base = opt.default_lr(), planned](std::int64_t s) { return learning_rate(o, base, s, planned); };

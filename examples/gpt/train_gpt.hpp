@@ -688,6 +688,8 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   to.pipeline_stages = o.pp;
   to.schedule = o.schedule;
   to.recompute = o.recompute == "full";
+  // --memory binds the trainer too: dml's buffers past it stop the run, naming what is held (the plan's bytes fit).
+  if (o.memory_cap) to.memory_limit = static_cast<std::int64_t>(dml::parse_bytes(o.memory));
   to.clip_norm = o.clip;
   to.tensor_parallel = o.tp;
   to.sequence_parallel = o.sp;

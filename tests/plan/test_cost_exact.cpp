@@ -331,10 +331,11 @@ TEST_CASE("context parallelism (cp 2 and 4): every rank's bytes equal the cost m
 namespace {
 
 // The largest rank's bytes of a layout of `model` (nn::gpt or nn::llama, sequences of seq tokens) as the trainer
-// holds them after a step, against cost::evaluate_dml's.
+// holds them after a step, against cost::evaluate_dml's; limit: trainer_options::memory_limit.
 template <class Sharding, class Precision, class Model>
-cost::bytes held(const Model& model, std::int64_t seq, const cost::layout& l, std::int64_t batch) {
+cost::bytes held(const Model& model, std::int64_t seq, const cost::layout& l, std::int64_t batch, std::int64_t limit = 0) {
   train::trainer_options o;
+  o.memory_limit = limit;
   o.tensor_parallel = l.tp;
   o.sequence_parallel = l.sp;
   o.pipeline_stages = l.pp;
@@ -360,12 +361,12 @@ cost::bytes held(const Model& model, std::int64_t seq, const cost::layout& l, st
 }
 
 template <class Precision>
-cost::bytes held(const nn::gpt_config& g, const cost::layout& l, std::int64_t batch) {
+cost::bytes held(const nn::gpt_config& g, const cost::layout& l, std::int64_t batch, std::int64_t limit = 0) {
   switch (l.zero) {
-    case 0: return held<parallel::replicate, Precision>(nn::gpt(g), g.seq, l, batch);
-    case 1: return held<parallel::hybrid<parallel::zero<1>>, Precision>(nn::gpt(g), g.seq, l, batch);
-    case 2: return held<parallel::hybrid<parallel::zero<2>>, Precision>(nn::gpt(g), g.seq, l, batch);
-    default: return held<parallel::hybrid<parallel::zero<3>>, Precision>(nn::gpt(g), g.seq, l, batch);
+    case 0: return held<parallel::replicate, Precision>(nn::gpt(g), g.seq, l, batch, limit);
+    case 1: return held<parallel::hybrid<parallel::zero<1>>, Precision>(nn::gpt(g), g.seq, l, batch, limit);
+    case 2: return held<parallel::hybrid<parallel::zero<2>>, Precision>(nn::gpt(g), g.seq, l, batch, limit);
+    default: return held<parallel::hybrid<parallel::zero<3>>, Precision>(nn::gpt(g), g.seq, l, batch, limit);
   }
 }
 
@@ -418,6 +419,25 @@ TEST_CASE("cost::evaluate_dml: a GPT layout's largest rank holds what the cost m
                                       cost::cluster{}, 2);
   CHECK_FALSE(sel.fits);
   CHECK(sel.why.find("selective recompute is a Llama block's in dml") != std::string::npos);
+}
+
+TEST_CASE("trainer_options::memory_limit at the plan's total trains; a byte less is refused before it is allocated") {
+  // The limit binds dml's buffers (memory().allocated), which the plan prices to the byte: the largest rank reaches
+  // it exactly; a byte below, that rank's allocation throws and the other ranks stop with it (no hang).
+  constexpr std::int64_t batch = 8;
+  const cost::model dense{.layers = 4, .d_model = 32, .heads = 4, .seq = 16, .vocab = 32};
+  for (const char* layout : {"dp=1", "dp=2,zero=3", "dp=2,pp=2,zero=1,mb=4", "dp=2,tp=2,sp=1"}) {
+    CAPTURE(layout);
+    const auto l = cost::parse_layout(layout);
+    const auto e = cost::evaluate_dml(dense, l, {.global_batch = batch, .prec = cost::precision::fp32}, cost::cluster{},
+                                      l.devices());
+    REQUIRE(e.why.empty());
+    const auto limit = static_cast<std::int64_t>(e.per_rank.total());
+    const auto g = cost::gpt_config_of(dense);
+    check_held(held<precision::fp32>(g, l, batch, limit), e);
+    const std::string want = "expected at most the memory limit of " + std::to_string(limit - 1) + " bytes";
+    CHECK_THROWS_WITH(held<precision::fp32>(g, l, batch, limit - 1), doctest::Contains(want.c_str()));
+  }
 }
 
 namespace {

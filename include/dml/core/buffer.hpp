@@ -85,7 +85,8 @@ struct allocator<cuda> {
 // and stepping, to its own account: its memory() reports what it actually holds.
 class memory_account {
  public:
-  memory_account() = default;
+  // limit: the most bytes the account may hold at once (0: no limit); an allocation past it throws (check).
+  explicit memory_account(std::int64_t limit = 0) noexcept : limit_(limit) {}
   memory_account(const memory_account&) = delete;
   memory_account& operator=(const memory_account&) = delete;
 
@@ -98,6 +99,15 @@ class memory_account {
     while (now > high && !peak_.compare_exchange_weak(high, now, std::memory_order_relaxed)) {}
   }
   void credit(std::int64_t bytes) noexcept { live_.fetch_sub(bytes, std::memory_order_relaxed); }
+  std::int64_t limit() const noexcept { return limit_; }
+  // Throws memory_limit_error where `bytes` more would pass the limit, naming it, the allocation and what is held.
+  void check(std::int64_t bytes) const {
+    if (limit_ <= 0 || live() + bytes <= limit_) return;
+    const auto mib = [](std::int64_t b) { return detail::cat(b, " bytes (", (b * 100 + 524288) / 1048576 / 100.0, " MiB)"); };
+    fail<memory_limit_error>("dml: expected at most the memory limit of ", mib(limit_), " in dml buffers, found an "
+                             "allocation of ", mib(bytes), " on top of the ", mib(live()), " held (the peak so far: ",
+                             mib(peak()), ")");
+  }
 
   // The calling thread's account, or null.
   static memory_account* current() noexcept { return current_slot(); }
@@ -124,6 +134,7 @@ class memory_account {
     return a;
   }
   std::atomic<std::int64_t> live_{0}, peak_{0};
+  std::int64_t limit_ = 0;
 };
 
 template <class T, execution_space Space = host>
@@ -151,8 +162,10 @@ class buffer {
     if (n == size_) return;
     release();
     if (n) {
+      memory_account* const a = memory_account::current();
+      if (a) a->check(static_cast<std::int64_t>(n * sizeof(T)));  // empty, as released, if it throws
       data_ = static_cast<T*>(detail::allocator<Space>::allocate(n * sizeof(T)));
-      account_ = memory_account::current();
+      account_ = a;
       if (account_) account_->charge(static_cast<std::int64_t>(n * sizeof(T)));
     }
     size_ = n;

@@ -37,6 +37,11 @@ class invalid_argument : public error {
  public:
   using error::error;
 };
+// An allocation that would pass a memory limit set on purpose (trainer_options::memory_limit).
+class memory_limit_error : public error {
+ public:
+  using error::error;
+};
 
 namespace detail {
 // g++ 12 lacks <format>; a stream-based concatenation keeps messages readable.

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// dml/plan/cluster.hpp — a cluster description as JSON (what dml-plan --cluster reads and --calibrate writes), and
-// byte sizes as people write them ("80GiB").
+// dml/plan/cluster.hpp — a cluster description as JSON (what dml-plan --cluster reads and --calibrate writes); byte
+// sizes as people write them ("80GiB") are train/flags.hpp's parse_bytes.
 // Sits on plan/cost.hpp and nlohmann-json; used by tools/dml-plan. See DESIGN.md §7.
 #pragma once
 
@@ -12,27 +12,11 @@
 
 #include "dml/core/error.hpp"
 #include "dml/plan/cost.hpp"
+#include "dml/train/flags.hpp"
 
 namespace dml::cost {
 
-// "80GiB", "40GB", "1.5e9", "512MiB": bytes (powers of 1024 for KiB..TiB, of 1000 for KB..TB).
-inline double parse_bytes(std::string_view text) {
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(std::string(text), &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  const std::string_view unit = used ? text.substr(used) : std::string_view{};
-  const std::pair<std::string_view, double> units[] = {{"", 1},        {"B", 1},          {"KB", 1e3},  {"MB", 1e6},
-                                                       {"GB", 1e9},    {"TB", 1e12},      {"KiB", 1024.0}, {"MiB", 1048576.0},
-                                                       {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
-  for (const auto& [name, scale] : units)
-    if (used && unit == name && std::isfinite(v) && v > 0) return v * scale;
-  fail<invalid_argument>("expected a positive size such as 80GiB, 40GB or 1e9 (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), found '",
-                         text, "'");
-}
+using dml::parse_bytes;  // train/flags.hpp: "80GiB" as bytes
 
 inline nlohmann::json to_json(const cluster& c) {
   nlohmann::json j = {{"devices_per_node", c.devices_per_node}, {"memory_bytes", c.memory_bytes},

@@ -65,7 +65,7 @@ class engine final : public engine_base<Space> {
 
  public:
   engine(Comm& world, const nn::sequential<Layers...>& model, trainer_options opt, Optimizer optimizer)
-      : constructing_(&account_), world_(world), opt_(std::move(opt)), optimizer_(validated(std::move(optimizer))),
+      : account_(opt.memory_limit), constructing_(&account_), world_(world), opt_(std::move(opt)), optimizer_(validated(std::move(optimizer))),
         place_(world,
                parallel::trainer_mesh(world, opt_.tensor_parallel, opt_.pipeline_stages, opt_.expert_parallel,
                                       opt_.context_parallel, opt_.replicas),

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <bit>
 #include <charconv>
+#include <cmath>
 #include <concepts>
 #include <cstdint>
 #include <cstdio>
@@ -39,6 +40,26 @@
 #include "dml/core/error.hpp"
 
 namespace dml {
+
+// "80GiB", "40GB", "1.5e9", "512MiB": bytes (powers of 1024 for KiB..TiB, of 1000 for KB..TB).
+inline double parse_bytes(std::string_view text) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(std::string(text), &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string_view unit = used ? text.substr(used) : std::string_view{};
+  const std::pair<std::string_view, double> units[] = {{"", 1},        {"B", 1},          {"KB", 1e3},  {"MB", 1e6},
+                                                       {"GB", 1e9},    {"TB", 1e12},      {"KiB", 1024.0}, {"MiB", 1048576.0},
+                                                       {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  for (const auto& [name, scale] : units)
+    if (used && unit == name && std::isfinite(v) && v > 0) return v * scale;
+  fail<invalid_argument>("expected a positive size such as 80GiB, 40GB or 1e9 (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), found '",
+                         text, "'");
+}
+
 
 template <class T>
 concept flag_number = (std::integral<T> && !std::same_as<T, bool>) || std::same_as<T, float> ||

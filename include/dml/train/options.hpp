@@ -25,6 +25,10 @@ struct trainer_options {
   float clip_norm = 0.f;            // global-norm clipping; 0 turns it off
   std::function<float(std::int64_t step)> lr{};  // learning rate per step (from 1); empty: the optimizer's lr
   bool record_events = false;       // keep an event log of compute and communication (tests, tracing)
+  // The most bytes of dml buffers this rank's trainer may hold at once (memory().allocated: model state, activation
+  // storage, workspaces; 0: no limit). An allocation past it throws dml::memory_limit_error naming the limit, the
+  // allocation and what is held, before it is made; dml::cost::rank_bytes(...).total() is the least that trains.
+  std::int64_t memory_limit = 0;
   float initial_loss_scale = 65536.f;  // fp16: where dynamic loss scaling starts (PyTorch's default)
   // Pipeline: the group's ranks form pipeline_stages stages of size()/pipeline_stages data-parallel
   // ranks (Megatron's order, data-parallel rank fastest), cut at stage_cuts or balanced by predicted time (each
