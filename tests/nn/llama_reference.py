@@ -73,7 +73,7 @@ def rope_tables(cfg):
     # The inverse frequencies with Llama 3.1's scaling (Hugging Face's rope_type "llama3"), the angles p * f and their
     # cos and sin in double, rounded once to float32 (as dml's table is; Hugging Face rounds the frequencies to
     # float32 first, which moves the angles by a few ulp).
-    hd = cfg["latent"]["qk_rope_dim"] if cfg["latent"] else cfg["d_model"] // cfg["heads"]
+    hd = cfg["latent"]["qk_rope_dim"] if cfg.get("latent") else cfg["d_model"] // cfg["heads"]
     freqs = [1.0 / cfg["rope_theta"] ** (2 * i / hd) for i in range(hd // 2)]
     s = cfg["rope_scaling"]
     if s is not None:
@@ -195,7 +195,7 @@ class DecoderLayer(torch.nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg["d_model"], cfg["norm_eps"])
-        self.self_attn = LatentAttention(cfg) if cfg["latent"] else Attention(cfg)
+        self.self_attn = LatentAttention(cfg) if cfg.get("latent") else Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg["d_model"], cfg["norm_eps"])
         self.mlp = Mlp(cfg)
 
@@ -237,7 +237,7 @@ def fused_parts(cfg):
     hd = cfg["d_model"] // cfg["heads"]
     q, kv, f = cfg["heads"] * hd, cfg["kv_heads"] * hd, cfg["ffn_hidden"]
     parts = {"mlp.gate_up_proj.weight": (("mlp.gate_proj.weight", "mlp.up_proj.weight"), (f, f))}
-    if not cfg["latent"]:  # latent attention's tensors are Hugging Face's own
+    if not cfg.get("latent"):  # latent attention's tensors are Hugging Face's own
         parts["self_attn.qkv_proj.weight"] = (("self_attn.q_proj.weight", "self_attn.k_proj.weight",
                                                "self_attn.v_proj.weight"), (q, kv, kv))
     return parts
