@@ -47,6 +47,7 @@ struct options {
   float lr = 3e-4f;
   std::vector<std::string> layouts;  // empty: every layout that fits the machine
   std::string json, python = "/usr/bin/python3", torch_script = DML_GPT_TORCH_SCRIPT;
+  std::string trace;  // trainer_options::trace of every layout's trainer (the last layout's file is kept)
   bool torch = true;
 };
 
@@ -210,6 +211,7 @@ void run_rank(dml::comm::local& comm, const options& o, const layout& l, result&
   if (l.pp > 1) to.schedule = o.schedule;
   to.record_events = l.pp > 1;  // compute_begin/compute_end around each action: the measured bubble
   to.recompute = l.recompute == "full";
+  to.trace = o.trace;
   const auto model = Arch::model(o, l);
   dml::trainer<dml::parallel::replicate, dml::optim::adamw, Precision> t(comm, model, to, dml::optim::adamw({.lr = o.lr}));
   // World rank = tp rank + TP·(dp rank + DP·pp rank): every tp and pp rank of a data-parallel rank passes its rows.
@@ -231,6 +233,7 @@ void run_rank(dml::comm::local& comm, const options& o, const layout& l, result&
   const double cpu = thread_cpu_seconds() - cpu0;
   comm.barrier();
   const double secs = seconds_since(t0);
+  if (!o.trace.empty()) t.write_trace();  // collective, after the timed steps
   std::lock_guard lk(mu);
   res.on_cpu += cpu / (secs * l.ranks());
   res.peak_bytes = std::max(res.peak_bytes, t.peak_activation_bytes());
@@ -397,6 +400,7 @@ dml::flags command_line(options& o) {
   f.add("--repeats", o.repeats, "N", "runs per layout; the fastest is kept").min(1);
   f.add("--lr", o.lr, "X", "learning rate").min(0.f);
   f.add("--json", o.json, "FILE", "write one JSON object per result");
+  f.add("--trace", o.trace, "FILE", "record every step's timeline (trainer_options::trace) and write it to FILE");
   f.add("--python", o.python, "PATH", "the Python of the PyTorch baseline");
   f.add("--torch-script", o.torch_script, "PATH", "the PyTorch baseline's script");
   f.add_switch("--no-torch", o.torch, "skip the PyTorch baseline", false);

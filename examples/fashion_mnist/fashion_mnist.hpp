@@ -40,6 +40,7 @@ struct options {
   float trust_clip = 0.f;  // lamb, lars: upper bound on the trust ratio; 0: none
   std::uint64_t seed = 1;
   std::string init, save, log;
+  std::string trace;  // the run's timeline, Chrome trace-event JSON (trainer_options::trace)
   bool shuffle = true;
   // One thread per rank by default: this model's GEMMs are small enough that a second OpenMP thread
   // costs more in synchronisation than it gains, and far more when another process shares the cores.
@@ -59,6 +60,7 @@ struct options {
   bool recompute = false;
   bool print_schedule = false;
   std::string checkpoint;  // save a sharded checkpoint here after every epoch
+  bool checkpoint_async = false;  // ... in the background, while the next epoch trains
   std::string resume;      // continue from the newest checkpoint here
   std::string offload;     // optimizer[,master]:disk:DIR keeps the optimizer state (and master weights) in files in DIR
   bool elastic = false;    // under dml-run: train through deaths of ranks (main_elastic.cpp)
@@ -98,6 +100,7 @@ inline dml::flags command_line(options& o) {
   f.add("--save", o.save, "FILE", "save the trained weights, .safetensors");
   f.add_switch("--no-shuffle", o.shuffle, "keep the training set's order", false);
   f.add("--log", o.log, "FILE", "write the loss and learning rate per step, .csv");
+  f.add("--trace", o.trace, "FILE", "write the run's timeline, .json (Perfetto UI, chrome://tracing)");
   f.add("--memory", o.memory, "BYTES",
         "the most bytes of dml buffers a rank may hold (64MiB, 1GB, ...): an allocation past it stops the run, naming "
         "what is held")
@@ -123,6 +126,7 @@ inline dml::flags command_line(options& o) {
         "gradient compression with error feedback: none, onebit, onebit:B, topk:F or onebit-adam:W")
       .check(dml::parallel::gradient_compression::spec_problem, "fp32, ddp or zero1-3");
   f.add("--checkpoint", o.checkpoint, "DIR", "save a sharded checkpoint here after every epoch");
+  f.add_switch("--checkpoint-async", o.checkpoint_async, "write the checkpoints in the background while training goes on");
   f.add("--resume", o.resume, "DIR", "continue from the newest checkpoint in DIR");
   f.add("--offload", o.offload, "optimizer[,master]:disk:DIR",
         "keep the optimizer state (with master, also bf16's fp32 master weights) in files in DIR (an existing, "
@@ -162,6 +166,10 @@ inline void check_across(const options& o) {
   if (o.trust_clip > 0 && o.optimizer != "lamb" && o.optimizer != "lars")
     dml::fail<dml::invalid_argument>("--trust-clip ", o.trust_clip, ": expected --optimizer lamb or lars, found ",
                                      o.optimizer);
+  if (o.checkpoint_async && o.checkpoint.empty())
+    dml::fail<dml::invalid_argument>("--checkpoint-async: expected --checkpoint DIR to save into, found none");
+  if (o.elastic && !o.trace.empty())
+    dml::fail<dml::invalid_argument>("--trace: expected no --elastic (its trainers change with the membership)");
   if (o.precision == "auto" && (o.comm != "local" || o.elastic))
     dml::fail<dml::invalid_argument>("--precision auto times this host before training: expected --comm local, found ",
                                      o.elastic ? "--elastic" : "--comm " + o.comm,
@@ -343,6 +351,7 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
   if (!o.memory.empty()) to.memory_limit = static_cast<std::int64_t>(dml::parse_bytes(o.memory));
   to.replicas = o.replicas;
   to.offload = o.offload;
+  to.trace = o.trace;
   to.lr = [&o, base = opt.default_lr(), planned](std::int64_t s) { return learning_rate(o, base, s, planned); };
   dml::trainer<Sharding, Precision, any_optimizer> trainer(comm, model, to, opt);
   if (!o.init.empty()) {
@@ -428,7 +437,8 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
     }
     comm.all_reduce(std::span<std::int64_t>(correct), dml::comm::reduce_op::sum);
     if (!o.checkpoint.empty())
-      trainer.save_checkpoint(o.checkpoint, {{"epoch", std::to_string(epoch + 1)}, {"step", std::to_string(step)}});
+      trainer.save_checkpoint(o.checkpoint, {{"epoch", std::to_string(epoch + 1)}, {"step", std::to_string(step)}},
+                              o.checkpoint_async ? dml::train::save_mode::async : dml::train::save_mode::sync);
     if (rank == 0) {
       std::printf("epoch=%lld steps=%lld seconds=%.3f\ntest_accuracy=%.4f\n", static_cast<long long>(epoch + 1),
                   static_cast<long long>(step), trained, double(correct[0]) / double(test_set.size()));
@@ -439,9 +449,14 @@ int run_trainer(const options& o, Comm& comm, Model model, const dml::train::dat
       std::fflush(stdout);
     }
   }
+  trainer.wait_checkpoint();  // collective: the last save in the background is complete
   // dml's buffers by category over the run, training and evaluation; the rest of their high-water mark is
   // workspaces and transients.
   if (rank == 0) std::printf("memory per rank (rank 0): %s\n", trainer.memory().by_category().c_str());
+  if (!o.trace.empty()) {
+    trainer.write_trace();  // collective
+    if (rank == 0) std::printf("trace %s\n", o.trace.c_str());
+  }
   if (!o.save.empty()) {
     const auto full = trainer.full_parameters();  // collective under zero3
     if (rank == 0) dml::train::save_weights(trainer.layout(), full, o.save);
@@ -530,9 +545,9 @@ int main(int argc, char** argv) {
     const auto train_set = dml::train::load_mnist(o.data, dml::train::split::train);
     const auto test_set = dml::train::load_mnist(o.data, dml::train::split::test);
     if constexpr (!std::same_as<Space, dml::host>) {
-      if (o.ranks != 1 || o.comm != "local" || o.parallel != "ddp" || o.precision != "fp32")
-        dml::fail<dml::invalid_argument>("the CUDA build trains on one GPU in fp32; --ranks, --comm, --parallel and "
-                                         "--precision are for the host build");
+      if (o.ranks != 1 || o.comm != "local" || o.parallel != "ddp" || o.precision != "fp32" || !o.trace.empty())
+        dml::fail<dml::invalid_argument>("the CUDA build trains on one GPU in fp32; --ranks, --comm, --parallel, "
+                                         "--precision and --trace are for the host build");
       dml::set_thread_budget(o.threads);
       return dml::nn::with_mlp<max_hidden>(train_set.features(), o.hidden, 10,
                                            [&](auto model) { return run_single<Space>(o, model, train_set, test_set); });

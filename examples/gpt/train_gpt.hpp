@@ -98,10 +98,12 @@ struct options {
   std::string text;  // empty: dml::train::default_text_path
   double holdout = 0.1;  // the text's tail kept for val_loss; 0: none
   std::string init, save, log;
+  std::string trace;  // the run's timeline, Chrome trace-event JSON (trainer_options::trace)
   std::string save_hf, load_hf, export_llama2c;  // llama: Hugging Face's layout (a directory), llama2.c's .bin
   std::string checkpoint, resume;               // sharded checkpoints: save into / continue from a directory
   std::string offload;  // optimizer[,master]:disk:DIR keeps the optimizer state (and master weights) in files in DIR
   std::optional<std::int64_t> checkpoint_every;  // absent: save after the last step only
+  bool checkpoint_async = false;                 // write checkpoints in the background while training goes on
   std::int64_t print_every = 0;  // 0: about 20 lines per run
   std::int64_t sample = 0;
   std::optional<std::string> prompt;
@@ -141,7 +143,8 @@ inline dml::flags command_line(options& o) {
       "zero1-3 is hybrid sharding: the dp ranks form R replicas of dp/R consecutive ranks, ZeRO shards within\n"
       "each and the replicas sum their gradients; R divides dp, and --ep and --cp divide dp/R.\n"
       "--checkpoint DIR saves a sharded checkpoint (weights, optimizer state, step) after the last step, and\n"
-      "after every N-th with --checkpoint-every N. --resume DIR loads the newest checkpoint in DIR before\n"
+      "after every N-th with --checkpoint-every N (--checkpoint-async: written in the background while training\n"
+      "goes on). --resume DIR loads the newest checkpoint in DIR before\n"
       "training, in any layout and sharding, and continues from its step to --steps (the learning-rate\n"
       "schedule and the batches follow the step, so the run goes on as if never stopped).\n"
       "--arch llama trains a Llama instead (RMSNorm, rotary positions, grouped-query attention with --kv-heads,\n"
@@ -251,12 +254,14 @@ inline dml::flags command_line(options& o) {
   f.add("--load-hf", o.load_hf, "DIR", "llama: start from a Hugging Face checkpoint (its config gives the model)");
   f.add("--export-llama2c", o.export_llama2c, "FILE", "llama: save the trained weights as llama2.c's .bin");
   f.add("--log", o.log, "FILE", "write the losses per step, .csv");
+  f.add("--trace", o.trace, "FILE", "write the run's timeline, .json (Perfetto UI, chrome://tracing)");
   f.add("--holdout", o.holdout, "X", "the text's tail kept for val_loss; 0: none")
       .check(probability("a fraction"), "in [0, 1)");
   f.add("--checkpoint", o.checkpoint, "DIR", "save sharded checkpoints here");
   f.add("--checkpoint-every", o.checkpoint_every, "N", "save a checkpoint every N steps")
       .min(1)
       .default_text("after the last step only");
+  f.add_switch("--checkpoint-async", o.checkpoint_async, "write checkpoints in the background while training goes on");
   f.add("--resume", o.resume, "DIR", "continue from the newest checkpoint in DIR");
   f.add("--offload", o.offload, "optimizer[,master]:disk:DIR",
         "keep the optimizer state (with master, also bf16's fp32 master weights) in files in DIR (an existing, "
@@ -345,6 +350,10 @@ inline void check_across(options& o) {
     dml::fail<dml::invalid_argument>("--plan auto and --precision auto measure the host where they run: with --comm "
                                      "mpi every process would measure on its own and might choose otherwise; run "
                                      "dml-plan and give the layout and --precision it picks");
+  if (o.elastic && !o.trace.empty())
+    dml::fail<dml::invalid_argument>("--trace: expected no --elastic (its trainers change with the membership)");
+  if (o.checkpoint_async && o.checkpoint.empty())
+    dml::fail<dml::invalid_argument>("--checkpoint-async: expected --checkpoint DIR to save into, found none");
   if (o.checkpoint_every && o.checkpoint.empty())
     dml::fail<dml::invalid_argument>("--checkpoint-every: expected --checkpoint DIR to save into, found none");
   if (!o.resume.empty() && !o.init.empty())
@@ -700,6 +709,7 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   to.replicas = o.replicas;
   to.offload = o.offload;
   to.lr = [&o](std::int64_t s) { return learning_rate(o, s); };
+  to.trace = o.trace;
   // Held by pointer so that what comes after training (val_loss, sampling) runs after its memory is given back.
   auto held = std::make_unique<dml::trainer<Sharding, dml::optim::adamw, Precision>>(comm, model, to,
                                                                                     dml::optim::adamw({.lr = o.lr}));
@@ -793,19 +803,33 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
   std::deque<std::vector<std::vector<std::int64_t>>> last_loads;  // with experts: the last steps' per-layer loads
   // Collective. The checkpoint's user metadata: the step (the trainer keeps it too) and the run's planned steps.
   std::int64_t saved = o.resume.empty() ? -1 : resumed_at;  // the step of the newest checkpoint of this state
+  // What the saves cost training (rank 0's view): the time inside save_checkpoint, and each step's time with
+  // whether a save was being written behind it (async), to set against the steps without.
+  std::int64_t saves = 0;
+  double stalled = 0;
+  std::vector<std::pair<double, bool>> step_times;
   auto save_checkpoint = [&](std::int64_t step) {
-    trainer.save_checkpoint(o.checkpoint, {{"step", std::to_string(step)}, {"steps", std::to_string(o.steps)}});
+    const double began = seconds();
+    trainer.save_checkpoint(o.checkpoint, {{"step", std::to_string(step)}, {"steps", std::to_string(o.steps)}},
+                            o.checkpoint_async ? dml::train::save_mode::async : dml::train::save_mode::sync);
+    const double took = seconds() - began;
+    stalled += took;
+    ++saves;
     saved = step;
     if (rank == 0) {
-      std::printf("checkpoint %s at step %lld\n", o.checkpoint.c_str(), static_cast<long long>(step));
+      std::printf("checkpoint %s at step %lld (%.1f ms in the call)\n", o.checkpoint.c_str(),
+                  static_cast<long long>(step), 1e3 * took);
       std::fflush(stdout);
     }
   };
   for (std::int64_t step = resumed_at + 1; step <= o.steps; ++step) {
     text.train.batch(o.seed, static_cast<std::uint64_t>(step), first, rows, o.seq, x.data(), y.data());
     if (o.documents) document_starts(x, rows, o.seq, doc);
+    const bool behind = trainer.checkpoint_pending();
+    const double step_began = seconds();
     const auto r = trainer.step(dml::tensor_view<const float>(x.data(), {rows, o.seq}), y.data(), o.batch,
                                 o.documents ? doc.data() : nullptr);
+    if (step > resumed_at + 1) step_times.emplace_back(seconds() - step_began, behind);  // the first warms up
     loss = r.loss;
     const auto& moe = r.routing;
     if (o.experts > 0) {  // each layer's tokens per expert over the last 20 steps
@@ -841,9 +865,31 @@ int run_trainer(const options& o, Comm& comm, const corpus& text) {
     }
     if (!o.checkpoint.empty() && o.checkpoint_every && step % *o.checkpoint_every == 0) save_checkpoint(step);
   }
-  const double train_seconds = seconds();
   if (!o.checkpoint.empty() && saved != o.steps) save_checkpoint(o.steps);
+  const double finishing = seconds();
+  trainer.wait_checkpoint();  // collective: the last save in the background is complete before training ends
+  const double train_seconds = seconds();  // with the saves
+  if (rank == 0 && saves > 0) {
+    // The steps a save was written behind, against the median of the others.
+    std::vector<double> clear;
+    double behind = 0;
+    std::int64_t slowed = 0;
+    for (const auto& [t, b] : step_times)
+      if (!b) clear.push_back(t);
+    std::ranges::sort(clear);
+    const double typical = clear.empty() ? 0.0 : clear[clear.size() / 2];
+    for (const auto& [t, b] : step_times)
+      if (b) behind += t - typical, ++slowed;
+    std::printf("checkpoint_saves=%lld checkpoint_call_seconds=%.3f checkpoint_steps_behind=%lld "
+                "checkpoint_steps_excess_seconds=%.3f checkpoint_final_wait_seconds=%.3f (%s)\n",
+                static_cast<long long>(saves), stalled, static_cast<long long>(slowed), behind,
+                train_seconds - finishing, o.checkpoint_async ? "async" : "sync");
+  }
   if (log) log.close();
+  if (!o.trace.empty()) {
+    trainer.write_trace();  // collective
+    if (rank == 0) std::printf("trace %s\n", o.trace.c_str());
+  }
 
   const auto mem = trainer.memory();  // rank 0's: its stage and its tensor-parallel part
   trainer.release_activations();  // the whole model's gather below holds memory of its own

@@ -27,19 +27,23 @@ list(GET rows 0 header)
 if(NOT header STREQUAL "step,epoch,loss,lr" OR NOT n EQUAL 41)
   message(FATAL_ERROR "expected a header and 40 rows in log.csv, found header '${header}' and ${n} lines")
 endif()
+execute_process(COMMAND ${EXE} --checkpoint-async OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(rc EQUAL 0 OR NOT err MATCHES "--checkpoint-async: expected --checkpoint DIR to save into, found none")
+  message(FATAL_ERROR "expected a clear error for --checkpoint-async alone, found (${rc}): ${err}")
+endif()
 execute_process(COMMAND ${EXE} --hidden 12,x OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
 if(rc EQUAL 0 OR NOT err MATCHES "--hidden: expected an integer, found 'x'")
   message(FATAL_ERROR "expected a clear error for --hidden 12,x, found (${rc}): ${err}")
 endif()
-# Two epochs straight against one epoch, a checkpoint, and a resumed second epoch: the same accuracy
-# (a constant learning rate: a cosine schedule depends on the planned length, which differs).
+# Two epochs straight against one epoch, a checkpoint saved in the background, and a resumed second epoch: the same
+# accuracy (a constant learning rate: a cosine schedule depends on the planned length, which differs).
 set(common --epochs 2 --batch 1024 --ranks 2 --parallel zero2 --bucket-mb 0.1 --lr-schedule constant)
 execute_process(COMMAND ${EXE} ${common} OUTPUT_VARIABLE straight RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "straight run failed (${rc}):\n${straight}")
 endif()
 execute_process(COMMAND ${EXE} --epochs 1 --batch 1024 --ranks 2 --parallel zero2 --bucket-mb 0.1 --lr-schedule constant --checkpoint ${WORK}/ckpt
-  OUTPUT_VARIABLE first_half RESULT_VARIABLE rc)
+  --checkpoint-async OUTPUT_VARIABLE first_half RESULT_VARIABLE rc)
 execute_process(COMMAND ${EXE} ${common} --resume ${WORK}/ckpt OUTPUT_VARIABLE resumed RESULT_VARIABLE rc2)
 if(NOT rc EQUAL 0 OR NOT rc2 EQUAL 0 OR NOT resumed MATCHES "resumed from")
   message(FATAL_ERROR "checkpoint or resume failed (${rc}, ${rc2}):\n${first_half}\n${resumed}")

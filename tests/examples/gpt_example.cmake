@@ -8,7 +8,7 @@
 #   errors   bad flags and layouts fail with a clear message and a non-zero exit
 #   layout   the run of LAYOUT (flags, started by the command LAUNCH if given) logs one rank's losses; MODEL adds
 #            flags to both runs (a mixture of experts, tied weights); a --parallel in LAYOUT is named in its layout line
-#   resume   --checkpoint every 6 of 12 steps (zero3, ep 2, experts), rolled back to step 6 and resumed by other
+#   resume   --checkpoint every 6 of 12 steps in the background (zero3, ep 2, experts), rolled back to step 6 and resumed by other
 #            layouts (replicate on one rank; hybrid zero1 with tp 2): the resumed steps log the uninterrupted run's
 #            losses; resuming past --steps fails
 #   moe      a mixture of experts prints and logs its per-step accounting: tokens and drops per expert, all-to-all
@@ -19,6 +19,8 @@
 #   llama    --arch llama with grouped-query attention and --documents learns; its weights saved in Hugging Face's
 #            layout (--save-hf) load back (--load-hf) to the same val_loss, llama2.c's checkpoint has its size, and
 #            GPT-only and Llama-only flags are refused
+#   trace    --trace on pp 2 x tp 2: a process per rank, every forward, the pipeline's transfers with their bytes; an
+#            unwritable path fails before training
 # Usage: cmake -DEXE=... -DWORK=... -DMODE=... [-DLAYOUT="--ranks 2 --dp 2"] [-DLAUNCH="mpirun -np 2"] [-DMODEL=...]
 #        -P gpt_example.cmake
 file(REMOVE_RECURSE ${WORK})
@@ -242,6 +244,7 @@ elseif(MODE STREQUAL "errors")
   expect_error("layout: --ep and --cp are carved out of the 2 data-parallel ranks of a replica \\(dp / --replicas\\) and must divide them; found --ep 4 and --cp 1"
                ${small} --ranks 4 --parallel zero3 --replicas 2 --ep 4 --experts 4 --moe-every 1)
   expect_error("--checkpoint-every: expected --checkpoint DIR to save into, found none" --checkpoint-every 5)
+  expect_error("--checkpoint-async: expected --checkpoint DIR to save into, found none" --checkpoint-async)
   expect_error("--checkpoint-every: expected an integer >= 1, found '0'" --checkpoint ${WORK}/ckpt
                --checkpoint-every 0)
   expect_error("--checkpoint-every: expected an integer, found 'often'" --checkpoint ${WORK}/ckpt
@@ -394,12 +397,13 @@ elseif(MODE STREQUAL "layout")
 elseif(MODE STREQUAL "resume")
   set(common ${small} --steps 12 --dropout 0.1 --experts 4 --moe-every 1)
   run_gpt(out ${common} --log ${WORK}/straight.csv)
-  # Saved by zero3 with experts shared out over 2 ranks, after steps 6 and 12.
+  # Saved by zero3 with experts shared out over 2 ranks, after steps 6 and 12, in the background.
   run_gpt(out ${common} --ranks 2 --parallel zero3 --ep 2 --checkpoint ${WORK}/ckpt --checkpoint-every 6
-          --log ${WORK}/saving.csv)
-  if(NOT out MATCHES "sharding zero3, replicas 1" OR NOT out MATCHES "checkpoint [^\n]*ckpt at step 6\n"
-     OR NOT out MATCHES "checkpoint [^\n]*ckpt at step 12\n")
-    message(FATAL_ERROR "expected zero3 and checkpoints at steps 6 and 12, found:\n${out}")
+          --checkpoint-async --log ${WORK}/saving.csv)
+  if(NOT out MATCHES "sharding zero3, replicas 1" OR NOT out MATCHES "checkpoint [^\n]*ckpt at step 6 \\([0-9.]+ ms in the call\\)\n"
+     OR NOT out MATCHES "checkpoint [^\n]*ckpt at step 12 \\([0-9.]+ ms in the call\\)\n"
+     OR NOT out MATCHES "checkpoint_saves=2 checkpoint_call_seconds=[0-9.]+ checkpoint_steps_behind=[0-9]+ checkpoint_steps_excess_seconds=-?[0-9.]+ checkpoint_final_wait_seconds=[0-9.]+ \\(async\\)\n")
+    message(FATAL_ERROR "expected zero3 and checkpoints at steps 6 and 12 saved in the background, found:\n${out}")
   endif()
   compare_logs(${WORK}/straight.csv ${WORK}/saving.csv 12 30)
   file(READ ${WORK}/ckpt/latest latest)
@@ -471,6 +475,43 @@ elseif(MODE STREQUAL "plan")
     message(FATAL_ERROR "expected ${planned} activation bytes at peak, as planned for ${layout}, found ${CMAKE_MATCH_1}")
   endif()
   message(STATUS "${layout}: ${planned} activation bytes per rank, planned and at peak")
+elseif(MODE STREQUAL "trace")
+  # --trace on pp 2 x tp 2: one JSON trace with a process per rank, each with forward and backward slices and
+  # transfers of the pipeline group with their bytes; a path that cannot be written fails before training.
+  run_gpt(out ${small} --ranks 4 --tp 2 --pp 2 --microbatches 2 --steps 2 --trace ${WORK}/trace.json)
+  if(NOT out MATCHES "\ntrace ${WORK}/trace.json\n")
+    message(FATAL_ERROR "expected the trace's line, found:\n${out}")
+  endif()
+  file(READ ${WORK}/trace.json trace)
+  string(JSON n LENGTH "${trace}" traceEvents)
+  set(processes "")
+  set(forward 0)
+  set(transfers 0)
+  math(EXPR last "${n} - 1")
+  foreach(i RANGE ${last})
+    string(JSON ph GET "${trace}" traceEvents ${i} ph)
+    string(JSON name GET "${trace}" traceEvents ${i} name)
+    string(JSON pid GET "${trace}" traceEvents ${i} pid)
+    if(ph STREQUAL "M" AND name STREQUAL "process_name")
+      list(APPEND processes ${pid})
+    elseif(ph STREQUAL "X" AND name MATCHES "^forward ")
+      math(EXPR forward "${forward} + 1")
+    elseif(ph STREQUAL "X" AND name MATCHES "^(send|recv)_")
+      string(JSON bytes GET "${trace}" traceEvents ${i} args bytes)
+      if(bytes GREATER 0)
+        math(EXPR transfers "${transfers} + 1")
+      endif()
+    endif()
+  endforeach()
+  list(SORT processes)
+  # 4 ranks x 2 steps x 2 micro-batches forwards; each rank sends or receives 2 tensors per micro-batch and step.
+  if(NOT processes STREQUAL "0;1;2;3" OR NOT forward EQUAL 16 OR NOT transfers EQUAL 32)
+    message(FATAL_ERROR "expected processes 0;1;2;3, 16 forward slices and 32 transfers with bytes, found "
+                        "${processes}, ${forward} and ${transfers}")
+  endif()
+  message(STATUS "trace: ${n} events, processes ${processes}, ${forward} forwards, ${transfers} transfers")
+  expect_error("trace ${WORK}/missing/trace.json: cannot open for writing" ${small} --steps 1
+               --trace ${WORK}/missing/trace.json)
 else()
-  message(FATAL_ERROR "MODE: expected train, weights, sample, errors, moe, layout, resume, llama, memory or plan, found '${MODE}'")
+  message(FATAL_ERROR "MODE: expected train, weights, sample, errors, moe, layout, resume, llama, memory, plan or trace, found '${MODE}'")
 endif()

@@ -2,8 +2,9 @@
 // tests/train/checkpoint_crash.cpp — trains two comm::local ranks and saves a checkpoint after every step;
 // checkpoint_crash.py kills it with SIGKILL while a checkpoint is being written and checks that the next
 // run resumes from the last complete one with the losses of an uninterrupted run.
-// Usage: train_checkpoint_crash DIR STEPS   (DIR "-": no checkpoints, the reference run)
-// Prints "resumed S" (steps already done), "loss S <hex float>", "save S begin" / "save S end".
+// Usage: train_checkpoint_crash DIR STEPS [async]   (DIR "-": no checkpoints, the reference run)
+// Prints "resumed S" (steps already done), "loss S <hex float>", "save S begin" / "save S end" (async: the save
+// runs behind the next steps, and "end" comes once latest names it).
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -25,12 +26,13 @@ void say(const char* fmt, long long s, double v = 0) {
 
 int main(int argc, char** argv) {
   using namespace dml;
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: %s DIR|- STEPS\n", argv[0]);
+  if (argc != 3 && !(argc == 4 && std::string(argv[3]) == "async")) {
+    std::fprintf(stderr, "usage: %s DIR|- STEPS [async]\n", argv[0]);
     return 2;
   }
   const std::string dir = argv[1];
   const long long steps = std::atoll(argv[2]);
+  const auto mode = argc == 4 ? train::save_mode::async : train::save_mode::sync;
   const bool save = dir != "-";
   std::vector<float> x(samples * features);
   std::vector<std::int32_t> y(samples);
@@ -64,15 +66,27 @@ int main(int argc, char** argv) {
     train::sampler sampler(samples, global_batch, 23);
     std::vector<float> xb;
     std::vector<std::int32_t> yb;
+    long long unseen = 0;  // a save whose end is not yet printed
+    const auto ended = [&](bool done_now) {
+      if (comm.rank() == 0 && unseen != 0 && (done_now || !t.checkpoint_pending())) {
+        say("save %lld end\n", unseen);
+        unseen = 0;
+      }
+    };
     for (long long s = done; s < steps; ++s) {
       const std::int64_t rows = sampler.gather(s, comm.rank(), comm.size(), x.data(), features, y.data(), xb, yb);
       const auto r = t.step(tensor_view<const float>(xb.data(), {rows, features}), yb.data(), global_batch);
       if (comm.rank() == 0) say("loss %lld %a\n", s, static_cast<double>(r.loss));
       if (!save) continue;
+      ended(false);
       if (comm.rank() == 0) say("save %lld begin\n", s + 1);
-      t.save_checkpoint(dir, {{"step", std::to_string(s + 1)}});
-      if (comm.rank() == 0) say("save %lld end\n", s + 1);
+      t.save_checkpoint(dir, {{"step", std::to_string(s + 1)}}, mode);
+      ended(true);  // the save before has finished
+      unseen = s + 1;
+      ended(mode == train::save_mode::sync);
     }
+    t.wait_checkpoint();
+    ended(true);
   });
   return status;
 }

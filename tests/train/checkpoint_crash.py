@@ -3,8 +3,9 @@
 # tests/train/checkpoint_crash.py — kill a training process with SIGKILL at random moments inside
 # save_checkpoint (it checkpoints after every step), 20 times; every restart must resume from the last
 # complete checkpoint and reproduce the per-step losses of an uninterrupted run, and what the killed
-# saves left behind must not break the next save or resume.
-# Usage: checkpoint_crash.py BINARY [--kills N] [--seed S] [--keep DIR]
+# saves left behind must not break the next save or resume. --async saves in the background (the kill lands
+# while training goes on and the files are written behind it).
+# Usage: checkpoint_crash.py BINARY [--async] [--kills N] [--seed S] [--keep DIR]
 import argparse
 import glob
 import os
@@ -41,8 +42,8 @@ def latest_step(ckpt):
 class Run:
     """One training process; reads its lines as they come."""
 
-    def __init__(self, binary, ckpt, steps):
-        self.p = subprocess.Popen([binary, ckpt, str(steps)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    def __init__(self, binary, ckpt, steps, mode=()):
+        self.p = subprocess.Popen([binary, ckpt, str(steps), *mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   stdin=subprocess.DEVNULL, bufsize=0)
         self.buf = b""
         self.losses = {}
@@ -103,6 +104,7 @@ def leftovers(ckpt):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("binary")
+    ap.add_argument("--async", dest="background", action="store_true", help="asynchronous saves")
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--keep", help="leave the checkpoints in this directory")
@@ -119,6 +121,7 @@ def main():
     ref = run_reference(args.binary, STEPS)
     if len(ref) != STEPS:
         raise AssertionError(f"the reference run printed {len(ref)} losses, expected {STEPS}")
+    mode = ("async",) if args.background else ()
     work = args.keep or tempfile.mkdtemp(prefix="dml-checkpoint-crash-")
     os.makedirs(work, exist_ok=True)
     ckpt = os.path.join(work, "ckpt")
@@ -132,7 +135,7 @@ def main():
             if attempts > 3 * args.kills:
                 raise AssertionError(f"only {kills} of {attempts - 1} kills landed inside a save")
             before = latest_step(ckpt)
-            run = Run(args.binary, ckpt, STEPS)
+            run = Run(args.binary, ckpt, STEPS, mode)
             saves_first = rng.randrange(3)  # complete saves before the one to interrupt
             estimate = sorted(durations)[len(durations) // 2] if durations else 0.02
             victim = None
@@ -157,9 +160,14 @@ def main():
             worst, exact, compared = max(worst, w), exact + e, compared + len(run.losses)
             after = latest_step(ckpt)
             inside = victim not in run.ended
-            # No data lost: the checkpoint is the one this save was writing or the one before it.
-            if inside and after not in (victim - 1, victim):
-                raise AssertionError(f"attempt {attempts}: killed while saving step {victim}, latest names step {after}")
+            # No data lost: latest names the newest save that ended, or a later one that had begun (a synchronous
+            # save: the one it was writing or the one before it; in the background, later saves may begin before
+            # the kill lands).
+            newest = max(run.ended, default=before)
+            begun = max(run.begun, default=before)
+            if not newest <= after <= begun:
+                raise AssertionError(f"attempt {attempts}: killed after the save of step {newest} ended and that of "
+                                     f"{begun} began, latest names step {after}")
             staging, temps = leftovers(ckpt)
             # Each save clears what earlier interrupted saves left: at most the last one's remains.
             if len(staging) > 1 or len(temps) > 3:
@@ -171,7 +179,7 @@ def main():
                   f"{after}; leftovers: {len(staging)} staging, {len(temps)} temporary", flush=True)
         # One more run, uninterrupted, from what the last kill left: it must resume and finish.
         final_steps = latest_step(ckpt) + 5
-        run = Run(args.binary, ckpt, final_steps)
+        run = Run(args.binary, ckpt, final_steps, mode)
         rc, err = run.drain()
         if rc != 0:
             raise AssertionError(f"the final run failed (rc {rc}):\n{err}")
@@ -184,7 +192,7 @@ def main():
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     median = sorted(durations)[len(durations) // 2] * 1e3 if durations else float("nan")
-    print(f"checkpoint_crash: {kills} kills inside save_checkpoint ({attempts} attempts), median save "
+    print(f"checkpoint_crash{' --async' if args.background else ''}: {kills} kills inside save_checkpoint ({attempts} attempts), median save "
           f"{median:.1f} ms; {compared} losses after resumes, {exact} bit-identical, max relative difference "
           f"{worst:.1e}; {time.monotonic() - started:.1f} s", flush=True)
     return 0

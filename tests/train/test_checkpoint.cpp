@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dml/dml.hpp"
@@ -184,6 +186,24 @@ struct fault_guard {
   explicit fault_guard(std::function<void(int)> f) { train::detail::checkpoint_write_fault = std::move(f); }
   ~fault_guard() { train::detail::checkpoint_write_fault = nullptr; }
 };
+
+// Both ranks threw the simulated full disk of rank 1's save of step 8; latest still names step 5, and the half-written
+// step 8 is gone.
+void check_failed_save(const std::exception_ptr (&errors)[2], const fs::path& dir) {
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    REQUIRE(errors[r]);
+    CHECK_THROWS_AS(std::rethrow_exception(errors[r]), io_error);
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const std::exception& e) {
+      CHECK(std::string(e.what()).find("no space left on device (simulated)") != std::string::npos);
+    }
+  }
+  CHECK(read_file(dir / "latest") == "step-00000005\n");
+  for (const auto& e : fs::directory_iterator(dir))
+    CHECK(e.path().filename().string().find("step-00000008") == std::string::npos);
+}
 
 // 20 steps straight through, against 10 + save + a new trainer (another seed) + load + 10.
 template <class S>
@@ -476,19 +496,7 @@ TEST_CASE("a save that fails on one rank fails on all and leaves the previous ch
       errors[c.rank()] = std::current_exception();
     }
   });
-  for (int r = 0; r < 2; ++r) {
-    CAPTURE(r);
-    REQUIRE(errors[r]);
-    CHECK_THROWS_AS(std::rethrow_exception(errors[r]), io_error);
-    try {
-      std::rethrow_exception(errors[r]);
-    } catch (const std::exception& e) {
-      CHECK(std::string(e.what()).find("no space left on device (simulated)") != std::string::npos);
-    }
-  }
-  CHECK(read_file(dir.path / "latest") == "step-00000005\n");
-  for (const auto& e : fs::directory_iterator(dir.path))  // the half-written one is gone
-    CHECK(e.path().filename().string().find("step-00000008") == std::string::npos);
+  check_failed_save(errors, dir.path);
 
   const auto resumed = on_ranks<std::vector<float>>(2, [&](comm::local& c) {
     trainer<parallel::zero<3>, optim::adamw> t(c, make_model(), options());
@@ -498,6 +506,89 @@ TEST_CASE("a save that fails on one rank fails on all and leaves the previous ch
     return train_steps(t, c, 5, 5);
   });
   check_equal_bitwise(std::vector<float>(ref.begin() + 5, ref.end()), resumed);
+}
+
+TEST_CASE_TEMPLATE("an asynchronous save writes the state of its step while training goes on", S, parallel::zero<1>,
+                   parallel::zero<3>) {
+  temp_dir sync_dir, async_dir;
+  const auto ref = on_ranks<std::vector<float>>(2, [&](comm::local& c) {
+    trainer<S, optim::adamw> t(c, make_dropout_model(), options());
+    auto l = train_steps(t, c, 0, 10);
+    t.save_checkpoint(sync_dir.path, {{"batch", "10"}});
+    CHECK(t.memory().checkpoint_staging == 0);
+    CHECK(!t.checkpoint_pending());
+    return concat(l, train_steps(t, c, 10, 10));
+  });
+  std::int64_t staged[2] = {-1, -1};
+  std::int64_t steps_before_latest = -1;
+  // The writers start late: the step after the save reaches its update while they have read nothing, so an update
+  // that did not wait for them would put its parameters in the files.
+  fault_guard slow([](int) { std::this_thread::sleep_for(std::chrono::milliseconds(200)); });
+  const auto background = on_ranks<std::vector<float>>(2, [&](comm::local& c) {
+    trainer<S, optim::adamw> t(c, make_dropout_model(), options());
+    auto l = train_steps(t, c, 0, 10);
+    t.save_checkpoint(async_dir.path, {{"batch", "10"}}, train::save_mode::async);
+    staged[c.rank()] = t.memory().checkpoint_staging;
+    // Training goes on (changing every parameter) until rank 0 sees latest name the new checkpoint: the start of
+    // a step publishes it once both ranks' files are written.
+    std::int64_t s = 10;
+    for (;; ++s) {
+      std::array<std::int32_t, 1> pending{c.rank() == 0 && t.checkpoint_pending()};
+      comm::all_reduce_host(c, std::span<std::int32_t>(pending), comm::reduce_op::max);
+      if (!pending[0] || s == 100000) break;
+      l.push_back(train_steps(t, c, s, 1).front());
+    }
+    if (c.rank() == 0) steps_before_latest = s - 10;
+    l = concat(l, train_steps(t, c, s, 20 - s > 0 ? 20 - s : 0));
+    CHECK(t.wait_checkpoint());
+    CHECK(!t.wait_checkpoint());
+    CHECK(t.memory().checkpoint_staging == 0);
+    return std::vector<float>(l.begin(), l.begin() + 20);
+  });
+  MESSAGE("steps until latest named the asynchronous save: " << steps_before_latest);
+  CHECK(steps_before_latest >= 0);
+  CHECK(steps_before_latest < 100000);
+  check_equal_bitwise(ref, background);  // saving in the background does not change training
+  // A host trainer's writers read its memory in place: no copy.
+  CHECK(staged[0] == 0);
+  CHECK(staged[1] == 0);
+  // The same files as the synchronous save of the same step, byte for byte.
+  CHECK(read_file(async_dir.path / "latest") == "step-00000010\n");
+  CHECK(snapshot(async_dir.path / "step-00000010") == snapshot(sync_dir.path / "step-00000010"));
+  const auto resumed = on_ranks<std::vector<float>>(2, [&](comm::local& c) {
+    trainer<S, optim::adamw> t(c, make_dropout_model(), options(1234));
+    t.load_checkpoint(async_dir.path);
+    return train_steps(t, c, 10, 10);
+  });
+  check_equal_bitwise(std::vector<float>(ref.begin() + 10, ref.end()), resumed);
+}
+
+TEST_CASE("an asynchronous save that fails on one rank: training goes on, the wait throws on all, latest stays") {
+  temp_dir dir;
+  std::exception_ptr errors[2];
+  std::atomic<bool> armed{false};
+  fault_guard fault([&armed](int rank) {
+    if (armed.load() && rank == 1) throw io_error("rank-1-of-2.safetensors: no space left on device (simulated)");
+  });
+  comm::local::run(2, [&](comm::local& c) {
+    trainer<parallel::zero<3>, optim::adamw> t(c, make_model(), options());
+    train_steps(t, c, 0, 5);
+    t.save_checkpoint(dir.path, {{"batch", "5"}}, train::save_mode::async);
+    train_steps(t, c, 5, 3);
+    c.barrier();
+    if (c.rank() == 0) armed = true;
+    c.barrier();
+    t.save_checkpoint(dir.path, {{"batch", "8"}}, train::save_mode::async);  // finishes step 5's first
+    CHECK(read_file(dir.path / "latest") == "step-00000005\n");
+    CHECK_NOTHROW(train_steps(t, c, 8, 3));  // the failure waits for the save's collective end
+    try {
+      t.wait_checkpoint();
+    } catch (...) {
+      errors[c.rank()] = std::current_exception();
+    }
+    CHECK(!t.wait_checkpoint());  // the failed save is gone
+  });
+  check_failed_save(errors, dir.path);
 }
 
 TEST_CASE("saving the same step twice keeps the first directory as it was") {

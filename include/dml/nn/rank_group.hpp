@@ -8,6 +8,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -20,6 +21,23 @@ namespace dml::nn {
 enum class group_op : std::uint8_t { all_reduce, all_reduce_max, all_gather, reduce_scatter, all_to_allv, send, recv };
 inline constexpr int group_ops = 7;
 enum class pass : std::uint8_t { forward, backward };
+
+constexpr const char* name(group_op op) {
+  constexpr const char* names[group_ops] = {"all_reduce", "all_reduce_max", "all_gather", "reduce_scatter",
+                                            "all_to_allv", "send", "recv"};
+  return names[static_cast<std::size_t>(op)];
+}
+
+// Told of every call of a group it watches (a trace): began before the call with its payload bytes, ended when the
+// call returns (a non-blocking one: when it is posted).
+class group_observer {
+ public:
+  virtual void began(const char* group, group_op op, std::int64_t bytes) = 0;
+  virtual void ended() = 0;
+
+ protected:
+  ~group_observer() = default;
+};
 
 // A point-to-point transfer in flight; wait() completes it (and rethrows its failure). Destroying one
 // that was never waited on waits for it.
@@ -60,27 +78,32 @@ class rank_group {
   void all_reduce(typed_ptr x, std::int64_t n) {
     note(group_op::all_reduce, n, x.type);
     do_all_reduce(x, n);
+    noted();
   }
   // Elementwise maximum of x[0, n) over the group, in place.
   void all_reduce_max(float* x, std::int64_t n) {
     note(group_op::all_reduce_max, n, dtype::f32);
     do_all_reduce_max(x, n);
+    noted();
   }
   // out[r·n, (r+1)·n) = rank r's in[0, n).
   void all_gather(const_typed_ptr in, typed_ptr out, std::int64_t n) {
     note(group_op::all_gather, n * size_, in.type);
     do_all_gather(in, out, n);
+    noted();
   }
   // out[0, n) = Σ over ranks of their in[rank()·n, (rank()+1)·n).
   void reduce_scatter(const_typed_ptr in, typed_ptr out, std::int64_t n) {
     note(group_op::reduce_scatter, n * size_, in.type);
     do_reduce_scatter(in, out, n);
+    noted();
   }
 
   // Sums x[0, n) of doubles over the group, in place: batch statistics (token counts, router means).
   void all_reduce_sum(double* x, std::int64_t n) {
     note(group_op::all_reduce, n, dtype::f64);
     do_all_reduce_sum(x, n);
+    noted();
   }
   // Exchanges one block per rank: send_counts[r] elements of send (blocks in rank order) go to rank r, and
   // recv_counts[r] elements arrive from rank r, in rank order. Counts may be 0; every rank must call it.
@@ -89,27 +112,41 @@ class rank_group {
     for (int r = 0; r < size_; ++r) n += send_counts[r];
     note(group_op::all_to_allv, n, send.type);
     do_all_to_allv(send, send_counts, recv, recv_counts);
+    noted();
   }
   // n integers to each rank: recv[r·n, (r+1)·n) = rank r's send[rank()·n, (rank()+1)·n) (counts before all_to_allv).
   void all_to_all(const std::int64_t* send, std::int64_t* recv, std::int64_t n) {
     note(group_op::all_to_allv, n * size_, dtype::i64);
     do_all_to_all(send, recv, n);
+    noted();
   }
   // Non-blocking point-to-point with a peer of the group (the context-parallel ring).
   [[nodiscard]] group_request isend(const_typed_ptr x, std::int64_t n, int peer, int tag) {
     note(group_op::send, n, x.type);
-    return do_isend(x, n, peer, tag);
+    auto r = do_isend(x, n, peer, tag);
+    noted();
+    return r;
   }
   [[nodiscard]] group_request irecv(typed_ptr x, std::int64_t n, int peer, int tag) {
     note(group_op::recv, n, x.type);
-    return do_irecv(x, n, peer, tag);
+    auto r = do_irecv(x, n, peer, tag);
+    noted();
+    return r;
   }
   // n elements of send to rank `to` and n from rank `from` into recv, started together (a ring step: every
   // rank sends and receives at once, which a GPU communicator must issue as one group).
   [[nodiscard]] group_request isendrecv(const_typed_ptr send, int to, typed_ptr recv, int from, std::int64_t n, int tag) {
     note(group_op::send, n, send.type);
-    note(group_op::recv, n, recv.type);
-    return do_isendrecv(send, to, recv, from, n, tag);
+    note(group_op::recv, n, recv.type, false);
+    auto r = do_isendrecv(send, to, recv, from, n, tag);
+    noted();
+    return r;
+  }
+
+  // A trace's observer of this group's calls, and the group's name in it ("tp", "ep"); null: none.
+  void observe(group_observer* o, const char* group_name) {
+    observer_ = o;
+    name_ = group_name;
   }
 
   // What the network is running: calls are counted per pass.
@@ -150,14 +187,21 @@ class rank_group {
 
  private:
   static std::size_t index(pass p) { return static_cast<std::size_t>(p); }
-  void note(group_op op, std::int64_t n, dtype t) {
+  void note(group_op op, std::int64_t n, dtype t, bool observed = true) {
     ++calls_[index(pass_)][static_cast<std::size_t>(op)];
-    bytes_ += n * static_cast<std::int64_t>(dtype_size(t));
+    const auto b = n * static_cast<std::int64_t>(dtype_size(t));
+    bytes_ += b;
+    if (observer_ && observed) observer_->began(name_, op, b);
+  }
+  void noted() {
+    if (observer_) observer_->ended();
   }
   int rank_ = 0, size_ = 1;
   pass pass_ = pass::forward;
   std::array<std::array<std::int64_t, group_ops>, 2> calls_{};
   std::int64_t bytes_ = 0;
+  group_observer* observer_ = nullptr;
+  const char* name_ = "";
 };
 
 }  // namespace dml::nn

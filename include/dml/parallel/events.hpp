@@ -1,13 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
-// dml/parallel/events.hpp — the event log: when backward, bucket communication and pipeline compute began and ended.
-// Sits on core/; the sharding policies and the trainer record into it, tests and benchmarks read it.
+// dml/parallel/events.hpp — the event log: when backward, bucket communication and pipeline compute began and ended,
+// and, for a trace (trainer_options::trace), named slices on a compute and a communication track and counter samples.
+// Sits on core/ and nn/rank_group.hpp; the sharding policies and the trainer record into it, tests and benchmarks
+// read it, parallel/trace.hpp writes it.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
+
+#include "dml/nn/rank_group.hpp"
 
 namespace dml::parallel {
 
@@ -23,20 +29,57 @@ struct event {
   double t = 0;  // seconds since the log was made
 };
 
-// Records only when asked to (trainer_options::record_events), so an untraced step pays one branch.
-class event_log {
+// A trace's named interval on one of a rank's tracks, and a sample of one of its counters.
+enum class track : std::uint8_t { compute, communication };
+struct slice {
+  std::string name;
+  double begin = 0, end = 0;  // seconds since the log's start
+  track on = track::compute;
+  int micro = -1, chunk = -1;    // a schedule action's; -1: none
+  std::int64_t bytes = -1;       // a transfer's or collective's payload; -1: none
+  const char* group = nullptr;   // the group it ran over ("tp", "pp", "dp"); null: none
+};
+struct sample {
+  const char* name;  // the counter ("memory allocated")
+  double t = 0, value = 0;
+};
+
+// Records only when asked to (trainer_options::record_events; trace also keeps slices and samples), so an
+// untraced step pays one branch per record. As a group observer it makes each call of a layer's group a slice.
+class event_log final : public nn::group_observer {
  public:
-  explicit event_log(bool on = false) : on_(on) {}
+  explicit event_log(bool on = false, bool tracing = false) : on_(on || tracing), tracing_(tracing) {}
   bool on() const { return on_; }
+  bool tracing() const { return tracing_; }
+  double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - born_).count(); }
+  // Time zero again: every rank right after one collective, so that their traces line up. Before any record.
+  void restart() { born_ = std::chrono::steady_clock::now(); }
   void operator()(event_kind k, int bucket = -1) {
-    if (on_)
-      events_.push_back({k, bucket, std::chrono::duration<double>(std::chrono::steady_clock::now() - born_).count()});
+    if (on_) events_.push_back({k, bucket, now()});
   }
   const std::vector<event>& events() const { return events_; }
 
+  // Tracing only (the caller checks tracing(), so that an untraced run builds no slice).
+  void add(slice s) { slices_.push_back(std::move(s)); }
+  void count(const char* counter, double value) {
+    if (tracing_) samples_.push_back({counter, now(), value});
+  }
+  const std::vector<slice>& slices() const { return slices_; }
+  const std::vector<sample>& samples() const { return samples_; }
+  void began(const char* group, nn::group_op op, std::int64_t bytes) override {
+    open_ = {.name = nn::name(op), .begin = now(), .on = track::communication, .bytes = bytes, .group = group};
+  }
+  void ended() override {
+    open_.end = now();
+    slices_.push_back(open_);
+  }
+
  private:
-  bool on_;
+  bool on_, tracing_;
   std::vector<event> events_;
+  std::vector<slice> slices_;
+  std::vector<sample> samples_;
+  slice open_;
   std::chrono::steady_clock::time_point born_ = std::chrono::steady_clock::now();
 };
 

@@ -245,20 +245,22 @@ class pipeline {
     }
   }
 
-  void send(const schedule::action& a) {
+  // send and receive return the bytes they move (0: handed over in memory).
+  std::int64_t send(const schedule::action& a) {
     const bool gradient = a.kind == schedule::op::send_gradient;
     const int to = virtual_stage(a) + (gradient ? -1 : 1);
-    if (stage_of(to) == rank_) return;  // handed over in memory
+    if (stage_of(to) == rank_) return 0;  // handed over in memory
     auto& m = micro(a.micro, a.chunk);
     const auto& t = gradient ? m.gradient_out : m.set.activation_out;
     (gradient ? m.gradient_send : m.activation_send) =
         pp_->isend(span_in<const T, Space>(t.data(), static_cast<std::size_t>(t.numel())), stage_of(to),
                    tag(gradient, to, a.micro));
+    return t.numel() * static_cast<std::int64_t>(sizeof(T));
   }
-  void receive(const schedule::action& a) {
+  std::int64_t receive(const schedule::action& a) {
     const bool gradient = a.kind == schedule::op::recv_gradient;
     const int v = virtual_stage(a), from = v + (gradient ? 1 : -1);
-    if (stage_of(from) == rank_) return;
+    if (stage_of(from) == rank_) return 0;
     auto& m = micro(a.micro, a.chunk);
     const auto range = chunks_[static_cast<std::size_t>(a.chunk)];
     const auto [lo, hi] = rows_of(a.micro);
@@ -268,6 +270,7 @@ class pipeline {
     // The sender has received the input gradients it sent before this message: their copies go back to the spares.
     if (const auto at = released_.find(key_of(a)); at != released_.end())
       for (const auto& sent : at->second) release_gradient(micro(sent.micro, sent.chunk), sent.chunk);
+    return (gradient ? shapes[range.end - 1] : shapes[range.first - 1]).numel() * static_cast<std::int64_t>(sizeof(T));
   }
 
   // Inference through every stage in order; the last virtual stage counts rows whose largest logit is

@@ -54,6 +54,10 @@ struct memory_report {
   // memory_account; filled by the trainer): now, and at the most since it was constructed (the high-water mark).
   // Model state, activation storage and the network's workspaces; not the communicator's or a GEMM library's own.
   std::int64_t allocated = 0, allocated_peak = 0;
+  // Bytes of host memory a device trainer's checkpoint saves write from (a copy of this rank's pieces, kept for the
+  // next save; filled by the trainer; a host trainer writes its memory in place). Outside dml's buffers: not in
+  // allocated.
+  std::int64_t checkpoint_staging = 0;
   std::int64_t total() const { return params + grads + optimizer + buffers; }
   // Every category in MiB and their high-water mark: "params 1.23 MiB, grads ..., activations at peak ..., workspace
   // and transients ...; total=... MiB" (the workspace is what the high-water mark holds beyond the categories).
@@ -65,7 +69,11 @@ struct memory_report {
                   "transients %.2f; total=%.2f MiB",
                   mib(params), mib(grads), mib(optimizer), mib(buffers), mib(activations),
                   mib(allocated_peak - (params + grads + optimizer + buffers + activations)), mib(allocated_peak));
-    return line;
+    if (checkpoint_staging == 0) return line;
+    char staging[96];
+    std::snprintf(staging, sizeof staging, "; checkpoint staging %.2f MiB (host, outside the total)",
+                  mib(checkpoint_staging));
+    return std::string(line) + staging;
   }
 };
 

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -27,6 +28,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -38,6 +40,9 @@
 #  define DML_CHECKPOINT_HAVE_DIRSYNC 1
 #else
 #  define DML_CHECKPOINT_HAVE_DIRSYNC 0
+#endif
+#if defined(__linux__)
+#  include <sys/resource.h>
 #endif
 
 #include "dml/comm/communicator.hpp"
@@ -247,101 +252,227 @@ inline checkpoint_index read_checkpoint_index(const std::filesystem::path& dir) 
 
 namespace detail {
 
-// Collective save. ranges[r] lists what rank r writes; data[i] holds the elements of ranges[rank][i].
-// The files go into a fresh directory that is renamed into place once every rank has written, and
-// dir/latest moves to it last: an interrupted save leaves the previous checkpoint as it was.
-// Each step is made durable before the next one depends on it: every file is synced before its
-// rename, the staging directory before it is renamed, dir before latest is replaced, so that after
-// a crash or a power cut latest names a complete checkpoint. What killed saves left is removed first.
-template <class Comm>
-void write_checkpoint(Comm& comm, const std::filesystem::path& dir, checkpoint_info info,
-                      const std::vector<std::vector<checkpoint_range>>& ranges, std::span<const float* const> data) {
-  namespace fs = std::filesystem;
-  const int rank = comm.rank(), n = comm.size();
-  info.world_size = n;
-  const std::string step_name = checkpoint_step_name(info.step);
-  std::array<char, 16> tag{};
-  agree(comm, [&] {
-    if (static_cast<int>(ranges.size()) != n || data.size() != ranges[static_cast<std::size_t>(rank)].size())
-      fail<invalid_argument>("dml::train::save_checkpoint: expected ranges for ", n, " ranks and ",
-                             ranges[static_cast<std::size_t>(rank)].size(), " data pointers, found ", ranges.size(),
-                             " and ", data.size());
-    if (rank != 0) return;
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec) fail<io_error>(dir.string(), ": cannot create the checkpoint directory: ", ec.message());
-    remove_abandoned(dir);
-    const auto suffix = temp_suffix();
-    std::copy_n(suffix.data(), tag.size(), tag.data());
-    const auto staging = dir / (step_name + ".partial-" + suffix);
-    if (!fs::create_directory(staging, ec) || ec)
-      fail<io_error>(staging.string(), ": cannot create the directory for a new checkpoint: ",
-                     ec ? ec.message() : std::string("it exists"));
-  });
-  comm::broadcast_host(comm, std::span<char>(tag), 0);
-  const fs::path staging = dir / (step_name + ".partial-" + std::string(tag.data(), tag.size()));
-  auto abandon = [&] {
-    if (rank != 0) return;
-    std::error_code ignore;
-    fs::remove_all(staging, ignore);
-  };
-
-  const auto file_name = [n](int r) { return dml::detail::cat("rank-", r, "-of-", n, ".safetensors"); };
-  std::array<std::int64_t, 2> mine{};  // bytes, checksum
-  try {
+// One collective save, in three parts, so that the file writes can run behind training (an asynchronous save):
+//   1. the constructor (collective) checks the ranges, makes a fresh staging directory and, when given a copy of
+//      the data, lets the caller change its own at once;
+//   2. write() writes this rank's file into the staging directory (synced): here, or in a background thread;
+//   3. publish() (collective) agrees on the files, then rank 0 writes the index, renames the staging directory
+//      into place and moves dir/latest to it last (here, or in a background thread); finish() waits for it all.
+// An interrupted save leaves the previous checkpoint as it was. Each step is made durable before the next one
+// depends on it: every file is synced before its rename, the staging directory before it is renamed, dir before
+// latest is replaced, so that after a crash or a power cut latest names a complete checkpoint. What killed
+// saves left is removed first. ranges[r] lists what rank r writes; data[i] holds the elements of
+// ranges[rank][i] (in `copy` when the save owns them). borrowed: data[i] is the caller's memory, which a writer in
+// the background reads until it has handed the bytes to the system; the caller's next change to it waits for that
+// (wait_released), not for the file to reach the disk.
+class checkpoint_save {
+ public:
+  template <class Comm>
+  checkpoint_save(Comm& comm, const std::filesystem::path& dir, checkpoint_info info,
+                  std::vector<std::vector<checkpoint_range>> ranges, std::span<const float* const> data,
+                  std::vector<float> copy = {}, bool borrowed = false)
+      : dir_(dir), info_(std::move(info)), ranges_(std::move(ranges)), data_(data.begin(), data.end()),
+        copy_(std::move(copy)), rank_(comm.rank()), n_(comm.size()), released_(!borrowed) {
+    namespace fs = std::filesystem;
+    info_.world_size = n_;
+    const std::string step_name = checkpoint_step_name(info_.step);
+    std::array<char, 16> tag{};
     agree(comm, [&] {
-      if (checkpoint_write_fault) checkpoint_write_fault(rank);
-      const auto& my = ranges[static_cast<std::size_t>(rank)];
+      if (static_cast<int>(ranges_.size()) != n_ || data_.size() != ranges_[static_cast<std::size_t>(rank_)].size())
+        fail<invalid_argument>("dml::train::save_checkpoint: expected ranges for ", n_, " ranks and ",
+                               ranges_[static_cast<std::size_t>(rank_)].size(), " data pointers, found ",
+                               ranges_.size(), " and ", data_.size());
+      if (rank_ != 0) return;
+      std::error_code ec;
+      fs::create_directories(dir_, ec);
+      if (ec) fail<io_error>(dir_.string(), ": cannot create the checkpoint directory: ", ec.message());
+      remove_abandoned(dir_);
+      const auto suffix = temp_suffix();
+      std::copy_n(suffix.data(), tag.size(), tag.data());
+      const auto staging = dir_ / (step_name + ".partial-" + suffix);
+      if (!fs::create_directory(staging, ec) || ec)
+        fail<io_error>(staging.string(), ": cannot create the directory for a new checkpoint: ",
+                       ec ? ec.message() : std::string("it exists"));
+    });
+    comm::broadcast_host(comm, std::span<char>(tag), 0);
+    staging_ = dir_ / (step_name + ".partial-" + std::string(tag.data(), tag.size()));
+  }
+  checkpoint_save(const checkpoint_save&) = delete;
+  checkpoint_save& operator=(const checkpoint_save&) = delete;
+  // Never leaves a thread running; a save not finished stays in its staging directory, which the next save
+  // removes (dir/latest still names the previous checkpoint).
+  ~checkpoint_save() {
+    if (writer_.joinable()) writer_.join();
+    if (publisher_.joinable()) publisher_.join();
+  }
+
+  // This rank's file, now (its error is thrown by publish) or in a background thread.
+  void write(bool background) {
+    if (background)
+      writer_ = std::thread([this] {
+        yield_to_training();
+        write_file();
+      });
+    else
+      write_file();
+  }
+  // Collective; never throws a save's error. True once every rank's file is written and none failed: publish()
+  // will not wait.
+  template <class Comm>
+  bool written_everywhere(Comm& comm) {
+    std::array<std::int32_t, 1> pending{written_.load(std::memory_order_acquire) ? (error_ ? 2 : 0) : 1};
+    comm::all_reduce_host(comm, std::span<std::int32_t>(pending), comm::reduce_op::max);
+    return pending[0] == 0;
+  }
+  // Collective: waits for this rank's file, agrees on every rank's (the first failure is thrown on every rank
+  // and the staging directory removed), then rank 0 writes the index and moves latest (background: in a thread,
+  // whose error finish() throws).
+  template <class Comm>
+  void publish(Comm& comm, bool background) {
+    published_ = true;
+    try {
+      agree(comm, [&] {
+        if (writer_.joinable()) writer_.join();
+        if (error_) std::rethrow_exception(error_);
+      });
+    } catch (...) {
+      abandon();
+      throw;
+    }
+    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(n_));
+    comm::all_gather_host(comm, std::span<const std::int64_t>(mine_), std::span<std::int64_t>(all));
+    if (rank_ != 0) {
+      complete_.store(true, std::memory_order_release);
+      return;
+    }
+    if (background)
+      publisher_ = std::thread([this, all = std::move(all)] {
+        yield_to_training();
+        publish_index(all);
+      });
+    else
+      publish_index(all);
+  }
+  // Collective: the whole save, done and durable, or its error on every rank.
+  template <class Comm>
+  void finish(Comm& comm) {
+    if (!published_) publish(comm, false);
+    agree(comm, [&] {
+      if (publisher_.joinable()) publisher_.join();
+      if (error_) std::rethrow_exception(error_);
+    });
+  }
+  bool published() const { return published_; }
+  // Returns once the writer no longer reads the caller's memory (borrowed: its bytes are in the system's hands).
+  void wait_released() const { released_.wait(false, std::memory_order_acquire); }
+  // Not collective: this rank's part is done (rank 0's: latest names the new checkpoint).
+  bool complete() const { return complete_.load(std::memory_order_acquire); }
+  std::int64_t step() const { return info_.step; }
+  std::int64_t staged_bytes() const { return static_cast<std::int64_t>(copy_.capacity() * sizeof(float)); }
+  // The copy the save wrote from, for the next save to reuse (not while the writer may read it).
+  std::vector<float> take_copy() {
+    if (writer_.joinable()) writer_.join();
+    return std::move(copy_);
+  }
+
+ private:
+  std::string file_name(int r) const { return dml::detail::cat("rank-", r, "-of-", n_, ".safetensors"); }
+
+  // A background thread runs at the lowest priority, so that on a machine whose cores all train it takes what
+  // training leaves (an update that needs its memory back waits, and so leaves it a core). Linux: per thread.
+  static void yield_to_training() {
+#if defined(__linux__)
+    (void)::setpriority(PRIO_PROCESS, 0, 19);
+#endif
+  }
+  void release() {
+    if (released_.load(std::memory_order_relaxed)) return;
+    released_.store(true, std::memory_order_release);
+    released_.notify_all();
+  }
+  void write_file() {
+    const auto& my = ranges_[static_cast<std::size_t>(rank_)];
+    try {
+      if (checkpoint_write_fault) checkpoint_write_fault(rank_);
       std::vector<tensor_ref> refs;
       checksum64 sum;
       nlohmann::json listed = nlohmann::json::array();
       const auto keys = detail::stored_names(my);
       for (std::size_t i = 0; i < my.size(); ++i) {
         const auto& r = my[i];
-        refs.push_back(make_tensor_ref(keys[i], std::span<const float>(data[i], static_cast<std::size_t>(r.end - r.begin)),
-                                       {r.end - r.begin}));
+        refs.push_back(make_tensor_ref(
+            keys[i], std::span<const float>(data_[i], static_cast<std::size_t>(r.end - r.begin)), {r.end - r.begin}));
         sum.add(refs.back().data);
         listed.push_back({r.tensor, r.begin, r.end});
       }
-      const auto path = staging / file_name(rank);
+      const auto path = staging_ / file_name(rank_);
       save_safetensors(path, refs,
                        {{"format", "dml-checkpoint"},
-                        {"step", std::to_string(info.step)},
-                        {"rank", std::to_string(rank)},
-                        {"world_size", std::to_string(n)},
-                        {"ranges", listed.dump()}});
-      mine = {static_cast<std::int64_t>(fs::file_size(path)), static_cast<std::int64_t>(sum.h)};
-    });
-  } catch (...) {
-    abandon();
-    throw;
+                        {"step", std::to_string(info_.step)},
+                        {"rank", std::to_string(rank_)},
+                        {"world_size", std::to_string(n_)},
+                        {"ranges", listed.dump()}},
+                       [this] { release(); });
+      mine_ = {static_cast<std::int64_t>(std::filesystem::file_size(path)), static_cast<std::int64_t>(sum.h)};
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    release();
+    written_.store(true, std::memory_order_release);
   }
-  std::vector<std::int64_t> all(2 * static_cast<std::size_t>(n));
-  comm::all_gather_host(comm, std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
 
-  try {
-    agree(comm, [&] {
-      if (rank != 0) return;
-      checkpoint_index x{staging, std::move(info), {}};
-      for (int r = 0; r < n; ++r)
+  void publish_index(const std::vector<std::int64_t>& all) {
+    namespace fs = std::filesystem;
+    try {
+      checkpoint_index x{staging_, info_, {}};
+      for (int r = 0; r < n_; ++r)
         x.files.push_back({file_name(r), r, all[2 * static_cast<std::size_t>(r)],
                            static_cast<std::uint64_t>(all[2 * static_cast<std::size_t>(r) + 1]),
-                           ranges[static_cast<std::size_t>(r)]});
+                           ranges_[static_cast<std::size_t>(r)]});
       // Syncing staging after the index also keeps the ranks' files, renamed into it before.
-      write_text_atomically(staging / "index.json", to_json(x).dump(1));
+      write_text_atomically(staging_ / "index.json", to_json(x).dump(1));
       // A step directory already there (a second save of the same step) is left as it is.
-      fs::path target = dir / step_name;
-      for (int k = 1; fs::exists(target); ++k) target = dir / dml::detail::cat(step_name, ".", k);
+      const std::string step_name = checkpoint_step_name(info_.step);
+      fs::path target = dir_ / step_name;
+      for (int k = 1; fs::exists(target); ++k) target = dir_ / dml::detail::cat(step_name, ".", k);
       std::error_code ec;
-      fs::rename(staging, target, ec);
+      fs::rename(staging_, target, ec);
       if (ec) fail<io_error>(target.string(), ": cannot move the new checkpoint into place: ", ec.message());
-      sync_directory(dir);  // the step directory's new name is durable before latest names it
-      write_text_atomically(dir / "latest", target.filename().string() + "\n");
-    });
-  } catch (...) {
-    abandon();
-    throw;
+      sync_directory(dir_);  // the step directory's new name is durable before latest names it
+      write_text_atomically(dir_ / "latest", target.filename().string() + "\n");
+    } catch (...) {
+      error_ = std::current_exception();
+      abandon();
+    }
+    complete_.store(true, std::memory_order_release);
   }
+
+  void abandon() {
+    if (rank_ != 0) return;
+    std::error_code ignore;
+    std::filesystem::remove_all(staging_, ignore);
+  }
+
+  std::filesystem::path dir_, staging_;
+  checkpoint_info info_;
+  std::vector<std::vector<checkpoint_range>> ranges_;
+  std::vector<const float*> data_;
+  std::vector<float> copy_;
+  int rank_, n_;
+  std::array<std::int64_t, 2> mine_{};  // bytes, checksum of this rank's file
+  std::exception_ptr error_;            // of this rank's write, or rank 0's publication
+  std::atomic<bool> written_{false}, complete_{false}, released_;
+  bool published_ = false;
+  std::thread writer_, publisher_;
+};
+
+// Collective save, all three parts at once.
+template <class Comm>
+void write_checkpoint(Comm& comm, const std::filesystem::path& dir, checkpoint_info info,
+                      std::vector<std::vector<checkpoint_range>> ranges, std::span<const float* const> data) {
+  checkpoint_save save(comm, dir, std::move(info), std::move(ranges), data);
+  save.write(false);
+  save.finish(comm);
 }
 
 // Collective load: checks the newest checkpoint in dir against `want` (model, optimizer), then fills

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -110,6 +111,10 @@ inline std::int64_t take_trainer_meta(checkpoint_info& info, optim::loss_scaler*
 // to several runs, a whole one to one.
 template <class F>
 void whole_runs(const nn::param_shard& shard, std::int64_t begin, std::int64_t end, F&& f) {
+  if (!shard.sharded()) {
+    if (begin < end) f(begin, end, begin);
+    return;
+  }
   for (std::int64_t i = begin; i < end;) {
     const std::int64_t w = shard.whole_index(i);
     std::int64_t j = i + 1;
@@ -168,10 +173,14 @@ void each_owned_run(Sync& sync, const nn::param_layout& L, F&& f) {
 // Every rank writes the elements it owns (parallel/buckets.hpp): its part of each run of its stage, params and
 // state alike, under every sharding; tensor ranks but 0 leave out the copies they share, replicas but the first
 // write nothing. Each element is written once, whatever the layout; each rank describes its own ranges and the
-// descriptions are gathered.
+// descriptions are gathered. Returns the save with its file written (background: being written by a thread while
+// training goes on, which reads the rank's pieces in place until their bytes are in the system's hands, so the
+// trainer's next update waits for that); the caller publishes and finishes it. A device trainer's pieces are copied
+// to the host first, into `copy` (a buffer kept from the save before).
 template <class Space, int StateSlots, class Comm, class Sync>
-void save_sharded(Comm& comm, Sync& sync, const std::filesystem::path& dir, checkpoint_info info,
-                  const nn::param_layout& L, int tp_rank = 0) {
+std::unique_ptr<checkpoint_save> save_sharded(Comm& comm, Sync& sync, const std::filesystem::path& dir,
+                                              checkpoint_info info, const nn::param_layout& L, int tp_rank,
+                                              bool background, std::vector<float> copy = {}) {
   std::vector<const float*> data;
   std::vector<checkpoint_range> mine;
   if (sync.writes_checkpoint())
@@ -184,17 +193,26 @@ void save_sharded(Comm& comm, Sync& sync, const std::filesystem::path& dir, chec
   std::vector<std::string> names;
   for (int k = -1; k < StateSlots; ++k)
     for (const auto& m : info.model) names.push_back(checkpoint_tensor_name(k, m.name));
-  const auto ranges = gather_ranges(comm, mine, names);
-  // The writer reads host memory: a device trainer stages its pieces first.
-  std::vector<std::vector<float>> staged;
+  auto ranges = gather_ranges(comm, mine, names);
+  // The writer reads host memory: a device trainer's pieces are copied into one host buffer first, the checkpoint's
+  // staging.
   if constexpr (!std::same_as<Space, host>) {
+    std::size_t total = 0;
+    for (const auto& r : mine) total += static_cast<std::size_t>(r.end - r.begin);
+    copy.resize(total);
+    float* at = copy.data();
     for (std::size_t i = 0; i < data.size(); ++i) {
-      staged.emplace_back(static_cast<std::size_t>(mine[i].end - mine[i].begin));
-      dml::copy_n(data[i], staged.back().size(), staged.back().data());
-      data[i] = staged.back().data();
+      const auto n = static_cast<std::size_t>(mine[i].end - mine[i].begin);
+      dml::copy_n(data[i], n, at);
+      data[i] = at;
+      at += n;
     }
   }
-  write_checkpoint(comm, dir, std::move(info), ranges, std::span<const float* const>(data));
+  auto save = std::make_unique<checkpoint_save>(comm, dir, std::move(info), std::move(ranges),
+                                                std::span<const float* const>(data), std::move(copy),
+                                                background && std::same_as<Space, host>);
+  save->write(background);
+  return save;
 }
 
 // What this layout holds, as ranges of the global index space and where each lands: whole parameters or state

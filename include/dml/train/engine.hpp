@@ -20,6 +20,7 @@
 #include "dml/parallel/parallelize.hpp"
 #include "dml/parallel/routing.hpp"
 #include "dml/parallel/ties.hpp"
+#include "dml/parallel/trace.hpp"
 #include "dml/train/checkpoint_io.hpp"
 #include "dml/train/options.hpp"
 
@@ -46,13 +47,17 @@ struct engine_base {
   virtual const std::vector<event>& events() const = 0;
   virtual std::int64_t steps() const = 0;
   virtual std::span<const parallel::bucket> buckets() const = 0;
-  virtual void save_checkpoint(const std::filesystem::path& dir, const std::map<std::string, std::string>& user) = 0;
+  virtual void save_checkpoint(const std::filesystem::path& dir, const std::map<std::string, std::string>& user,
+                               save_mode mode) = 0;
+  virtual bool wait_checkpoint() = 0;
+  virtual bool checkpoint_pending() const = 0;
   virtual std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) = 0;
   virtual const schedule::table& schedule_table(std::int64_t micro_batches) = 0;
   virtual const parallel::program& program(std::int64_t micro_batches) = 0;
   virtual std::pair<std::int64_t, std::int64_t> activation_peaks() const = 0;  // bytes, sets
   virtual void release_activations() = 0;
   virtual const nn::rank_group* tensor_parallel_group() const = 0;            // null without tensor parallelism
+  virtual void write_trace() = 0;
 };
 
 template <class Space, class Comm, class Plan, class Optimizer, class Precision, class... Layers>
@@ -70,7 +75,7 @@ class engine final : public engine_base<Space> {
                parallel::trainer_mesh(world, opt_.tensor_parallel, opt_.pipeline_stages, opt_.expert_parallel,
                                       opt_.context_parallel, opt_.replicas),
                model, placement_options(opt_)),
-        log_(opt_.record_events), net_(place_.part(), opt_.seed, network_options()),
+        log_(opt_.record_events, !opt_.trace.empty()), net_(place_.part(), opt_.seed, network_options()),
         full_layout_(nn::make_layout(model, net_.layout().padding_unit)),
         sync_(place_.shards(), net_, {.seed = opt_.seed, .bucket_mb = opt_.bucket_mb, .chunks = place_.chunks(),
                                       .log = &log_, .per_step = place_.per_step(),
@@ -101,6 +106,7 @@ class engine final : public engine_base<Space> {
                              " below 1");
     pipe_.set_layer_context(place_.layer_groups());
     program(opt_.micro_batches);  // a bad schedule fails here, before any work
+    if (log_.tracing()) start_trace();
     constructing_.end();
   }
 
@@ -125,6 +131,9 @@ class engine final : public engine_base<Space> {
                              x.shape, " and global_batch ", global_batch);
     if (doc_start) check_documents(x.shape, doc_start);
     const memory_account::charging charge(&account_);
+    // A save in the background is published once every rank's file is written (one flag's all-reduce per step).
+    if (saving_ && !saving_->published() && saving_->written_everywhere(world_)) saving_->publish(world_, true);
+    if (opt_.commit) released_by_checkpoint();  // ZeRO-1/2 gather the updated parts before the first pass
     const auto counters = std::pair{step_, optimizer_step_};
     const auto scaler = scaler_;
     auto undo = [&] {
@@ -159,6 +168,8 @@ class engine final : public engine_base<Space> {
     const auto& prog = program(m);
     for (std::size_t i = 0; i < prog.size(); ++i) {
       const auto& [what, a, chunk, first, reduces, final] = prog[i];
+      const double began = log_.tracing() ? log_.now() : 0.0;
+      std::int64_t moved = -1;
       switch (what) {
         case k::unshard: sync_.unshard(chunk); break;
         case k::reshard: sync_.reshard(chunk); break;
@@ -167,8 +178,7 @@ class engine final : public engine_base<Space> {
         case k::update: out = update(local_loss, lr); break;
         case k::run:
           if (!schedule::is_compute(a.kind)) {
-            if (a.kind == schedule::op::send_activation || a.kind == schedule::op::send_gradient) pipe_.send(a);
-            else pipe_.receive(a);
+            moved = schedule::is_send(a.kind) ? pipe_.send(a) : pipe_.receive(a);
             break;
           }
           log_(event_kind::compute_begin, static_cast<int>(i));
@@ -183,9 +193,50 @@ class engine final : public engine_base<Space> {
           log_(event_kind::compute_end, static_cast<int>(i));
           break;
       }
+      if (log_.tracing()) trace(prog[i], began, moved);
     }
     pipe_.end_step();
     return out;
+  }
+
+  // ---- the trace (trainer_options::trace)
+  // Checks the file can be written, starts every rank's clock after that collective, and has the layers' groups
+  // report their calls.
+  void start_trace() {
+    parallel::open_trace(world_, opt_.trace);
+    log_.restart();
+    if (auto* tp = place_.tensor()) tp->observe(&log_, "tp");
+    const auto g = place_.layer_groups();
+    const std::pair<nn::rank_group*, const char*> groups[] = {{g.ep, "ep"}, {g.cp, "cp"}, {g.data, "dp"}};
+    for (const auto& [group, name] : groups)
+      if (group) group->observe(&log_, name);
+  }
+  // An instruction as a slice: forward, backward, the tie sums and the update on the compute track; unshard,
+  // reshard, gradient reductions and pipeline transfers (with their bytes; none for a hand-over in memory) on the
+  // communication track. Then the counters.
+  void trace(const parallel::instruction& in, double began, std::int64_t moved) {
+    using k = parallel::instruction::kind;
+    const bool run = in.what == k::run;
+    const bool compute = run ? schedule::is_compute(in.a.kind) : in.what == k::tie_gradients || in.what == k::update;
+    if (moved == 0) return;
+    const bool whole = in.what == k::tie_gradients || in.what == k::update;
+    log_.add({.name = run ? dml::detail::cat(schedule::name(in.a.kind), " c", in.a.chunk, " m", in.a.micro)
+                          : parallel::to_string(in),
+              .begin = began, .end = log_.now(),
+              .on = compute ? parallel::track::compute : parallel::track::communication,
+              .micro = run ? in.a.micro : -1, .chunk = whole ? -1 : in.chunk, .bytes = moved,
+              .group = moved > 0 ? "pp" : nullptr});
+    log_.count("memory allocated (bytes)", static_cast<double>(account_.live()));
+    if (Precision::loss_scaling && in.what == k::update) log_.count("loss scale", static_cast<double>(scaler_.scale()));
+  }
+  void write_trace() override {
+    if (!log_.tracing())
+      fail<invalid_argument>("dml::trainer::write_trace: expected trainer_options::trace to name a file, found none");
+    parallel::trace_rank r{.name = dml::detail::cat("rank ", world_.rank(), " (pp ", place_.pp_rank(), ", tp ",
+                                                    place_.tp_rank(), ")"),
+                           .bucket_bytes = {}};
+    for (const auto& b : sync_.buckets()) r.bucket_bytes.push_back((b.hi - b.lo) * static_cast<std::int64_t>(sizeof(T)));
+    parallel::write_trace(world_, opt_.trace, log_, r);
   }
 
   std::int64_t correct(tensor_view<const float, Space> x, const std::int32_t* y) override {
@@ -205,6 +256,7 @@ class engine final : public engine_base<Space> {
                                         m->tp(), m->pp(), m->ep());
   }
   void load_full_parameters(std::span<const float> full) override {
+    released_by_checkpoint();
     const memory_account::charging charge(&account_);
     if (static_cast<std::int64_t>(full.size()) != full_layout_.total)
       fail<shape_error>("dml::trainer: expected ", full_layout_.total, " parameters (padding included), found ", full.size());
@@ -218,6 +270,8 @@ class engine final : public engine_base<Space> {
     m.activations_held = pipe_.held_bytes();
     m.allocated = account_.live();
     m.allocated_peak = account_.peak();
+    m.checkpoint_staging = static_cast<std::int64_t>(staging_.capacity() * sizeof(float));
+    if (saving_) m.checkpoint_staging = saving_->staged_bytes();
     return m;
   }
   // The whole model's layout, whatever stage this rank runs: what full_parameters fills.
@@ -233,15 +287,34 @@ class engine final : public engine_base<Space> {
     pipe_.release_storage();
   }
 
-  void save_checkpoint(const std::filesystem::path& dir, const std::map<std::string, std::string>& user) override {
+  void save_checkpoint(const std::filesystem::path& dir, const std::map<std::string, std::string>& user,
+                       save_mode mode) override {
+    wait_checkpoint();
     const memory_account::charging charge(&account_);
     auto info = description();
     info.user = user;
     put_trainer_meta(info, optimizer_step_, Precision::loss_scaling ? &scaler_ : nullptr);
     put_router_bias(info, router_biases());
-    save_sharded<Space, Optimizer::state_slots>(world_, sync_, dir, std::move(info), net_.layout(), place_.tp_rank());
+    saving_ = save_sharded<Space, Optimizer::state_slots>(world_, sync_, dir, std::move(info), net_.layout(),
+                                                          place_.tp_rank(), mode == save_mode::async,
+                                                          std::move(staging_));
+    if (mode == save_mode::sync) wait_checkpoint();
+  }
+  bool wait_checkpoint() override {
+    if (!saving_) return false;
+    const auto save = std::move(saving_);
+    save->finish(world_);
+    staging_ = save->take_copy();  // kept for the next save: a copy into memory already touched
+    return true;
+  }
+  bool checkpoint_pending() const override { return saving_ && !saving_->complete(); }
+  // A save in the background reads this rank's state in place until its bytes are written: anything that changes
+  // that state waits for that first (the update, a restore, an import).
+  void released_by_checkpoint() const {
+    if (saving_) saving_->wait_released();
   }
   std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) override {
+    wait_checkpoint();
     const memory_account::charging charge(&account_);
     auto info = load_sharded<Optimizer::state_slots>(world_, sync_, net_.layout(), dir, description());
     step_ = info.step;
@@ -281,6 +354,7 @@ class engine final : public engine_base<Space> {
     if (s.values.size() != need)
       fail<invalid_argument>("dml::trainer::restore: this rank holds ", need, " values, the snapshot has ", s.values.size(),
                              " (a snapshot restores only into the same layout and rank)");
+    released_by_checkpoint();
     std::size_t at = 0;
     each_held([&](float* p, std::size_t n) {
       dml::copy_n(s.values.data() + at, n, p);
@@ -300,6 +374,7 @@ class engine final : public engine_base<Space> {
     return out;
   }
   void import_pieces(std::span<const state_pieces> sources) override {
+    released_by_checkpoint();
     if (sources.empty()) fail<invalid_argument>("dml::trainer::import_pieces: expected at least one state, found none");
     const auto& m = sources.front().meta;
     for (const auto& s : sources)
@@ -377,6 +452,7 @@ class engine final : public engine_base<Space> {
 
   // ---- the step's tail: loss over every rank, clipping, loss scaling, the update
   step_result update(float local_loss, float lr) {
+    released_by_checkpoint();
     // Only clipping, loss scaling and a commit vote make the update wait on other ranks; without them a rank updates
     // before the loss's all-reduce, so a pipeline stage that finishes its backward early updates while the others
     // compute, rather than wait in the sum for the last stage and then contend with it for memory bandwidth.
@@ -481,6 +557,10 @@ class engine final : public engine_base<Space> {
   std::vector<bool> uncounted_;  // per slot of this rank: left out of the gradient norm (counted elsewhere)
   parallel::wire_bytes bytes_{};  // gradient bytes up to the last step
   std::int64_t experts_ = -1;    // experts per MoE layer of the model (0: none); −1 until the first step
+  // An asynchronous save not yet finished (its threads end before anything above is destroyed), and the host copy
+  // the saves write from, kept between them.
+  std::vector<float> staging_;
+  std::unique_ptr<checkpoint_save> saving_;
 };
 
 }  // namespace detail

@@ -25,6 +25,10 @@ struct trainer_options {
   float clip_norm = 0.f;            // global-norm clipping; 0 turns it off
   std::function<float(std::int64_t step)> lr{};  // learning rate per step (from 1); empty: the optimizer's lr
   bool record_events = false;       // keep an event log of compute and communication (tests, tracing)
+  // A file for the run's timeline (Chrome trace-event JSON, for Perfetto UI and chrome://tracing): rank 0 checks at
+  // construction that it can write it, every rank records, and trainer::write_trace() gathers and writes it. Empty:
+  // no trace, and each record costs one branch.
+  std::string trace{};
   // The most bytes of dml buffers this rank's trainer may hold at once (memory().allocated: model state, activation
   // storage, workspaces; 0: no limit). An allocation past it throws dml::memory_limit_error naming the limit, the
   // allocation and what is held, before it is made; dml::cost::rank_bytes(...).total() is the least that trains.
@@ -80,6 +84,11 @@ struct trainer_options {
   // update half done: drive those with whole-step votes (ft::train_restarting), not with this hook.
   std::function<bool()> commit{};
 };
+
+// How save_checkpoint writes: now (it returns with the checkpoint durable and named by latest), or in the
+// background (it copies this rank's pieces and returns; threads write the files while training goes on, and
+// latest moves once every rank's file is complete and synced).
+enum class save_mode { sync, async };
 
 using parallel::routing_summary;
 

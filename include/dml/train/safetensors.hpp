@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -303,9 +304,11 @@ tensor_ref make_tensor_ref(std::string name, std::span<const T> data, std::vecto
 
 // Writes the tensors, in the order given, to `path`. The bytes go to a temporary file beside
 // it, which is flushed to disk and then renamed over the target: a crash leaves either the old
-// file or the new one under that name, never a half-written one.
+// file or the new one under that name, never a half-written one. `written`, if given, is called once the
+// tensors' bytes are handed to the system (before the flush to disk): the caller may change them from then on.
 inline void save_safetensors(const std::filesystem::path& path, std::span<const tensor_ref> tensors,
-                             const std::map<std::string, std::string>& metadata = {}) {
+                             const std::map<std::string, std::string>& metadata = {},
+                             const std::function<void()>& written = {}) {
   const std::string file = path.string();
   // ordered_json keeps the tensors in the caller's order, which is also their order in the data.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
@@ -345,6 +348,7 @@ inline void save_safetensors(const std::filesystem::path& path, std::span<const 
   for (const auto& t : tensors)
     ok = ok && (t.data.empty() || std::fwrite(t.data.data(), 1, t.data.size(), f) == t.data.size());
   ok = ok && std::fflush(f) == 0;
+  if (written) written();
 #if DML_SAFETENSORS_HAVE_FSYNC
   ok = ok && ::fsync(::fileno(f)) == 0;
 #endif

@@ -91,12 +91,28 @@ class trainer {
   void release_activations() { engine_->release_activations(); }
   // The tensor-parallel group the layers talk to, with its per-pass call counts; null without one.
   const nn::rank_group* tensor_parallel_group() const { return engine_->tensor_parallel_group(); }
+  // Writes the timeline recorded so far at trainer_options::trace (rank 0 writes; every rank's events, one process per
+  // rank, its clock started at construction): Chrome trace-event JSON for Perfetto UI or chrome://tracing. Collective;
+  // each call rewrites the file with everything recorded since construction.
+  void write_trace() { engine_->write_trace(); }
 
   // Sharded checkpoint of parameters, optimizer state, step and seed, with the caller's position in
   // `user_meta`: writes dir/step-<step>/, then points dir/latest at it (train/checkpoint.hpp). Collective.
-  void save_checkpoint(const std::filesystem::path& dir, const std::map<std::string, std::string>& user_meta = {}) {
-    engine_->save_checkpoint(dir, user_meta);
+  // save_mode::async copies this rank's pieces to host memory (memory().checkpoint_staging) and returns; threads
+  // write the files while training goes on, and latest moves once every rank's file is complete and synced (found
+  // at the start of a step, one flag's all-reduce). A save, a load or wait_checkpoint() first finishes the save
+  // before; an error of a save in the background is thrown there, on every rank.
+  void save_checkpoint(const std::filesystem::path& dir, const std::map<std::string, std::string>& user_meta = {},
+                       train::save_mode mode = train::save_mode::sync) {
+    engine_->save_checkpoint(dir, user_meta, mode);
   }
+  // Finishes the save in the background, if any: its files durable and dir/latest naming it. Collective; call it
+  // before training ends (a trainer destroyed with a save unfinished leaves latest at the save before). Returns
+  // whether there was one.
+  bool wait_checkpoint() { return engine_->wait_checkpoint(); }
+  // Whether this rank's part of a save in the background is still running (rank 0: until latest names it).
+  // Not collective.
+  bool checkpoint_pending() const { return engine_->checkpoint_pending(); }
   // Loads dir/latest, whatever layout (dp × pp, sharding) wrote it, and returns its user_meta. Collective; a
   // bad checkpoint throws the same dml::error on every rank and leaves this trainer unchanged.
   std::map<std::string, std::string> load_checkpoint(const std::filesystem::path& dir) { return engine_->load_checkpoint(dir); }
