@@ -429,10 +429,15 @@ elseif(MODE STREQUAL "memory")
   # is at most the plan's bytes for its ranks plus a fixed allowance for what is not dml's tensors (code, libraries,
   # thread stacks, oneDNN's scratch, comm::local's staging, the text): 64 MiB and 16 MiB a rank, about twice the most
   # measured on a Zen 3 (22-52 MiB over in these runs; benchmarks/memory_prediction.sh: -41 to 52 over a matrix).
+  # The first process on a machine to multiply a shape times the host GEMM libraries on it, once (their buffers then
+  # hold up to 60 MiB more: 89 MiB over on a 2-core Xeon): a run of each layout before the measured ones records the
+  # choices, in a file of this test's own so that the warm-up is always needed and always done.
+  set(ENV{DML_HOST_GEMM_CACHE} ${WORK}/host-gemm.txt)
   set(i 0)
   foreach(layout "--ranks;1" "--ranks;2;--parallel;zero3" "--ranks;2;--pp;2;--microbatches;4" "--ranks;2;--tp;2")
     math(EXPR i "${i} + 1")
     set(model --layers 2 --d-model 256 --heads 4 --seq 256 --batch 16 --sample 50 ${layout})
+    run_gpt(out ${model} --steps 1)  # the GEMM choices of these shapes, on record
     foreach(run save resume)
       if(run STREQUAL "save")
         run_gpt(out ${model} --steps 2 --checkpoint ${WORK}/ckpt${i})
