@@ -317,13 +317,15 @@ class checkpoint_save {
       write_file();
   }
   // Collective; never throws a save's error. True once every rank's file is written and none failed: publish()
-  // will not wait.
+  // will not wait. Once a rank's write has failed, polling() is false: finish() throws it.
   template <class Comm>
   bool written_everywhere(Comm& comm) {
     std::array<std::int32_t, 1> pending{written_.load(std::memory_order_acquire) ? (error_ ? 2 : 0) : 1};
     comm::all_reduce_host(comm, std::span<std::int32_t>(pending), comm::reduce_op::max);
+    failed_somewhere_ = pending[0] == 2;
     return pending[0] == 0;
   }
+  bool polling() const { return !published_ && !failed_somewhere_; }
   // Collective: waits for this rank's file, agrees on every rank's (the first failure is thrown on every rank
   // and the staging directory removed), then rank 0 writes the index and moves latest (background: in a thread,
   // whose error finish() throws).
@@ -362,7 +364,6 @@ class checkpoint_save {
       if (error_) std::rethrow_exception(error_);
     });
   }
-  bool published() const { return published_; }
   // Returns once the writer no longer reads the caller's memory (borrowed: its bytes are in the system's hands).
   void wait_released() const { released_.wait(false, std::memory_order_acquire); }
   // Not collective: this rank's part is done (rank 0's: latest names the new checkpoint).
@@ -462,7 +463,7 @@ class checkpoint_save {
   std::array<std::int64_t, 2> mine_{};  // bytes, checksum of this rank's file
   std::exception_ptr error_;            // of this rank's write, or rank 0's publication
   std::atomic<bool> written_{false}, complete_{false}, released_;
-  bool published_ = false;
+  bool published_ = false, failed_somewhere_ = false;
   std::thread writer_, publisher_;
 };
 

@@ -132,7 +132,7 @@ class engine final : public engine_base<Space> {
     if (doc_start) check_documents(x.shape, doc_start);
     const memory_account::charging charge(&account_);
     // A save in the background is published once every rank's file is written (one flag's all-reduce per step).
-    if (saving_ && !saving_->published() && saving_->written_everywhere(world_)) saving_->publish(world_, true);
+    if (saving_ && saving_->polling() && saving_->written_everywhere(world_)) saving_->publish(world_, true);
     if (opt_.commit) released_by_checkpoint();  // ZeRO-1/2 gather the updated parts before the first pass
     const auto counters = std::pair{step_, optimizer_step_};
     const auto scaler = scaler_;
